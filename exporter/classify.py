@@ -1,0 +1,324 @@
+"""Pure orphan classification: (holders, view, rules) -> [Tree].
+
+No I/O happens here: everything about processes comes through a `ProcSource`
+(the live `procfs.ProcessView`, or a synthetic table in tests). The rules and
+their order are DESIGN.md's "Orphan rules on Linux"; each verdict carries the
+rule that decided it and the pids that were its evidence, so `explain` can
+show why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from exporter.nvml import Holder
+from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+
+NORMAL = "normal"
+ORPHAN = "orphan"
+PROTECTED = "protected"
+UNKNOWN = "unknown"
+VERDICTS = (NORMAL, ORPHAN, PROTECTED, UNKNOWN)
+
+#: Tree verdict when its holders disagree: the safest one wins.
+_SAFETY_ORDER = {PROTECTED: 0, NORMAL: 1, UNKNOWN: 2, ORPHAN: 3}
+
+DEFAULT_PROTECT = (
+    "jupyter",
+    "ipykernel",
+    "tmux",
+    "screen",
+    "code-server",
+    "slurmstepd",
+    "raylet",
+)
+DEFAULT_REAPERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
+DEFAULT_MAX_DEPTH = 64
+COMM_LEN = 15  # the kernel truncates comm to 15 bytes
+
+
+class ProcSource(Protocol):
+    """What classify() may ask about processes. Implementations do the I/O."""
+
+    def stat(self, pid: int) -> ProcInfo | None: ...
+    def cmdline(self, info: ProcInfo) -> str | None: ...
+    def cgroup(self, info: ProcInfo) -> tuple[str, ...] | None: ...
+    def status(self, info: ProcInfo) -> ProcStatus | None: ...
+    def keep_marker(self, info: ProcInfo) -> bool | None: ...
+    def daemon_io(self, info: ProcInfo) -> bool | None: ...
+    def own_nspid_depth(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The `classify:` section of the config file."""
+
+    protect: tuple[str, ...] = DEFAULT_PROTECT
+    reapers: tuple[str, ...] = DEFAULT_REAPERS
+    max_depth: int = DEFAULT_MAX_DEPTH
+    _protect_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        pattern = "|".join(f"(?:{p})" for p in self.protect) if self.protect else None
+        compiled = re.compile(pattern, re.IGNORECASE) if pattern else None
+        object.__setattr__(self, "_protect_re", compiled)
+
+    def protects(self, text: str) -> bool:
+        return self._protect_re is not None and self._protect_re.search(text) is not None
+
+    def is_reaper(self, comm: str) -> bool:
+        return any(comm == name[:COMM_LEN] for name in self.reapers)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Which rule decided, what it saw, and the pids it looked at."""
+
+    rule: str
+    detail: str
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class HolderVerdict:
+    holder: Holder
+    verdict: str
+    reason: str
+    evidence: Evidence
+    chain: tuple[ProcInfo, ...]  # holder first, up to (not including) PID 1
+    root: ProcInfo | None  # the orphan root, else the top of the chain
+
+
+@dataclass(frozen=True)
+class Tree:
+    """GPU holders grouped under one root; the unit that alerts name and reaps kill."""
+
+    root_pid: int
+    root: ProcInfo | None
+    holders: tuple[Holder, ...]
+    members_seen: tuple[ProcInfo, ...]
+    verdict: str
+    reason: str
+    gpu_bytes: int
+    evidence: Evidence
+    holder_verdicts: tuple[HolderVerdict, ...] = ()
+
+    @property
+    def root_start_time(self) -> int | None:
+        return self.root.start_time if self.root is not None else None
+
+
+def _unknown(holder: Holder, reason: str, detail: str, chain=(), pids=()) -> HolderVerdict:
+    return HolderVerdict(
+        holder=holder,
+        verdict=UNKNOWN,
+        reason=reason,
+        evidence=Evidence(rule="2" if reason not in ("not-visible", "exiting") else "1",
+                          detail=detail, pids=tuple(pids)),
+        chain=tuple(chain),
+        root=chain[0] if chain else None,
+    )
+
+
+def _walk(holder: Holder, info: ProcInfo, view: ProcSource, rules: Rules):
+    """Holder up to the child of PID 1, plus PID 1 itself; or an unknown verdict."""
+    chain = [info]
+    seen = {info.pid}
+    current = info
+    while current.ppid not in (0,) and current.pid != 1:
+        if len(chain) > rules.max_depth:
+            return None, _unknown(holder, "too-deep",
+                                  f"chain longer than max_depth={rules.max_depth}",
+                                  chain, [p.pid for p in chain[-3:]])
+        if current.ppid in seen:
+            return None, _unknown(holder, "cycle", f"pid {current.ppid} appears twice",
+                                  chain, [current.pid, current.ppid])
+        parent = view.stat(current.ppid)
+        if parent is None:
+            return None, _unknown(holder, "vanished",
+                                  f"parent {current.ppid} of {current.pid} vanished mid-walk",
+                                  chain, [current.pid, current.ppid])
+        if parent.start_time > current.start_time:
+            return None, _unknown(holder, "inconsistent",
+                                  f"parent {parent.pid} is newer than child {current.pid}",
+                                  chain, [current.pid, parent.pid])
+        seen.add(parent.pid)
+        chain.append(parent)
+        current = parent
+    return chain, None
+
+
+def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> str | None:
+    """Why X (child of Y) must have been adopted, or None."""
+    if x.sid not in (x.pid, y.sid, 0):
+        return f"E1: {x.pid} sid {x.sid} differs from parent {y.pid} sid {y.sid}"
+    if x.is_session_leader or x.sid == 0 or x.sid != y.sid:
+        return None
+    if y.pid == 1:
+        return f"E2: {x.pid} shares session {x.sid} with init and is not its leader"
+    if rules.is_reaper(y.comm):
+        return f"E2: {x.pid} shares session {x.sid} with reaper {y.pid} ({y.comm})"
+    status = view.status(y)
+    if status is not None and len(status.nspid) > 1 and status.nspid[-1] == 1:
+        return f"E2: {x.pid} shares session {x.sid} with namespace init {y.pid}"
+    return None
+
+
+_MANAGED = (
+    re.compile(r"(?:^|/)(?!user@)[^/]+\.service(?:/|$)"),
+    re.compile(r"(?:^|/)(?:docker|libpod)-[^/]*"),
+    re.compile(r"kubepods"),
+    re.compile(r"(?:^|/)slurm(?:/|_)|/job_\d+"),
+)
+
+
+def managed_cgroup(paths: Iterable[str]) -> str | None:
+    for path in paths:
+        for part_re in _MANAGED:
+            if part_re.search(path):
+                return path
+    return None
+
+
+def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
+    """Apply DESIGN.md's rules 1-7, in order, to one GPU holder."""
+    try:
+        return _classify_holder(holder, view, rules)
+    except ProcUnreadable as exc:
+        return _unknown(holder, "unreadable", str(exc), (), [holder.pid])
+
+
+def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
+    # Rule 1: the holder itself.
+    info = view.stat(holder.pid)
+    if info is None:
+        return _unknown(holder, "not-visible", f"pid {holder.pid} is not in /proc",
+                        (), [holder.pid])
+    if info.is_zombie:
+        return _unknown(holder, "exiting", f"pid {holder.pid} is a zombie", (info,), [info.pid])
+
+    # Rule 2: the chain.
+    full, failed = _walk(holder, info, view, rules)
+    if failed is not None:
+        return failed
+    assert full is not None
+    init = full[-1] if full[-1].pid == 1 and len(full) > 1 else None
+    chain = tuple(full[:-1]) if init is not None else tuple(full)
+
+    # Rule 6 first, silently: rules 3-5 need the root candidate it finds.
+    adopted: ProcInfo | None = None
+    adopted_why = ""
+    for i in range(len(chain) - 1, -1, -1):
+        x = chain[i]
+        y = chain[i + 1] if i + 1 < len(chain) else init
+        if y is None:
+            continue
+        why = _adopted(x, y, view, rules)
+        if why is not None:
+            adopted, adopted_why = x, why
+            break
+    candidate = adopted if adopted is not None else chain[-1]
+    upto = chain[: chain.index(candidate) + 1]
+
+    def verdict(v: str, reason: str, rule: str, detail: str, pids) -> HolderVerdict:
+        root = candidate
+        return HolderVerdict(holder, v, reason, Evidence(rule, detail, tuple(pids)), chain, root)
+
+    # Rule 3: protect patterns, holder up to the root candidate.
+    for member in upto:
+        if rules.protects(member.comm):
+            return verdict(PROTECTED, "protect-pattern", "3",
+                           f"{member.pid} comm {member.comm!r} matches protect", [member.pid])
+    for member in upto:
+        cmd = view.cmdline(member)
+        if cmd and rules.protects(cmd):
+            return verdict(PROTECTED, "protect-pattern", "3",
+                           f"{member.pid} command line matches protect", [member.pid])
+
+    # Rule 4: deliberate detachment by ignoring SIGHUP.
+    for member in dict.fromkeys((info, candidate)):
+        status = view.status(member)
+        if status is not None and status.sighup_ignored:
+            return verdict(PROTECTED, "ignores-sighup", "4",
+                           f"{member.pid} ignores SIGHUP (nohup)", [member.pid])
+
+    # Rule 5: managed by a service manager or in a container.
+    for member in upto:
+        path = managed_cgroup(view.cgroup(member) or ())
+        if path is not None:
+            return verdict(NORMAL, "managed", "5", f"{member.pid} in cgroup {path}", [member.pid])
+    holder_status = view.status(info)
+    if holder_status is not None and len(holder_status.nspid) > view.own_nspid_depth():
+        return verdict(NORMAL, "container", "5",
+                       f"{info.pid} is in a deeper PID namespace", [info.pid])
+
+    # Rule 6: adoption.
+    if adopted is not None:
+        parent = chain[chain.index(adopted) + 1] if adopted is not chain[-1] else init
+        ppid = parent.pid if parent is not None else adopted.ppid
+        if adopted.pgid == adopted.sid and view.daemon_io(adopted):
+            return verdict(NORMAL, "daemon", "6",
+                           f"{adopted.pid} detached on purpose (cwd /, stdin /dev/null)",
+                           [adopted.pid])
+        leader = view.stat(adopted.sid)
+        gone = leader is None or leader.is_zombie
+        # Rule 4's keep marker: read environ only for what would otherwise be an orphan.
+        if view.keep_marker(adopted):
+            return verdict(PROTECTED, "keep-marker", "4",
+                           f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
+        if gone:
+            state = "gone" if leader is None else "a zombie"
+            return verdict(ORPHAN, "session-ended", "6",
+                           f"{adopted_why}; session leader {adopted.sid} is {state}",
+                           [adopted.pid, ppid, adopted.sid])
+        return verdict(ORPHAN, "parent-exited", "6",
+                       f"{adopted_why}; session leader {adopted.sid} is alive",
+                       [adopted.pid, ppid, adopted.sid])
+
+    # Rule 7.
+    top = chain[-1]
+    if top.is_session_leader:
+        return verdict(NORMAL, "detached", "7",
+                       f"top of chain {top.pid} leads its own session", [top.pid])
+    return verdict(NORMAL, "attached", "7",
+                   f"no adopted member from {info.pid} up to {top.pid}", [top.pid])
+
+
+def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[Tree]:
+    """Classify every holder and group them into trees by root identity."""
+    groups: dict[tuple, list[HolderVerdict]] = {}
+    for holder in holders:
+        hv = classify_holder(holder, view, rules)
+        key = hv.root.identity if hv.root is not None else ("pid", hv.holder.pid)
+        if hv.verdict == UNKNOWN:
+            key = ("unknown", hv.holder.pid)
+        groups.setdefault(key, []).append(hv)
+    trees = []
+    for hvs in groups.values():
+        decisive = min(hvs, key=lambda h: _SAFETY_ORDER[h.verdict])
+        members: dict[int, ProcInfo] = {}
+        for hv in hvs:
+            for member in hv.chain:
+                members.setdefault(member.pid, member)
+        seen_holders: dict[tuple[int, str], Holder] = {}
+        for hv in hvs:
+            seen_holders.setdefault((hv.holder.pid, hv.holder.gpu_uuid), hv.holder)
+        root = decisive.root
+        trees.append(
+            Tree(
+                root_pid=root.pid if root is not None else decisive.holder.pid,
+                root=root,
+                holders=tuple(seen_holders.values()),
+                members_seen=tuple(members.values()),
+                verdict=decisive.verdict,
+                reason=decisive.reason,
+                gpu_bytes=sum(h.used_bytes or 0 for h in seen_holders.values()),
+                evidence=decisive.evidence,
+                holder_verdicts=tuple(hvs),
+            )
+        )
+    trees.sort(key=lambda t: (t.verdict != ORPHAN, t.root_pid))
+    return trees

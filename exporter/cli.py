@@ -1,0 +1,118 @@
+"""`gpuguard-exporter`: scan in the background, serve /metrics and /healthz."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from exporter.config import ConfigError, load_config
+from exporter.metrics import GpuguardCollector
+from exporter.nvml import Nvml
+from exporter.scanner import Scanner
+
+log = logging.getLogger("gpuguard.exporter")
+
+DEFAULT_LISTEN = "0.0.0.0:9877"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:PORT) for argparse, with a clear error."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuguard-exporter",
+        description="Export GPU gauges and orphaned GPU process trees to Prometheus.",
+    )
+    p.add_argument("--config", help="YAML config (only its classify: section is used here)")
+    p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
+                   metavar="HOST:PORT", help=f"where to serve /metrics (default {DEFAULT_LISTEN})")
+    p.add_argument("--scan-interval", type=positive_float, default=5.0, metavar="SECONDS",
+                   help="seconds between scans (default 5)")
+    p.add_argument("--hostname", default=socket.gethostname(),
+                   help="hostname label on gpuguard_host_info (default: this host's name)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    return p
+
+
+def make_app(scanner: Scanner, registry: CollectorRegistry) -> Callable:
+    """WSGI app: /metrics from the registry, /healthz from the scanner's liveness."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/healthz":
+            ok = scanner.alive() or scanner.latest is not None
+            status = "200 OK" if ok else "503 Service Unavailable"
+            body = b"ok\n" if ok else b"scanner not running\n"
+            start_response(status, [("Content-Type", "text/plain")])
+            return [body]
+        if path in ("/metrics", "/"):
+            return metrics_app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: try /metrics or /healthz\n"]
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
+        return 2
+
+    from waitress import create_server
+
+    scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname=args.hostname))
+    host, port = args.listen
+    try:
+        server = create_server(make_app(scanner, registry), host=host, port=port, threads=4,
+                               ident="gpuguard-exporter")
+    except OSError as exc:
+        print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    scanner.start()
+
+    def shutdown(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        raise SystemExit(0)  # waitress's loop catches it and closes the server
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    log.info("serving /metrics on http://%s:%d (scan every %gs)",
+             host, server.effective_port, args.scan_interval)
+    print(f"listening on {host}:{server.effective_port}", flush=True)
+    try:
+        server.run()
+    finally:
+        scanner.stop()
+        scanner.nvml.close()
+    return 0

@@ -1,0 +1,225 @@
+"""The one YAML config file shared by exporter and remediator.
+
+Validation is strict because a typo in a kill policy must never be silently
+ignored: unknown keys, wrong types and bad regexes are errors that name the
+file, the key and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.classify import DEFAULT_MAX_DEPTH, DEFAULT_PROTECT, DEFAULT_REAPERS, Rules
+
+MODES = ("dry-run", "enforce")
+REASONS = ("session-ended", "parent-exited")
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased as `FILE: KEY: PROBLEM` for one line of output."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        super().__init__(f"{path}: {key}: {problem}")
+        self.path, self.key, self.problem = path, key, problem
+
+
+@dataclass(frozen=True)
+class UserFilter:
+    allow: tuple[str, ...] = ("*",)
+    deny: tuple[str, ...] = ("root",)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    max_reaps: int = 5
+    per_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Remediate:
+    """The `remediate:` section: what the remediator may kill, and how."""
+
+    mode: str = "dry-run"
+    alerts: tuple[str, ...] = ("GPUOrphanTree",)
+    reasons: tuple[str, ...] = ("session-ended",)
+    min_age_seconds: float = 300.0
+    users: UserFilter = field(default_factory=UserFilter)
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    term_timeout_seconds: float = 10.0
+    allow_root_owned: bool = False
+    allow_without_pidfd: bool = False
+    worker_timeout_seconds: float = 60.0
+    state_dir: str = "/var/lib/gpuguard"
+    audit_log: str = "/var/log/gpuguard/audit.jsonl"
+
+
+@dataclass(frozen=True)
+class Config:
+    classify: Rules = field(default_factory=Rules)
+    remediate: Remediate = field(default_factory=Remediate)
+    source: str = "<defaults>"
+
+
+def _str_list(path: str, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(path, key, f"must be a list of strings, got {_describe(value)}")
+    return tuple(value)
+
+
+def _number(path: str, key: str, value: Any, *, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, key, f"must be a number, got {_describe(value)}")
+    if value < minimum:
+        raise ConfigError(path, key, f"must be >= {minimum:g}, got {value}")
+    return float(value)
+
+
+def _int(path: str, key: str, value: Any, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, key, f"must be an integer, got {_describe(value)}")
+    if value < minimum:
+        raise ConfigError(path, key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(path: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, key, f"must be true or false, got {_describe(value)}")
+    return value
+
+
+def _str(path: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, key, f"must be a non-empty string, got {_describe(value)}")
+    return value
+
+
+def _describe(value: Any) -> str:
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+             int: "an integer", float: "a number", type(None): "nothing"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _section(path: str, key: str, value: Any, allowed: dict[str, Callable[..., Any]]) -> dict:
+    """Check a mapping's keys against `allowed` and convert each value."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, key or "(top level)", f"must be a mapping, got {_describe(value)}")
+    out = {}
+    for sub, raw in value.items():
+        full = f"{key}.{sub}" if key else str(sub)
+        if sub not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ConfigError(path, full, f"unknown key (known keys: {known})")
+        out[sub] = allowed[sub](path, full, raw)
+    return out
+
+
+def _patterns(path: str, key: str, value: Any) -> tuple[str, ...]:
+    patterns = _str_list(path, key, value)
+    for i, pattern in enumerate(patterns):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(path, f"{key}[{i}]", f"bad regex {pattern!r}: {exc}") from None
+    return patterns
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str, Any], str]:
+    def check(path: str, key: str, value: Any) -> str:
+        if value not in choices:
+            raise ConfigError(path, key, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _choices(choices: tuple[str, ...]) -> Callable[[str, str, Any], tuple[str, ...]]:
+    def check(path: str, key: str, value: Any) -> tuple[str, ...]:
+        items = _str_list(path, key, value)
+        for item in items:
+            if item not in choices:
+                raise ConfigError(path, key, f"{item!r} is not one of {', '.join(choices)}")
+        return items
+
+    return check
+
+
+def _classify(path: str, key: str, value: Any) -> Rules:
+    got = _section(path, key, value, {
+        "protect": _patterns,
+        "reapers": _str_list,
+        "max_depth": lambda p, k, v: _int(p, k, v, minimum=1),
+    })
+    return Rules(
+        protect=got.get("protect", DEFAULT_PROTECT),
+        reapers=got.get("reapers", DEFAULT_REAPERS),
+        max_depth=got.get("max_depth", DEFAULT_MAX_DEPTH),
+    )
+
+
+def _users(path: str, key: str, value: Any) -> UserFilter:
+    got = _section(path, key, value, {"allow": _str_list, "deny": _str_list})
+    return UserFilter(**got)
+
+
+def _rate_limit(path: str, key: str, value: Any) -> RateLimit:
+    got = _section(path, key, value, {
+        "max_reaps": lambda p, k, v: _int(p, k, v, minimum=0),
+        "per_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
+    })
+    return RateLimit(**got)
+
+
+def _remediate(path: str, key: str, value: Any) -> Remediate:
+    got = _section(path, key, value, {
+        "mode": _choice(MODES),
+        "alerts": _str_list,
+        "reasons": _choices(REASONS),
+        "min_age_seconds": _number,
+        "users": _users,
+        "rate_limit": _rate_limit,
+        "term_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=0.1),
+        "worker_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
+        "allow_root_owned": _bool,
+        "allow_without_pidfd": _bool,
+        "state_dir": _str,
+        "audit_log": _str,
+    })
+    return Remediate(**got)
+
+
+def parse_config(text: str, *, source: str = "<string>") -> Config:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(document)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, where, f"invalid YAML: {problem}") from None
+    got = _section(source, "", data, {"classify": _classify, "remediate": _remediate})
+    return Config(
+        classify=got.get("classify", Rules()),
+        remediate=got.get("remediate", Remediate()),
+        source=source,
+    )
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate `path`; None means the built-in defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), "(file)", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), "(file)", f"cannot read: {exc}") from None
+    return parse_config(text, source=str(path))

@@ -1,0 +1,156 @@
+"""A prometheus_client Collector over the scanner's latest Snapshot.
+
+Fresh metric families on every collect(): a tree that is gone leaves no stale
+series behind. No label carries a full command line (secrets live there).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.counters import CALLSITES, Counters
+from exporter.scanner import Scanner, Snapshot, user_name
+
+VERSION = "0.1.0"
+TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
+
+
+class GpuguardCollector(Collector):
+    def __init__(self, scanner: Scanner, *, hostname: str | None = None,
+                 counters: Counters | None = None) -> None:
+        self.scanner = scanner
+        self.hostname = hostname or socket.gethostname()
+        self.counters = counters if counters is not None else scanner.counters
+
+    def collect(self) -> Iterator[Metric]:
+        host = GaugeMetricFamily("gpuguard_host_info", "This host; join on instance for hostname.",
+                                 labels=["hostname", "version"])
+        host.add_metric([self.hostname, VERSION], 1)
+        yield host
+        snap = self.scanner.latest
+        if snap is not None:
+            yield from self._gpu_metrics(snap)
+            yield from self._tree_metrics(snap)
+            yield GaugeMetricFamily("gpuguard_scan_duration_seconds",
+                                    "Wall time of the last completed scan.",
+                                    value=snap.duration_seconds)
+            yield GaugeMetricFamily("gpuguard_last_scan_timestamp_seconds",
+                                    "Unix time the last scan completed.", value=snap.taken_at)
+        yield from self._counter_metrics()
+
+    def _gpu_metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        reading = snap.reading
+        yield GaugeMetricFamily("gpuguard_nvml_up",
+                                "1 when the last scan could talk to NVML, else 0.",
+                                value=1 if reading.up else 0)
+        info = GaugeMetricFamily("gpuguard_gpu_info", "One series per GPU with its identity.",
+                                 labels=["gpu", "uuid", "name", "driver_version"])
+        gauges = {
+            "memory_total_bytes": GaugeMetricFamily(
+                "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=["gpu", "uuid"]),
+            "memory_used_bytes": GaugeMetricFamily(
+                "gpuguard_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu", "uuid"]),
+            "utilization_ratio": GaugeMetricFamily(
+                "gpuguard_gpu_utilization_ratio", "GPU utilization, 0..1.",
+                labels=["gpu", "uuid"]),
+            "temperature_celsius": GaugeMetricFamily(
+                "gpuguard_gpu_temperature_celsius", "GPU temperature.", labels=["gpu", "uuid"]),
+            "power_watts": GaugeMetricFamily(
+                "gpuguard_gpu_power_watts", "GPU power draw.", labels=["gpu", "uuid"]),
+        }
+        for gpu in reading.gpus:
+            labels = [str(gpu.index), gpu.uuid]
+            info.add_metric(labels + [gpu.name or "", reading.driver_version or ""], 1)
+            for attr, family in gauges.items():
+                value = getattr(gpu, attr)
+                if value is not None:  # a field the driver cannot give is absent, not zero
+                    family.add_metric(labels, value)
+        yield info
+        yield from gauges.values()
+        mem = GaugeMetricFamily("gpuguard_gpu_process_memory_bytes",
+                                "GPU memory held by one process on one GPU.",
+                                labels=["gpu", "uuid", "pid"])
+        for holder in reading.holders:
+            if holder.used_bytes is not None:
+                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
+                               holder.used_bytes)
+        yield mem
+
+    def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        pinfo = GaugeMetricFamily(
+            "gpuguard_gpu_process_info",
+            "One series per GPU-holding process: its tree's verdict, reason and root.",
+            labels=["pid", "start_time", "user", "comm", "verdict", "reason", "root_pid"])
+        age = GaugeMetricFamily("gpuguard_orphan_tree_age_seconds",
+                                "Seconds since a scan first saw this tree orphaned.",
+                                labels=TREE_LABELS)
+        memory = GaugeMetricFamily("gpuguard_orphan_tree_memory_bytes",
+                                   "GPU memory held by an orphan tree.", labels=TREE_LABELS)
+        procs = GaugeMetricFamily("gpuguard_orphan_tree_processes",
+                                  "Processes in an orphan tree (root and descendants).",
+                                  labels=TREE_LABELS)
+        seen: set[int] = set()
+        for tree in snap.trees:
+            for hv in tree.holder_verdicts:
+                pid = hv.holder.pid
+                if pid in seen:
+                    continue  # one series per process, even when it holds several GPUs
+                seen.add(pid)
+                me = hv.chain[0] if hv.chain else None
+                pinfo.add_metric([
+                    str(pid),
+                    str(me.start_time) if me else "",
+                    user_name(me.uid) if me else "",
+                    me.comm if me else "",
+                    tree.verdict,
+                    tree.reason,
+                    str(tree.root_pid),
+                ], 1)
+            if tree.root is None or tree.root.identity not in snap.orphans:
+                continue
+            orphan = snap.orphans[tree.root.identity]
+            labels = [str(tree.root.pid), str(tree.root.start_time), tree.root.comm,
+                      user_name(tree.root.uid), tree.reason]
+            age.add_metric(labels, orphan.age_seconds)
+            memory.add_metric(labels, tree.gpu_bytes)
+            procs.add_metric(labels, orphan.processes)
+        yield pinfo
+        yield age
+        yield memory
+        yield procs
+        yield GaugeMetricFamily("gpuguard_orphan_trees", "Orphan trees in the last scan.",
+                                value=len(snap.orphans))
+
+    def _counter_metrics(self) -> Iterator[Metric]:
+        scans, errors = self.scanner.counts()
+        yield CounterMetricFamily("gpuguard_scans", "Scans completed.", value=scans)
+        err = CounterMetricFamily("gpuguard_scan_errors", "Scan errors by stage.",
+                                  labels=["stage"])
+        for stage, count in errors.items():
+            err.add_metric([stage], count)
+        yield err
+        yield from inspector_metrics(self.counters)
+
+
+def inspector_metrics(counters: Counters) -> Iterator[Metric]:
+    """Per-callsite cost of our own /proc reads and NVML calls (also used by the remediator)."""
+    calls = CounterMetricFamily("gpuguard_inspector_calls",
+                                "Inspector calls by callsite.", labels=["callsite"])
+    seconds = CounterMetricFamily("gpuguard_inspector_seconds",
+                                  "Seconds spent in inspector calls by callsite.",
+                                  labels=["callsite"])
+    reads = CounterMetricFamily("gpuguard_inspector_proc_reads",
+                                "/proc files read by callsite.", labels=["callsite"])
+    snap = counters.snapshot()
+    for callsite in CALLSITES:
+        cost = snap[callsite]
+        calls.add_metric([callsite], cost.calls)
+        seconds.add_metric([callsite], cost.seconds)
+        reads.add_metric([callsite], cost.proc_reads)
+    yield calls
+    yield seconds
+    yield reads

@@ -1,0 +1,331 @@
+"""The only module that imports pynvml: one pass over NVML becomes an NvmlReading.
+
+NVML fails in pieces on real hosts: the driver is not loaded yet, one GPU falls
+off the bus, a consumer card does not report power. A scan must report what it
+can and say what failed, so every call has a fallback: a field becomes None, a
+lost GPU is skipped, and only a dead library marks the whole reading down (and
+is initialised again on the next read, so a driver that appears later is used).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pynvml
+
+from exporter.counters import COUNTERS, Counters
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Serialises every NVML call in the process: the scanner thread and the
+#: remediator's worker both read NVML, and one read must see one driver state.
+_NVML_LOCK = threading.Lock()
+
+#: Return codes that mean the library as a whole is unusable: report down, re-init next read.
+_DRIVER_GONE = frozenset(
+    {
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    }
+)
+
+#: Return codes that mean one GPU is unusable: skip it, keep reporting the others.
+_DEVICE_GONE = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One process with a GPU context on one GPU."""
+
+    pid: int
+    gpu_uuid: str
+    gpu_index: int
+    used_bytes: int | None  # None when the driver cannot say (pynvml gives None)
+    kind: str  # "C", "G" or "C+G"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's gauges; any field the driver could not give is None."""
+
+    index: int
+    uuid: str
+    name: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    utilization_ratio: float | None
+    temperature_celsius: float | None
+    power_watts: float | None
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    """One pass over NVML: what could be read, and what failed (stage, message)."""
+
+    up: bool
+    driver_version: str | None
+    gpus: tuple[GpuSample, ...]
+    holders: tuple[Holder, ...]
+    errors: tuple[tuple[str, str], ...]
+
+
+class _DriverGone(Exception):
+    """The library is unusable; the whole reading is down."""
+
+    def __init__(self, stage: str, message: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+
+
+class _DeviceGone(Exception):
+    """One GPU is unusable; skip it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Nvml:
+    """Reads GPUs and their GPU-holding processes; safe to call from several threads."""
+
+    def __init__(self, *, counters: Counters = COUNTERS) -> None:
+        self._counters = counters
+        self._initialised = False
+        self._driver_version: str | None = None
+        self._warned = False
+        # Newer calls first; fall back for good once the driver says it lacks them.
+        self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
+        self._memory_v2 = True
+
+    def read(self) -> NvmlReading:
+        """One pass: initialise if needed, then every GPU's gauges and holders."""
+        with _NVML_LOCK:
+            try:
+                if not self._initialised:
+                    self._init()
+                return self._read_devices()
+            except _DriverGone as gone:
+                self._drop()
+                if not self._warned:
+                    log.warning(
+                        "NVML unavailable (%s: %s); retrying on every scan",
+                        gone.stage,
+                        gone.message,
+                    )
+                    self._warned = True
+                return NvmlReading(False, None, (), (), ((gone.stage, gone.message),))
+
+    def close(self) -> None:
+        """Shut NVML down if this instance initialised it."""
+        with _NVML_LOCK:
+            self._drop()
+
+    # Library lifetime
+
+    def _init(self) -> None:
+        try:
+            self._call("nvml_init", pynvml.nvmlInit)
+        except pynvml.NVMLError as err:
+            raise _DriverGone("nvml_init", str(err)) from None
+        self._initialised = True
+        try:
+            self._driver_version = self._call("nvml_init", pynvml.nvmlSystemGetDriverVersion)
+        except pynvml.NVMLError as err:
+            if err.value in _DRIVER_GONE:
+                raise _DriverGone("nvml_init", str(err)) from None
+            self._driver_version = None
+        if self._warned:
+            log.info("NVML available again (driver %s)", self._driver_version)
+            self._warned = False
+
+    def _drop(self) -> None:
+        if self._initialised:
+            try:
+                self._call("nvml_init", pynvml.nvmlShutdown)
+            except pynvml.NVMLError:
+                pass  # already unusable; all we want is a fresh init next time
+        self._initialised = False
+        self._driver_version = None
+
+    def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Every NVML call goes through here, so its cost shows at /metrics."""
+        with self._counters.track(callsite):
+            return fn(*args, **kwargs)
+
+    # One pass
+
+    def _read_devices(self) -> NvmlReading:
+        try:
+            count = self._call("nvml_device", pynvml.nvmlDeviceGetCount)
+        except pynvml.NVMLError as err:
+            raise _DriverGone("nvml_device", f"device count: {err}") from None
+        gpus: list[GpuSample] = []
+        holders: list[Holder] = []
+        errors: list[tuple[str, str]] = []
+        for index in range(count):
+            device_errors: list[tuple[str, str]] = []
+            try:
+                gpu, gpu_holders = self._read_device(index, device_errors)
+            except _DeviceGone as gone:
+                errors.append(("nvml_device", gone.message))
+                continue
+            gpus.append(gpu)
+            holders.extend(gpu_holders)
+            errors.extend(device_errors)
+        return NvmlReading(True, self._driver_version, tuple(gpus), tuple(holders), tuple(errors))
+
+    def _read_device(
+        self, index: int, errors: list[tuple[str, str]]
+    ) -> tuple[GpuSample, list[Holder]]:
+        try:
+            handle = self._call("nvml_device", pynvml.nvmlDeviceGetHandleByIndex, index)
+            uuid: str = self._call("nvml_device", pynvml.nvmlDeviceGetUUID, handle)
+        except pynvml.NVMLError as err:
+            # Without a handle and a uuid there is nothing to label the GPU with.
+            self._raise_if_gone(index, "nvml_device", err)
+            raise _DeviceGone(f"GPU {index}: {err}") from None
+        name = self._field(
+            index,
+            "name",
+            errors,
+            lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
+        )
+        memory = self._field(index, "memory", errors, lambda: self._memory(handle))
+        util = self._field(
+            index,
+            "utilization",
+            errors,
+            lambda: self._call("nvml_device", pynvml.nvmlDeviceGetUtilizationRates, handle),
+        )
+        temp = self._field(index, "temperature", errors, lambda: self._temperature(handle))
+        power_mw = self._field(
+            index,
+            "power",
+            errors,
+            lambda: self._call("nvml_device", pynvml.nvmlDeviceGetPowerUsage, handle),
+        )
+        gpu = GpuSample(
+            index=index,
+            uuid=uuid,
+            name=name,
+            memory_total_bytes=None if memory is None else int(memory.total),
+            memory_used_bytes=None if memory is None else int(memory.used),
+            utilization_ratio=None if util is None else util.gpu / 100,
+            temperature_celsius=None if temp is None else float(temp),
+            power_watts=None if power_mw is None else power_mw / 1000,
+        )
+        return gpu, self._holders(index, uuid, handle, errors)
+
+    def _field(
+        self, index: int, what: str, errors: list[tuple[str, str]], get: Callable[[], T]
+    ) -> T | None:
+        """One gauge: None when unsupported (no error) or failing (with an error)."""
+        try:
+            return get()
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            self._raise_if_gone(index, "nvml_device", err)
+            errors.append(("nvml_device", f"GPU {index}: {what}: {err}"))
+            return None
+
+    def _memory(self, handle: Any) -> Any:
+        # _v2 reports "used" without the driver's reserved memory, like nvidia-smi.
+        if self._memory_v2:
+            try:
+                return self._call(
+                    "nvml_device",
+                    pynvml.nvmlDeviceGetMemoryInfo,
+                    handle,
+                    version=pynvml.nvmlMemory_v2,
+                )
+            except pynvml.NVMLError as err:
+                if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+                self._memory_v2 = False
+        return self._call("nvml_device", pynvml.nvmlDeviceGetMemoryInfo, handle)
+
+    def _temperature(self, handle: Any) -> int:
+        # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); older drivers lack the V form.
+        if self._temperature_v:
+            try:
+                return self._call(
+                    "nvml_device",
+                    pynvml.nvmlDeviceGetTemperatureV,
+                    handle,
+                    pynvml.NVML_TEMPERATURE_GPU,
+                )
+            except pynvml.NVMLError as err:
+                if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+                self._temperature_v = False
+        return self._call(
+            "nvml_device", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
+        )
+
+    def _holders(
+        self, index: int, uuid: str, handle: Any, errors: list[tuple[str, str]]
+    ) -> list[Holder]:
+        """Compute and graphics processes; on error none, since half a list misleads."""
+        try:
+            compute = self._call(
+                "nvml_processes", pynvml.nvmlDeviceGetComputeRunningProcesses_v3, handle
+            )
+            graphics = self._call(
+                "nvml_processes", pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3, handle
+            )
+        except pynvml.NVMLError as err:
+            self._raise_if_gone(index, "nvml_processes", err)
+            errors.append(("nvml_processes", f"GPU {index}: {err}"))
+            return []
+        return _merge_holders(index, uuid, compute, graphics)
+
+    @staticmethod
+    def _raise_if_gone(index: int, stage: str, err: pynvml.NVMLError) -> None:
+        if err.value in _DRIVER_GONE:
+            raise _DriverGone(stage, f"GPU {index}: {err}") from None
+        if err.value in _DEVICE_GONE:
+            raise _DeviceGone(f"GPU {index}: {err}") from None
+
+
+def _merge_holders(
+    index: int, uuid: str, compute: Iterable[Any], graphics: Iterable[Any]
+) -> list[Holder]:
+    """One Holder per pid on this GPU.
+
+    A pid in both lists is one context seen twice, so it becomes kind "C+G" with
+    the larger figure. A pid listed twice in one list (one entry per MIG
+    instance) holds separate memory in each, so those figures add up.
+    """
+    per_pid: dict[int, dict[str, int | None]] = {}
+    for kind, procs in (("C", compute), ("G", graphics)):
+        for proc in procs:
+            kinds = per_pid.setdefault(int(proc.pid), {})
+            used = proc.usedGpuMemory
+            if kind in kinds:
+                known = [v for v in (kinds[kind], used) if v is not None]
+                kinds[kind] = sum(known) if known else None
+            else:
+                kinds[kind] = used
+    holders: list[Holder] = []
+    for pid, kinds in per_pid.items():
+        known = [v for v in kinds.values() if v is not None]
+        holders.append(
+            Holder(
+                pid=pid,
+                gpu_uuid=uuid,
+                gpu_index=index,
+                used_bytes=max(known) if known else None,
+                kind="C+G" if len(kinds) == 2 else next(iter(kinds)),
+            )
+        )
+    return holders

@@ -1,0 +1,290 @@
+"""The only module that reads /proc.
+
+A scan asks for a handful of pids (GPU holders, their ancestors, their session
+leaders) and nothing else: there is deliberately no way here to enumerate the
+process table. Everything but /proc/PID/stat is cached by process identity
+(pid, start_time), so a warm scan costs one stat read per process it touches.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from exporter.counters import COUNTERS, Counters
+
+PROC = "/proc"
+
+
+class ProcUnreadable(Exception):
+    """/proc/PID exists but could not be read (permissions, a malformed file)."""
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as /proc/PID/stat showed it; (pid, start_time) is its identity."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    start_time: int  # field 22 of /proc/PID/stat, clock ticks since boot
+    state: str
+    uid: int
+    comm: str
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return (self.pid, self.start_time)
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+    @property
+    def is_session_leader(self) -> bool:
+        return self.sid == self.pid
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    """The parts of /proc/PID/status the classifier uses."""
+
+    sighup_ignored: bool
+    nspid: tuple[int, ...]  # this pid in each PID namespace, outermost first
+    kernel_thread: bool
+
+
+def parse_stat(text: str, *, uid: int) -> ProcInfo:
+    """Parse /proc/PID/stat; comm may hold spaces and parentheses, so split after the last ')'."""
+    open_paren = text.index("(")
+    close_paren = text.rindex(")")
+    pid = int(text[:open_paren])
+    comm = text[open_paren + 1 : close_paren]
+    fields = text[close_paren + 2 :].split()
+    # fields[0] is field 3 (state); field N lives at fields[N - 3].
+    return ProcInfo(
+        pid=pid,
+        ppid=int(fields[1]),
+        pgid=int(fields[2]),
+        sid=int(fields[3]),
+        start_time=int(fields[19]),
+        state=fields[0],
+        uid=uid,
+        comm=comm,
+    )
+
+
+def parse_status(text: str) -> ProcStatus:
+    sig_ign = 0
+    nspid: tuple[int, ...] = ()
+    kthread = False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "SigIgn":
+            sig_ign = int(value.strip(), 16)
+        elif key == "NSpid":
+            nspid = tuple(int(v) for v in value.split())
+        elif key == "Kthread":
+            kthread = value.strip() == "1"
+    return ProcStatus(sighup_ignored=bool(sig_ign & (1 << 0)), nspid=nspid, kernel_thread=kthread)
+
+
+def _vanished(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOENT, errno.ESRCH)
+
+
+class ProcessView:
+    """Lazy, counted, identity-cached reads of /proc for the pids a scan asks about.
+
+    `begin_scan()` starts a new scan: within one scan each pid's stat is read at
+    most once; across scans the extras (cmdline, cgroup, status, ...) are reused
+    while (pid, start_time) and comm are unchanged.
+    """
+
+    def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS) -> None:
+        self._root = proc_root
+        self._counters = counters
+        self._lock = threading.RLock()
+        self._scan_stat: dict[int, ProcInfo | None] = {}
+        self._extras: dict[tuple[int, int], dict[str, object]] = {}
+        self._comm_at_cache: dict[tuple[int, int], str] = {}
+        self._own_nspid_depth: int | None = None
+
+    # -- scan lifecycle -------------------------------------------------------------
+
+    def begin_scan(self) -> None:
+        """Forget this scan's stat reads; drop extras of processes not seen last scan."""
+        with self._lock:
+            seen = {info.identity for info in self._scan_stat.values() if info is not None}
+            self._extras = {k: v for k, v in self._extras.items() if k in seen}
+            self._comm_at_cache = {k: v for k, v in self._comm_at_cache.items() if k in seen}
+            self._scan_stat = {}
+
+    # -- stat: one read per pid per scan ---------------------------------------------
+
+    def stat(self, pid: int) -> ProcInfo | None:
+        """The process now at `pid`, or None when no such process is visible."""
+        with self._lock:
+            if pid in self._scan_stat:
+                return self._scan_stat[pid]
+            info = self._read_stat(pid)
+            self._scan_stat[pid] = info
+            if info is not None:
+                cached_comm = self._comm_at_cache.get(info.identity)
+                if cached_comm is not None and cached_comm != info.comm:
+                    # exec() keeps the identity but changes what the extras describe.
+                    self._extras.pop(info.identity, None)
+                self._comm_at_cache[info.identity] = info.comm
+            return info
+
+    def _read_stat(self, pid: int) -> ProcInfo | None:
+        with self._counters.track("proc_stat", proc_reads=1):
+            try:
+                fd = os.open(f"{self._root}/{pid}/stat", os.O_RDONLY)
+            except OSError as exc:
+                if _vanished(exc):
+                    return None
+                raise ProcUnreadable(f"/proc/{pid}/stat: {exc.strerror}") from exc
+            try:
+                uid = os.fstat(fd).st_uid
+                data = os.read(fd, 4096)
+            except OSError as exc:
+                if _vanished(exc):
+                    return None
+                raise ProcUnreadable(f"/proc/{pid}/stat: {exc.strerror}") from exc
+            finally:
+                os.close(fd)
+        if not data:
+            return None
+        try:
+            return parse_stat(data.decode("utf-8", "replace"), uid=uid)
+        except (ValueError, IndexError) as exc:
+            raise ProcUnreadable(f"/proc/{pid}/stat: malformed ({exc})") from exc
+
+    def fresh_stat(self, pid: int) -> ProcInfo | None:
+        """Re-read stat now, bypassing this scan's memo (the reaper's identity checks)."""
+        with self._lock:
+            self._scan_stat.pop(pid, None)
+        return self.stat(pid)
+
+    # -- extras: cached by identity --------------------------------------------------
+
+    def _extra(self, info: ProcInfo, key: str, callsite: str, read) -> object:
+        with self._lock:
+            slot = self._extras.setdefault(info.identity, {})
+            if key in slot:
+                return slot[key]
+        with self._counters.track(callsite, proc_reads=1):
+            try:
+                value = read()
+            except OSError:
+                value = None  # gone or not ours to read: the caller decides what None means
+        with self._lock:
+            self._extras.setdefault(info.identity, {})[key] = value
+        return value
+
+    def _read_text(self, pid: int, name: str) -> str:
+        with open(f"{self._root}/{pid}/{name}", "rb") as fh:
+            return fh.read().decode("utf-8", "replace")
+
+    def cmdline(self, info: ProcInfo) -> str | None:
+        """The command line joined by spaces; None when unreadable or gone."""
+
+        def read() -> str:
+            return self._read_text(info.pid, "cmdline").replace("\0", " ").strip()
+
+        return self._extra(info, "cmdline", "proc_cmdline", read)  # type: ignore[return-value]
+
+    def cgroup(self, info: ProcInfo) -> tuple[str, ...] | None:
+        """Every cgroup path of the process (v1 has one per hierarchy, v2 one)."""
+
+        def read() -> tuple[str, ...]:
+            paths = []
+            for line in self._read_text(info.pid, "cgroup").splitlines():
+                parts = line.split(":", 2)
+                if len(parts) == 3:
+                    paths.append(parts[2])
+            return tuple(paths)
+
+        return self._extra(info, "cgroup", "proc_cgroup", read)  # type: ignore[return-value]
+
+    def status(self, info: ProcInfo) -> ProcStatus | None:
+        def read() -> ProcStatus:
+            return parse_status(self._read_text(info.pid, "status"))
+
+        return self._extra(info, "status", "proc_status", read)  # type: ignore[return-value]
+
+    def keep_marker(self, info: ProcInfo) -> bool | None:
+        """True when the environment holds GPUGUARD_KEEP=1; None when unreadable."""
+
+        def read() -> bool:
+            with open(f"{self._root}/{info.pid}/environ", "rb") as fh:
+                return b"GPUGUARD_KEEP=1" in fh.read().split(b"\0")
+
+        return self._extra(info, "keep", "proc_environ", read)  # type: ignore[return-value]
+
+    def daemon_io(self, info: ProcInfo) -> bool | None:
+        """True when cwd is / and stdin is /dev/null (the detach-on-purpose recipe)."""
+
+        def read() -> bool:
+            cwd = os.readlink(f"{self._root}/{info.pid}/cwd")
+            try:
+                stdin = os.readlink(f"{self._root}/{info.pid}/fd/0")
+            except FileNotFoundError:
+                stdin = "/dev/null"  # a closed stdin is as detached as /dev/null
+            return cwd == "/" and stdin == "/dev/null"
+
+        return self._extra(info, "daemon_io", "proc_fd", read)  # type: ignore[return-value]
+
+    def own_nspid_depth(self) -> int:
+        """How many PID namespaces this process sits in (1 on the host)."""
+        if self._own_nspid_depth is None:
+            try:
+                with open(f"{PROC}/self/status", encoding="utf-8") as fh:
+                    self._own_nspid_depth = max(1, len(parse_status(fh.read()).nspid))
+            except OSError:
+                self._own_nspid_depth = 1
+        return self._own_nspid_depth
+
+    # -- descendants: walked downward, never by scanning the table -------------------
+
+    def children(self, pid: int) -> tuple[int, ...] | None:
+        """Children of every thread of `pid`, or None when the process is gone."""
+        start = time.perf_counter()
+        reads = 1
+        kids: list[int] = []
+        try:
+            tids = os.listdir(f"{self._root}/{pid}/task")
+        except OSError:
+            tids = None
+        for tid in tids or ():
+            reads += 1
+            try:
+                with open(f"{self._root}/{pid}/task/{tid}/children", "rb") as fh:
+                    kids.extend(int(k) for k in fh.read().split())
+            except OSError:
+                continue  # the thread exited between listdir and open
+        self._counters.add("proc_children", seconds=time.perf_counter() - start, proc_reads=reads)
+        if tids is None:
+            return None
+        return tuple(dict.fromkeys(kids))
+
+    def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
+        """Every descendant of `pid`, breadth first, walked through children files."""
+        out: list[int] = []
+        seen = {pid}
+        frontier = [pid]
+        while frontier and len(out) < limit:
+            nxt: list[int] = []
+            for parent in frontier:
+                for child in self.children(parent) or ():
+                    if child not in seen:
+                        seen.add(child)
+                        out.append(child)
+                        nxt.append(child)
+            frontier = nxt
+        return tuple(out)

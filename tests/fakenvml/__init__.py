@@ -1,0 +1,274 @@
+"""A fake libnvidia-ml.so.1 and the world it reports, for tests without a GPU.
+
+`build_library` compiles fakenvml.c; `FakeGpuWorld` writes the state file the
+library re-reads on every NVML call (path in env var FAKE_NVML_STATE), so a
+test changes GPUs, processes and failures while the code under test runs. The
+state-file format is documented at the top of fakenvml.c.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("fakenvml.c")
+LIBRARY_NAME = "libnvidia-ml.so.1"
+STATE_ENV = "FAKE_NVML_STATE"
+
+#: Per-device calls that `set_field_error` / `set_not_supported` can break.
+FIELDS: tuple[str, ...] = (
+    "name",
+    "uuid",
+    "memory",
+    "utilization",
+    "temperature",
+    "power",
+    "compute",
+    "graphics",
+)
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+
+
+class FakeNvmlBuildError(RuntimeError):
+    """The fake library could not be compiled (no gcc, or a compile error)."""
+
+
+def build_library(dest_dir: Path) -> Path:
+    """Compile fakenvml.c into dest_dir/libnvidia-ml.so.1 and return its path."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise FakeNvmlBuildError("gcc not found on PATH: cannot build the fake libnvidia-ml.so.1")
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / LIBRARY_NAME
+    cmd = [
+        gcc, "-shared", "-fPIC", "-O2", "-Wall", f"-Wl,-soname,{LIBRARY_NAME}",
+        "-o", str(out), str(SOURCE), "-lpthread",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise FakeNvmlBuildError(
+            f"building the fake NVML failed ({' '.join(cmd)}):\n{proc.stderr.strip()}"
+        )
+    return out
+
+
+@dataclass
+class FakeGpu:
+    """One fake GPU, as NVML will report it."""
+
+    index: int
+    uuid: str
+    name: str = "NVIDIA Fake H100"
+    memory_total: int = 80 * 2**30
+    memory_used: int = 0
+    util_gpu: int = 0
+    util_mem: int = 0
+    temp: int = 40
+    power_mw: int = 100_000
+    lost: bool = False
+    field_errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FakeProcess:
+    """One process holding a context on a fake GPU; used_bytes None means "na"."""
+
+    gpu_index: int
+    pid: int
+    used_bytes: int | None
+    kind: str  # "C" or "G"
+
+
+class FakeGpuWorld:
+    """The GPUs, processes and failures the fake library reports.
+
+    Every mutator saves the file at once (atomically), so the next NVML call in
+    any thread or subprocess sees the change.
+    """
+
+    def __init__(self, path: Path, *, driver_version: str = "550.54.15") -> None:
+        self.path = Path(path)
+        self.driver_version = driver_version
+        self.gpus: dict[int, FakeGpu] = {}
+        self.processes: list[FakeProcess] = []
+        self.init_error: int | None = None
+        self.runtime_error: int | None = None
+        self.delay_ms = 0
+        self.save()
+
+    # GPUs
+
+    def add_gpu(
+        self,
+        index: int,
+        *,
+        uuid: str | None = None,
+        name: str = "NVIDIA Fake H100",
+        memory_total: int = 80 * 2**30,
+        memory_used: int = 0,
+        util_gpu: int = 0,
+        util_mem: int = 0,
+        temp: int = 40,
+        power_mw: int = 100_000,
+    ) -> FakeGpu:
+        """Add (or replace) GPU `index`; the default uuid is derived from the index."""
+        gpu = FakeGpu(
+            index=index,
+            uuid=uuid or default_uuid(index),
+            name=name,
+            memory_total=memory_total,
+            memory_used=memory_used,
+            util_gpu=util_gpu,
+            util_mem=util_mem,
+            temp=temp,
+            power_mw=power_mw,
+        )
+        self.gpus[index] = gpu
+        self.save()
+        return gpu
+
+    def update_gpu(self, index: int, **changes: Any) -> FakeGpu:
+        """Change some fields of GPU `index` (e.g. memory_used=..., temp=...)."""
+        gpu = dataclasses.replace(self.gpus[index], **changes)
+        self.gpus[index] = gpu
+        self.save()
+        return gpu
+
+    def remove_gpu(self, index: int) -> None:
+        """Remove GPU `index` and its processes."""
+        self.gpus.pop(index, None)
+        self.processes = [p for p in self.processes if p.gpu_index != index]
+        self.save()
+
+    def set_gpu_lost(self, index: int, lost: bool = True) -> None:
+        """Every call on GPU `index`, its handle included, answers GPU_IS_LOST (15)."""
+        self.gpus[index].lost = lost
+        self.save()
+
+    def set_field_error(self, index: int, field_name: str, code: int | None) -> None:
+        """One call (see FIELDS) on GPU `index` answers NVML return `code`; None clears."""
+        if field_name not in FIELDS:
+            raise ValueError(f"unknown field {field_name!r}; expected one of {FIELDS}")
+        errors = self.gpus[index].field_errors
+        if code is None:
+            errors.pop(field_name, None)
+        else:
+            errors[field_name] = code
+        self.save()
+
+    def set_not_supported(self, index: int, field_name: str, on: bool = True) -> None:
+        """One call on GPU `index` answers NOT_SUPPORTED (3), or works again."""
+        self.set_field_error(index, field_name, NVML_ERROR_NOT_SUPPORTED if on else None)
+
+    # Processes
+
+    def add_process(
+        self, gpu_index: int, pid: int, used_bytes: int | None, kind: str = "C"
+    ) -> FakeProcess:
+        """Add a process holding `used_bytes` (None: not available) on a GPU."""
+        if kind not in ("C", "G"):
+            raise ValueError(f"kind must be 'C' or 'G', not {kind!r}")
+        proc = FakeProcess(gpu_index, pid, used_bytes, kind)
+        self.processes.append(proc)
+        self.save()
+        return proc
+
+    def remove_process(self, pid: int, gpu_index: int | None = None) -> None:
+        """Remove every entry of `pid` (on one GPU if gpu_index is given)."""
+        self.processes = [
+            p
+            for p in self.processes
+            if not (p.pid == pid and (gpu_index is None or p.gpu_index == gpu_index))
+        ]
+        self.save()
+
+    # Library-wide behaviour
+
+    def set_init_error(self, code: int | None) -> None:
+        """nvmlInit answers `code` (e.g. 9 DRIVER_NOT_LOADED); None lets it succeed."""
+        self.init_error = code
+        self.save()
+
+    def set_runtime_error(self, code: int | None) -> None:
+        """Every call but init/shutdown answers `code` (e.g. 1 UNINITIALIZED); None clears."""
+        self.runtime_error = code
+        self.save()
+
+    def set_delay_ms(self, ms: int) -> None:
+        """Every NVML call sleeps `ms` milliseconds, to slow a scan down."""
+        self.delay_ms = ms
+        self.save()
+
+    def set_driver_version(self, version: str) -> None:
+        self.driver_version = version
+        self.save()
+
+    def remove_file(self) -> None:
+        """Delete the state file: the driver is gone (DRIVER_NOT_LOADED) until save()."""
+        self.path.unlink(missing_ok=True)
+
+    def subprocess_env(
+        self, lib_dir: Path, base: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Environment for a child process that should load the fake library."""
+        env = dict(os.environ if base is None else base)
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = f"{lib_dir}:{old}" if old else str(lib_dir)
+        env[STATE_ENV] = str(self.path)
+        return env
+
+    # File
+
+    def render(self) -> str:
+        """The state file's text (format: see fakenvml.c)."""
+        lines = [f"driver {self.driver_version}"]
+        if self.init_error is not None:
+            lines.append(f"init_error {self.init_error}")
+        if self.runtime_error is not None:
+            lines.append(f"runtime_error {self.runtime_error}")
+        if self.delay_ms:
+            lines.append(f"delay_ms {int(self.delay_ms)}")
+        for g in sorted(self.gpus.values(), key=lambda g: g.index):
+            if any(c.isspace() for c in g.uuid) or "\n" in g.name:
+                raise ValueError(f"GPU {g.index}: uuid has spaces or name has a newline")
+            lines.append(
+                f"gpu {g.index} {g.uuid} {g.memory_total} {g.memory_used} {g.util_gpu}"
+                f" {g.util_mem} {g.temp} {g.power_mw} {g.name}"
+            )
+            if g.lost:
+                lines.append(f"lost {g.index}")
+            for name, code in sorted(g.field_errors.items()):
+                lines.append(f"error {g.index} {name} {code}")
+        for p in self.processes:
+            used = "na" if p.used_bytes is None else str(p.used_bytes)
+            lines.append(f"proc {p.gpu_index} {p.kind} {p.pid} {used}")
+        return "\n".join(lines) + "\n"
+
+    def save(self) -> None:
+        """Write the state file atomically: readers see the old or the new world."""
+        text = self.render()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def default_uuid(index: int) -> str:
+    """A stable, UUID-shaped id for fake GPU `index`."""
+    return f"GPU-fa4e0000-0000-4000-8000-{index:012d}"

@@ -1,0 +1,478 @@
+/*
+ * fakenvml.c: a fake libnvidia-ml.so.1 for gpuguard's tests.
+ *
+ * The real, unmodified pynvml (nvidia-ml-py >= 13) loads this library and sees
+ * the GPUs, processes and failures described by a text file whose path is in
+ * FAKE_NVML_STATE. The file is re-read on every call (getenv each time), so a
+ * test can change the world between two calls. No file means no driver: init
+ * answers NVML_ERROR_DRIVER_NOT_LOADED, other calls the same.
+ *
+ * State file, one directive a line, '#' starts a comment line:
+ *   driver VERSION                       driver version string (default 550.54.15)
+ *   init_error CODE                      nvmlInit* answers CODE
+ *   runtime_error CODE                   every other call answers CODE
+ *   delay_ms MS                          every call sleeps MS milliseconds
+ *   gpu IDX UUID TOTAL USED UTILGPU UTILMEM TEMPC POWERMW NAME...
+ *                                        one GPU; NAME is the rest of the line
+ *   lost IDX                             every call on GPU IDX answers 15 (GPU is lost)
+ *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
+ *                                        name uuid memory utilization temperature power
+ *                                        compute graphics
+ *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available)
+ *
+ * Build: gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 \
+ *        fakenvml.c -lpthread
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+#define MAX_GPUS 16
+#define MAX_PROCS 1024
+#define NAME_LEN 96
+#define UUID_LEN 96
+#define VERSION_LEN 80
+
+#define NVML_MEMORY_V2 0x02000028u
+#define NVML_TEMPERATURE_V1 0x0100000Cu
+
+enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
+             F_GRAPHICS, F_COUNT };
+static const char *const field_names[F_COUNT] = {
+    "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics"};
+
+typedef int nvmlReturn_t;
+
+struct gpu {
+    int present;
+    int lost;
+    char uuid[UUID_LEN];
+    char name[NAME_LEN];
+    unsigned long long total, used;
+    unsigned int util_gpu, util_mem, temp_c, power_mw;
+    int field_error[F_COUNT];
+};
+
+struct proc {
+    int gpu;
+    char kind; /* 'C' or 'G' */
+    unsigned int pid;
+    unsigned long long used;
+};
+
+struct state {
+    int file_ok;
+    char driver[VERSION_LEN];
+    int init_error, runtime_error;
+    long delay_ms;
+    int gpu_count;
+    struct gpu gpus[MAX_GPUS];
+    int proc_count;
+    struct proc procs[MAX_PROCS];
+};
+
+/* Layouts match pynvml's ctypes structures. */
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned int version; unsigned int sensorType; int temperature; } nvmlTemperature_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* A handle points at one slot; the slot number is the GPU index. */
+struct fake_device { int index; };
+typedef struct fake_device *nvmlDevice_t;
+static struct fake_device devices[MAX_GPUS];
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct state st;
+static int init_refcount;
+
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t must be 40 bytes");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t must be 24 bytes");
+_Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t must be 12 bytes");
+
+static int parse_field(const char *s) {
+    for (int i = 0; i < F_COUNT; i++)
+        if (strcmp(s, field_names[i]) == 0) return i;
+    return -1;
+}
+
+static void bad_line(int lineno, const char *line) {
+    fprintf(stderr, "fakenvml: ignoring bad state line %d: %s\n", lineno, line);
+}
+
+/* Re-read the state file into `st`. Caller holds `lock`. */
+static void load_state(void) {
+    memset(&st, 0, sizeof st);
+    strcpy(st.driver, "550.54.15");
+    const char *path = getenv("FAKE_NVML_STATE");
+    if (path == NULL || *path == '\0') return;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return;
+    st.file_ok = 1;
+    char line[1024];
+    int lineno = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = '\0';
+        char word[32];
+        int off = 0;
+        if (line[0] == '#' || sscanf(line, "%31s %n", word, &off) < 1) continue;
+        const char *rest = line + off;
+        int idx, code, n = 0;
+        if (strcmp(word, "driver") == 0) {
+            snprintf(st.driver, sizeof st.driver, "%s", rest);
+        } else if (strcmp(word, "init_error") == 0) {
+            if (sscanf(rest, "%d", &st.init_error) != 1) bad_line(lineno, line);
+        } else if (strcmp(word, "runtime_error") == 0) {
+            if (sscanf(rest, "%d", &st.runtime_error) != 1) bad_line(lineno, line);
+        } else if (strcmp(word, "delay_ms") == 0) {
+            if (sscanf(rest, "%ld", &st.delay_ms) != 1) bad_line(lineno, line);
+        } else if (strcmp(word, "gpu") == 0) {
+            struct gpu g;
+            memset(&g, 0, sizeof g);
+            if (sscanf(rest, "%d %95s %llu %llu %u %u %u %u %n", &idx, g.uuid, &g.total, &g.used,
+                       &g.util_gpu, &g.util_mem, &g.temp_c, &g.power_mw, &n) < 8 ||
+                idx < 0 || idx >= MAX_GPUS || n == 0) {
+                bad_line(lineno, line);
+                continue;
+            }
+            snprintf(g.name, sizeof g.name, "%s", rest + n);
+            g.present = 1;
+            g.lost = st.gpus[idx].lost; /* keep directives that came before */
+            memcpy(g.field_error, st.gpus[idx].field_error, sizeof g.field_error);
+            if (!st.gpus[idx].present) st.gpu_count++;
+            st.gpus[idx] = g;
+        } else if (strcmp(word, "lost") == 0) {
+            if (sscanf(rest, "%d", &idx) != 1 || idx < 0 || idx >= MAX_GPUS) bad_line(lineno, line);
+            else st.gpus[idx].lost = 1;
+        } else if (strcmp(word, "error") == 0) {
+            char fname[32];
+            int fi;
+            if (sscanf(rest, "%d %31s %d", &idx, fname, &code) != 3 || idx < 0 ||
+                idx >= MAX_GPUS || (fi = parse_field(fname)) < 0)
+                bad_line(lineno, line);
+            else st.gpus[idx].field_error[fi] = code;
+        } else if (strcmp(word, "proc") == 0) {
+            char kind[4], bytes[32];
+            struct proc p;
+            if (st.proc_count >= MAX_PROCS ||
+                sscanf(rest, "%d %3s %u %31s", &idx, kind, &p.pid, bytes) != 4 || idx < 0 ||
+                idx >= MAX_GPUS || (strcmp(kind, "C") != 0 && strcmp(kind, "G") != 0)) {
+                bad_line(lineno, line);
+                continue;
+            }
+            p.gpu = idx;
+            p.kind = kind[0];
+            p.used = strcmp(bytes, "na") == 0 ? ~0ULL : strtoull(bytes, NULL, 10);
+            st.procs[st.proc_count++] = p;
+        } else {
+            bad_line(lineno, line);
+        }
+    }
+    fclose(f);
+}
+
+static void sleep_ms(long ms) {
+    if (ms <= 0) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
+}
+
+/* Every entry point: lock, re-read, answer, unlock, then sleep the injected delay. */
+#define ENTER long delay_; nvmlReturn_t ret_; pthread_mutex_lock(&lock); load_state(); \
+    delay_ = st.delay_ms;
+#define LEAVE(code) do { ret_ = (code); goto out_; } while (0)
+#define EXIT out_: pthread_mutex_unlock(&lock); sleep_ms(delay_); return ret_;
+
+/* Common checks for calls made after init. Caller holds `lock`. */
+static nvmlReturn_t runtime_check(void) {
+    if (!st.file_ok) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (init_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    if (st.runtime_error) return st.runtime_error;
+    return NVML_SUCCESS;
+}
+
+/* Resolve a handle to its GPU, applying "lost" and per-field errors. */
+static nvmlReturn_t device_check(nvmlDevice_t dev, int field, struct gpu **out) {
+    nvmlReturn_t r = runtime_check();
+    if (r != NVML_SUCCESS) return r;
+    if (dev == NULL || dev < devices || dev >= devices + MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
+    struct gpu *g = &st.gpus[dev - devices];
+    if (!g->present) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (field >= 0 && g->field_error[field]) return g->field_error[field];
+    *out = g;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_string(char *dst, unsigned int len, const char *src) {
+    if (dst == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, src);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    ENTER
+    if (!st.file_ok) LEAVE(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (st.init_error) LEAVE(st.init_error);
+    init_refcount++;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    nvmlReturn_t r = NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    if (init_refcount == 0) r = NVML_ERROR_UNINITIALIZED;
+    else init_refcount--;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 25: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    ENTER
+    nvmlReturn_t r = runtime_check();
+    if (r != NVML_SUCCESS) LEAVE(r);
+    LEAVE(copy_string(version, length, st.driver));
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    ENTER
+    nvmlReturn_t r = runtime_check();
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (count == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *count = (unsigned int)st.gpu_count;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    ENTER
+    nvmlReturn_t r = runtime_check();
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (device == NULL || index >= MAX_GPUS || !st.gpus[index].present)
+        LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (st.gpus[index].lost) LEAVE(NVML_ERROR_GPU_IS_LOST);
+    devices[index].index = (int)index;
+    *device = &devices[index];
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, -1, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (index == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned int)(device - devices);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_NAME, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    LEAVE(copy_string(name, length, g->name));
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_UUID, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    LEAVE(copy_string(uuid, length, g->uuid));
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_MEMORY, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (memory == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memory->total = g->total;
+    memory->used = g->used;
+    memory->free = g->total > g->used ? g->total - g->used : 0;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_MEMORY, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (memory == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != NVML_MEMORY_V2) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    memory->total = g->total;
+    memory->reserved = 0;
+    memory->used = g->used;
+    memory->free = g->total > g->used ? g->total - g->used : 0;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_UTILIZATION, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (util == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    util->gpu = g->util_gpu;
+    util->memory = g->util_mem;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
+                                      unsigned int *temp) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_TEMPERATURE, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (temp == NULL || sensor != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *temp = g->temp_c;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temp) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_TEMPERATURE, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (temp == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (temp->version != NVML_TEMPERATURE_V1) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (temp->sensorType != 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    temp->temperature = (int)g->temp_c;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_POWER, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (power == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *power = g->power_mw;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* NVML's two-pass protocol: too small a buffer answers INSUFFICIENT_SIZE with the count. */
+static nvmlReturn_t running_processes(nvmlDevice_t device, int field, char kind,
+                                      unsigned int *count, nvmlProcessInfo_t *infos) {
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, field, &g);
+    if (r != NVML_SUCCESS) return r;
+    if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    int index = (int)(device - devices);
+    unsigned int n = 0;
+    for (int i = 0; i < st.proc_count; i++)
+        if (st.procs[i].gpu == index && st.procs[i].kind == kind) n++;
+    if (n == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    if (infos == NULL || *count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int k = 0;
+    for (int i = 0; i < st.proc_count; i++) {
+        if (st.procs[i].gpu != index || st.procs[i].kind != kind) continue;
+        infos[k].pid = st.procs[i].pid;
+        infos[k].usedGpuMemory = st.procs[i].used;
+        infos[k].gpuInstanceId = 0xFFFFFFFFu; /* no MIG */
+        infos[k].computeInstanceId = 0xFFFFFFFFu;
+        k++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    ENTER
+    LEAVE(running_processes(device, F_COMPUTE, 'C', count, infos));
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    ENTER
+    LEAVE(running_processes(device, F_GRAPHICS, 'G', count, infos));
+    EXIT
+}
+
+/* pynvml 13 gives _v2 the same 24-byte struct as _v3. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    return nvmlDeviceGetComputeRunningProcesses_v3(device, count, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    return nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos);
+}

@@ -1,0 +1,38 @@
+"""A stand-in GPU worker: writes its pid to a file, optionally forks children, sleeps.
+
+Run by the tests as a real process; the fake NVML state names its pid as a holder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--pidfile", required=True)
+    p.add_argument("--children", type=int, default=0, help="extra sleeping children to fork")
+    p.add_argument("--ignore-term", action="store_true", help="survive SIGTERM (needs SIGKILL)")
+    p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
+    args = p.parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for _ in range(args.children):
+        if os.fork() == 0:
+            while True:
+                time.sleep(3600)
+    tmp = f"{args.pidfile}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(tmp, args.pidfile)
+    sys.stdout.flush()
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Real process trees for tests: spawn, orphan by killing the launcher, clean up.
+
+The test process is made a child subreaper (conftest), so orphans come back to
+it and every cleanup stays within what the tests spawned: a process is killed
+only if it is our descendant and sits in a session a test created, or was
+recorded by pid (and start time) from a pid file the test's tree wrote.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HOLDER = Path(__file__).with_name("holder.py")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 10.0,
+              interval: float = 0.02, what: str = "condition") -> object:
+    """Poll `predicate` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def stat_fields(pid: int) -> dict[str, object] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2 :].split()
+    return {"state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]), "sid": int(rest[3]),
+            "start_time": int(rest[19])}
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping: a zombie or a missing pid is not alive."""
+    fields = stat_fields(pid)
+    return fields is not None and fields["state"] not in ("Z", "X")
+
+
+def children_of(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            kids += [int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def descendants_of(pid: int) -> list[int]:
+    out, frontier = [], [pid]
+    while frontier:
+        nxt = []
+        for p in frontier:
+            for k in children_of(p):
+                if k not in out:
+                    out.append(k)
+                    nxt.append(k)
+        frontier = nxt
+    return out
+
+
+def reap_zombie_children() -> None:
+    """Collect exited children (adopted orphans included) so they do not linger as zombies."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Tree:
+    """One launched tree: `bash -c SCRIPT` in a new session, with named pid files."""
+
+    def __init__(self, registry: Trees, script: str, directory: Path, env: dict | None) -> None:
+        self.dir = directory
+        self.registry = registry
+        holder = f"{shlex.quote(sys.executable)} {shlex.quote(str(HOLDER))}"
+        self.script = script.format(holder=holder, dir=shlex.quote(str(directory)))
+        self.launcher = subprocess.Popen(
+            ["bash", "-c", self.script], start_new_session=True, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        self.sid = self.launcher.pid
+        registry.sessions.add(self.sid)
+        registry.pids.append((self.launcher.pid, stat_fields(self.launcher.pid)))
+
+    def pid(self, name: str, *, timeout: float = 10.0) -> int:
+        """The pid a tree member wrote to DIR/NAME (holder.py --pidfile or `echo $!`)."""
+        path = self.dir / name
+        text = wait_for(lambda: path.exists() and path.read_text().strip(), timeout=timeout,
+                        what=f"pid file {path}")
+        pid = int(str(text))
+        fields = stat_fields(pid)
+        self.registry.pids.append((pid, fields))
+        if fields is not None:
+            self.registry.sessions.add(int(fields["sid"]))  # type: ignore[arg-type]
+        return pid
+
+    def kill_launcher(self) -> None:
+        """SIGKILL the launching shell and reap it: its children become orphans."""
+        self.launcher.kill()
+        self.launcher.wait(timeout=10)
+
+    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Signal one member we spawned and wait until it is gone (it may be already)."""
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        wait_for(lambda: not alive(pid), what=f"pid {pid} to exit")
+        reap_zombie_children()
+
+
+class Trees:
+    """Per-test registry of spawned trees; `cleanup()` kills what they left."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.sessions: set[int] = set()
+        self.pids: list[tuple[int, dict | None]] = []
+        self._count = 0
+
+    def spawn(self, script: str, *, env: dict | None = None) -> Tree:
+        self._count += 1
+        directory = self.base / f"tree{self._count}"
+        directory.mkdir(parents=True, exist_ok=True)
+        return Tree(self, script, directory, env)
+
+    def cleanup(self) -> None:
+        me = os.getpid()
+        self.sessions.discard(os.getsid(me))  # never our own session
+        victims: set[int] = set()
+        for pid in descendants_of(me):
+            fields = stat_fields(pid)
+            if fields is not None and fields["sid"] in self.sessions:
+                victims.add(pid)
+        for pid, fields in self.pids:
+            now = stat_fields(pid)
+            if fields is not None and now is not None and now["start_time"] == fields["start_time"]:
+                victims.add(pid)
+                victims.update(descendants_of(pid))
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in victims) and time.monotonic() < deadline:
+            reap_zombie_children()
+            time.sleep(0.01)
+        reap_zombie_children()

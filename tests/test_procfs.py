@@ -1,0 +1,82 @@
+"""procfs: parsing, identity caching, and the children walk, against the real /proc."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from exporter.counters import Counters
+from exporter.procfs import ProcessView, ProcUnreadable, parse_stat, parse_status
+from tests.proctree import Trees
+
+
+def test_parse_stat_survives_hostile_comm() -> None:
+    text = "4242 (a) b) (c ) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n"
+    info = parse_stat(text, uid=1000)
+    assert (info.pid, info.comm, info.state, info.ppid, info.pgid, info.sid) == (
+        4242, "a) b) (c ", "S", 1, 4242, 4242)
+    assert info.start_time == 987654 and info.is_session_leader
+
+
+def test_parse_status_reads_sighup_and_nspid() -> None:
+    status = parse_status("Name:\tx\nSigIgn:\t0000000000000001\nNSpid:\t812\t1\nKthread:\t0\n")
+    assert status.sighup_ignored and status.nspid == (812, 1) and not status.kernel_thread
+    assert not parse_status("SigIgn:\t0000000000001000\n").sighup_ignored
+
+
+def test_stat_of_self_matches_os() -> None:
+    view = ProcessView(counters=Counters())
+    me = view.stat(os.getpid())
+    assert me is not None
+    assert (me.pid, me.ppid, me.sid, me.pgid, me.uid) == (
+        os.getpid(), os.getppid(), os.getsid(0), os.getpgid(0), os.getuid())
+    assert view.stat(4_000_000) is None
+
+
+def test_stat_read_once_per_scan_and_extras_cached_by_identity() -> None:
+    counters = Counters()
+    view = ProcessView(counters=counters)
+    view.begin_scan()
+    me = view.stat(os.getpid())
+    assert me is not None
+    view.stat(os.getpid())
+    view.cmdline(me)
+    view.cgroup(me)
+    view.cmdline(me)
+    snap = counters.snapshot()
+    assert snap["proc_stat"].proc_reads == 1
+    assert snap["proc_cmdline"].proc_reads == 1 and snap["proc_cgroup"].proc_reads == 1
+    view.begin_scan()
+    again = view.stat(os.getpid())
+    assert again is not None and again.identity == me.identity
+    assert view.cmdline(again) and "pytest" in (view.cmdline(again) or "")
+    snap = counters.snapshot()
+    assert snap["proc_stat"].proc_reads == 2
+    assert snap["proc_cmdline"].proc_reads == 1  # cached across scans by (pid, start_time)
+
+
+def test_extras_of_unreadable_or_gone_processes_are_none() -> None:
+    view = ProcessView(counters=Counters())
+    me = view.stat(os.getpid())
+    assert me is not None
+    ghost = type(me)(**{**me.__dict__, "pid": 4_000_000})
+    assert view.cmdline(ghost) is None and view.status(ghost) is None
+
+
+def test_malformed_stat_is_unreadable(tmp_path) -> None:
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "stat").write_text("garbage")
+    view = ProcessView(proc_root=str(tmp_path), counters=Counters())
+    with pytest.raises(ProcUnreadable, match="/proc/77/stat"):
+        view.stat(77)
+
+
+def test_descendants_walk_children_files(trees: Trees) -> None:
+    tree = trees.spawn("{holder} --pidfile {dir}/worker --children 3 & wait")
+    worker = tree.pid("worker")
+    counters = Counters()
+    view = ProcessView(counters=counters)
+    kids = view.descendants(tree.launcher.pid)
+    assert worker in kids and len(kids) == 4  # the worker and its three children
+    assert counters.snapshot()["proc_children"].proc_reads >= 5

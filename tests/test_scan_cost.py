@@ -1,0 +1,85 @@
+"""The structural cost property: a scan's /proc reads do not depend on the host's process count.
+
+Counted, never timed: the assertions are on gpuguard_inspector_proc_reads_total
+deltas from a fresh registry, so they hold on a loaded CI machine too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from exporter.classify import Rules
+from exporter.counters import CALLSITES, Counters
+from exporter.metrics import GpuguardCollector
+from exporter.nvml import Nvml
+from exporter.procfs import ProcessView
+from exporter.scanner import Scanner
+from tests.fakenvml import FakeGpuWorld
+from tests.proctree import Trees, stat_fields, wait_for
+
+GIB = 2**30
+EXTRA = 2000
+
+
+def reads(registry: CollectorRegistry, callsite: str | None = None) -> float:
+    sites = [callsite] if callsite else list(CALLSITES)
+    return sum(registry.get_sample_value("gpuguard_inspector_proc_reads_total",
+                                         {"callsite": c}) or 0 for c in sites)
+
+
+def chain_lower_bound(holders: list[int]) -> int:
+    """DESIGN.md's lower bound, computed independently: chain members plus their session leaders."""
+    pids: set[int] = set()
+    walked: set[int] = set()
+    for pid in holders:
+        while pid != 0 and pid not in walked:
+            walked.add(pid)
+            pids.add(pid)
+            fields = stat_fields(pid)
+            assert fields is not None
+            if fields["sid"]:
+                pids.add(int(fields["sid"]))  # type: ignore[arg-type]
+            pid = int(fields["ppid"])  # type: ignore[arg-type]
+    return len(pids)
+
+
+def warm_scan_reads(scanner: Scanner, registry: CollectorRegistry) -> dict[str, float]:
+    scanner.scan_once()  # warm the identity cache
+    before = {c: reads(registry, c) for c in CALLSITES}
+    scanner.scan_once()
+    return {c: reads(registry, c) - before[c] for c in CALLSITES}
+
+
+def test_reads_per_scan_ignore_unrelated_processes(trees: Trees, fake_gpu: FakeGpuWorld,
+                                                   tmp_path: Path) -> None:
+    orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' "
+                         "& wait")
+    healthy = trees.spawn("{holder} --pidfile {dir}/worker & wait")
+    holders = [orphan.pid("worker"), healthy.pid("worker")]
+    for pid in holders:
+        fake_gpu.add_process(0, pid, GIB)
+    orphan.pid("sh")
+    orphan.kill_launcher()
+
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+                      view=ProcessView(counters=counters), counters=counters)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="test"))
+    verdicts = {t.verdict for t in scanner.scan_once().trees}
+    assert verdicts == {"orphan", "normal"}
+
+    quiet = warm_scan_reads(scanner, registry)
+    # A warm scan reads only stat (plus the orphan's descendant walk): no extras again.
+    assert {c: n for c, n in quiet.items() if n} .keys() <= {"proc_stat", "proc_children"}
+    assert quiet["proc_stat"] <= chain_lower_bound(holders)
+
+    crowd = trees.spawn(f"for i in $(seq {EXTRA}); do sleep 3600 & done; "
+                        "echo done > {dir}/ready; wait")
+    wait_for(lambda: (crowd.dir / "ready").exists(), timeout=60, what="2,000 sleepers")
+    busy = warm_scan_reads(scanner, registry)
+    assert busy == quiet, f"reads changed with {EXTRA} extra processes: {quiet} -> {busy}"
+    scans = registry.get_sample_value("gpuguard_scans_total")
+    assert scans == 5
