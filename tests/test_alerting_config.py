@@ -1,0 +1,421 @@
+"""Alerting rules, Alertmanager example and Grafana dashboard: static checks.
+
+promtool/amtool checks need Debian's `prometheus` and `prometheus-alertmanager`
+packages; without them these tests skip, except under CI=true where they fail.
+The pure-Python checks always run. `dashboard_exprs()` is imported by the e2e
+test that runs every panel query against a live Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "alerts" / "rules.yml"
+RULES_TEST = REPO / "alerts" / "rules.test.yml"
+ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
+DASHBOARD = REPO / "grafana" / "dashboard.json"
+
+RUNBOOK_BASE = "https://github.com/gpuguard/gpuguard/blob/main/README.md"
+REMEDIATOR_RECEIVER = "gpuguard-remediator"
+PAGER_RECEIVER = "pager"
+
+# DESIGN.md "Metric contract (exporter)" + the remediator's metrics + `up`.
+EXPORTER_METRICS = frozenset(
+    {
+        "gpuguard_gpu_info",
+        "gpuguard_gpu_memory_bytes",
+        "gpuguard_gpu_memory_used_bytes",
+        "gpuguard_gpu_utilization_ratio",
+        "gpuguard_gpu_temperature_celsius",
+        "gpuguard_gpu_power_watts",
+        "gpuguard_gpu_process_memory_bytes",
+        "gpuguard_gpu_process_info",
+        "gpuguard_orphan_tree_age_seconds",
+        "gpuguard_orphan_tree_memory_bytes",
+        "gpuguard_orphan_tree_processes",
+        "gpuguard_orphan_trees",
+        "gpuguard_scan_duration_seconds",
+        "gpuguard_last_scan_timestamp_seconds",
+        "gpuguard_scans_total",
+        "gpuguard_scan_errors_total",
+        "gpuguard_inspector_calls_total",
+        "gpuguard_inspector_seconds_total",
+        "gpuguard_inspector_proc_reads_total",
+        "gpuguard_nvml_up",
+        "gpuguard_host_info",
+    }
+)
+REMEDIATOR_METRICS = frozenset(
+    {
+        "gpuguard_remediator_decisions_total",
+        "gpuguard_remediator_rejected_requests_total",
+        "gpuguard_remediator_reaped_processes_total",
+        "gpuguard_remediator_reclaimed_bytes_total",
+        "gpuguard_remediator_reap_failures_total",
+        "gpuguard_remediator_queue_depth",
+    }
+)
+CONTRACT_METRICS = EXPORTER_METRICS | REMEDIATOR_METRICS | {"up"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} not installed: apt-get install {package}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args), cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _load_yaml(path: Path):
+    with path.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def alert_rules() -> list[dict]:
+    """Every alerting rule in alerts/rules.yml."""
+    return [
+        rule for group in _load_yaml(RULES)["groups"] for rule in group["rules"] if "alert" in rule
+    ]
+
+
+def _walk_panels(panels: list[dict]):
+    for panel in panels:
+        yield panel
+        yield from _walk_panels(panel.get("panels", []))
+
+
+def _load_dashboard() -> dict:
+    with DASHBOARD.open(encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def dashboard_exprs() -> list[str]:
+    """Every panel target's PromQL, with the `instance` variable set to match everything."""
+    exprs = []
+    for panel in _walk_panels(_load_dashboard()["panels"]):
+        for target in panel.get("targets", []):
+            expr = target.get("expr", "")
+            if expr.strip():
+                exprs.append(expr.replace("${instance}", ".*").replace("$instance", ".*"))
+    return exprs
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^}]*\}")
+_RANGE = re.compile(r"\[[^\]]*\]")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_IDENTIFIER = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)(?![\w:])(?!\s*\()")
+_KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "inf",
+        "nan",
+    }
+)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (strings, matchers, ranges, groupings stripped)."""
+    text = _STRING.sub('""', expr)
+    text = _MATCHERS.sub("{}", text)
+    text = _RANGE.sub("[]", text)
+    text = _GROUPING.sub(" ", text)
+    return {m for m in _IDENTIFIER.findall(text) if m.lower() not in _KEYWORDS}
+
+
+# --------------------------------------------------------------------------- promtool
+
+
+def test_promtool_check_rules_lint():
+    promtool = _tool("promtool", "prometheus")
+    result = _run(promtool, "check", "rules", "--lint=all", "--lint-fatal", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_rule_unit_tests():
+    promtool = _tool("promtool", "prometheus")
+    result = _run(promtool, "test", "rules", str(RULES_TEST))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_exprs_parse(tmp_path):
+    """Every panel query is valid PromQL (checked by promtool as recording rules)."""
+    promtool = _tool("promtool", "prometheus")
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:expr_{i}", "expr": expr}
+                    for i, expr in enumerate(dashboard_exprs())
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump(rules), encoding="utf-8")
+    result = _run(promtool, "check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- amtool
+
+
+def test_amtool_check_config():
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result = _run(amtool, "check-config", str(ALERTMANAGER))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _route(amtool: str, labels: dict[str, str], verify: str | None = None):
+    args = [amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}"]
+    if verify is not None:
+        args.append(f"--verify.receivers={verify}")
+    args += [f"{k}={v}" for k, v in sorted(labels.items())]
+    result = _run(*args)
+    receivers = (
+        set(result.stdout.strip().splitlines()[-1].split(",")) if result.stdout.strip() else set()
+    )
+    return result, receivers
+
+
+def _orphan_alert_labels() -> dict[str, str]:
+    (rule,) = [r for r in alert_rules() if r["alert"] == "GPUOrphanTree"]
+    return {
+        "alertname": "GPUOrphanTree",
+        **{k: str(v) for k, v in rule["labels"].items()},
+        "hostname": "gpu-node-1",
+        "instance": "gpu-node-1:9877",
+        "job": "gpuguard",
+        "root_pid": "4242",
+        "root_start_time": "123456",
+        "comm": "python",
+        "user": "alice",
+        "reason": "session-ended",
+    }
+
+
+def test_orphan_alert_routes_to_remediator_and_people():
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result, receivers = _route(amtool, _orphan_alert_labels())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert REMEDIATOR_RECEIVER in receivers
+    assert len(receivers) >= 2, f"people are not notified (continue: true?): {receivers}"
+    # amtool's own verification, exit 1 on a mismatch
+    result, _ = _route(amtool, _orphan_alert_labels(), verify=",".join(sorted(receivers)))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_remediator_verify_receivers_matches_exactly():
+    """amtool --verify.receivers=gpuguard-remediator on the orphan alert: the list must match
+    in full, and people get it too, so verifying the remediator alone must fail."""
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result, _ = _route(amtool, _orphan_alert_labels(), verify=REMEDIATOR_RECEIVER)
+    assert result.returncode != 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "rule", [r for r in alert_rules() if r["alert"] != "GPUOrphanTree"], ids=lambda r: r["alert"]
+)
+def test_health_alerts_never_reach_remediator(rule):
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    labels = {
+        "alertname": rule["alert"],
+        **{k: str(v) for k, v in rule["labels"].items()},
+        "instance": "gpu-node-1:9877",
+        "job": "gpuguard",
+        # even with tree labels present, only GPUOrphanTree may reach the remediator
+        "hostname": "gpu-node-1",
+        "root_pid": "4242",
+        "root_start_time": "123456",
+    }
+    result, receivers = _route(amtool, labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert REMEDIATOR_RECEIVER not in receivers
+    if rule["labels"]["severity"] == "page":
+        result, _ = _route(amtool, labels, verify=PAGER_RECEIVER)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"alertname": "GPUOrphanTree", "severity": "warning", "hostname": "gpu-node-1"},
+        {"alertname": "GPUOrphanTree", "remediate": "false", "hostname": "gpu-node-1"},
+        {"alertname": "SomethingElse", "remediate": "true", "hostname": "gpu-node-1"},
+    ],
+    ids=["no-remediate-label", "remediate-false", "other-alertname"],
+)
+def test_remediator_needs_alertname_and_remediate_label(labels):
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result, receivers = _route(amtool, labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert REMEDIATOR_RECEIVER not in receivers
+
+
+def test_alertmanager_remediator_receiver_shape():
+    config = _load_yaml(ALERTMANAGER)
+    (receiver,) = [r for r in config["receivers"] if r["name"] == REMEDIATOR_RECEIVER]
+    (webhook,) = receiver["webhook_configs"]
+    assert webhook["url"] == "http://127.0.0.1:9878/alerts"
+    assert webhook["send_resolved"] is True
+    assert webhook["max_alerts"] == 0
+    assert webhook["http_config"]["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/gpuguard/token",
+    }
+    (route,) = [r for r in config["route"]["routes"] if r["receiver"] == REMEDIATOR_RECEIVER]
+    assert route["group_by"] == ["alertname", "hostname", "root_pid", "root_start_time"]
+    assert route["continue"] is True
+
+
+# --------------------------------------------------------------------------- rules (pure Python)
+
+
+def test_every_rule_has_severity_and_annotations():
+    rules = alert_rules()
+    assert rules
+    for rule in rules:
+        assert rule["labels"].get("severity"), rule["alert"]
+        for key in ("summary", "description", "runbook_url"):
+            assert str(rule.get("annotations", {}).get(key, "")).strip(), (rule["alert"], key)
+
+
+def test_runbook_urls_use_readme_runbook_anchors():
+    for rule in alert_rules():
+        url = rule["annotations"]["runbook_url"]
+        base, _, anchor = url.partition("#")
+        assert base == RUNBOOK_BASE, url
+        assert re.fullmatch(r"runbook-[a-z0-9-]+", anchor), url
+        assert anchor == f"runbook-{rule['alert'].lower()}", url
+
+
+def test_only_the_orphan_rule_can_remediate():
+    for rule in alert_rules():
+        labels = rule["labels"]
+        if rule["alert"] == "GPUOrphanTree":
+            assert labels == {"severity": "warning", "remediate": "true"}
+            assert rule["for"] == "1m"
+        else:
+            assert "remediate" not in labels, rule["alert"]
+            assert labels["severity"] in {"page", "ticket"}, rule["alert"]
+
+
+def test_rules_use_contract_metrics_only():
+    for rule in alert_rules():
+        names = metric_names(rule["expr"])
+        assert names, rule["alert"]
+        assert names <= CONTRACT_METRICS, (rule["alert"], names - CONTRACT_METRICS)
+        in_templates = set(re.findall(r"\bgpuguard_\w+", json.dumps(rule["annotations"])))
+        assert in_templates <= CONTRACT_METRICS, (rule["alert"], in_templates - CONTRACT_METRICS)
+
+
+def test_every_rule_has_a_firing_unit_test():
+    tested = {
+        case["alertname"]
+        for test in _load_yaml(RULES_TEST)["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    missing = {rule["alert"] for rule in alert_rules()} - tested
+    assert not missing, f"rules without a firing test in rules.test.yml: {sorted(missing)}"
+
+
+def test_every_unit_test_group_sets_interval():
+    for test in _load_yaml(RULES_TEST)["tests"]:
+        assert "interval" in test, test.get("name")  # promtool 2.42 has no default
+
+
+# --------------------------------------------------------------------------- dashboard
+
+
+def test_metric_names_extractor():
+    expr = (
+        'sum by (instance) (rate(foo_total{a="b", c=~"$x"}[5m])) / on (instance) '
+        'group_left (hostname) bar_info * 1e3 + label_replace(baz, "n", "$1", "i", "(.*)") '
+        "and time() - qux offset 5m"
+    )
+    assert metric_names(expr) == {"foo_total", "bar_info", "baz", "qux"}
+
+
+def test_dashboard_identity_and_variables():
+    dashboard = _load_dashboard()
+    assert dashboard["uid"] == "gpuguard"
+    assert dashboard["title"] == "gpuguard"
+    assert dashboard["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    datasource = variables["datasource"]
+    assert datasource["type"] == "datasource"
+    assert datasource["query"] == "prometheus"
+    instance = variables["instance"]
+    assert instance["type"] == "query"
+    query = instance["query"]
+    query = query["query"] if isinstance(query, dict) else query
+    assert query == "label_values(gpuguard_host_info, instance)"
+    assert instance["multi"] is True
+    assert instance["includeAll"] is True
+
+
+def test_every_panel_has_a_query_on_the_selected_datasource():
+    panels = [p for p in _walk_panels(_load_dashboard()["panels"]) if p.get("type") != "row"]
+    assert panels
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        targets = panel.get("targets", [])
+        assert any(t.get("expr", "").strip() for t in targets), panel["title"]
+        for target in targets:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert 'instance=~"$instance"' in target["expr"], (panel["title"], target["expr"])
+
+
+def test_dashboard_exprs_use_contract_metrics_only():
+    exprs = dashboard_exprs()
+    assert exprs
+    for expr in exprs:
+        names = metric_names(expr)
+        assert names, expr
+        assert names <= CONTRACT_METRICS, (expr, names - CONTRACT_METRICS)
+        # runnable as-is against Prometheus: no Grafana variable left ($1 is label_replace's)
+        assert not re.search(r"\$(?!\d)", expr), expr
+        assert "$instance" not in expr
+
+
+def test_dashboard_covers_the_contract():
+    used = set().union(*(metric_names(e) for e in dashboard_exprs()))
+    expected = (EXPORTER_METRICS - {"gpuguard_gpu_info"}) | {
+        "gpuguard_remediator_decisions_total",
+        "gpuguard_remediator_reclaimed_bytes_total",
+    }
+    assert expected <= used, sorted(expected - used)

@@ -1,0 +1,85 @@
+"""The Collector in-process: a fresh CollectorRegistry per test, read with get_sample_value."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter.classify import Rules
+from exporter.counters import Counters
+from exporter.metrics import GpuguardCollector
+from exporter.nvml import Nvml
+from exporter.procfs import ProcessView
+from exporter.scanner import Scanner
+from tests.fakenvml import FakeGpuWorld
+from tests.proctree import Trees
+
+GIB = 2**30
+
+
+def make(clock=None) -> tuple[Scanner, CollectorRegistry]:
+    counters = Counters()
+    kwargs = {"clock": clock} if clock else {}
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+                      view=ProcessView(counters=counters), counters=counters, **kwargs)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1"))
+    return scanner, registry
+
+
+def test_before_the_first_scan_only_host_and_counters(fake_gpu: FakeGpuWorld) -> None:
+    _, registry = make()
+    assert registry.get_sample_value("gpuguard_host_info",
+                                     {"hostname": "node-1", "version": "0.1.0"}) == 1
+    assert registry.get_sample_value("gpuguard_scans_total") == 0
+    assert registry.get_sample_value("gpuguard_nvml_up") is None
+
+
+def test_orphan_age_counts_from_first_sighting_and_labels_are_bounded(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    tree = trees.spawn("sh -c '{holder} --pidfile {dir}/w & echo $$ > {dir}/sh; wait' & wait")
+    worker, sh = tree.pid("w"), tree.pid("sh")
+    fake_gpu.add_process(0, worker, 2 * GIB)
+    now = [1000.0]
+    scanner, registry = make(clock=lambda: now[0])
+    scanner.scan_once()
+    tree.kill_launcher()
+    now[0] = 1010.0
+    snap = scanner.scan_once()  # first scan that sees it orphaned: age 0
+    root = next(t.root for t in snap.trees if t.verdict == "orphan")
+    labels = {"root_pid": str(sh), "root_start_time": str(root.start_time), "comm": "sh",
+              "user": "root", "reason": "session-ended"}
+    assert registry.get_sample_value("gpuguard_orphan_tree_age_seconds", labels) == 0
+    now[0] = 1042.5
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_orphan_tree_age_seconds", labels) == 32.5
+    assert registry.get_sample_value("gpuguard_orphan_tree_memory_bytes", labels) == 2 * GIB
+    assert registry.get_sample_value("gpuguard_last_scan_timestamp_seconds") == 1042.5
+    assert registry.get_sample_value("gpuguard_scans_total") == 3
+    # No label carries a command line: the holder's argv includes its pid file path.
+    text = generate_latest(registry).decode()
+    assert "--pidfile" not in text and str(tree.dir) not in text
+    # Every metric has HELP text.
+    helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
+    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    assert types <= helps
+
+
+def test_a_tree_that_stops_being_orphan_restarts_its_clock(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    tree = trees.spawn("sh -c '{holder} --pidfile {dir}/w & echo $$ > {dir}/sh; wait' & wait")
+    worker, sh = tree.pid("w"), tree.pid("sh")
+    fake_gpu.add_process(0, worker, GIB)
+    tree.kill_launcher()
+    now = [0.0]
+    scanner, registry = make(clock=lambda: now[0])
+    scanner.scan_once()
+    fake_gpu.remove_process(worker)  # the tree released the GPU
+    now[0] = 50.0
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_orphan_trees") == 0
+    fake_gpu.add_process(0, worker, GIB)
+    now[0] = 60.0
+    snap = scanner.scan_once()
+    (info,) = snap.orphans.values()
+    assert info.first_seen == 60.0 and info.age_seconds == 0
+    assert sh in {t.root_pid for t in snap.trees}
