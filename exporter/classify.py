@@ -9,6 +9,7 @@ show why.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -245,8 +246,12 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             return verdict(PROTECTED, "ignores-sighup", "4",
                            f"{member.pid} ignores SIGHUP (nohup)", [member.pid])
 
-    # Rule 5: managed by a service manager or in a container.
-    for member in upto:
+    # Rule 5: managed by a service manager or in a container. Without adoption only the
+    # holder's own session counts: sshd's listener sits in ssh.service, its logins do not.
+    in_scope = upto
+    if adopted is None:
+        in_scope = tuple(m for m in itertools.takewhile(lambda m: m.sid == info.sid, chain))
+    for member in in_scope:
         path = managed_cgroup(view.cgroup(member) or ())
         if path is not None:
             return verdict(NORMAL, "managed", "5", f"{member.pid} in cgroup {path}", [member.pid])
@@ -278,9 +283,9 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
                        f"{adopted_why}; session leader {adopted.sid} is alive",
                        [adopted.pid, ppid, adopted.sid])
 
-    # Rule 7.
+    # Rule 7: "detached" only when the holder lives in the session its chain's top created.
     top = chain[-1]
-    if top.is_session_leader:
+    if top.is_session_leader and info.sid == top.sid:
         return verdict(NORMAL, "detached", "7",
                        f"top of chain {top.pid} leads its own session", [top.pid])
     return verdict(NORMAL, "attached", "7",
@@ -301,7 +306,11 @@ def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[
         decisive = min(hvs, key=lambda h: _SAFETY_ORDER[h.verdict])
         members: dict[int, ProcInfo] = {}
         for hv in hvs:
-            for member in hv.chain:
+            # The tree is its root and below: never the adopter or anything above the root.
+            upto_root = hv.chain
+            if hv.root is not None and hv.root in hv.chain:
+                upto_root = hv.chain[: hv.chain.index(hv.root) + 1]
+            for member in upto_root:
                 members.setdefault(member.pid, member)
         seen_holders: dict[tuple[int, str], Holder] = {}
         for hv in hvs:

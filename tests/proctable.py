@@ -1,0 +1,349 @@
+"""A synthetic process table for tests: `classify.ProcSource` with no I/O.
+
+Write a scenario as a list of `FakeProc` rows, wrap it in a `SyntheticView`,
+and hand that view to `classify()` (or, later, to the remediator)::
+
+    view = SyntheticView([
+        init(),
+        leader(100, ppid=1, comm="bash"),
+        proc(200, ppid=100, sid=100),
+    ])
+    view.exit(100)                      # bash dies; the kernel reparents 200 to PID 1
+    trees = classify([holder(200)], view, Rules())
+
+Defaults, chosen so that a row only spells out what a scenario is about:
+
+- `pgid` defaults to the pid (every process leads its own job), `cmdline` to
+  `comm`, `nspid` to `(pid,)` (the host PID namespace), `cgroup` to a logind
+  session scope, `uid` to 1000, `state` to "S".
+- `start_time` defaults to 100 ticks per level of depth in the table, so a
+  parent is always older than its child (classify() calls a parent newer than
+  its child "inconsistent"). Rows added later with `add()` are newer than
+  everything already there, as a freshly forked process is.
+- `comm` is truncated to 15 bytes in the `ProcInfo`, as the kernel does.
+
+Every question asked of the view is appended to `calls` as `(method, pid)`, so
+a test can assert what was (not) read: e.g. `view.calls_to("keep_marker")` is
+the list of pids whose environment was read. `own_nspid_depth()` is recorded
+as `("own_nspid_depth", 0)`.
+
+The view also answers `children()` / `descendants()` like `procfs.ProcessView`,
+and can be changed between calls (`add`, `remove`, `update`, `exit`) to play
+races and process exits.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from exporter.nvml import Holder
+from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+
+SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
+INIT_SCOPE = "/init.scope"
+TICKS_PER_LEVEL = 100
+COMM_LEN = 15
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class FakeProc:
+    """One row of the synthetic table: what /proc/PID/{stat,cmdline,cgroup,status,...} say.
+
+    `keep` is GPUGUARD_KEEP=1 in the environment; `daemon_io` is "cwd is / and
+    stdin is /dev/null". `cgroup` may be given as one string.
+    """
+
+    pid: int
+    ppid: int
+    sid: int
+    pgid: int | None = None  # None: the pid itself
+    start_time: int | None = None  # None: by depth (see module doc)
+    comm: str = "python"
+    state: str = "S"
+    uid: int = 1000
+    cmdline: str | None = None  # None: comm ("" for a kernel thread)
+    cgroup: tuple[str, ...] | str = (SESSION_SCOPE,)
+    sighup_ignored: bool = False
+    nspid: tuple[int, ...] | None = None  # None: (pid,)
+    keep: bool = False
+    daemon_io: bool = False
+    kernel_thread: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pgid is None:
+            object.__setattr__(self, "pgid", self.pid)
+        if isinstance(self.cgroup, str):
+            object.__setattr__(self, "cgroup", (self.cgroup,))
+        else:
+            object.__setattr__(self, "cgroup", tuple(self.cgroup))
+        if self.cmdline is None:
+            object.__setattr__(self, "cmdline", "" if self.kernel_thread else self.comm)
+        if self.nspid is None:
+            object.__setattr__(self, "nspid", (self.pid,))
+        else:
+            object.__setattr__(self, "nspid", tuple(self.nspid))
+
+    def info(self) -> ProcInfo:
+        """The `ProcInfo` that /proc/PID/stat would give (start_time must be resolved)."""
+        if self.start_time is None:
+            raise ValueError(f"pid {self.pid}: start_time not resolved; put it in a SyntheticView")
+        assert self.pgid is not None
+        return ProcInfo(
+            pid=self.pid,
+            ppid=self.ppid,
+            pgid=self.pgid,
+            sid=self.sid,
+            start_time=self.start_time,
+            state=self.state,
+            uid=self.uid,
+            comm=self.comm[:COMM_LEN],
+        )
+
+    def proc_status(self) -> ProcStatus:
+        assert self.nspid is not None
+        return ProcStatus(
+            sighup_ignored=self.sighup_ignored,
+            nspid=tuple(self.nspid),
+            kernel_thread=self.kernel_thread,
+        )
+
+
+# -- builders -----------------------------------------------------------------------
+
+
+def init(*, comm: str = "systemd", sid: int = 1, **kw) -> FakeProc:
+    """PID 1: root-owned, in /init.scope, leading session 1 unless told otherwise."""
+    kw.setdefault("uid", 0)
+    kw.setdefault("cgroup", (INIT_SCOPE,))
+    kw.setdefault("cmdline", "/sbin/init")
+    return FakeProc(1, 0, sid, comm=comm, **kw)
+
+
+def proc(pid: int, *, ppid: int, sid: int, **kw) -> FakeProc:
+    """Any process; keyword arguments are `FakeProc` fields."""
+    return FakeProc(pid, ppid, sid, **kw)
+
+
+def leader(pid: int, *, ppid: int, **kw) -> FakeProc:
+    """A session leader (it called setsid(): sid == pgid == pid)."""
+    return FakeProc(pid, ppid, pid, **kw)
+
+
+def chain(pids: Iterable[int], *, ppid: int, sid: int, **kw) -> list[FakeProc]:
+    """A straight line of processes: the first is a child of `ppid`, each next one a
+    child of the one before. All share `sid` and the other fields in `kw`."""
+    out = []
+    parent = ppid
+    for pid in pids:
+        out.append(FakeProc(pid, parent, sid, **kw))
+        parent = pid
+    return out
+
+
+def holder(pid: int, gpu: int = 0, used: int | None = GIB, *, kind: str = "C") -> Holder:
+    """An NVML holder record for `pid` on GPU index `gpu` (a fake, stable UUID per index)."""
+    return Holder(
+        pid=pid,
+        gpu_uuid=f"GPU-{gpu:08x}-0000-4000-8000-000000000000",
+        gpu_index=gpu,
+        used_bytes=used,
+        kind=kind,
+    )
+
+
+# -- the view -----------------------------------------------------------------------
+
+
+def _resolve_start_times(procs: dict[int, FakeProc]) -> dict[int, FakeProc]:
+    """Fill start_time = TICKS_PER_LEVEL * depth for rows that left it None."""
+    depth: dict[int, int] = {}
+    for pid in procs:
+        path: list[int] = []
+        on_path: set[int] = set()
+        cur = pid
+        while cur in procs and cur not in depth and cur not in on_path:
+            path.append(cur)
+            on_path.add(cur)
+            cur = procs[cur].ppid
+        base = depth.get(cur, 0) if cur not in on_path else 0  # a cycle starts from 0
+        for level, member in enumerate(reversed(path), start=1):
+            depth[member] = base + level
+    return {
+        pid: p if p.start_time is not None else replace(p, start_time=TICKS_PER_LEVEL * depth[pid])
+        for pid, p in procs.items()
+    }
+
+
+class SyntheticView:
+    """An in-memory `ProcSource` (and enough of `ProcessView` for the remediator).
+
+    - `stat(pid)`: the row's `ProcInfo`, None when no such pid, or raises
+      `ProcUnreadable` for pids in `unreadable`.
+    - `vanish_after_reads={pid: n}`: the first n `stat(pid)` calls see the
+      process; on the next one it is gone (removed, its children keep their
+      now-stale ppid: the race a mid-walk exit produces). n=0: gone at once.
+    - extras (`cmdline`, `cgroup`, `status`, `keep_marker`, `daemon_io`) answer
+      None when the pid is unreadable, gone, or now holds a different process
+      (start_time differs from the `ProcInfo` asked about).
+    """
+
+    def __init__(
+        self,
+        procs: Iterable[FakeProc],
+        *,
+        own_nspid_depth: int = 1,
+        unreadable: Iterable[int] = (),
+        vanish_after_reads: Mapping[int, int] | None = None,
+    ) -> None:
+        table: dict[int, FakeProc] = {}
+        for p in procs:
+            if p.pid in table:
+                raise ValueError(f"pid {p.pid} appears twice in the table")
+            table[p.pid] = p
+        self._procs = _resolve_start_times(table)
+        self._own_nspid_depth = own_nspid_depth
+        self.unreadable: set[int] = set(unreadable)
+        self.vanish_after_reads: dict[int, int] = dict(vanish_after_reads or {})
+        self._stat_reads: Counter[int] = Counter()
+        self.calls: list[tuple[str, int]] = []
+
+    # -- inspecting the table (not recorded) ------------------------------------------
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._procs
+
+    def __getitem__(self, pid: int) -> FakeProc:
+        return self._procs[pid]
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    @property
+    def procs(self) -> tuple[FakeProc, ...]:
+        return tuple(self._procs.values())
+
+    def info(self, pid: int) -> ProcInfo:
+        """The ProcInfo of a row, for building expectations; not recorded as a call."""
+        return self._procs[pid].info()
+
+    # -- what was asked ----------------------------------------------------------------
+
+    def calls_to(self, method: str) -> list[int]:
+        """Pids passed to `method`, in call order, repeats kept."""
+        return [pid for name, pid in self.calls if name == method]
+
+    def touched(self) -> set[int]:
+        """Every pid any per-process question was about."""
+        return {pid for name, pid in self.calls if name != "own_nspid_depth"}
+
+    def reset_calls(self) -> None:
+        self.calls.clear()
+
+    # -- ProcSource --------------------------------------------------------------------
+
+    def stat(self, pid: int) -> ProcInfo | None:
+        self.calls.append(("stat", pid))
+        if pid in self.unreadable:
+            raise ProcUnreadable(f"/proc/{pid}/stat: Permission denied (synthetic)")
+        limit = self.vanish_after_reads.get(pid)
+        if limit is not None and self._stat_reads[pid] >= limit:
+            self.remove(pid)
+        self._stat_reads[pid] += 1
+        p = self._procs.get(pid)
+        return p.info() if p is not None else None
+
+    def fresh_stat(self, pid: int) -> ProcInfo | None:
+        return self.stat(pid)
+
+    def _current(self, method: str, info: ProcInfo) -> FakeProc | None:
+        self.calls.append((method, info.pid))
+        if info.pid in self.unreadable:
+            return None
+        p = self._procs.get(info.pid)
+        if p is None or p.start_time != info.start_time:
+            return None
+        return p
+
+    def cmdline(self, info: ProcInfo) -> str | None:
+        p = self._current("cmdline", info)
+        return p.cmdline if p is not None else None
+
+    def cgroup(self, info: ProcInfo) -> tuple[str, ...] | None:
+        p = self._current("cgroup", info)
+        return tuple(p.cgroup) if p is not None else None
+
+    def status(self, info: ProcInfo) -> ProcStatus | None:
+        p = self._current("status", info)
+        return p.proc_status() if p is not None else None
+
+    def keep_marker(self, info: ProcInfo) -> bool | None:
+        p = self._current("keep_marker", info)
+        return p.keep if p is not None else None
+
+    def daemon_io(self, info: ProcInfo) -> bool | None:
+        p = self._current("daemon_io", info)
+        return p.daemon_io if p is not None else None
+
+    def own_nspid_depth(self) -> int:
+        self.calls.append(("own_nspid_depth", 0))
+        return self._own_nspid_depth
+
+    # -- descendants, as ProcessView walks them ---------------------------------------
+
+    def children(self, pid: int) -> tuple[int, ...] | None:
+        """Pids whose ppid is `pid`, or None when `pid` is gone."""
+        self.calls.append(("children", pid))
+        if pid not in self._procs:
+            return None
+        return tuple(p.pid for p in self._procs.values() if p.ppid == pid and p.pid != pid)
+
+    def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
+        out: list[int] = []
+        seen = {pid}
+        frontier = [pid]
+        while frontier and len(out) < limit:
+            nxt: list[int] = []
+            for parent in frontier:
+                for child in self.children(parent) or ():
+                    if child not in seen:
+                        seen.add(child)
+                        out.append(child)
+                        nxt.append(child)
+            frontier = nxt
+        return tuple(out)
+
+    # -- changing the table ------------------------------------------------------------
+
+    def add(self, p: FakeProc) -> FakeProc:
+        """Insert a row; with no start_time it is newer than every row already there."""
+        if p.pid in self._procs:
+            raise ValueError(f"pid {p.pid} is already in the table")
+        if p.start_time is None:
+            newest = max((q.start_time or 0 for q in self._procs.values()), default=0)
+            p = replace(p, start_time=newest + TICKS_PER_LEVEL)
+        self._procs[p.pid] = p
+        return p
+
+    def remove(self, pid: int) -> None:
+        """The pid is gone from /proc (reaped); children are left as they are."""
+        self._procs.pop(pid, None)
+        self.vanish_after_reads.pop(pid, None)
+
+    def update(self, pid: int, **changes) -> FakeProc:
+        """Change fields of a row in place (exec, setsid, a new SigIgn, ...)."""
+        p = replace(self._procs[pid], **changes)
+        self._procs[pid] = p
+        return p
+
+    def exit(self, pid: int, *, zombie: bool = False, reaper: int = 1) -> None:
+        """`pid` exits: its children are reparented to `reaper` (PID 1 or the nearest
+        subreaper, the caller says which); it stays as a zombie or is gone."""
+        for child in [p for p in self._procs.values() if p.ppid == pid and p.pid != pid]:
+            self._procs[child.pid] = replace(child, ppid=reaper)
+        if zombie:
+            self.update(pid, state="Z")
+        else:
+            self.remove(pid)

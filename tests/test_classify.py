@@ -1,0 +1,621 @@
+"""classify(): DESIGN.md "Orphan rules on Linux", one scenario per test, on a synthetic table.
+
+Every scenario asserts the tree's verdict, reason, root pid and the rule that
+decided (`tree.evidence.rule`). The pids used throughout:
+
+    1    init (systemd, session 1)
+    90   sshd listener (session leader, /system.slice/ssh.service)
+    94   sshd: alice [priv]   (session leader of the ssh session)
+    95   sshd: alice@pts/0
+    100  bash                 (session leader of the user's shell session)
+    200  python launch.py     (sid 100)
+    300  python train.py      (sid 100): the GPU holder
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from exporter.classify import (
+    NORMAL,
+    ORPHAN,
+    PROTECTED,
+    UNKNOWN,
+    Rules,
+    Tree,
+    classify,
+    managed_cgroup,
+)
+from tests.proctable import (
+    GIB,
+    FakeProc,
+    SyntheticView,
+    chain,
+    holder,
+    init,
+    leader,
+    proc,
+)
+
+RULES = Rules()
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+def ssh_host(*, listener_cgroup: str = "/system.slice/ssh.service") -> list[FakeProc]:
+    """init and an ssh login, up to the login's pty process."""
+    return [
+        init(),
+        leader(90, ppid=1, comm="sshd", uid=0, cmdline="sshd: /usr/sbin/sshd -D",
+               cgroup=listener_cgroup),
+        leader(94, ppid=90, comm="sshd", uid=0, cmdline="sshd: alice [priv]"),
+        proc(95, ppid=94, sid=94, comm="sshd", cmdline="sshd: alice@pts/0"),
+    ]
+
+
+def interactive(**host_kw) -> list[FakeProc]:
+    """bash (leader 100) -> python launch.py (200) -> python train.py (300, the holder)."""
+    return ssh_host(**host_kw) + [
+        leader(100, ppid=95, comm="bash", cmdline="-bash"),
+        proc(200, ppid=100, sid=100, cmdline="python launch.py"),
+        proc(300, ppid=200, sid=100, cmdline="python train.py --rank 0"),
+    ]
+
+
+def leader_killed(*extra: FakeProc, **view_kw) -> SyntheticView:
+    """The shell (session leader 100) was killed: 200 is adopted by PID 1, sid 100 is gone."""
+    view = SyntheticView(interactive() + list(extra), **view_kw)
+    view.exit(100)
+    return view
+
+
+def one_tree(view: SyntheticView, *holders, rules: Rules = RULES) -> Tree:
+    trees = classify(list(holders) or [holder(300)], view, rules)
+    assert len(trees) == 1, trees
+    return trees[0]
+
+
+def check(tree: Tree, verdict: str, reason: str, root: int, rule: str) -> None:
+    got = (tree.verdict, tree.reason, tree.root_pid, tree.evidence.rule)
+    assert got == (verdict, reason, root, rule), tree.evidence
+
+
+# -- rule 6: adoption ---------------------------------------------------------------
+
+
+def test_session_leader_killed_is_orphan_session_ended_rooted_at_topmost_survivor():
+    view = leader_killed()
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert tree.root == view.info(200)
+    assert tree.root_start_time == view[200].start_time
+    assert tree.evidence.pids == (200, 1, 100)
+    assert "E1" in tree.evidence.detail
+    assert view.calls_to("keep_marker") == [200]  # environ read for the would-be orphan only
+
+
+def test_intermediate_parent_killed_with_leader_alive_is_orphan_parent_exited():
+    view = SyntheticView(interactive() + [proc(310, ppid=300, sid=100)])
+    view.exit(200)  # 300 is reparented to PID 1; bash (100) still leads session 100
+    tree = one_tree(view, holder(310))
+    check(tree, ORPHAN, "parent-exited", 300, "6")
+    assert tree.evidence.pids == (300, 1, 100)
+
+
+def test_adoption_by_unnamed_subreaper_is_caught_by_e1():
+    agent = leader(50, ppid=1, comm="agentd", cmdline="/usr/local/bin/agentd --subreaper")
+    view = SyntheticView(interactive() + [agent])
+    view.exit(100, reaper=50)  # 200 now a child of an ordinary process in another session
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert tree.evidence.detail.startswith("E1")
+    assert tree.evidence.pids == (200, 50, 100)
+
+
+def _e2_pid1():
+    table = [init(comm="sh", sid=1, cmdline="/bin/sh /entrypoint.sh"),
+             proc(20, ppid=1, sid=1), proc(30, ppid=20, sid=1)]
+    return SyntheticView(table), 20, 30, 1, 1
+
+
+def _e2_reaper():
+    # `tini -s -- ./launch.sh` from the shell; launch.sh (160) died, 170 adopted by tini.
+    table = interactive() + [
+        proc(150, ppid=100, sid=100, comm="tini", cmdline="tini -s -- ./launch.sh"),
+        proc(170, ppid=150, sid=100), proc(180, ppid=170, sid=100),
+    ]
+    return SyntheticView(table), 170, 180, 150, 100
+
+
+def _e2_namespace_init():
+    # Exporter in a PID namespace of depth 2 with the host's /proc; a sibling container's
+    # init (nspid ... 1) adopted 5020.
+    table = [
+        init(),
+        leader(4990, ppid=1, comm="containerd-shim", uid=0),
+        leader(5000, ppid=4990, comm="entrypoint.sh", nspid=(5000, 1)),
+        proc(5020, ppid=5000, sid=5000, nspid=(5020, 20)),
+        proc(5030, ppid=5020, sid=5000, nspid=(5030, 30)),
+    ]
+    return SyntheticView(table, own_nspid_depth=2), 5020, 5030, 5000, 5000
+
+
+@pytest.mark.parametrize("scenario", [_e2_pid1, _e2_reaper, _e2_namespace_init],
+                         ids=["pid1", "reaper-tini", "namespace-init"])
+def test_adoption_in_container_is_caught_by_e2(scenario):
+    view, root, holder_pid, parent, session_leader = scenario()
+    tree = one_tree(view, holder(holder_pid))
+    check(tree, ORPHAN, "parent-exited", root, "6")  # the init/reaper leads the session
+    assert tree.evidence.detail.startswith("E2")
+    assert tree.evidence.pids == (root, parent, session_leader)
+
+
+@pytest.mark.parametrize(
+    "table, holder_pid, root",
+    [
+        ([init(), proc(50, ppid=1, sid=0, comm="agetty"), proc(60, ppid=50, sid=0)], 60, 50),
+        ([init(), proc(60, ppid=1, sid=0)], 60, 60),
+        ([init(comm="sh", sid=0), proc(20, ppid=1, sid=0), proc(30, ppid=20, sid=0)], 30, 20),
+    ],
+    ids=["under-session0-parent", "child-of-init", "init-in-session0"],
+)
+def test_session_zero_is_never_evidence_of_adoption(table, holder_pid, root):
+    tree = one_tree(SyntheticView(table), holder(holder_pid))
+    check(tree, NORMAL, "attached", root, "7")
+
+
+@pytest.mark.parametrize("holder_pid", [700, 710], ids=["holder-is-leader", "child-of-leader"])
+def test_setsid_daemon_at_top_of_chain_is_normal_detached(holder_pid):
+    view = SyntheticView([init(), leader(700, ppid=1, comm="trainerd"),
+                          proc(710, ppid=700, sid=700)])
+    tree = one_tree(view, holder(holder_pid))
+    check(tree, NORMAL, "detached", 700, "7")
+
+
+@pytest.mark.parametrize(
+    "pgid, daemon_io, expected",
+    [
+        (650, True, (NORMAL, "daemon")),
+        (650, False, (ORPHAN, "session-ended")),  # cwd or stdin not detached
+        (700, True, (ORPHAN, "session-ended")),  # pgid != sid: not the recipe
+    ],
+    ids=["fork-setsid-fork", "no-daemon-io", "pgid-not-sid"],
+)
+def test_fork_setsid_fork_daemon_is_normal_daemon(pgid, daemon_io, expected):
+    # 650 was the setsid() middle child and exited; 700 is the daemon, adopted by PID 1.
+    view = SyntheticView([
+        init(),
+        proc(700, ppid=1, sid=650, pgid=pgid, comm="gpud", daemon_io=daemon_io),
+        proc(710, ppid=700, sid=650, pgid=pgid),
+    ])
+    tree = one_tree(view, holder(710))
+    check(tree, *expected, 700, "6")
+    assert view.calls_to("daemon_io") == ([700] if pgid == 650 else [])
+    assert view.calls_to("keep_marker") == ([] if expected[0] == NORMAL else [700])
+
+
+# -- rule 4: SIGHUP ignored, keep marker --------------------------------------------
+
+
+@pytest.mark.parametrize("nohup_pid", [300, 200], ids=["holder", "root-candidate"])
+def test_nohup_is_protected_ignores_sighup(nohup_pid):
+    view = leader_killed()
+    view.update(nohup_pid, sighup_ignored=True)
+    tree = one_tree(view)
+    check(tree, PROTECTED, "ignores-sighup", 200, "4")
+    assert tree.evidence.pids == (nohup_pid,)
+
+
+def test_keep_marker_on_would_be_orphan_root_is_protected():
+    view = leader_killed()
+    view.update(200, keep=True)
+    tree = one_tree(view)
+    check(tree, PROTECTED, "keep-marker", 200, "4")
+    assert tree.evidence.pids == (200,)
+    assert view.calls_to("keep_marker") == [200]
+
+
+def _healthy():
+    return SyntheticView(interactive())
+
+
+def _detached():
+    return SyntheticView([init(), leader(300, ppid=1, comm="trainerd", keep=True)])
+
+
+def _managed():
+    return leader_killed(), {"cgroup": "/system.slice/train.service"}
+
+
+def _protected():
+    return leader_killed(), {"comm": "jupyter-lab"}
+
+
+def _nohup():
+    return leader_killed(), {"sighup_ignored": True}
+
+
+def _container():
+    return leader_killed(), {"nspid": (300, 7)}
+
+
+@pytest.mark.parametrize("scenario", [_healthy, _detached, _managed, _protected, _nohup,
+                                      _container])
+def test_environ_is_not_read_unless_the_tree_would_be_an_orphan(scenario):
+    made = scenario()
+    view, changes = made if isinstance(made, tuple) else (made, {})
+    if changes:
+        view.update(300, keep=True, **changes)
+    tree = one_tree(view)
+    assert tree.verdict in (NORMAL, PROTECTED)
+    assert tree.reason != "keep-marker"
+    assert view.calls_to("keep_marker") == []
+
+
+# -- rule 3: protect patterns -------------------------------------------------------
+
+
+def test_protect_pattern_on_holder_comm():
+    view = leader_killed()
+    view.update(300, comm="jupyter-notebook")  # comm is cut to "jupyter-noteboo"
+    tree = one_tree(view)
+    check(tree, PROTECTED, "protect-pattern", 200, "3")
+    assert tree.evidence.pids == (300,)
+
+
+def test_protect_pattern_on_ancestor_cmdline_only():
+    view = leader_killed(proc(310, ppid=300, sid=100))
+    view.update(300, cmdline="/opt/conda/bin/python -m ipykernel_launcher -f kernel-1.json")
+    assert view.info(300).comm == "python"
+    tree = one_tree(view, holder(310))
+    check(tree, PROTECTED, "protect-pattern", 200, "3")
+    assert tree.evidence.pids == (300,)
+    assert "command line" in tree.evidence.detail
+
+
+def test_protect_pattern_above_root_candidate_does_not_protect():
+    adopter = leader(50, ppid=1, comm="tmux: server", cmdline="tmux new-session -d -s jobs")
+    view = SyntheticView(interactive() + [adopter])
+    view.exit(100, reaper=50)
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert 50 not in view.calls_to("cmdline")
+
+
+# -- rule 5: managed, container -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "/system.slice/foo.service",
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service",
+        "/system.slice/docker-0123456789ab.scope",
+        "/machine.slice/libpod-0123456789ab.scope/container",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-abc.scope",
+        "/system.slice/slurmstepd.scope/job_42/step_0",
+        "/slurm/uid_1000/job_42/step_0",
+    ],
+)
+def test_managed_cgroup_is_normal_managed(cgroup):
+    view = leader_killed()
+    view.update(200, cgroup=cgroup)
+    view.update(300, cgroup=cgroup)
+    tree = one_tree(view)
+    check(tree, NORMAL, "managed", 200, "5")
+    assert tree.evidence.pids == (300,)
+    assert managed_cgroup([cgroup]) == cgroup
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "/user.slice/user-1000.slice/user@1000.service",
+        "/user.slice/user-1000.slice/user@1000.service/init.scope",
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/vte-spawn-1.scope",
+        "/user.slice/user-1000.slice/session-1.scope",
+    ],
+)
+def test_user_manager_and_session_cgroups_are_not_managed(cgroup):
+    view = leader_killed()
+    view.update(200, cgroup=cgroup)
+    view.update(300, cgroup=cgroup)
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert managed_cgroup([cgroup]) is None
+
+
+def test_holder_in_deeper_pid_namespace_is_normal_container():
+    view = leader_killed()
+    view.update(200, nspid=(200, 6))
+    view.update(300, nspid=(300, 7))
+    tree = one_tree(view)
+    check(tree, NORMAL, "container", 200, "5")
+    assert tree.evidence.pids == (300,)
+
+
+# -- session leader gone ------------------------------------------------------------
+
+
+def test_zombie_session_leader_is_session_ended():
+    view = SyntheticView(interactive())
+    view.exit(100, zombie=True)
+    assert view.info(100).is_zombie
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert "zombie" in tree.evidence.detail
+
+
+# -- rules 1 and 2: unknown ---------------------------------------------------------
+
+
+def test_holder_not_visible_is_unknown():
+    tree = one_tree(SyntheticView(interactive()), holder(999))
+    check(tree, UNKNOWN, "not-visible", 999, "1")
+    assert tree.root is None
+
+
+def test_zombie_holder_is_unknown_exiting():
+    view = SyntheticView(interactive())
+    view.update(300, state="Z")
+    check(one_tree(view), UNKNOWN, "exiting", 300, "1")
+
+
+def test_cycle_is_unknown():
+    view = SyntheticView([
+        init(),
+        proc(200, ppid=250, sid=100, start_time=500),
+        proc(250, ppid=200, sid=100, start_time=500),
+        proc(300, ppid=200, sid=100, start_time=600),
+    ])
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "cycle", 300, "2")
+    assert set(tree.evidence.pids) == {200, 250}
+
+
+@pytest.mark.parametrize(
+    "depth, expected",
+    [
+        (60, (NORMAL, "detached", 1000, "7")),
+        (64, (NORMAL, "detached", 1000, "7")),
+        (65, (UNKNOWN, "too-deep", None, "2")),
+        (70, (UNKNOWN, "too-deep", None, "2")),
+    ],
+)
+def test_chain_deeper_than_max_depth_is_unknown(depth, expected):
+    # depth = processes from the holder up to the child of PID 1
+    table = [init(), leader(1000, ppid=1)] + chain(range(1001, 1000 + depth), ppid=1000,
+                                                    sid=1000)
+    holder_pid = 1000 + depth - 1
+    verdict, reason, root, rule = expected
+    tree = one_tree(SyntheticView(table), holder(holder_pid))
+    check(tree, verdict, reason, root if root is not None else holder_pid, rule)
+    if verdict == UNKNOWN:  # gave up: read at most max_depth + 1 stats, never reached init
+        assert len(tree.holder_verdicts[0].chain) <= RULES.max_depth + 1
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        lambda: SyntheticView([p for p in interactive() if p.pid != 200]),
+        lambda: SyntheticView(interactive(), vanish_after_reads={200: 0}),
+    ],
+    ids=["parent-absent", "parent-exits-during-walk"],
+)
+def test_parent_vanished_mid_walk_is_unknown(make_view):
+    tree = one_tree(make_view())
+    check(tree, UNKNOWN, "vanished", 300, "2")
+    assert tree.evidence.pids == (300, 200)
+
+
+@pytest.mark.parametrize("unreadable", [100, 300], ids=["ancestor", "holder"])
+def test_unreadable_stat_is_unknown(unreadable):
+    view = SyntheticView(interactive(), unreadable={unreadable})
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "unreadable", 300, "2")
+
+
+def test_parent_newer_than_child_is_unknown_inconsistent():
+    table = interactive()
+    view = SyntheticView([p for p in table if p.pid != 200]
+                         + [proc(200, ppid=100, sid=100, start_time=10_000)])
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "inconsistent", 300, "2")
+    assert tree.evidence.pids == (300, 200)
+
+
+# -- rule 7: healthy trees ----------------------------------------------------------
+
+
+def test_healthy_interactive_tree_is_normal():
+    view = SyntheticView(interactive())
+    tree = one_tree(view)
+    assert (tree.verdict, tree.root_pid) == (NORMAL, 90)
+    assert view.calls_to("keep_marker") == []
+    assert 100 in {m.pid for m in tree.members_seen}
+
+
+def test_healthy_ssh_tree_is_attached():
+    check(one_tree(SyntheticView(interactive())), NORMAL, "attached", 90, "7")
+
+
+def test_healthy_shell_tree_under_a_leader_that_is_not_its_session_is_attached():
+    view = SyntheticView(interactive(listener_cgroup="/user.slice"))
+    check(one_tree(view), NORMAL, "attached", 90, "7")
+
+
+# -- grouping ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "holders",
+    [
+        [holder(300, gpu=0, used=GIB), holder(301, gpu=1, used=2 * GIB)],
+        [holder(300, gpu=0, used=GIB), holder(300, gpu=1, used=2 * GIB)],
+    ],
+    ids=["two-processes", "one-process-two-gpus"],
+)
+def test_two_holders_under_one_orphan_root_make_one_tree(holders):
+    view = leader_killed(proc(301, ppid=200, sid=100))
+    tree = one_tree(view, *holders)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert tree.holders == tuple(holders)
+    assert tree.gpu_bytes == 3 * GIB
+    assert len(tree.holder_verdicts) == 2
+
+
+def test_two_holders_one_protected_by_cmdline_the_tree_is_protected():
+    view = leader_killed(proc(301, ppid=200, sid=100,
+                              cmdline="python -m ipykernel_launcher -f kernel-2.json"))
+    tree = one_tree(view, holder(300, used=GIB), holder(301, gpu=1, used=GIB))
+    check(tree, PROTECTED, "protect-pattern", 200, "3")
+    assert tree.evidence.pids == (301,)
+    assert sorted(hv.verdict for hv in tree.holder_verdicts) == [ORPHAN, PROTECTED]
+    assert tree.gpu_bytes == 2 * GIB
+
+
+def test_orphan_tree_members_are_the_root_and_below_only():
+    view = SyntheticView(interactive() + [leader(50, ppid=1, comm="agentd")])
+    view.exit(100, reaper=50)
+    tree = one_tree(view)
+    assert tree.root_pid == 200
+    assert {m.pid for m in tree.members_seen} == {200, 300}
+
+
+# -- Rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rules, comm, expected",
+    [
+        (Rules(protect=(r"train\.py",)), "python", (PROTECTED, "protect-pattern", "3")),
+        (Rules(), "python", (ORPHAN, "session-ended", "6")),
+        (Rules(protect=()), "jupyter-lab", (ORPHAN, "session-ended", "6")),
+        (Rules(), "jupyter-lab", (PROTECTED, "protect-pattern", "3")),
+    ],
+    ids=["custom-protects", "default-does-not", "empty-protects-nothing", "default-protects"],
+)
+def test_custom_protect_patterns(rules, comm, expected):
+    view = leader_killed()
+    view.update(300, comm=comm)
+    verdict, reason, rule = expected
+    check(one_tree(view, rules=rules), verdict, reason, 200, rule)
+
+
+@pytest.mark.parametrize(
+    "rules, comm, expected",
+    [
+        (Rules(reapers=("supervisor",)), "supervisor", (ORPHAN, "parent-exited", 420, "6")),
+        (Rules(), "supervisor", (NORMAL, "detached", 400, "7")),
+        (Rules(reapers=("containerd-shim-runc-v2",)), "containerd-shim-runc-v2",
+         (ORPHAN, "parent-exited", 420, "6")),
+        (Rules(reapers=()), "tini", (NORMAL, "detached", 400, "7")),
+    ],
+    ids=["custom-reaper", "not-a-default-reaper", "reaper-name-cut-like-comm", "no-reapers"],
+)
+def test_custom_reapers(rules, comm, expected):
+    view = SyntheticView([init(), leader(400, ppid=1, comm=comm),
+                          proc(420, ppid=400, sid=400), proc(430, ppid=420, sid=400)])
+    check(one_tree(view, holder(430), rules=rules), *expected)
+
+
+@pytest.mark.parametrize("depth, verdict", [(5, NORMAL), (6, UNKNOWN)])
+def test_custom_max_depth(depth, verdict):
+    table = [init(), leader(1000, ppid=1)] + chain(range(1001, 1000 + depth), ppid=1000,
+                                                    sid=1000)
+    tree = one_tree(SyntheticView(table), holder(1000 + depth - 1), rules=Rules(max_depth=5))
+    assert tree.verdict == verdict
+    assert tree.reason == ("detached" if verdict == NORMAL else "too-deep")
+
+
+@pytest.mark.parametrize(
+    "rules, changes",
+    [
+        (Rules(protect=("JUPYTER",)), {"comm": "jupyter-lab"}),
+        (Rules(), {"cmdline": "/opt/Conda/bin/python /opt/Conda/bin/JupyterLab"}),
+        (Rules(protect=("IpyKernel",)), {"cmdline": "python -m ipykernel_launcher"}),
+    ],
+    ids=["upper-pattern", "upper-cmdline", "mixed"],
+)
+def test_protect_patterns_are_case_insensitive(rules, changes):
+    view = leader_killed()
+    view.update(300, **changes)
+    check(one_tree(view, rules=rules), PROTECTED, "protect-pattern", 200, "3")
+
+
+# -- cost ----------------------------------------------------------------------------
+
+
+def _unrelated(n: int = 100) -> list[FakeProc]:
+    """Neighbours of every kind that a scan must never look at."""
+    out: list[FakeProc] = []
+    for i in range(n):
+        pid = 2000 + i
+        kind = i % 4
+        if kind == 0:  # siblings/children of the chains, no GPU
+            out.append(proc(pid, ppid=(200, 300, 700, 710)[i % 8 // 2], sid=100))
+        elif kind == 1:  # daemons of their own
+            out.append(leader(pid, ppid=1, comm=f"svc{i}", cgroup=f"/system.slice/svc{i}.service"))
+        elif kind == 2:  # in session 100 under an unrelated parent
+            out.append(proc(pid, ppid=pid - 1, sid=100))
+        else:  # in another user's session
+            out.append(proc(pid, ppid=95, sid=94, uid=1001))
+    return out
+
+
+def test_warm_classify_reads_only_chains_and_session_leaders():
+    table = interactive() + [leader(700, ppid=1, comm="trainerd"),
+                             proc(710, ppid=700, sid=700)] + _unrelated(100)
+    view = SyntheticView(table)
+    view.exit(100)  # 200 -> orphan (dead leader 100); 710 stays normal under 700
+    holders = [holder(300), holder(710, gpu=1)]
+    classify(holders, view, RULES)  # cold
+    view.reset_calls()
+    trees = classify(holders, view, RULES)  # warm
+    assert [(t.verdict, t.root_pid) for t in trees] == [(ORPHAN, 200), (NORMAL, 700)]
+    expected = {300, 200, 1, 100, 710, 700}  # chains, init, the dead session leader
+    assert set(view.calls_to("stat")) == expected
+    assert view.touched() == expected
+    assert len(view) > 100  # the table really is bigger than what was read
+
+
+def test_one_holder_stats_each_pid_once():
+    view = leader_killed(*_unrelated(100))
+    one_tree(view)
+    assert Counter(view.calls_to("stat")) == {300: 1, 200: 1, 1: 1, 100: 1}
+
+
+# -- the synthetic table itself -----------------------------------------------------
+
+
+def test_proctable_defaults_make_parents_older_and_record_calls():
+    view = SyntheticView(interactive())
+    for p in view.procs:
+        if p.ppid in view:
+            assert view[p.ppid].start_time < p.start_time
+    assert view[300].pgid == 300 and view[300].cmdline == "python train.py --rank 0"
+    assert view[300].nspid == (300,) and view[1].uid == 0
+    assert view.stat(4242) is None
+    assert view.calls == [("stat", 4242)]
+    assert view.children(100) == (200,) and view.descendants(95) == (100, 200, 300)
+    view.exit(200)
+    assert view.stat(300).ppid == 1 and 200 not in view
+    late = view.add(proc(400, ppid=1, sid=400))
+    assert late.start_time > max(p.start_time for p in view.procs if p.pid != 400)
+    assert holder(300, gpu=2).gpu_index == 2
+
+
+def test_proctable_unreadable_and_vanishing():
+    from exporter.procfs import ProcUnreadable
+
+    view = SyntheticView(interactive(), unreadable={100}, vanish_after_reads={200: 1})
+    with pytest.raises(ProcUnreadable):
+        view.stat(100)
+    info = view.stat(200)
+    assert info is not None and view.cmdline(info) == "python launch.py"
+    assert view.stat(200) is None and view.cmdline(info) is None
+    assert view.info(300).comm == "python"
+    assert SyntheticView([init(), proc(5, ppid=1, sid=5, comm="x" * 20)]).info(5).comm == "x" * 15
