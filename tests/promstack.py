@@ -1,0 +1,209 @@
+"""Real Prometheus and Alertmanager on 127.0.0.1 for end-to-end tests and the demo.
+
+Durations are the only thing changed from alerts/rules.yml (test-sized `for:`
+and age thresholds); the expressions, labels and annotations are the shipped ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from tests.proctree import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "alerts" / "rules.yml"
+
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+
+
+def missing_binaries() -> str | None:
+    """Why the e2e stack cannot run here, or None."""
+    if PROMETHEUS is None or ALERTMANAGER is None:
+        return ("prometheus/alertmanager binaries not found: "
+                "apt-get install prometheus prometheus-alertmanager")
+    return None
+
+
+def free_port() -> int:
+    """A port the kernel says is free now (bind port 0), for binaries that need a number."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rules_with_durations(*, for_seconds: int = 1, orphan_age_seconds: int = 1) -> str:
+    """alerts/rules.yml with only its durations shortened."""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = f"{for_seconds}s"
+            if rule.get("alert") == "GPUOrphanTree":
+                rule["expr"] = re.sub(r"(gpuguard_orphan_tree_age_seconds\s*>\s*)\d+",
+                                      rf"\g<1>{orphan_age_seconds}", rule["expr"])
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+class _Proc:
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, cwd=log.parent)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+class Alertmanager(_Proc):
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = workdir / "alertmanager.yml"
+        cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+        assert ALERTMANAGER is not None
+        super().__init__([
+            ALERTMANAGER, f"--config.file={cfg}", f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
+            "--log.level=info",
+        ], workdir / "alertmanager.log")
+        wait_for(self._ready, timeout=30, what=f"alertmanager ready ({self.log_path})")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"alertmanager exited: {self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def alerts(self, **filters: str) -> list[dict]:
+        resp = requests.get(f"{self.url}/api/v2/alerts", timeout=5)
+        resp.raise_for_status()
+        return [a for a in resp.json()
+                if all(a["labels"].get(k) == v for k, v in filters.items())]
+
+    def silence(self, matchers: dict[str, str], *, minutes: int = 30) -> str:
+        from datetime import datetime, timedelta, timezone
+
+        now = datetime.now(timezone.utc)
+        body = {
+            "matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True}
+                         for k, v in matchers.items()],
+            "startsAt": now.isoformat(),
+            "endsAt": (now + timedelta(minutes=minutes)).isoformat(),
+            "createdBy": "gpuguard-e2e",
+            "comment": "on-call is looking at this tree",
+        }
+        resp = requests.post(f"{self.url}/api/v2/silences", json=body, timeout=5)
+        resp.raise_for_status()
+        return resp.json()["silenceID"]
+
+
+class Prometheus(_Proc):
+    def __init__(self, workdir: Path, *, targets: dict[str, str], rules_text: str,
+                 alertmanager_url: str | None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (workdir / "rules.yml").write_text(rules_text)
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                       "scrape_timeout": "900ms"},
+            "rule_files": [str(workdir / "rules.yml")],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [target]}]}
+                for job, target in targets.items()
+            ],
+        }
+        if alertmanager_url:
+            config["alerting"] = {"alertmanagers": [
+                {"static_configs": [{"targets": [alertmanager_url.split("//", 1)[1]]}]}]}
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+        assert PROMETHEUS is not None
+        super().__init__([
+            PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=info",
+        ], workdir / "prometheus.log")
+        wait_for(self._ready, timeout=30, what=f"prometheus ready ({self.log_path})")
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited: {self.log_tail()}")
+        try:
+            return requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def query(self, expr: str) -> list[dict]:
+        resp = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
+        body = resp.json()
+        if body.get("status") != "success":
+            raise AssertionError(f"query {expr!r} failed: {body}")
+        return body["data"]["result"]
+
+    def firing(self, alertname: str, **labels: str) -> list[dict]:
+        resp = requests.get(f"{self.url}/api/v1/alerts", timeout=5)
+        return [a for a in resp.json()["data"]["alerts"]
+                if a["labels"].get("alertname") == alertname and a["state"] == "firing"
+                and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+
+class WebhookRecorder:
+    """A webhook receiver that keeps every notification Alertmanager sends it."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+        self._lock = threading.Lock()
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with recorder._lock:
+                    recorder.payloads.append(body)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, predicate: Callable[[dict], bool] = lambda a: True) -> list[dict]:
+        with self._lock:
+            return [a for p in self.payloads for a in p.get("alerts", []) if predicate(a)]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
