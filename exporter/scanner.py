@@ -91,7 +91,11 @@ class Scanner:
         start = time.perf_counter()
         reads_before = self.counters.proc_reads()
         errors: list[tuple[str, str]] = []
-        reading = self.nvml.read()
+        try:
+            reading = self.nvml.read()
+        except Exception as exc:  # Nvml.read reports failures itself; this is the last net
+            log.exception("NVML read failed")
+            reading = NvmlReading(False, None, (), (), (("scan", f"NVML: {exc}"),))
         errors.extend(reading.errors)
         trees: list[Tree] = []
         orphans: dict[tuple[int, int], OrphanInfo] = {}

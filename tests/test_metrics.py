@@ -83,3 +83,21 @@ def test_a_tree_that_stops_being_orphan_restarts_its_clock(
     (info,) = snap.orphans.values()
     assert info.first_seen == 60.0 and info.age_seconds == 0
     assert sh in {t.root_pid for t in snap.trees}
+
+
+class _Exploding:
+    def read(self):
+        raise RuntimeError("driver wedged")
+
+
+def test_an_unexpected_nvml_failure_is_counted_and_scanning_goes_on() -> None:
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=_Exploding(), counters=counters,  # type: ignore[arg-type]
+                      view=ProcessView(counters=counters))
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="n"))
+    scanner.scan_once()
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_scan_errors_total", {"stage": "scan"}) == 2
+    assert registry.get_sample_value("gpuguard_nvml_up") == 0
+    assert registry.get_sample_value("gpuguard_scans_total") == 2
