@@ -9,6 +9,7 @@ show why.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Sequence
@@ -68,7 +69,7 @@ class Rules:
         object.__setattr__(self, "_protect_re", compiled)
 
     def protects(self, text: str) -> bool:
-        return self._protect_re is not None and self._protect_re.search(text) is not None
+        return self._protect_re is not None and _matches(self._protect_re, text)
 
     def is_reaper(self, comm: str) -> bool:
         return any(comm == name[:COMM_LEN] for name in self.reapers)
@@ -168,19 +169,24 @@ def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> str | 
     return None
 
 
-_MANAGED = (
-    re.compile(r"(?:^|/)(?!user@)[^/]+\.service(?:/|$)"),
-    re.compile(r"(?:^|/)(?:docker|libpod)-[^/]*"),
-    re.compile(r"kubepods"),
-    re.compile(r"(?:^|/)slurm(?:/|_)|/job_\d+"),
+_MANAGED = re.compile(
+    r"(?:^|/)(?!user@)[^/]+\.service(?:/|$)"  # a systemd service (not the user manager)
+    r"|(?:^|/)(?:docker|libpod)-[^/]*"  # docker and podman scopes
+    r"|kubepods"
+    r"|(?:^|/)slurm(?:/|_)|/job_\d+"
 )
+
+
+@functools.lru_cache(maxsize=16384)
+def _matches(pattern: re.Pattern[str], text: str) -> bool:
+    """Regex results cached by text: the same ancestors recur in every chain, every scan."""
+    return pattern.search(text) is not None
 
 
 def managed_cgroup(paths: Iterable[str]) -> str | None:
     for path in paths:
-        for part_re in _MANAGED:
-            if part_re.search(path):
-                return path
+        if _matches(_MANAGED, path):
+            return path
     return None
 
 
