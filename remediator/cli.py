@@ -1,0 +1,141 @@
+"""`gpuguard-remediator`: the Alertmanager webhook that may reap orphan GPU trees.
+
+Start-up refuses, in one line on stderr and exit status 2, anything that would
+make the remediator unsafe or silently useless: a bad config, no token (unless
+--insecure-no-auth, and then only on loopback), an unusable state directory or
+audit log. Served by waitress, threaded, one process: the queue, the worker and
+the dedupe ledger must live in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import sys
+
+from exporter.config import ConfigError, load_config
+from remediator.ledger import LedgerError
+
+log = logging.getLogger("gpuguard.remediator")
+
+PROG = "gpuguard-remediator"
+DEFAULT_LISTEN = "127.0.0.1:9878"
+TOKEN_ENV = "GPUGUARD_TOKEN_FILE"
+HTTP_THREADS = 4
+#: waitress's own hard cap (it answers 413 itself beyond); the app's 1 MiB limit is counted.
+WAITRESS_MAX_BODY = 16 * 1024 * 1024
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:PORT); an empty host means 127.0.0.1."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Alertmanager webhook receiver that reaps orphaned GPU process trees "
+                    "when an alert fires and the policy (remediate: section) allows it.",
+    )
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="YAML config; its classify: and remediate: sections are used")
+    p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
+                   metavar="HOST:PORT", help=f"where to serve (default {DEFAULT_LISTEN}; "
+                   "port 0 picks a free port)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help=f"bearer token Alertmanager must send (or env {TOKEN_ENV}); "
+                        "re-read when it changes")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="accept requests without a token (loopback listeners only)")
+    p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
+                   help="this host's name as the alerts' hostname label spells it "
+                        "(default: this host's name)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="DEBUG, INFO (default), WARNING or ERROR")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(f"config error: {exc}")
+
+    host, port = args.listen
+    token_path = args.token_file or os.environ.get(TOKEN_ENV) or None
+    if token_path is None and not args.insecure_no_auth:
+        return _fail(f"refusing to start without a bearer token: pass --token-file FILE "
+                     f"(or set {TOKEN_ENV}), or --insecure-no-auth")
+    if token_path is not None and args.insecure_no_auth:
+        return _fail("--insecure-no-auth and a token file exclude each other; pick one")
+    if args.insecure_no_auth and not _loopback(host):
+        return _fail(f"--insecure-no-auth is only allowed on a loopback address, not {host}")
+
+    from waitress import create_server
+
+    from remediator.app import TokenFile, create_app, remediator_of
+
+    token = None
+    if token_path is not None:
+        token = TokenFile(token_path)
+        if token() is None:
+            return _fail(f"token file {token_path} is missing, unreadable or empty")
+    else:
+        log.warning("--insecure-no-auth: POST /alerts accepts requests without a token")
+
+    try:
+        app = create_app(config, token=token, hostname=args.hostname)
+    except LedgerError as exc:
+        return _fail(f"state error: {exc}")
+    except OSError as exc:
+        return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
+    service = remediator_of(app)
+    try:
+        server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
+                               ident=PROG, max_request_body_size=WAITRESS_MAX_BODY)
+    except OSError as exc:
+        service.stop()
+        return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+
+    def shutdown(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        raise SystemExit(0)  # waitress's loop lets it through and closes the server
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
+    print(f"listening on {host}:{server.effective_port}", flush=True)
+    try:
+        server.run()
+    except SystemExit:
+        pass
+    finally:
+        server.close()
+        service.stop()
+        service.nvml.close()  # type: ignore[attr-defined]
+    return 0

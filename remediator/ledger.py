@@ -1,0 +1,253 @@
+"""The remediator's durable memory: dedupe keys, pending work, the rate-limit window.
+
+Alertmanager delivers at least once, HA peers deliver twice, and the
+remediator restarts; none of that may cause a second reap or lose an accepted
+alert. So every state change is written to one JSON file under `state_dir`
+before it takes effect (write a temporary file, fsync, rename, fsync the
+directory): a crash leaves either the old or the new file, never half of one.
+
+A key is recorded as "reaping" *before* the first signal: if the process dies
+mid-reap, the restarted remediator treats that tree as done (and audits the
+interruption) rather than risk signalling it twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remediator.alerts import Alert
+from remediator.policy import TreeKey
+
+FILE_NAME = "remediator-state.json"
+FORMAT_VERSION = 1
+#: Done keys older than this are forgotten (a pid + start time names a process of one boot).
+DONE_RETENTION_SECONDS = 30 * 86400
+#: A different boot (estimated boot time moved by more than this) invalidates every key.
+BOOT_TOLERANCE_SECONDS = 120.0
+MAX_REAP_HISTORY = 10_000
+#: A first sighting outlives its pending item (a rate-limited tree comes back with the next
+#: delivery and should not start its local age from zero again).
+FIRST_SEEN_RETENTION_SECONDS = 86400
+
+REAPING = "reaping"
+DONE = "done"
+
+
+class LedgerError(Exception):
+    """The state file exists but cannot be used; starting anyway could reap twice."""
+
+
+@dataclass(frozen=True)
+class PendingItem:
+    """An accepted alert waiting for (or deferred by) the worker."""
+
+    key: TreeKey
+    alert: Alert
+    group_key: str
+    accepted_at: float
+    due: float  # when the worker should (re-)check it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"alert": self.alert.to_json(), "group_key": self.group_key,
+                "accepted_at": self.accepted_at, "due": self.due}
+
+    @classmethod
+    def from_json(cls, key: TreeKey, data: dict[str, Any]) -> PendingItem:
+        return cls(key, Alert.from_json(data["alert"]), str(data.get("group_key", "")),
+                   float(data["accepted_at"]), float(data["due"]))
+
+
+def boot_time() -> float:
+    """Wall-clock time of this boot, without reading /proc (CLOCK_BOOTTIME counts suspend)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+class Ledger:
+    """Thread-safe; every mutating method persists before it returns."""
+
+    def __init__(self, state_dir: str | Path, *, clock: Callable[[], float] = time.time,
+                 boot: Callable[[], float] = boot_time) -> None:
+        self.dir = Path(state_dir)
+        self.path = self.dir / FILE_NAME
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._done: dict[TreeKey, dict[str, Any]] = {}
+        self._pending: dict[TreeKey, PendingItem] = {}
+        self._first_seen: dict[TreeKey, float] = {}
+        self._reaps: list[tuple[float, str]] = []
+        self._boot = boot()
+        self.interrupted: list[tuple[TreeKey, dict[str, Any]]] = []
+        self._load()
+
+    # -- persistence -----------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"{self.dir}: cannot create state_dir: {exc.strerror}") from None
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._save()
+            return
+        except OSError as exc:
+            raise LedgerError(f"{self.path}: cannot read: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+            if data.get("version") != FORMAT_VERSION:
+                raise ValueError(f"unknown format version {data.get('version')!r}")
+            same_boot = abs(float(data.get("boot_time", 0)) - self._boot) <= BOOT_TOLERANCE_SECONDS
+            self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
+            if same_boot:
+                self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
+                self._pending = {TreeKey.parse(k): PendingItem.from_json(TreeKey.parse(k), v)
+                                 for k, v in data.get("pending", {}).items()}
+                self._first_seen = {TreeKey.parse(k): float(v)
+                                    for k, v in data.get("first_seen", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
+                              "only after checking the audit log for unfinished reaps") from None
+        self.interrupted = [(k, v) for k, v in self._done.items() if v.get("status") == REAPING]
+        self._prune()
+        self._save()
+
+    def _save(self) -> None:
+        data = {
+            "version": FORMAT_VERSION,
+            "boot_time": self._boot,
+            "done": {str(k): v for k, v in sorted(self._done.items())},
+            "pending": {str(k): v.to_json() for k, v in sorted(self._pending.items())},
+            "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
+            "reaps": [[t, m] for t, m in self._reaps],
+        }
+        payload = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{FILE_NAME}.")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _prune(self) -> None:
+        now = self._clock()
+        self._done = {k: v for k, v in self._done.items()
+                      if v.get("status") == REAPING
+                      or now - float(v.get("at", now)) < DONE_RETENTION_SECONDS}
+        self._reaps = self._reaps[-MAX_REAP_HISTORY:]
+        live = set(self._pending) | set(self._done)
+        self._first_seen = {k: v for k, v in self._first_seen.items()
+                            if k in live or now - v < FIRST_SEEN_RETENTION_SECONDS}
+
+    # -- reads -----------------------------------------------------------------------
+
+    def done_modes(self) -> dict[TreeKey, str]:
+        with self._lock:
+            return {k: str(v.get("mode")) for k, v in self._done.items()}
+
+    def pending(self) -> dict[TreeKey, PendingItem]:
+        with self._lock:
+            return dict(self._pending)
+
+    def first_seen(self) -> dict[TreeKey, float]:
+        with self._lock:
+            return dict(self._first_seen)
+
+    def reap_times(self, mode: str) -> tuple[float, ...]:
+        with self._lock:
+            return tuple(t for t, m in self._reaps if m == mode)
+
+    def next_due(self) -> PendingItem | None:
+        with self._lock:
+            if not self._pending:
+                return None
+            return min(self._pending.values(), key=lambda item: (item.due, item.accepted_at))
+
+    # -- writes ----------------------------------------------------------------------
+
+    def add_pending(self, items: Iterable[PendingItem]) -> None:
+        items = list(items)
+        if not items:
+            return
+        with self._lock:
+            for item in items:
+                self._pending[item.key] = item
+            self._save()
+
+    def remove_pending(self, key: TreeKey) -> PendingItem | None:
+        with self._lock:
+            item = self._pending.pop(key, None)
+            if item is not None:
+                self._save()
+            return item
+
+    def defer(self, key: TreeKey, due: float, first_seen: float | None) -> None:
+        with self._lock:
+            item = self._pending.get(key)
+            if item is None:
+                return
+            self._pending[key] = PendingItem(key, item.alert, item.group_key, item.accepted_at,
+                                             due)
+            if first_seen is not None:
+                self._first_seen.setdefault(key, first_seen)
+            self._save()
+
+    def note_first_seen(self, key: TreeKey, first_seen: float) -> None:
+        with self._lock:
+            if key not in self._first_seen:
+                self._first_seen[key] = first_seen
+                self._save()
+
+    def begin_reap(self, key: TreeKey, mode: str, fingerprint: str) -> None:
+        """Record the intent before any signal: from here on the key is never reaped again."""
+        with self._lock:
+            now = self._clock()
+            self._done[key] = {"status": REAPING, "mode": mode, "at": now,
+                               "fingerprint": fingerprint}
+            self._reaps.append((now, mode))
+            self._pending.pop(key, None)
+            self._save()
+
+    def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool) -> None:
+        """Settle a reap. One that sent no signal (aborted early) frees its key and its slot."""
+        with self._lock:
+            entry = self._done.get(key)
+            if entry is None:
+                return
+            if signalled or outcome == "dry-run":
+                entry.update(status=DONE, outcome=outcome)
+            else:
+                del self._done[key]
+                started = float(entry.get("at", -1))
+                for i in range(len(self._reaps) - 1, -1, -1):
+                    if self._reaps[i] == (started, entry.get("mode")):
+                        del self._reaps[i]
+                        break
+            self._prune()
+            self._save()
+
+    def settle_interrupted(self, key: TreeKey) -> None:
+        """A reap cut short by a crash: done for good, with an unknown outcome."""
+        with self._lock:
+            entry = self._done.get(key)
+            if entry is not None:
+                entry.update(status=DONE, outcome="interrupted")
+                self._save()

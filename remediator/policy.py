@@ -1,0 +1,283 @@
+"""The kill policy as pure functions: (alert, live tree, state) -> Decision.
+
+Nothing here reads /proc, talks to NVML, sends a signal or looks at a clock:
+the shell (worker.py) gathers the facts into frozen dataclasses and this
+module only judges them, so every rule is tested with synthetic inputs. The
+YAML side of the policy (`remediate:`) is parsed and validated by
+exporter/config.py into `Remediate`; this module never re-reads it.
+
+Each check refuses with a short kebab-case reason an on-call engineer can
+grep for; the order of the checks is the order of the reasons in README.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.classify import ORPHAN
+from exporter.config import Remediate, UserFilter
+from exporter.nvml import Holder
+from remediator.alerts import Alert
+
+# Actions.
+ACCEPT = "accept"  # screened: queued for the worker's live check
+REAP = "reap"  # enforce mode: signal the tree
+DRY_RUN = "dry-run"  # dry-run mode: everything a reap does but the signals
+DEFER = "defer"  # too young: keep pending, re-check at `recheck_at`
+CANCEL = "cancel"  # a resolved alert withdrew a pending reap
+IGNORE = "ignore"  # nothing to do; `reason` says why
+ACTIONS = (ACCEPT, REAP, DRY_RUN, DEFER, CANCEL, IGNORE)
+
+# Labels the remediator needs on every alert it acts on.
+REQUIRED_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
+ROOT_UID = 0
+#: member_refusal() reasons, most fundamental first: the one reported when several apply.
+_MEMBER_REASONS = ("protected-pid", "root-owned", "user-denied")
+
+
+@dataclass(frozen=True, order=True)
+class TreeKey:
+    """The dedupe key: one tree on one host, by process identity (pid, start time)."""
+
+    hostname: str
+    root_pid: int
+    root_start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.hostname}/{self.root_pid}/{self.root_start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> TreeKey:
+        host, pid, start = text.rsplit("/", 2)
+        return cls(host, int(pid), int(start))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One process of a tree as read just now (identity, owner, name)."""
+
+    pid: int
+    ppid: int
+    start_time: int
+    uid: int
+    user: str
+    comm: str
+    state: str = "S"
+    kernel_thread: bool = False
+
+    @property
+    def gone(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+@dataclass(frozen=True)
+class LiveTree:
+    """What a fresh local inspection found for the tree an alert names."""
+
+    root: Member | None  # the process at root_pid now; None when there is none
+    tree_found: bool = False  # classify() has a tree with exactly this root identity
+    verdict: str = ""
+    reason: str = ""
+    members: tuple[Member, ...] = ()  # root first, then descendants (breadth first)
+    holders: tuple[Holder, ...] = ()
+    gpu_bytes: int = 0
+    nvml_error: str | None = None  # NVML could not be read: nothing can be verified
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """Everything besides the alert and the tree that a decision depends on."""
+
+    policy: Remediate
+    hostname: str
+    now: float  # Unix seconds
+    protected_pids: frozenset[int] = frozenset({1})  # pid 1, the remediator, its ancestors
+    done: Mapping[TreeKey, str] = field(default_factory=dict)  # key -> mode it was reaped in
+    pending: frozenset[TreeKey] = frozenset()  # accepted and not finished (other items)
+    first_seen: Mapping[TreeKey, float] = field(default_factory=dict)
+    reap_times: tuple[float, ...] = ()  # when each reap in the current mode began
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    reason: str
+    detail: str = ""
+    key: TreeKey | None = None
+    first_seen: float | None = None  # set once the tree was verified an orphan
+    recheck_at: float | None = None  # DEFER only
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"action": self.action, "reason": self.reason}
+        if self.detail:
+            out["detail"] = self.detail
+        if self.recheck_at is not None:
+            out["recheck_at"] = self.recheck_at
+        return out
+
+
+@dataclass(frozen=True)
+class RateBudget:
+    max_reaps: int
+    per_seconds: float
+    used: int
+    next_slot_at: float | None  # when the oldest reap in the window leaves it; None if free
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.max_reaps - self.used)
+
+
+def _ignore(reason: str, detail: str, key: TreeKey | None = None, **kw: object) -> Decision:
+    return Decision(IGNORE, reason, detail, key, **kw)  # type: ignore[arg-type]
+
+
+def tree_key(alert: Alert) -> TreeKey | Decision:
+    """The alert's tree identity, or an IGNORE saying which label is missing or bad."""
+    missing = [name for name in REQUIRED_LABELS if not alert.label(name)]
+    if missing:
+        return _ignore("missing-label", f"alert lacks label(s) {', '.join(missing)}")
+    raw_pid, raw_start = alert.labels["root_pid"], alert.labels["root_start_time"]
+    if not (raw_pid.isascii() and raw_pid.isdigit() and raw_start.isascii()
+            and raw_start.isdigit()):
+        return _ignore("bad-label",
+                       f"root_pid={raw_pid[:32]!r} root_start_time={raw_start[:32]!r} "
+                       "must be decimal integers")
+    return TreeKey(alert.labels["hostname"], int(raw_pid), int(raw_start))
+
+
+def already_done(key: TreeKey, state: PolicyState) -> bool:
+    """A reap in enforce mode, or one in the current mode, settles the key for good."""
+    mode = state.done.get(key)
+    return mode is not None and (mode == "enforce" or mode == state.policy.mode)
+
+
+def screen(alert: Alert, state: PolicyState) -> Decision:
+    """Checks on the alert alone, cheap enough for the HTTP handler: ACCEPT, CANCEL or IGNORE."""
+    key = tree_key(alert)
+    if alert.status != "firing":
+        if isinstance(key, TreeKey) and key in state.pending:
+            return Decision(CANCEL, "resolved", "resolved alert withdrew the pending reap", key)
+        return _ignore("not-firing", f"alert status is {alert.status}",
+                       key if isinstance(key, TreeKey) else None)
+    alertname = alert.label("alertname")
+    if not alertname:
+        return _ignore("missing-label", "alert lacks label alertname")
+    if alertname not in state.policy.alerts:
+        return _ignore("alertname-not-listed", f"alertname {alertname[:64]!r} is not in "
+                       f"remediate.alerts")
+    hostname = alert.label("hostname")
+    if hostname and hostname != state.hostname:
+        return _ignore("other-host", f"hostname {hostname[:64]!r} is not this host "
+                       f"({state.hostname})")
+    if isinstance(key, Decision):
+        return key
+    if key.root_pid <= 2 or key.root_pid in state.protected_pids:
+        return _ignore("protected-pid", f"root_pid {key.root_pid} is pid 1/2, the remediator "
+                       "or one of its ancestors", key)
+    if already_done(key, state):
+        return _ignore("duplicate", f"tree {key} was already handled "
+                       f"({state.done[key]})", key)
+    if key in state.pending:
+        return _ignore("duplicate", f"tree {key} is already pending", key)
+    return Decision(ACCEPT, "queued", "queued for a live check", key)
+
+
+def user_allowed(user: str, users: UserFilter) -> bool:
+    """Glob patterns on user names: allowed by some `allow` and refused by no `deny`."""
+    return (any(fnmatch.fnmatchcase(user, p) for p in users.allow)
+            and not any(fnmatch.fnmatchcase(user, p) for p in users.deny))
+
+
+def rate_budget(state: PolicyState) -> RateBudget:
+    """Sliding window over the reaps of the current mode."""
+    limit = state.policy.rate_limit
+    window_start = state.now - limit.per_seconds
+    inside = sorted(t for t in state.reap_times if t > window_start)
+    next_slot = None
+    if len(inside) >= limit.max_reaps and inside:
+        next_slot = inside[len(inside) - limit.max_reaps] + limit.per_seconds
+    return RateBudget(limit.max_reaps, limit.per_seconds, len(inside), next_slot)
+
+
+def _describe(member: Member) -> str:
+    return f"{member.pid} ({member.comm}, {member.user or member.uid})"
+
+
+def member_refusal(member: Member, policy: Remediate,
+                   protected_pids: frozenset[int]) -> tuple[str, str] | None:
+    """Why this one process must never be signalled, as (reason, detail); None if it may be.
+
+    Used by decide() for the tree as inspected and again by the reaper for every
+    process that joins the tree while it is being frozen.
+    """
+    if member.pid <= 2 or member.pid in protected_pids or member.kernel_thread:
+        return ("protected-pid", f"member {_describe(member)} is pid 1/2, a kernel thread, "
+                "the remediator or one of its ancestors")
+    if member.uid == ROOT_UID and not policy.allow_root_owned:
+        return ("root-owned", f"member {_describe(member)} is owned by root and "
+                "remediate.allow_root_owned is false")
+    if not user_allowed(member.user, policy.users):
+        return ("user-denied", f"member {_describe(member)}: user {member.user!r} is not "
+                "allowed by remediate.users")
+    return None
+
+
+def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
+    """The full decision for one alert after a live inspection of its tree."""
+    screened = screen(alert, state)
+    if screened.action != ACCEPT:
+        return screened
+    key = screened.key
+    assert key is not None
+    if live is None:
+        return _ignore("inspect-failed", "the tree could not be inspected", key)
+
+    # Identity: the process at root_pid must be the one the alert was raised for.
+    root = live.root
+    if root is None or root.gone:
+        return _ignore("root-gone", f"pid {key.root_pid} has exited", key)
+    if root.start_time != key.root_start_time:
+        return _ignore("root-replaced", f"pid {key.root_pid} now has start_time "
+                       f"{root.start_time}, the alert names {key.root_start_time}", key)
+
+    # The local classifier must agree, now.
+    if live.nvml_error is not None:
+        return _ignore("nvml-unavailable", f"cannot re-check GPU holders: {live.nvml_error}", key)
+    if not live.tree_found:
+        return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
+    if live.verdict != ORPHAN:
+        return _ignore(f"not-orphan:{live.verdict}", f"classifier says {live.verdict} "
+                       f"({live.reason})", key)
+    if live.reason not in state.policy.reasons:
+        return _ignore("reason-not-allowed", f"orphan reason {live.reason} is not in "
+                       "remediate.reasons", key)
+
+    # Who would be signalled.
+    refusals = [r for m in live.members
+                if (r := member_refusal(m, state.policy, state.protected_pids)) is not None]
+    if refusals:
+        reason, detail = min(refusals, key=lambda r: _MEMBER_REASONS.index(r[0]))
+        return _ignore(reason, detail, key)
+
+    # Age, counted locally: never older than what this remediator has seen itself.
+    first_seen = state.first_seen.get(key, state.now)
+    if alert.starts_at is not None:
+        first_seen = max(first_seen, alert.starts_at)
+    age = state.now - first_seen
+    if age < state.policy.min_age_seconds:
+        recheck = first_seen + state.policy.min_age_seconds
+        return Decision(DEFER, "too-young", f"orphan for {max(age, 0.0):.1f}s of "
+                        f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
+
+    budget = rate_budget(state)
+    if budget.remaining <= 0:
+        return _ignore("rate-limited", f"{budget.used} reaps in the last "
+                       f"{budget.per_seconds:g}s (max {budget.max_reaps})", key,
+                       first_seen=first_seen)
+
+    action = REAP if state.policy.mode == "enforce" else DRY_RUN
+    return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
+                    f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)

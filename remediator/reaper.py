@@ -1,0 +1,506 @@
+"""The imperative edge that touches processes: live re-inspection and the reap itself.
+
+A reap must never hit the wrong process, so identity is checked after a
+handle is held: open a pidfd, then compare /proc/PID/stat's start time with
+the one the decision was made on; a pidfd keeps naming that process even if
+the pid is reused later. The tree is frozen (SIGSTOP, root first, re-collected
+until no new member appears) before anything is killed, so a retry loop
+cannot respawn its child between kills. Every member is checked against the
+policy's refusals again as it joins, because a tree can grow while we act.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from exporter.classify import Rules, classify
+from exporter.config import Remediate
+from exporter.nvml import Holder, NvmlReading
+from exporter.procfs import ProcessView, ProcInfo
+from exporter.scanner import user_name
+from remediator.policy import LiveTree, Member, TreeKey, member_refusal
+
+PIDFD = "pidfd"
+PID = "pid"
+
+#: How long SIGKILLed members get to become zombies before they count as survivors.
+KILL_CONFIRM_SECONDS = 5.0
+#: How long one freeze pass waits for SIGSTOPped members to show state T (a process in
+#: uninterruptible sleep stops only when it leaves it; the pass then goes on regardless).
+FREEZE_CONFIRM_SECONDS = 1.0
+#: Bound on re-collection rounds once the term wait is over (the deadline no longer applies).
+MAX_FREEZE_ROUNDS = 100
+#: Poll granularity of the bounded waits.
+POLL_SECONDS = 0.01
+
+
+class HolderSource(Protocol):
+    """What the remediator needs from exporter.nvml.Nvml (a stub in tests)."""
+
+    def read(self) -> NvmlReading: ...
+
+
+# -- live inspection ----------------------------------------------------------------
+
+
+def member_of(info: ProcInfo, view: ProcessView) -> Member:
+    status = view.status(info)
+    kthread = (status.kernel_thread if status is not None else False) or info.ppid == 2
+    return Member(pid=info.pid, ppid=info.ppid, start_time=info.start_time, uid=info.uid,
+                  user=user_name(info.uid), comm=info.comm, state=info.state,
+                  kernel_thread=kthread)
+
+
+def _nvml_problem(reading: NvmlReading) -> str | None:
+    """A reading whose holder lists may be incomplete cannot confirm a tree."""
+    if not reading.up:
+        return "; ".join(msg for _, msg in reading.errors) or "NVML is down"
+    process_errors = [msg for stage, msg in reading.errors if stage == "nvml_processes"]
+    return "; ".join(process_errors) or None
+
+
+def inspect_tree(key: TreeKey, *, nvml: HolderSource, view: ProcessView, rules: Rules) -> LiveTree:
+    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges."""
+    view.begin_scan()
+    info = view.fresh_stat(key.root_pid)
+    if info is None:
+        return LiveTree(root=None)
+    root = member_of(info, view)
+    if info.is_zombie or info.start_time != key.root_start_time:
+        return LiveTree(root=root)
+    reading = nvml.read()
+    problem = _nvml_problem(reading)
+    if problem is not None:
+        return LiveTree(root=root, nvml_error=problem)
+    wanted = (key.root_pid, key.root_start_time)
+    tree = next((t for t in classify(reading.holders, view, rules)
+                 if t.root is not None and t.root.identity == wanted), None)
+    if tree is None:
+        return LiveTree(root=root)
+    members = [root]
+    for pid in view.descendants(root.pid):
+        child = view.stat(pid)
+        if child is not None:
+            members.append(member_of(child, view))
+    return LiveTree(root=root, tree_found=True, verdict=tree.verdict, reason=tree.reason,
+                    members=tuple(members), holders=tree.holders, gpu_bytes=tree.gpu_bytes)
+
+
+# -- the reap ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReapPlan:
+    key: TreeKey
+    members: tuple[Member, ...]  # root first, as inspected
+    holders: tuple[Holder, ...]
+    gpu_bytes: int
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class SignalRecord:
+    pid: int
+    signal: str
+    result: str  # sent | gone | error: ...
+    at_ms: float  # since the reap began
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "signal": self.signal, "result": self.result,
+                "at_ms": round(self.at_ms, 3)}
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    outcome: str  # reaped | failed | dry-run | aborted
+    reason: str = ""  # why an abort happened (a policy-style reason code)
+    detail: str = ""
+    kill_path: str | None = None  # pidfd | pid; None when refused before choosing
+    members: tuple[Member, ...] = ()  # every process the reap held, joiners included
+    signals: tuple[SignalRecord, ...] = ()
+    survivors: tuple[int, ...] = ()
+    gpu_bytes_before: int = 0
+    gpu_bytes_after: int | None = None
+    reclaimed_bytes: int | None = None
+    duration_seconds: float = 0.0
+
+    @property
+    def signalled(self) -> bool:
+        return any(s.result == "sent" for s in self.signals)
+
+    @property
+    def killed(self) -> int:
+        """Members that are gone at the end (0 for dry runs and aborts)."""
+        if self.outcome not in ("reaped", "failed"):
+            return 0
+        return len(self.members) - len(self.survivors)
+
+
+class _Abort(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+class _NoPidfd(Exception):
+    """The kernel has no pidfd_open (before 5.3, or blocked by seccomp)."""
+
+
+@dataclass
+class _Target:
+    member: Member
+    fd: int | None
+    stopped: bool = False
+    exited: bool = False
+
+
+@dataclass
+class _Run:
+    """Mutable state of one reap; only the Reaper touches it."""
+
+    started: float
+    path: str
+    targets: dict[int, _Target] = field(default_factory=dict)
+    signals: list[SignalRecord] = field(default_factory=list)
+
+
+PidfdOpen = Callable[[int], int]
+PidfdSend = Callable[[int, int], None]
+
+#: The kernel's pidfd calls where this Python has them (3.9+ on Linux).
+PIDFD_OPEN: PidfdOpen | None = getattr(os, "pidfd_open", None)
+PIDFD_SEND: PidfdSend | None = getattr(signal, "pidfd_send_signal", None)
+
+
+class Reaper:
+    """Verify, freeze, signal, confirm. The only code in gpuguard that sends signals."""
+
+    def __init__(
+        self,
+        *,
+        view: ProcessView,
+        nvml: HolderSource,
+        pidfd_open: PidfdOpen | None = PIDFD_OPEN,
+        pidfd_send: PidfdSend | None = PIDFD_SEND,
+        kill: Callable[[int, int], None] = os.kill,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = view
+        self.nvml = nvml
+        self._pidfd_open = pidfd_open if pidfd_send is not None else None
+        self._pidfd_send = pidfd_send
+        self._kill = kill
+        self._monotonic = monotonic
+
+    def reap(
+        self,
+        plan: ReapPlan,
+        *,
+        policy: Remediate,
+        protected_pids: frozenset[int],
+        deadline: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> ReapResult:
+        """Run one reap (or dry run) of `plan`; never raises for process-level trouble."""
+        run = _Run(started=self._monotonic(), path=PIDFD if self._pidfd_open else PID)
+        if run.path == PID and not policy.allow_without_pidfd:
+            return self._result(run, plan, "aborted", "no-pidfd",
+                                "pidfd_open is unavailable and remediate.allow_without_pidfd "
+                                "is false")
+        try:
+            try:
+                self._hold_planned(run, plan, policy, protected_pids)
+            except _NoPidfd:
+                self._close(run)
+                if not policy.allow_without_pidfd:
+                    return self._result(run, plan, "aborted", "no-pidfd",
+                                        "pidfd_open failed with ENOSYS and "
+                                        "remediate.allow_without_pidfd is false")
+                run = _Run(started=run.started, path=PID)
+                self._pidfd_open = None
+                self._hold_planned(run, plan, policy, protected_pids)
+            if plan.dry_run:
+                self._collect(run, policy, protected_pids, stop=False)
+                return self._result(run, plan, "dry-run", "", "dry run: no signal sent")
+            self._check(cancelled, deadline)
+            self._freeze(run, policy, protected_pids, deadline, cancelled)
+        except _Abort as abort:
+            self._thaw(run)
+            self._close(run)
+            return self._result(run, plan, "aborted", abort.reason, abort.detail)
+        try:
+            return self._kill_frozen(run, plan, policy, protected_pids)
+        finally:
+            self._close(run)
+
+    # -- phases ----------------------------------------------------------------------
+
+    def _hold_planned(self, run: _Run, plan: ReapPlan, policy: Remediate,
+                      protected: frozenset[int]) -> None:
+        """Open a handle on every planned member and verify it is still that process."""
+        for member in plan.members:
+            target, why = self._open(run, member.pid, member.start_time)
+            if target is None:
+                if member.pid == plan.key.root_pid:
+                    reason = "root-replaced" if why == "replaced" else "root-gone"
+                    raise _Abort(reason, f"root {member.pid} {why} before the reap")
+                continue  # a descendant exited since the inspection: nothing to do for it
+            self._admit(run, target, policy, protected)
+
+    def _freeze(self, run: _Run, policy: Remediate, protected: frozenset[int],
+                deadline: float, cancelled: Callable[[], bool]) -> None:
+        """SIGSTOP root first, then breadth first; re-collect until no new member appears.
+
+        A fork already under way when SIGSTOP arrives still links its child, so each
+        pass first waits (bounded) until every member shows state T: a stopped
+        process is back from fork(), and its children file is then complete.
+        """
+        for target in list(run.targets.values()):
+            self._stop(run, target)
+        while True:
+            self._wait_stopped(run, min(deadline, self._monotonic() + FREEZE_CONFIRM_SECONDS))
+            if not self._collect(run, policy, protected, stop=True):
+                break
+            if self._monotonic() > deadline:
+                raise _Abort("worker-timeout", "the tree kept growing while being frozen")
+        self._check(cancelled, deadline)
+
+    def _kill_frozen(self, run: _Run, plan: ReapPlan, policy: Remediate,
+                     protected: frozenset[int]) -> ReapResult:
+        """TERM + CONT everyone, wait, then freeze and KILL whoever is left."""
+        for target in run.targets.values():
+            self._send(run, target, signal.SIGTERM)
+        for target in run.targets.values():
+            self._send(run, target, signal.SIGCONT)
+        survivors = self._wait_gone(run, policy.term_timeout_seconds, policy, protected)
+        if survivors:
+            for target in survivors:
+                self._stop(run, target)
+            for _ in range(MAX_FREEZE_ROUNDS):  # each round stops what it finds: it converges
+                if not self._collect(run, policy, protected, stop=True, refuse=False):
+                    break
+            for target in run.targets.values():
+                if not self._gone(target):
+                    self._send(run, target, signal.SIGKILL)
+            survivors = self._wait_gone(run, KILL_CONFIRM_SECONDS, policy, protected,
+                                        adopt=False)
+        outcome = "failed" if survivors else "reaped"
+        detail = (f"{len(survivors)} process(es) survived SIGKILL" if survivors
+                  else "every member is gone or a zombie")
+        return self._result(run, plan, outcome, "" if not survivors else "survivors", detail,
+                            survivors=tuple(t.member.pid for t in survivors), reclaim=True)
+
+    # -- handles ---------------------------------------------------------------------
+
+    def _open(self, run: _Run, pid: int, start_time: int | None,
+              parent: int | None = None) -> tuple[_Target | None, str]:
+        """Hold `pid`, then check it is the process we mean: (target, "") or (None, why)."""
+        fd = None
+        if run.path == PIDFD:
+            assert self._pidfd_open is not None
+            try:
+                fd = self._pidfd_open(pid)
+            except OSError as exc:
+                if exc.errno in (errno.ESRCH, errno.EINVAL):
+                    return None, "exited"
+                if exc.errno == errno.ENOSYS:
+                    raise _NoPidfd() from exc
+                return None, f"could not be opened ({exc.strerror})"
+        info = self.view.fresh_stat(pid)
+        why = ""
+        if info is None or info.is_zombie:
+            why = "exited"
+        elif start_time is not None and info.start_time != start_time:
+            why = "replaced"
+        elif parent is not None and info.ppid != parent:
+            why = "reparented"
+        if why:
+            if fd is not None:
+                os.close(fd)
+            return None, why
+        assert info is not None
+        return _Target(member_of(info, self.view), fd), ""
+
+    def _admit(self, run: _Run, target: _Target, policy: Remediate,
+               protected: frozenset[int], *, refuse: bool = True) -> bool:
+        """Add a held process to the reap unless the policy refuses it (then abort or skip)."""
+        refused = member_refusal(target.member, policy, protected)
+        if refused is not None:
+            if target.fd is not None:
+                os.close(target.fd)
+            if refuse:
+                raise _Abort(refused[0], refused[1])
+            return False
+        run.targets[target.member.pid] = target
+        return True
+
+    def _collect(self, run: _Run, policy: Remediate, protected: frozenset[int], *,
+                 stop: bool, refuse: bool = True) -> list[_Target]:
+        """Children of live members not held yet: hold, admit and (when freezing) stop them."""
+        joined: list[_Target] = []
+        frontier = [t for t in run.targets.values() if not t.exited]
+        while frontier:
+            nxt: list[_Target] = []
+            for parent in frontier:
+                for child in self.view.children(parent.member.pid) or ():
+                    if child in run.targets:
+                        continue
+                    target, _ = self._open(run, child, None, parent=parent.member.pid)
+                    if target is None or not self._admit(run, target, policy, protected,
+                                                         refuse=refuse):
+                        continue
+                    if stop:
+                        self._stop(run, target)
+                    joined.append(target)
+                    nxt.append(target)
+            frontier = nxt
+        return joined
+
+    def _send(self, run: _Run, target: _Target, sig: int) -> str:
+        pid = target.member.pid
+        try:
+            if target.fd is not None:
+                assert self._pidfd_send is not None
+                self._pidfd_send(target.fd, sig)
+            else:
+                # The weaker path: re-verify right before signalling (a small reuse window stays).
+                info = self.view.fresh_stat(pid)
+                if info is None or info.start_time != target.member.start_time:
+                    result = "gone"
+                    target.exited = True
+                    run.signals.append(self._record(run, pid, sig, result))
+                    return result
+                self._kill(pid, sig)
+            result = "sent"
+        except ProcessLookupError:
+            result = "gone"
+            target.exited = True
+        except OSError as exc:
+            result = f"error: {exc.strerror}"
+        run.signals.append(self._record(run, pid, sig, result))
+        return result
+
+    def _record(self, run: _Run, pid: int, sig: int, result: str) -> SignalRecord:
+        return SignalRecord(pid, signal.Signals(sig).name, result,
+                            (self._monotonic() - run.started) * 1000)
+
+    def _stop(self, run: _Run, target: _Target) -> None:
+        if self._send(run, target, signal.SIGSTOP) == "sent":
+            target.stopped = True
+
+    def _thaw(self, run: _Run) -> None:
+        """Undo a partial freeze: an aborted reap must leave the tree as it found it."""
+        for target in run.targets.values():
+            if target.stopped and not target.exited:
+                self._send(run, target, signal.SIGCONT)
+                target.stopped = False
+
+    def _gone(self, target: _Target) -> bool:
+        """Exited (a zombie counts) or the pid now names someone else."""
+        if target.exited:
+            return True
+        info = self.view.fresh_stat(target.member.pid)
+        if info is None or info.is_zombie or info.start_time != target.member.start_time:
+            target.exited = True
+        return target.exited
+
+    # -- bounded waits ---------------------------------------------------------------
+
+    def _stopped_or_gone(self, target: _Target) -> bool:
+        if target.exited:
+            return True
+        info = self.view.fresh_stat(target.member.pid)
+        if info is None or info.is_zombie or info.start_time != target.member.start_time:
+            target.exited = True
+            return True
+        return info.state in ("T", "t")
+
+    def _wait_stopped(self, run: _Run, until: float) -> None:
+        """Poll (bounded) until every member is stopped or gone."""
+        while not all(self._stopped_or_gone(t) for t in list(run.targets.values())):
+            if self._monotonic() >= until:
+                return
+            time.sleep(POLL_SECONDS / 5)
+
+    def _wait_gone(self, run: _Run, timeout: float, policy: Remediate,
+                   protected: frozenset[int], *, adopt: bool = True) -> list[_Target]:
+        """Wait (pidfd poll, or short /proc polls) until every member is gone or time is up.
+
+        Children born after the SIGTERM (a cleanup handler that forks) join the
+        reap and get a SIGTERM of their own, so the final SIGKILL reaches them.
+        """
+        until = self._monotonic() + timeout
+        while True:
+            if adopt:
+                for joined in self._collect(run, policy, protected, stop=False, refuse=False):
+                    self._send(run, joined, signal.SIGTERM)
+            alive = [t for t in run.targets.values() if not self._gone(t)]
+            remaining = until - self._monotonic()
+            if not alive or remaining <= 0:
+                return alive
+            self._sleep_until_exit(alive, min(remaining, POLL_SECONDS * 5))
+
+    @staticmethod
+    def _sleep_until_exit(alive: Iterable[_Target], seconds: float) -> None:
+        fds = [t.fd for t in alive if t.fd is not None]
+        if fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            poller.poll(seconds * 1000)  # a pidfd turns readable when its process exits
+        else:
+            time.sleep(min(seconds, POLL_SECONDS))
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _check(self, cancelled: Callable[[], bool], deadline: float) -> None:
+        if cancelled():
+            raise _Abort("cancelled", "a resolved alert withdrew the reap before any kill")
+        if self._monotonic() > deadline:
+            raise _Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+                         "any kill")
+
+    @staticmethod
+    def _close(run: _Run) -> None:
+        for target in run.targets.values():
+            if target.fd is not None:
+                try:
+                    os.close(target.fd)
+                except OSError:
+                    pass
+                target.fd = None
+
+    def _result(self, run: _Run, plan: ReapPlan, outcome: str, reason: str, detail: str, *,
+                survivors: tuple[int, ...] = (), reclaim: bool = False) -> ReapResult:
+        after: int | None = None
+        reclaimed: int | None = None
+        if reclaim:
+            try:
+                reading = self.nvml.read()
+            except Exception as exc:  # the kill happened; a failed re-query must not hide it
+                reading = NvmlReading(False, None, (), (), (("nvml", str(exc)),))
+            if reading.up:
+                pids = {h.pid for h in plan.holders}
+                after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)
+                reclaimed = max(0, plan.gpu_bytes - after)
+        members = tuple(t.member for t in run.targets.values()) or plan.members
+        return ReapResult(
+            outcome=outcome,
+            reason=reason,
+            detail=detail,
+            kill_path=run.path if reason != "no-pidfd" else None,
+            members=members,
+            signals=tuple(run.signals),
+            survivors=survivors,
+            gpu_bytes_before=plan.gpu_bytes,
+            gpu_bytes_after=after,
+            reclaimed_bytes=reclaimed,
+            duration_seconds=self._monotonic() - run.started,
+        )

@@ -1,0 +1,465 @@
+"""The remediator's one worker thread, and the intake the HTTP handler calls.
+
+The handler only screens alerts (labels, host, dedupe) and records accepted
+ones in the ledger, so it answers in milliseconds; everything slow or
+dangerous (NVML, /proc, signals) happens here, one tree at a time, under a
+per-item time limit. Decisions come from policy.decide(); this module gathers
+the facts, carries the decision out and writes it down (ledger, audit, metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.config import Config, Remediate
+from exporter.procfs import ProcessView
+from remediator.alerts import Alert, Notification
+from remediator.audit import AuditLog, iso_time
+from remediator.ledger import Ledger, PendingItem
+from remediator.policy import (
+    ACCEPT,
+    CANCEL,
+    DEFER,
+    DRY_RUN,
+    IGNORE,
+    REAP,
+    Decision,
+    LiveTree,
+    PolicyState,
+    TreeKey,
+    decide,
+    rate_budget,
+    screen,
+)
+from remediator.reaper import (
+    KILL_CONFIRM_SECONDS,
+    HolderSource,
+    Reaper,
+    ReapPlan,
+    ReapResult,
+    inspect_tree,
+)
+
+log = logging.getLogger("gpuguard.remediator")
+
+#: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
+MAX_IDLE_WAIT_SECONDS = 1.0
+RECENT_DECISIONS = 200
+REJECT_CAUSES = ("unauthorized", "too_large", "not_json", "malformed")
+
+#: Per-alert answer in the HTTP response, by decision action.
+_ACCOUNT = {ACCEPT: "accepted", CANCEL: "cancelled", IGNORE: "ignored"}
+
+
+@dataclass(frozen=True)
+class Account:
+    """What happened to one alert of a delivery, as answered to Alertmanager."""
+
+    index: int
+    fingerprint: str
+    status: str  # accepted | ignored | duplicate | cancelled
+    reason: str
+    detail: str
+    key: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "fingerprint": self.fingerprint, "status": self.status,
+                "reason": self.reason, "detail": self.detail, "key": self.key}
+
+
+def protected_pids(view: ProcessView) -> frozenset[int]:
+    """PID 1, this process and every ancestor: never to be signalled, whatever the alert says."""
+    pids = {1, os.getpid()}
+    pid = os.getpid()
+    for _ in range(256):
+        info = view.fresh_stat(pid)
+        if info is None or info.ppid <= 0:
+            break
+        pids.add(info.ppid)
+        pid = info.ppid
+    return frozenset(pids)
+
+
+class Remediator:
+    """Intake (thread-safe, fast) plus the worker thread that inspects, decides and reaps."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        hostname: str,
+        nvml: HolderSource,
+        view: ProcessView,
+        ledger: Ledger,
+        audit: AuditLog,
+        reaper: Reaper | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.policy = config.remediate
+        self.hostname = hostname
+        self.nvml = nvml
+        self.view = view
+        self.ledger = ledger
+        self.audit = audit
+        self.reaper = reaper if reaper is not None else Reaper(view=view, nvml=nvml)
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lock = threading.Lock()  # intake + worker hand-over; never held across I/O to /proc
+        self._wake = threading.Condition(threading.Lock())
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._protected = protected_pids(view)
+        self._current: TreeKey | None = None
+        self._cancelled: set[TreeKey] = set()
+        self._busy_since: float | None = None
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        # metrics
+        self.decisions: dict[tuple[str, str], int] = {}
+        self.rejected = dict.fromkeys(REJECT_CAUSES, 0)
+        self.reaped_processes = 0
+        self.reclaimed_bytes = 0
+        self.reap_failures = 0
+        self._settle_interrupted()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-worker",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Re-check the queue now (new work, or an injected clock moved)."""
+        with self._wake:
+            self._wake.notify_all()
+
+    def healthy(self) -> tuple[bool, str]:
+        if self._thread is None or not self._thread.is_alive():
+            return False, "worker thread is not running"
+        busy = self._busy_since
+        limit = (self.policy.worker_timeout_seconds + self.policy.term_timeout_seconds
+                 + KILL_CONFIRM_SECONDS + 30)
+        if busy is not None and self._monotonic() - busy > limit:
+            return False, f"worker stuck on one item for over {limit:g}s"
+        return True, "ok"
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """True once nothing is due or in flight (tests; graceful shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while True:
+                item = self.ledger.next_due()
+                due = item is not None and item.due <= self._clock()
+                if not due and self._current is None:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(min(left, 0.05))
+
+    # -- intake (HTTP threads) -------------------------------------------------------
+
+    def reject(self, cause: str) -> None:
+        with self._lock:
+            self.rejected[cause] += 1
+
+    def submit(self, notification: Notification) -> list[Account]:
+        """Screen each alert, queue the acceptable ones durably, answer per alert."""
+        if notification.truncated_alerts:
+            log.warning("delivery %s had %d truncated alert(s): set max_alerts: 0 on the "
+                        "webhook receiver", notification.group_key, notification.truncated_alerts)
+        accounts: list[Account] = []
+        queued: list[PendingItem] = []
+        with self._lock:
+            now = self._clock()
+            state = self._state(now)
+            pending = set(state.pending)
+            for index, alert in enumerate(notification.alerts):
+                decision = screen(alert, _with_pending(state, pending))
+                key = decision.key
+                if decision.action == ACCEPT and key is not None:
+                    pending.add(key)
+                    queued.append(PendingItem(key, alert, notification.group_key, now, now))
+                elif decision.action == CANCEL and key is not None:
+                    self._cancel(key)
+                    pending.discard(key)
+                    queued = [q for q in queued if q.key != key]
+                elif alert.status == "resolved" and key is not None and key == self._current:
+                    self._cancelled.add(key)  # past the pending stage: stop before any signal
+                    decision = Decision(CANCEL, "resolved", "resolved while in flight: the reap "
+                                        "stops unless it has already signalled", key)
+                status = _ACCOUNT.get(decision.action, "ignored")
+                if decision.reason == "duplicate":
+                    status = "duplicate"
+                accounts.append(Account(index, alert.fingerprint, status, decision.reason,
+                                        decision.detail, str(key) if key else None))
+                self._note(decision, alert, notification.group_key, source="http")
+            self.ledger.add_pending(queued)
+        if queued:
+            self.wake()
+        return accounts
+
+    def _cancel(self, key: TreeKey) -> None:
+        """Withdraw a pending key; if the worker holds it now, stop it before any signal."""
+        if key == self._current:
+            self._cancelled.add(key)
+        self.ledger.remove_pending(key)
+
+    # -- state -----------------------------------------------------------------------
+
+    def _state(self, now: float, *, exclude: TreeKey | None = None) -> PolicyState:
+        return policy_state(self.policy, self.hostname, self.ledger, now, self._protected,
+                            exclude=exclude)
+
+    def _note(self, decision: Decision, alert: Alert | None, group_key: str, *,
+              source: str) -> None:
+        """Count a decision and keep it for /state (caller holds self._lock)."""
+        slot = (decision.action, decision.reason)
+        self.decisions[slot] = self.decisions.get(slot, 0) + 1
+        self._recent.append({
+            "time": iso_time(self._clock()),
+            "source": source,
+            "key": str(decision.key) if decision.key else None,
+            "fingerprint": alert.fingerprint if alert else "",
+            "group_key": group_key,
+            **decision.to_json(),
+        })
+        level = logging.INFO if decision.action in (REAP, DRY_RUN, CANCEL) else logging.DEBUG
+        if decision.action == IGNORE and source == "worker":
+            level = logging.INFO
+        log.log(level, "%s %s: %s (%s)", decision.action, decision.key or "-", decision.reason,
+                decision.detail)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The JSON behind GET /state."""
+        with self._lock:
+            now = self._clock()
+            budget = rate_budget(self._state(now))
+            recent = list(self._recent)
+            current = self._current
+        pending = sorted(self.ledger.pending().values(), key=lambda i: i.due)
+        return {
+            "hostname": self.hostname,
+            "mode": self.policy.mode,
+            "in_flight": str(current) if current else None,
+            "pending": [{"key": str(i.key), "due": i.due, "accepted_at": i.accepted_at,
+                         "fingerprint": i.alert.fingerprint, "group_key": i.group_key}
+                        for i in pending if i.key != current],
+            "rate_limit": {"max_reaps": budget.max_reaps, "per_seconds": budget.per_seconds,
+                           "used": budget.used, "remaining": budget.remaining,
+                           "next_slot_at": budget.next_slot_at},
+            "recent_decisions": recent[::-1],
+        }
+
+    def counts(self) -> dict[str, Any]:
+        """A consistent copy of the counters for one scrape (HTTP threads mutate them)."""
+        with self._lock:
+            return {"decisions": dict(self.decisions), "rejected": dict(self.rejected),
+                    "reaped_processes": self.reaped_processes,
+                    "reclaimed_bytes": self.reclaimed_bytes,
+                    "reap_failures": self.reap_failures}
+
+    def queue_depth(self) -> int:
+        return len(self.ledger.pending())
+
+    # -- worker ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            item = self._next_due()
+            if item is None:
+                continue
+            try:
+                self._process(item)
+            except Exception:  # a bug must not kill the only worker; it is logged and audited
+                log.exception("worker failed on %s", item.key)
+            finally:
+                with self._lock:
+                    self._current = None
+                    self._cancelled.discard(item.key)
+                    self._busy_since = None
+                with self._wake:
+                    self._wake.notify_all()
+
+    def _next_due(self) -> PendingItem | None:
+        with self._wake:
+            item = self.ledger.next_due()
+            now = self._clock()
+            if item is not None and item.due <= now:
+                with self._lock:
+                    self._current = item.key
+                    self._busy_since = self._monotonic()
+                return item
+            wait = MAX_IDLE_WAIT_SECONDS if item is None else min(item.due - now,
+                                                                   MAX_IDLE_WAIT_SECONDS)
+            self._wake.wait(max(wait, 0.0))
+            return None
+
+    def _process(self, item: PendingItem) -> None:
+        key = item.key
+        deadline = self._monotonic() + self.policy.worker_timeout_seconds
+        self._protected = protected_pids(self.view)
+        live: LiveTree | None
+        try:
+            live = inspect_tree(key, nvml=self.nvml, view=self.view, rules=self.config.classify)
+        except Exception as exc:  # unreadable /proc and the like: refuse, never guess
+            log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
+            live = None
+        with self._lock:  # decide and claim atomically with respect to the HTTP intake
+            if key in self._cancelled or key not in self.ledger.pending():
+                decision = Decision(CANCEL, "resolved", "withdrawn before the live check", key)
+            else:
+                decision = decide(item.alert, live, self._state(self._clock(), exclude=key))
+            if decision.action == DEFER:
+                assert decision.recheck_at is not None
+                self.ledger.defer(key, decision.recheck_at, decision.first_seen)
+            elif decision.action in (REAP, DRY_RUN):
+                self.ledger.begin_reap(key, self.policy.mode, item.alert.fingerprint)
+            else:
+                if decision.first_seen is not None:
+                    self.ledger.note_first_seen(key, decision.first_seen)
+                self.ledger.remove_pending(key)
+            self._note(decision, item.alert, item.group_key, source="worker")
+        if decision.action == DEFER:
+            return
+        if decision.action not in (REAP, DRY_RUN):
+            self._audit(item, decision, live, None)
+            return
+        assert live is not None
+        self._reap(item, decision, live, deadline)
+
+    def _reap(self, item: PendingItem, decision: Decision, live: LiveTree,
+              deadline: float) -> None:
+        """Carry out a REAP or DRY_RUN decision; the ledger already holds the key as reaping."""
+        key = item.key
+        plan = ReapPlan(key=key, members=live.members, holders=live.holders,
+                        gpu_bytes=live.gpu_bytes, dry_run=decision.action == DRY_RUN)
+        result: ReapResult | None = None
+        try:
+            result = self.reaper.reap(plan, policy=self.policy, protected_pids=self._protected,
+                                      deadline=deadline,
+                                      cancelled=lambda: key in self._cancelled)
+        except Exception:
+            log.exception("reaping %s raised; the key stays settled, the tree is not retried",
+                          key)
+        if result is None:
+            final = Decision(IGNORE, "internal-error", "the reap raised; see the log", key)
+        elif result.outcome == "aborted" and result.reason == "cancelled":
+            final = Decision(CANCEL, "resolved", result.detail, key)
+        elif result.outcome == "aborted":
+            final = Decision(IGNORE, result.reason, result.detail, key)
+        else:
+            final = decision
+        with self._lock:
+            if result is not None:
+                self.reaped_processes += result.killed
+                self.reclaimed_bytes += result.reclaimed_bytes or 0
+            if result is None or result.outcome == "failed":
+                self.reap_failures += 1
+            if final is not decision:
+                self._note(final, item.alert, item.group_key, source="worker")
+        # Audit first, settle second: a crash in between leaves the key "reaping", and the
+        # restart finds this record instead of writing an "interrupted" one.
+        self._audit(item, final, live, result)
+        self.ledger.finish_reap(key, result.outcome if result else "error",
+                                signalled=result.signalled if result else True)
+
+    def _settle_interrupted(self) -> None:
+        """Reaps a crash cut short: audit once (unless the record made it), mark done."""
+        for key, entry in self.ledger.interrupted:
+            since = float(entry.get("at", 0))
+            if not self.audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                         since=since):
+                decision = Decision(IGNORE, "interrupted", "the remediator stopped during this "
+                                    "reap; it is not retried", key)
+                self.audit.append(audit_record(
+                    self.hostname, self._clock(), decision, None, None, key=key,
+                    mode=str(entry.get("mode")), fingerprint=str(entry.get("fingerprint", ""))))
+                self.reap_failures += 1
+            self.ledger.settle_interrupted(key)
+        self.ledger.interrupted = []
+
+    # -- audit -----------------------------------------------------------------------
+
+    def _audit(self, item: PendingItem, decision: Decision, live: LiveTree | None,
+               result: ReapResult | None) -> None:
+        self.audit.append(audit_record(self.hostname, self._clock(), decision, live, result,
+                                       key=item.key, mode=self.policy.mode, item=item))
+
+def _with_pending(state: PolicyState, pending: set[TreeKey]) -> PolicyState:
+    """The same state with this delivery's own accepted keys counted as pending."""
+    if pending == state.pending:
+        return state
+    return dataclasses.replace(state, pending=frozenset(pending))
+
+
+def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: float,
+                 protected: frozenset[int], *, exclude: TreeKey | None = None) -> PolicyState:
+    """What decide() needs to know about the past, from the ledger (None: a fresh start)."""
+    if ledger is None:
+        return PolicyState(policy=policy, hostname=hostname, now=now, protected_pids=protected)
+    return PolicyState(
+        policy=policy,
+        hostname=hostname,
+        now=now,
+        protected_pids=protected,
+        done=ledger.done_modes(),
+        pending=frozenset(k for k in ledger.pending() if k != exclude),
+        first_seen=ledger.first_seen(),
+        reap_times=ledger.reap_times(policy.mode),
+    )
+
+
+def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
+                 result: ReapResult | None, *, key: TreeKey, mode: str,
+                 item: PendingItem | None = None, fingerprint: str | None = None,
+                 ) -> dict[str, Any]:
+    """One audit line; the worker and the manual `gpuguard reap` write the same shape."""
+    members = result.members if result is not None else (live.members if live else ())
+    record: dict[str, Any] = {
+        "time": iso_time(now),
+        "ts": now,
+        "hostname": hostname,
+        "key": {"hostname": key.hostname, "root_pid": key.root_pid,
+                "root_start_time": key.root_start_time},
+        "alert": {
+            "fingerprint": item.alert.fingerprint if item else (fingerprint or ""),
+            "group_key": item.group_key if item else "",
+            "alertname": item.alert.label("alertname") if item else None,
+            "starts_at": item.alert.starts_at if item else None,
+        },
+        "decision": decision.to_json(),
+        "mode": mode,
+        "tree": {
+            "verdict": live.verdict if live else None,
+            "reason": live.reason if live else None,
+            "gpu_bytes": live.gpu_bytes if live else None,
+            "members": [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time,
+                         "uid": m.uid, "user": m.user, "comm": m.comm} for m in members],
+        },
+        "kill_path": result.kill_path if result else None,
+        "outcome": result.outcome if result else None,
+        "signals": [s.to_json() for s in result.signals] if result else [],
+    }
+    if result is not None:
+        record.update(survivors=list(result.survivors),
+                      gpu_bytes_after=result.gpu_bytes_after,
+                      reclaimed_bytes=result.reclaimed_bytes,
+                      duration_seconds=round(result.duration_seconds, 6))
+    return record

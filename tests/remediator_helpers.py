@@ -1,0 +1,136 @@
+"""Shared pieces of the remediator tests: configs, webhook payloads, orphan trees."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.fakenvml import FakeGpuWorld
+from tests.proctree import Tree, Trees, alive, stat_fields
+
+HOST = "gpu-test-1"
+TOKEN = "remediator-test-token"
+GIB = 2**30
+
+#: bash (session leader, killed) -> sh (adopted root, reason session-ended) -> python holder.
+SH_CHAIN = 'sh -c "{holder} --pidfile {dir}/holder" & echo $! > {dir}/root; wait'
+#: The retry-loop supervisor: an orphaned bash that restarts its holder forever.
+RETRY_LOOP = ('bash -c "while true; do {holder} --pidfile {dir}/holder; done" & '
+              'echo $! > {dir}/root; wait')
+#: A holder that survives SIGTERM, so only the SIGKILL stage can end it.
+STUBBORN = 'sh -c "{holder} --ignore-term --pidfile {dir}/holder" & echo $! > {dir}/root; wait'
+
+_fingerprints = itertools.count(1)
+
+
+def me() -> str:
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def remediate_section(tmp: Path, **overrides: Any) -> dict[str, Any]:
+    """An enforce-mode policy the tests' own processes pass (as root too), with overrides."""
+    section: dict[str, Any] = {
+        "mode": "enforce",
+        "min_age_seconds": 0,
+        "term_timeout_seconds": 2,
+        "rate_limit": {"max_reaps": 100, "per_seconds": 3600},
+        "state_dir": str(tmp / "state"),
+        "audit_log": str(tmp / "audit.jsonl"),
+    }
+    if os.geteuid() == 0:  # CI runs as root: the default refusals would refuse everything
+        section["allow_root_owned"] = True
+        section["users"] = {"allow": ["*"], "deny": []}
+    section.update(overrides)
+    return section
+
+
+def write_config(tmp: Path, *, classify: dict[str, Any] | None = None,
+                 **remediate: Any) -> Path:
+    path = tmp / "gpuguard.yml"
+    doc: dict[str, Any] = {"remediate": remediate_section(tmp, **remediate)}
+    if classify:
+        doc["classify"] = classify
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def alert(root_pid: int | str, root_start_time: int | str, *, status: str = "firing",
+          alertname: str = "GPUOrphanTree", hostname: str = HOST,
+          starts_at: str = "2024-01-01T00:00:00Z", fingerprint: str | None = None,
+          **labels: str) -> dict[str, Any]:
+    """One alert as Alertmanager 0.25 sends it."""
+    all_labels = {"alertname": alertname, "hostname": hostname, "root_pid": str(root_pid),
+                  "root_start_time": str(root_start_time), "comm": "sh", "user": me(),
+                  "reason": "session-ended", "remediate": "true", "severity": "warning"}
+    all_labels.update(labels)
+    return {
+        "status": status,
+        "labels": all_labels,
+        "annotations": {"summary": "Orphaned GPU process tree"},
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2024-01-01T01:00:00Z",
+        "generatorURL": "http://prometheus.invalid/graph",
+        "fingerprint": fingerprint or f"{next(_fingerprints):016x}",
+    }
+
+
+def payload(*alerts: dict[str, Any], status: str | None = None) -> dict[str, Any]:
+    """A version-4 notification; top-level status/commonLabels deliberately misleading."""
+    first = alerts[0]["labels"] if alerts else {}
+    return {
+        "receiver": "gpuguard-remediator",
+        "status": status or "resolved",
+        "alerts": list(alerts),
+        "groupLabels": {"alertname": first.get("alertname", "")},
+        "commonLabels": {"hostname": "some-other-host"},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager.invalid",
+        "version": "4",
+        "groupKey": f"{{}}:{{root_pid=\"{first.get('root_pid', '')}\"}}",
+        "truncatedAlerts": 0,
+        "someFutureKey": {"tolerated": True},
+    }
+
+
+@dataclass
+class Orphan:
+    """A real orphaned tree whose holder the fake NVML reports."""
+
+    tree: Tree
+    root: int
+    root_start: int
+    holder: int
+
+    @property
+    def members(self) -> list[int]:
+        return [self.root, self.holder]
+
+    def all_alive(self) -> bool:
+        return all(alive(p) for p in self.members)
+
+    def none_alive(self) -> bool:
+        return not any(alive(p) for p in self.members)
+
+    def alert(self, **kw: Any) -> dict[str, Any]:
+        return alert(self.root, self.root_start, **kw)
+
+
+def spawn_orphan(trees: Trees, world: FakeGpuWorld, script: str = SH_CHAIN, *,
+                 gpu_bytes: int = 2 * GIB, orphan: bool = True) -> Orphan:
+    tree = trees.spawn(script)
+    holder = tree.pid("holder")
+    root = tree.pid("root")
+    fields = stat_fields(holder)
+    assert fields is not None and fields["ppid"] == root, "holder is not the root's child"
+    world.add_process(0, holder, gpu_bytes)
+    if orphan:
+        tree.kill_launcher()
+    root_fields = stat_fields(root)
+    assert root_fields is not None
+    return Orphan(tree, root, int(root_fields["start_time"]), holder)  # type: ignore[arg-type]

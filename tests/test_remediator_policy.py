@@ -1,0 +1,284 @@
+"""Pure parts of the remediator on synthetic inputs: payload parsing, decide(), the ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.config import RateLimit, Remediate, UserFilter
+from exporter.nvml import Holder
+from remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
+from remediator.audit import AuditLog
+from remediator.ledger import Ledger, LedgerError, PendingItem
+from remediator.policy import (
+    ACCEPT,
+    CANCEL,
+    DEFER,
+    DRY_RUN,
+    IGNORE,
+    REAP,
+    LiveTree,
+    Member,
+    PolicyState,
+    TreeKey,
+    decide,
+    rate_budget,
+    screen,
+    user_allowed,
+)
+from tests.remediator_helpers import alert, payload
+
+NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)
+KEY = TreeKey("node-a", 4242, 99_000)
+ENFORCE = Remediate(mode="enforce", min_age_seconds=300)
+
+
+def make_alert(**kw: Any) -> Alert:
+    raw = alert(KEY.root_pid, KEY.root_start_time, hostname=KEY.hostname, **kw)
+    (parsed,) = parse_notification(payload(raw)).alerts
+    return parsed
+
+
+def member(pid: int, *, uid: int = 1000, user: str = "alice", start: int = 99_000,
+           ppid: int = 1, **kw: Any) -> Member:
+    return Member(pid=pid, ppid=ppid, start_time=start, uid=uid, user=user, comm="python", **kw)
+
+
+def orphan(*members: Member, reason: str = "session-ended") -> LiveTree:
+    members = members or (member(KEY.root_pid), member(4243, ppid=KEY.root_pid))
+    return LiveTree(root=members[0], tree_found=True, verdict="orphan", reason=reason,
+                    members=members, holders=(Holder(4243, "GPU-0", 0, 2**30, "C"),),
+                    gpu_bytes=2**30)
+
+
+def state(policy: Remediate = ENFORCE, **kw: Any) -> PolicyState:
+    kw.setdefault("first_seen", {KEY: NOW - 3600})
+    return PolicyState(policy=policy, hostname="node-a", now=NOW, **kw)
+
+
+# -- payload parsing ------------------------------------------------------------------
+
+
+def test_parses_each_alert_with_its_own_status_and_labels() -> None:
+    body = payload(alert(1, 2, hostname="node-a"), alert(3, 4, status="resolved"))
+    body["commonLabels"] = {"hostname": "elsewhere"}
+    note = parse_notification(body)
+    assert [a.status for a in note.alerts] == ["firing", "resolved"]
+    assert note.alerts[0].labels["hostname"] == "node-a"
+    assert note.alerts[0].starts_at == 1704067200.0 and note.alerts[0].ends_at is None
+    assert note.group_key.startswith("{}:")
+
+
+def test_go_nanosecond_times_parse() -> None:
+    body = payload(alert(1, 2, starts_at="2024-05-01T10:00:00.123456789+02:00"))
+    (parsed,) = parse_notification(body).alerts
+    assert parsed.starts_at == pytest.approx(1714550400.123456)
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda b: b.update(version="3"), 'version: must be "4"'),
+    (lambda b: b.pop("version"), "version: must be"),
+    (lambda b: b.update(alerts={"a": 1}), "alerts: must be a list"),
+    (lambda b: b["alerts"][0].update(status="pending"), "alerts[0].status: must be one of"),
+    (lambda b: b["alerts"][0]["labels"].update(root_pid=42), "alerts[0].labels.root_pid: must "
+                                                              "be a string"),
+    (lambda b: b["alerts"][0].update(labels=["x"]), "alerts[0].labels: must be an object"),
+    (lambda b: b["alerts"][0].update(startsAt="yesterday"), "alerts[0].startsAt: not an RFC"),
+    (lambda b: b["alerts"].append("nope"), "alerts[1]: must be an object"),
+    (lambda b: b.update(alerts=[b["alerts"][0]] * (MAX_ALERTS + 1)), "at most 1000"),
+])
+def test_malformed_payloads_name_the_problem(mutate: Any, message: str) -> None:
+    body = payload(alert(1, 2))
+    mutate(body)
+    with pytest.raises(PayloadError, match=None) as err:
+        parse_notification(body)
+    assert message in str(err.value)
+
+
+def test_not_an_object_is_malformed() -> None:
+    with pytest.raises(PayloadError, match="body: must be an object"):
+        parse_notification([1, 2])
+
+
+# -- screen ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"status": "resolved"}, "not-firing"),
+    ({"alertname": "GPUGuardExporterDown"}, "alertname-not-listed"),
+    ({"hostname": "node-b"}, "other-host"),
+    ({"root_pid": ""}, "missing-label"),
+    ({"root_start_time": "12abc"}, "bad-label"),
+])
+def test_screen_ignores_with_a_reason(kw: dict[str, str], reason: str) -> None:
+    labels = {k: kw.pop(k) for k in list(kw) if k in ("root_pid", "root_start_time")}
+    raw = alert(labels.get("root_pid", KEY.root_pid),
+                labels.get("root_start_time", KEY.root_start_time),
+                hostname=kw.pop("hostname", "node-a"), **kw)
+    (parsed,) = parse_notification(payload(raw)).alerts
+    decision = screen(parsed, state())
+    assert (decision.action, decision.reason) == (IGNORE, reason)
+
+
+def test_screen_uses_the_alerts_hostname_not_common_labels() -> None:
+    decision = screen(make_alert(), state())
+    assert decision.action == ACCEPT and decision.key == KEY
+
+
+def test_screen_protects_pid1_self_and_ancestors() -> None:
+    for pid in (1, 2, 777):
+        raw = alert(pid, 5, hostname="node-a")
+        (parsed,) = parse_notification(payload(raw)).alerts
+        decision = screen(parsed, state(protected_pids=frozenset({1, 777})))
+        assert decision.reason == "protected-pid"
+
+
+def test_duplicates_by_done_key_and_pending_key() -> None:
+    assert screen(make_alert(), state(done={KEY: "enforce"})).reason == "duplicate"
+    assert screen(make_alert(), state(pending=frozenset({KEY}))).reason == "duplicate"
+    # A dry run does not settle the key for enforce mode, but an enforce reap settles it for all.
+    assert screen(make_alert(), state(done={KEY: "dry-run"})).action == ACCEPT
+    dry = dataclasses.replace(ENFORCE, mode="dry-run")
+    assert screen(make_alert(), state(dry, done={KEY: "enforce"})).reason == "duplicate"
+
+
+def test_resolved_alert_cancels_a_pending_key() -> None:
+    decision = screen(make_alert(status="resolved"), state(pending=frozenset({KEY})))
+    assert (decision.action, decision.reason) == (CANCEL, "resolved")
+
+
+# -- decide ---------------------------------------------------------------------------
+
+
+def test_reaps_a_verified_old_enough_orphan() -> None:
+    decision = decide(make_alert(), orphan(), state())
+    assert (decision.action, decision.reason) == (REAP, "session-ended")
+    dry = decide(make_alert(), orphan(), state(Remediate(min_age_seconds=0)))
+    assert dry.action == DRY_RUN
+
+
+@pytest.mark.parametrize(("live", "reason"), [
+    (LiveTree(root=None), "root-gone"),
+    (LiveTree(root=member(KEY.root_pid, state="Z")), "root-gone"),
+    (LiveTree(root=member(KEY.root_pid, start=12)), "root-replaced"),
+    (LiveTree(root=member(KEY.root_pid), nvml_error="driver not loaded"), "nvml-unavailable"),
+    (LiveTree(root=member(KEY.root_pid)), "tree-not-found"),
+    (dataclasses.replace(orphan(), verdict="protected", reason="protect-pattern"),
+     "not-orphan:protected"),
+    (dataclasses.replace(orphan(), verdict="normal"), "not-orphan:normal"),
+    (dataclasses.replace(orphan(), verdict="unknown"), "not-orphan:unknown"),
+    (orphan(reason="parent-exited"), "reason-not-allowed"),
+    (orphan(member(KEY.root_pid), member(555, ppid=KEY.root_pid)), "protected-pid"),
+    (orphan(member(KEY.root_pid), member(600, kernel_thread=True)), "protected-pid"),
+    (orphan(member(KEY.root_pid), member(601, uid=0, user="root")), "root-owned"),
+    (orphan(member(KEY.root_pid), member(602, user="bob")), "user-denied"),
+    (None, "inspect-failed"),
+])
+def test_decide_refuses_with_a_reason(live: LiveTree | None, reason: str) -> None:
+    policy = dataclasses.replace(ENFORCE, users=UserFilter(allow=("a*",), deny=("root",)))
+    decision = decide(make_alert(), live, state(policy, protected_pids=frozenset({1, 555})))
+    assert (decision.action, decision.reason) == (IGNORE, reason)
+    assert decision.detail
+
+
+def test_root_owned_allowed_only_by_policy_and_users_still_apply() -> None:
+    tree = orphan(member(KEY.root_pid, uid=0, user="root"))
+    allow_root = dataclasses.replace(ENFORCE, allow_root_owned=True)
+    assert decide(make_alert(), tree, state(allow_root)).reason == "user-denied"
+    anyone = dataclasses.replace(allow_root, users=UserFilter(allow=("*",), deny=()))
+    assert decide(make_alert(), tree, state(anyone)).action == REAP
+
+
+def test_user_globs() -> None:
+    users = UserFilter(allow=("ml-*", "alice"), deny=("ml-admin*",))
+    assert user_allowed("ml-bob", users) and user_allowed("alice", users)
+    assert not user_allowed("ml-admin1", users) and not user_allowed("carol", users)
+
+
+def test_too_young_defers_until_min_age_counted_locally() -> None:
+    young = state(first_seen={})  # first seen now: local age 0 whatever startsAt claims
+    decision = decide(make_alert(), orphan(), young)
+    assert (decision.action, decision.reason) == (DEFER, "too-young")
+    assert decision.first_seen == NOW and decision.recheck_at == NOW + 300
+    # A startsAt later than our own first sighting wins (the alert restarted).
+    recent = make_alert(starts_at=datetime.fromtimestamp(NOW - 100, tz=timezone.utc).isoformat())
+    decision = decide(recent, orphan(), state())
+    assert decision.action == DEFER and decision.recheck_at == pytest.approx(NOW + 200)
+
+
+def test_rate_limit_is_a_sliding_window_per_mode() -> None:
+    policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=2, per_seconds=60))
+    full = state(policy, reap_times=(NOW - 50, NOW - 10))
+    decision = decide(make_alert(), orphan(), full)
+    assert (decision.action, decision.reason) == (IGNORE, "rate-limited")
+    budget = rate_budget(full)
+    assert budget.remaining == 0 and budget.next_slot_at == NOW + 10
+    slid = state(policy, reap_times=(NOW - 61, NOW - 10))
+    assert decide(make_alert(), orphan(), slid).action == REAP
+    assert rate_budget(slid).remaining == 1
+    off = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=0, per_seconds=60))
+    assert decide(make_alert(), orphan(), state(off)).reason == "rate-limited"
+
+
+def test_decide_is_pure() -> None:
+    args = (make_alert(), orphan(), state())
+    assert decide(*args) == decide(*args)
+
+
+# -- ledger and audit -----------------------------------------------------------------
+
+
+def item(key: TreeKey = KEY, due: float = NOW) -> PendingItem:
+    return PendingItem(key, make_alert(), "group", NOW, due)
+
+
+def test_ledger_survives_a_restart(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path, clock=lambda: NOW)
+    other = TreeKey("node-a", 5, 6)
+    ledger.add_pending([item(), item(other, NOW + 30)])
+    ledger.begin_reap(KEY, "enforce", "fp1")
+    ledger.finish_reap(KEY, "reaped", signalled=True)
+    again = Ledger(tmp_path, clock=lambda: NOW)
+    assert again.done_modes() == {KEY: "enforce"}
+    assert list(again.pending()) == [other] and again.next_due().due == NOW + 30
+    assert again.reap_times("enforce") == (NOW,) and again.reap_times("dry-run") == ()
+    assert not again.interrupted
+
+
+def test_ledger_reports_a_reap_cut_short_and_keeps_it_done(tmp_path: Path) -> None:
+    Ledger(tmp_path, clock=lambda: NOW).begin_reap(KEY, "enforce", "fp1")
+    again = Ledger(tmp_path, clock=lambda: NOW)
+    assert [k for k, _ in again.interrupted] == [KEY]
+    assert again.done_modes() == {KEY: "enforce"}
+
+
+def test_a_reap_aborted_before_any_signal_frees_key_and_slot(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path, clock=lambda: NOW)
+    ledger.begin_reap(KEY, "enforce", "fp1")
+    ledger.finish_reap(KEY, "aborted", signalled=False)
+    assert ledger.done_modes() == {} and ledger.reap_times("enforce") == ()
+
+
+def test_ledger_forgets_keys_of_another_boot(tmp_path: Path) -> None:
+    Ledger(tmp_path, clock=lambda: NOW, boot=lambda: 1000.0).begin_reap(KEY, "enforce", "f")
+    again = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: 99_000.0)
+    assert again.done_modes() == {} and again.reap_times("enforce") == (NOW,)
+
+
+def test_corrupt_ledger_refuses(tmp_path: Path) -> None:
+    (tmp_path / "remediator-state.json").write_text("{not json")
+    with pytest.raises(LedgerError, match="unusable state file"):
+        Ledger(tmp_path)
+
+
+def test_audit_is_json_lines_appended(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "sub" / "audit.jsonl")
+    log.append({"a": 1})
+    log.append({"b": [1, 2]})
+    lines = (tmp_path / "sub" / "audit.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [{"a": 1}, {"b": [1, 2]}]
