@@ -1,0 +1,235 @@
+"""The whole loop through real binaries: exporter -> Prometheus -> Alertmanager -> remediator.
+
+One stack per module: a fake GPU, three real orphaned trees (one to reap, one
+silenced by on-call, one protected by nohup), the shipped rules with only their
+durations shortened, and the shipped Alertmanager example with only its URLs,
+token path and group timings replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fakenvml import FakeGpuWorld
+from tests.proctree import Tree, Trees, alive, descendants_of, stat_fields, wait_for
+from tests.promstack import (
+    REPO,
+    Alertmanager,
+    Prometheus,
+    WebhookRecorder,
+    missing_binaries,
+    rules_with_durations,
+)
+from tests.servers import Exporter, ServerProcess, child_env
+from tests.test_alerting_config import dashboard_exprs
+
+pytestmark = pytest.mark.e2e
+
+HOST = "e2e-node"
+GIB = 2**30
+CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
+
+
+def shipped_alertmanager_config(*, remediator_url: str, recorder_url: str,
+                                token_file: Path) -> dict:
+    """alerts/alertmanager.yml with test URLs, token path and 1 s timings."""
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
+
+    def shorten(route: dict) -> None:
+        for key in ("group_wait", "group_interval"):
+            if key in route:
+                route[key] = "1s"
+        for child in route.get("routes", []):
+            shorten(child)
+
+    config["route"].update(group_wait="1s", group_interval="1s")
+    shorten(config["route"])
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            if receiver["name"] == "gpuguard-remediator":
+                hook["url"] = f"{remediator_url}/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            else:
+                hook["url"] = recorder_url
+    return config
+
+
+@dataclass
+class Stack:
+    world: FakeGpuWorld
+    trees: Trees
+    exporter: Exporter
+    remediator: ServerProcess
+    alertmanager: Alertmanager
+    prometheus: Prometheus
+    recorder: WebhookRecorder
+    audit_log: Path
+    reaped: Tree
+    reaped_root: int
+    reaped_members: list[int]
+    silenced: Tree
+    silenced_root: int
+    protected: Tree
+    protected_worker: int
+    started: float
+
+
+def start_time(pid: int) -> str:
+    fields = stat_fields(pid)
+    assert fields is not None
+    return str(fields["start_time"])
+
+
+@pytest.fixture(scope="module")
+def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    why = missing_binaries()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"e2e tests need the binaries under CI: {why}")
+        pytest.skip(why)
+    base = tmp_path_factory.mktemp("e2e")
+    world = FakeGpuWorld(base / "nvml-state.txt")
+    world.add_gpu(0)
+    trees = Trees(base / "trees")
+    stopped: list = []
+    try:
+        reaped = trees.spawn(CHAIN)
+        silenced = trees.spawn(CHAIN)
+        protected = trees.spawn("nohup {holder} --pidfile {dir}/worker >/dev/null 2>&1 & wait")
+        for tree in (reaped, silenced, protected):
+            world.add_process(0, tree.pid("worker"), 2 * GIB)
+        reaped_root, silenced_root = reaped.pid("sh"), silenced.pid("sh")
+        reaped_members = [reaped_root, reaped.pid("worker")]
+        for tree in (reaped, silenced, protected):
+            tree.kill_launcher()
+
+        env = world.subprocess_env(fake_nvml_lib, child_env())
+        token = base / "token"
+        token.write_text("e2e-secret-token\n")
+        token.chmod(0o600)
+        audit_log = base / "audit.jsonl"
+        config = base / "gpuguard.yml"
+        config.write_text(yaml.safe_dump({"remediate": {
+            "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
+            # The test trees belong to whoever runs the suite, root under CI.
+            "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
+            "state_dir": str(base / "state"), "audit_log": str(audit_log),
+        }}))
+        exporter = Exporter(env=env, args=["--hostname", HOST], scan_interval=0.5)
+        stopped.append(exporter)
+        remediator = ServerProcess("remediator", ["--config", str(config), "--token-file",
+                                                  str(token), "--hostname", HOST], env=env)
+        stopped.append(remediator)
+        recorder = WebhookRecorder()
+        stopped.append(recorder)
+        alertmanager = Alertmanager(base / "am", shipped_alertmanager_config(
+            remediator_url=remediator.url, recorder_url=recorder.url, token_file=token))
+        stopped.append(alertmanager)
+        # On-call silences one tree before its alert can fire.
+        alertmanager.silence({"alertname": "GPUOrphanTree", "hostname": HOST,
+                              "root_pid": str(silenced_root),
+                              "root_start_time": start_time(silenced_root)})
+        started = time.monotonic()
+        prometheus = Prometheus(
+            base / "prom",
+            targets={"gpuguard": f"127.0.0.1:{exporter.port}",
+                     "gpuguard-remediator": f"127.0.0.1:{remediator.port}"},
+            rules_text=rules_with_durations(for_seconds=1, orphan_age_seconds=1),
+            alertmanager_url=alertmanager.url,
+        )
+        stopped.append(prometheus)
+        yield Stack(world, trees, exporter, remediator, alertmanager, prometheus, recorder,
+                    audit_log, reaped, reaped_root, reaped_members, silenced, silenced_root,
+                    protected, protected.pid("worker"), started)
+    finally:
+        for thing in reversed(stopped):
+            thing.stop()
+        trees.cleanup()
+
+
+def test_orphan_is_reaped_and_the_alert_resolves(stack: Stack) -> None:
+    prom, recorder = stack.prometheus, stack.recorder
+    root = str(stack.reaped_root)
+
+    wait_for(lambda: prom.firing("GPUOrphanTree", root_pid=root), timeout=60,
+             what="GPUOrphanTree firing in Prometheus")
+    fired_at = time.monotonic()
+    (alert,) = prom.firing("GPUOrphanTree", root_pid=root)
+    labels = alert["labels"]
+    assert labels["hostname"] == HOST and labels["reason"] == "session-ended"
+    assert labels["comm"] == "sh" and labels["root_start_time"]
+    assert labels["remediate"] == "true"
+    assert "runbook-gpuorphantree" in alert["annotations"]["runbook_url"]
+
+    wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
+             what="the orphan tree to be reaped")
+    reaped_at = time.monotonic()
+    print(f"\norphaned->firing {fired_at - stack.started:.1f}s, "
+          f"firing->reaped {reaped_at - fired_at:.1f}s")
+    stack.world.remove_process(stack.reaped.pid("worker"))  # the driver frees the context
+
+    wait_for(lambda: not prom.query(f'gpuguard_orphan_tree_age_seconds{{root_pid="{root}"}}'),
+             timeout=30, what="the orphan series to disappear")
+    wait_for(lambda: recorder.alerts(lambda a: a["status"] == "resolved"
+                                     and a["labels"].get("root_pid") == root),
+             timeout=60, what="the resolved notification")
+    records = [line for line in stack.audit_log.read_text().splitlines() if root in line]
+    assert records, "the reap left no audit record"
+
+
+def test_silenced_tree_is_never_reaped(stack: Stack) -> None:
+    prom, am = stack.prometheus, stack.alertmanager
+    root = str(stack.silenced_root)
+    wait_for(lambda: prom.firing("GPUOrphanTree", root_pid=root), timeout=60,
+             what="the silenced tree's alert to fire in Prometheus")
+    wait_for(lambda: [a for a in am.alerts(root_pid=root)
+                      if a["status"]["state"] == "suppressed"], timeout=30,
+             what="Alertmanager to hold the alert as suppressed")
+    # Let the reaped tree's whole loop finish: by then any delivery would have happened.
+    wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
+             what="the other tree's reap")
+    members = [stack.silenced_root, *descendants_of(stack.silenced_root)]
+    assert len(members) == 2 and all(alive(p) for p in members)
+    assert not stack.recorder.alerts(lambda a: a["labels"].get("root_pid") == root)
+    if stack.audit_log.exists():
+        assert f'"root_pid": {root}' not in stack.audit_log.read_text()
+
+
+def test_protected_tree_never_alerts(stack: Stack) -> None:
+    prom = stack.prometheus
+    worker = str(stack.protected_worker)
+    wait_for(lambda: prom.query(f'gpuguard_gpu_process_info{{pid="{worker}"}}'), timeout=60,
+             what="the protected holder to be scraped")
+    (series,) = prom.query(f'gpuguard_gpu_process_info{{pid="{worker}"}}')
+    assert series["metric"]["verdict"] == "protected"
+    assert series["metric"]["reason"] == "ignores-sighup"
+    wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
+             what="the other tree's reap")
+    ever = prom.query(
+        f'max_over_time(ALERTS{{alertname="GPUOrphanTree",root_pid="{worker}"}}[10m])')
+    assert ever == []
+    assert alive(stack.protected_worker)
+
+
+def test_every_dashboard_query_returns_data(stack: Stack) -> None:
+    wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
+             what="a reap, so remediator panels have data")
+    # A counter born with the reap needs a second sample in range before increase() answers:
+    # poll every query with a deadline, then name the ones that never returned data.
+    pending = list(dashboard_exprs())
+
+    def all_answer() -> bool:
+        pending[:] = [expr for expr in pending if not stack.prometheus.query(expr)]
+        return not pending
+
+    try:
+        wait_for(all_answer, timeout=30, interval=0.5, what="every panel query to return data")
+    except AssertionError:
+        raise AssertionError(f"panel queries without data: {pending}") from None
