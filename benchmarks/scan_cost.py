@@ -1,0 +1,187 @@
+"""Scan cost vs the number of unrelated processes on the host.
+
+gpuguard's Scanner.scan_once() (targeted /proc reads, identity cache) against a
+naive full-table check (psutil.process_iter building a ppid map, then walking),
+with one orphan tree holding fake GPU memory and 0 / 1,000 / 5,000 unrelated
+sleeping processes. Also counts gpuguard's /proc reads per warm scan against
+DESIGN.md's lower bound, computed independently from /proc.
+
+    .venv/bin/python benchmarks/scan_cost.py
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import (  # noqa: E402
+    GIB,
+    FakeNvml,
+    Result,
+    Sleepers,
+    Table,
+    host_process_count,
+    median,
+    ms,
+    run_benchmark,
+    timed,
+)
+
+if TYPE_CHECKING:
+    from exporter.nvml import Nvml
+
+LEVELS = (0, 1000, 5000)
+GPUGUARD_SCANS = 200
+BASELINE_CHECKS = 20
+
+
+def lower_bound(holders: list[int]) -> int:
+    """DESIGN.md: one stat per distinct chain process + one per distinct session leader."""
+    from tests.proctree import stat_fields
+
+    pids: set[int] = set()
+    walked: set[int] = set()
+    for pid in holders:
+        while pid != 0 and pid not in walked:
+            walked.add(pid)
+            pids.add(pid)
+            fields = stat_fields(pid)
+            if fields is None:
+                break
+            if fields["sid"]:
+                pids.add(int(fields["sid"]))  # type: ignore[arg-type]
+            pid = int(fields["ppid"])  # type: ignore[arg-type]
+    return len(pids)
+
+
+def naive_check(nvml: Nvml) -> int:
+    """What a naive inspector does every check: the whole table, then walk."""
+    import psutil
+
+    reading = nvml.read()
+    table: dict[int, tuple[int, float]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time"]):
+        table[proc.pid] = (proc.info["ppid"], proc.info["create_time"])
+    kids: dict[int, list[int]] = defaultdict(list)
+    for pid, (ppid, _) in table.items():
+        kids[ppid].append(pid)
+    members = 0
+    for holder in reading.holders:
+        chain = [holder.pid]
+        while chain[-1] in table and table[chain[-1]][0] not in (0, 1) and len(chain) < 64:
+            chain.append(table[chain[-1]][0])
+        root = chain[1] if len(chain) > 1 else chain[0]
+        frontier = [root]
+        while frontier:  # descendants of the holder's parent, from the ppid map
+            members += len(frontier)
+            frontier = [k for p in frontier for k in kids.get(p, ())]
+    return members
+
+
+def body(result: Result, tmp: Path) -> None:
+    fake = FakeNvml(tmp)
+    fake.load_here()  # before anything imports pynvml's library
+    fake.world.add_gpu(0)
+
+    from exporter.classify import ORPHAN, Rules
+    from exporter.counters import CALLSITES, Counters
+    from exporter.nvml import Nvml
+    from exporter.procfs import ProcessView
+    from exporter.scanner import Scanner
+    from tests.proctree import Trees
+
+    trees = Trees(tmp / "trees")
+    orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & wait' & wait")
+    holder = orphan.pid("worker")
+    fake.world.add_process(0, holder, GIB)
+    orphan.kill_launcher()
+
+    counters = Counters()
+    nvml = Nvml(counters=counters)
+    scanner = Scanner(rules=Rules(), nvml=nvml, view=ProcessView(counters=counters),
+                      counters=counters)
+    first = scanner.scan_once()
+    verdicts = [(t.verdict, t.reason) for t in first.trees]
+    if verdicts != [(ORPHAN, "session-ended")]:
+        raise RuntimeError(f"expected one session-ended orphan tree, got {verdicts}")
+
+    times = Table(
+        "Scan time vs unrelated processes (one orphan tree, 1 fake GPU)",
+        ["unrelated procs", "host procs", f"gpuguard scan_once p50 ms (n={GPUGUARD_SCANS})",
+         f"naive check p50 ms (n={BASELINE_CHECKS})", "naive / gpuguard",
+         "gpuguard vs its own at 0"])
+    reads = Table(
+        "/proc reads per warm gpuguard scan vs DESIGN.md lower bound",
+        ["unrelated procs", "stat reads", "children reads", "other reads", "total reads",
+         "lower bound", "stat / bound", "total / bound (waste ratio)"])
+    times.notes.append("naive check = the same NVML read + psutil.process_iter(['ppid', "
+                       "'create_time']) into a ppid map + chain walk + descendant walk")
+    reads.notes.append("lower bound = distinct processes in the holder's chain up to PID 1 + "
+                       "distinct session leaders of those, read independently from /proc")
+    reads.notes.append("children reads = the orphan root's descendant walk "
+                       "(/proc/PID/task and /proc/PID/task/TID/children), which the lower "
+                       "bound does not count")
+    scan_p50: dict[int, float] = {}
+    base_p50: dict[int, float] = {}
+    stat_ratio: dict[int, float] = {}
+    total_ratio: dict[int, float] = {}
+    crowd: list[Sleepers] = []
+    try:
+        spawned = 0
+        for level in LEVELS:
+            if level > spawned:
+                crowd.append(Sleepers(level - spawned))
+                spawned = level
+            for _ in range(3):
+                scanner.scan_once()  # warm the identity cache at this level
+            before = counters.snapshot()
+            snap = scanner.scan_once()
+            after = counters.snapshot()
+            delta = {c: after[c].proc_reads - before[c].proc_reads for c in CALLSITES}
+            bound = lower_bound([h.pid for h in snap.reading.holders])
+            stat, kids = delta["proc_stat"], delta["proc_children"]
+            other = sum(delta.values()) - stat - kids
+            total = sum(delta.values())
+            stat_ratio[level] = stat / bound
+            total_ratio[level] = total / bound
+
+            gc.collect()
+            scan_p50[level] = median(timed(scanner.scan_once, GPUGUARD_SCANS))
+            naive_check(nvml)  # warm psutil's process cache at this level
+            base_p50[level] = median(timed(lambda: naive_check(nvml), BASELINE_CHECKS))
+            times.add(level, host_process_count(), ms(scan_p50[level]), ms(base_p50[level]),
+                      f"{base_p50[level] / scan_p50[level]:.0f}x",
+                      f"{scan_p50[level] / scan_p50[0]:.2f}x")
+            reads.add(level, stat, kids, other, total, bound, f"{stat_ratio[level]:.2f}",
+                      f"{total_ratio[level]:.2f}")
+            print(f"  {level:>5} unrelated: gpuguard {ms(scan_p50[level]):.3f} ms, naive "
+                  f"{ms(base_p50[level]):.1f} ms, reads {delta}, bound {bound}", flush=True)
+    finally:
+        for sleepers in crowd:
+            sleepers.stop()
+        trees.cleanup()
+
+    top = LEVELS[-1]
+    growth = scan_p50[top] / scan_p50[0]
+    speedup = base_p50[top] / scan_p50[top]
+    result.tables += [times, reads]
+    result.target(f"gpuguard scan at {top:,} vs at 0", f"{growth:.2f}x", "<= 1.25x",
+                  growth <= 1.25)
+    result.target(f"naive / gpuguard at {top:,}", f"{speedup:.0f}x", ">= 50x", speedup >= 50)
+    worst_stat = max(stat_ratio.values())
+    result.target("stat reads per warm scan / lower bound (worst level)",
+                  f"{worst_stat:.2f}x", "<= 1.0x", worst_stat <= 1.0)
+    worst_total = max(total_ratio.values())
+    result.target("all reads per warm scan / lower bound (incl. descendant walk)",
+                  f"{worst_total:.2f}x", "informational: the children reads of the orphan "
+                  "root's descendant walk are above the bound", worst_total <= 1.0,
+                  informational=True)
+
+
+if __name__ == "__main__":
+    sys.exit(run_benchmark("scan_cost", body))
