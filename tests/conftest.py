@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,31 @@ pytest_plugins = ["tests.fakenvml.plugin"]
 def pytest_configure(config: pytest.Config) -> None:
     # Orphans of the trees the tests spawn come back to us, so cleanup can find them.
     become_subreaper()
+    check_own_ancestry()
+
+
+def check_own_ancestry() -> None:
+    """Fail fast when the runner itself sits under an adopted process.
+
+    The classifier roots an orphan tree at the topmost adopted member of a chain, so
+    if one of our own ancestors was adopted (say, a shell backgrounded by a wrapper
+    that has exited), every tree the tests build would be rooted there instead of
+    where the tests expect, and the remediator would rightly refuse to touch it.
+    """
+    from exporter.classify import ORPHAN, Rules, classify_holder
+    from exporter.counters import Counters
+    from exporter.nvml import Holder
+    from exporter.procfs import ProcessView
+
+    me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
+    verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())
+    if verdict.verdict == ORPHAN:
+        pytest.exit(
+            f"the test runner's ancestry contains an adopted process "
+            f"({verdict.evidence.detail}); run the tests from a shell whose launchers are "
+            "alive, or in a fresh PID namespace: unshare --pid --fork --mount-proc make test",
+            returncode=3,
+        )
 
 
 @pytest.fixture
