@@ -40,25 +40,6 @@ GPUGUARD_SCANS = 200
 BASELINE_CHECKS = 20
 
 
-def lower_bound(holders: list[int]) -> int:
-    """DESIGN.md: one stat per distinct chain process + one per distinct session leader."""
-    from tests.proctree import stat_fields
-
-    pids: set[int] = set()
-    walked: set[int] = set()
-    for pid in holders:
-        while pid != 0 and pid not in walked:
-            walked.add(pid)
-            pids.add(pid)
-            fields = stat_fields(pid)
-            if fields is None:
-                break
-            if fields["sid"]:
-                pids.add(int(fields["sid"]))  # type: ignore[arg-type]
-            pid = int(fields["ppid"])  # type: ignore[arg-type]
-    return len(pids)
-
-
 def naive_check(nvml: Nvml) -> int:
     """What a naive inspector does every check: the whole table, then walk."""
     import psutil
@@ -93,7 +74,7 @@ def body(result: Result, tmp: Path) -> None:
     from exporter.nvml import Nvml
     from exporter.procfs import ProcessView
     from exporter.scanner import Scanner
-    from tests.proctree import Trees
+    from tests.proctree import Trees, chain_lower_bound
 
     trees = Trees(tmp / "trees")
     orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & wait' & wait")
@@ -143,7 +124,7 @@ def body(result: Result, tmp: Path) -> None:
             snap = scanner.scan_once()
             after = counters.snapshot()
             delta = {c: after[c].proc_reads - before[c].proc_reads for c in CALLSITES}
-            bound = lower_bound([h.pid for h in snap.reading.holders])
+            bound = chain_lower_bound([h.pid for h in snap.reading.holders])
             stat, kids = delta["proc_stat"], delta["proc_children"]
             other = sum(delta.values()) - stat - kids
             total = sum(delta.values())

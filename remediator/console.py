@@ -102,6 +102,7 @@ from exporter.classify import (
     Tree,
     classify_holder,
 )
+from exporter.cli import positive_float
 from exporter.config import Config, ConfigError, load_config
 from exporter.nvml import GpuSample, Holder, Nvml, NvmlReading
 from exporter.procfs import ProcessView, ProcInfo
@@ -1114,16 +1115,6 @@ def reap_renderable(report: ReapReport) -> RenderableType:
 
 
 # -- argument parsing ---------------------------------------------------------------------
-
-
-def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
 
 
 def pid_arg(value: str) -> int:

@@ -16,19 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 from tests.fakenvml import FakeGpuWorld, build_library
 from tests.proctree import Trees, alive, become_subreaper
-from tests.promstack import (
-    Alertmanager,
-    Prometheus,
-    WebhookRecorder,
-    missing_binaries,
-    rules_with_durations,
-)
-from tests.servers import Exporter, ServerProcess, child_env
-from tests.test_e2e import CHAIN, shipped_alertmanager_config
+from tests.promstack import missing_binaries, start_loop
+from tests.servers import child_env
+from tests.test_e2e import CHAIN
 
 HOST = "demo-node"
 
@@ -62,31 +54,11 @@ def main() -> int:
         say(f"killed the launching bash: sh {root} and its worker are now orphans")
 
         env = world.subprocess_env(lib_dir, child_env())
-        token = base / "token"
-        token.write_text("demo-token\n")
-        token.chmod(0o600)
-        audit = base / "audit.jsonl"
-        config = base / "gpuguard.yml"
-        config.write_text(yaml.safe_dump({"remediate": {
-            "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 3,
-            "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
-            "state_dir": str(base / "state"), "audit_log": str(audit)}}))
-        exporter = Exporter(env=env, args=["--hostname", HOST], scan_interval=1)
-        running.append(exporter)
-        remediator = ServerProcess("remediator", ["--config", str(config), "--token-file",
-                                                  str(token), "--hostname", HOST], env=env)
-        running.append(remediator)
-        recorder = WebhookRecorder()
-        running.append(recorder)
-        am = Alertmanager(base / "am", shipped_alertmanager_config(
-            remediator_url=remediator.url, recorder_url=recorder.url, token_file=token))
-        running.append(am)
-        prom = Prometheus(base / "prom", targets={
-            "gpuguard": f"127.0.0.1:{exporter.port}",
-            "gpuguard-remediator": f"127.0.0.1:{remediator.port}"},
-            rules_text=rules_with_durations(for_seconds=5, orphan_age_seconds=10),
-            alertmanager_url=am.url)
-        running.append(prom)
+        loop = start_loop(base, env, hostname=HOST, scan_interval=1, for_seconds=5,
+                          orphan_age_seconds=10, term_timeout_seconds=3)
+        running.append(loop)
+        exporter, remediator, recorder = loop.exporter, loop.remediator, loop.recorder
+        am, prom, audit = loop.alertmanager, loop.prometheus, loop.audit_log
         say(f"exporter      {exporter.url}/metrics")
         say(f"remediator    {remediator.url}/healthz  (audit log {audit})")
         say(f"Prometheus    {prom.url}/alerts")
@@ -107,8 +79,10 @@ def main() -> int:
                 lines = audit.read_text().splitlines()
                 for line in lines[audit_lines:]:
                     record = json.loads(line)
-                    decision = record.get("decision") or record.get("action")
-                    say(f"REMEDIATOR    {json.dumps(decision)[:160]}")
+                    decision = record.get("decision") or {}
+                    say(f"REMEDIATOR    {decision.get('action')} ({decision.get('reason')}): "
+                        f"{decision.get('detail')}; kill path {record.get('kill_path')}, "
+                        f"outcome {record.get('outcome')}")
                 audit_lines = len(lines)
             if "gone" not in seen and not alive(root) and not alive(worker):
                 seen.add("gone")

@@ -84,6 +84,23 @@ def descendants_of(pid: int) -> list[int]:
     return out
 
 
+def chain_lower_bound(holders: list[int]) -> int:
+    """DESIGN.md's scan lower bound, read from /proc: chain members and their session leaders."""
+    pids: set[int] = set()
+    walked: set[int] = set()
+    for pid in holders:
+        while pid != 0 and pid not in walked:
+            walked.add(pid)
+            pids.add(pid)
+            fields = stat_fields(pid)
+            if fields is None:
+                break
+            if fields["sid"]:
+                pids.add(int(fields["sid"]))  # type: ignore[arg-type]
+            pid = int(fields["ppid"])  # type: ignore[arg-type]
+    return len(pids)
+
+
 def reap_zombie_children() -> None:
     """Collect exited children (adopted orphans included) so they do not linger as zombies."""
     while True:

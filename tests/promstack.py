@@ -12,7 +12,8 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import requests
 import yaml
 
 from tests.proctree import wait_for
+from tests.servers import Exporter, ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "alerts" / "rules.yml"
@@ -207,3 +209,93 @@ class WebhookRecorder:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def shipped_alertmanager_config(*, remediator_url: str, recorder_url: str,
+                                token_file: Path) -> dict:
+    """alerts/alertmanager.yml with local URLs, the token path and 1 s group timings."""
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
+
+    def shorten(route: dict) -> None:
+        for key in ("group_wait", "group_interval"):
+            if key in route:
+                route[key] = "1s"
+        for child in route.get("routes", []):
+            shorten(child)
+
+    config["route"].update(group_wait="1s", group_interval="1s")
+    shorten(config["route"])
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            if receiver["name"] == "gpuguard-remediator":
+                hook["url"] = f"{remediator_url}/alerts"
+                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+            else:
+                hook["url"] = recorder_url
+    return config
+
+
+@dataclass
+class Loop:
+    """exporter -> Prometheus -> Alertmanager -> remediator, all on 127.0.0.1."""
+
+    exporter: Exporter
+    remediator: ServerProcess
+    recorder: WebhookRecorder
+    alertmanager: Alertmanager
+    prometheus: Prometheus
+    audit_log: Path
+    started: list = field(default_factory=list)
+
+    def stop(self) -> None:
+        for thing in reversed(self.started):
+            thing.stop()
+
+
+def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interval: float,
+               for_seconds: int, orphan_age_seconds: int, term_timeout_seconds: float,
+               before_prometheus: Callable[[Alertmanager], None] = lambda am: None) -> Loop:
+    """Start the whole loop with the remediator in enforce mode; stop what started on error.
+
+    `before_prometheus` runs once Alertmanager is up and before any alert can fire
+    (on-call's silences go there).
+    """
+    started: list = []
+    try:
+        token = base / "token"
+        token.write_text("loop-secret-token\n")
+        token.chmod(0o600)
+        audit_log = base / "audit.jsonl"
+        config = base / "gpuguard.yml"
+        config.write_text(yaml.safe_dump({"remediate": {
+            "mode": "enforce", "min_age_seconds": 0,
+            "term_timeout_seconds": term_timeout_seconds,
+            # The planted trees belong to whoever runs this, root under CI.
+            "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
+            "state_dir": str(base / "state"), "audit_log": str(audit_log),
+        }}))
+        exporter = Exporter(env=env, args=["--hostname", hostname], scan_interval=scan_interval)
+        started.append(exporter)
+        remediator = ServerProcess("remediator", ["--config", str(config), "--token-file",
+                                                  str(token), "--hostname", hostname], env=env)
+        started.append(remediator)
+        recorder = WebhookRecorder()
+        started.append(recorder)
+        alertmanager = Alertmanager(base / "am", shipped_alertmanager_config(
+            remediator_url=remediator.url, recorder_url=recorder.url, token_file=token))
+        started.append(alertmanager)
+        before_prometheus(alertmanager)
+        prometheus = Prometheus(
+            base / "prom",
+            targets={"gpuguard": f"127.0.0.1:{exporter.port}",
+                     "gpuguard-remediator": f"127.0.0.1:{remediator.port}"},
+            rules_text=rules_with_durations(for_seconds=for_seconds,
+                                            orphan_age_seconds=orphan_age_seconds),
+            alertmanager_url=alertmanager.url,
+        )
+        started.append(prometheus)
+    except BaseException:
+        for thing in reversed(started):
+            thing.stop()
+        raise
+    return Loop(exporter, remediator, recorder, alertmanager, prometheus, audit_log, started)

@@ -15,17 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, descendants_of, stat_fields, wait_for
 from tests.promstack import (
-    REPO,
     Alertmanager,
     Prometheus,
     WebhookRecorder,
     missing_binaries,
-    rules_with_durations,
+    start_loop,
 )
 from tests.servers import Exporter, ServerProcess, child_env
 from tests.test_alerting_config import dashboard_exprs
@@ -35,30 +33,6 @@ pytestmark = pytest.mark.e2e
 HOST = "e2e-node"
 GIB = 2**30
 CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
-
-
-def shipped_alertmanager_config(*, remediator_url: str, recorder_url: str,
-                                token_file: Path) -> dict:
-    """alerts/alertmanager.yml with test URLs, token path and 1 s timings."""
-    config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
-
-    def shorten(route: dict) -> None:
-        for key in ("group_wait", "group_interval"):
-            if key in route:
-                route[key] = "1s"
-        for child in route.get("routes", []):
-            shorten(child)
-
-    config["route"].update(group_wait="1s", group_interval="1s")
-    shorten(config["route"])
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            if receiver["name"] == "gpuguard-remediator":
-                hook["url"] = f"{remediator_url}/alerts"
-                hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
-            else:
-                hook["url"] = recorder_url
-    return config
 
 
 @dataclass
@@ -111,43 +85,22 @@ def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             tree.kill_launcher()
 
         env = world.subprocess_env(fake_nvml_lib, child_env())
-        token = base / "token"
-        token.write_text("e2e-secret-token\n")
-        token.chmod(0o600)
-        audit_log = base / "audit.jsonl"
-        config = base / "gpuguard.yml"
-        config.write_text(yaml.safe_dump({"remediate": {
-            "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
-            # The test trees belong to whoever runs the suite, root under CI.
-            "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
-            "state_dir": str(base / "state"), "audit_log": str(audit_log),
-        }}))
-        exporter = Exporter(env=env, args=["--hostname", HOST], scan_interval=0.5)
-        stopped.append(exporter)
-        remediator = ServerProcess("remediator", ["--config", str(config), "--token-file",
-                                                  str(token), "--hostname", HOST], env=env)
-        stopped.append(remediator)
-        recorder = WebhookRecorder()
-        stopped.append(recorder)
-        alertmanager = Alertmanager(base / "am", shipped_alertmanager_config(
-            remediator_url=remediator.url, recorder_url=recorder.url, token_file=token))
-        stopped.append(alertmanager)
-        # On-call silences one tree before its alert can fire.
-        alertmanager.silence({"alertname": "GPUOrphanTree", "hostname": HOST,
-                              "root_pid": str(silenced_root),
-                              "root_start_time": start_time(silenced_root)})
+
+        def silence_one(am: Alertmanager) -> None:
+            # On-call silences one tree before its alert can fire.
+            am.silence({"alertname": "GPUOrphanTree", "hostname": HOST,
+                        "root_pid": str(silenced_root),
+                        "root_start_time": start_time(silenced_root)})
+
         started = time.monotonic()
-        prometheus = Prometheus(
-            base / "prom",
-            targets={"gpuguard": f"127.0.0.1:{exporter.port}",
-                     "gpuguard-remediator": f"127.0.0.1:{remediator.port}"},
-            rules_text=rules_with_durations(for_seconds=1, orphan_age_seconds=1),
-            alertmanager_url=alertmanager.url,
-        )
-        stopped.append(prometheus)
-        yield Stack(world, trees, exporter, remediator, alertmanager, prometheus, recorder,
-                    audit_log, reaped, reaped_root, reaped_members, silenced, silenced_root,
-                    protected, protected.pid("worker"), started)
+        loop = start_loop(base, env, hostname=HOST, scan_interval=0.5, for_seconds=1,
+                          orphan_age_seconds=1, term_timeout_seconds=2,
+                          before_prometheus=silence_one)
+        stopped.append(loop)
+        yield Stack(world, trees, loop.exporter, loop.remediator, loop.alertmanager,
+                    loop.prometheus, loop.recorder, loop.audit_log, reaped, reaped_root,
+                    reaped_members, silenced, silenced_root, protected, protected.pid("worker"),
+                    started)
     finally:
         for thing in reversed(stopped):
             thing.stop()

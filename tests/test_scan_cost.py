@@ -17,7 +17,7 @@ from exporter.nvml import Nvml
 from exporter.procfs import ProcessView
 from exporter.scanner import Scanner
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Trees, stat_fields, wait_for
+from tests.proctree import Trees, chain_lower_bound, wait_for
 
 GIB = 2**30
 EXTRA = 2000
@@ -27,22 +27,6 @@ def reads(registry: CollectorRegistry, callsite: str | None = None) -> float:
     sites = [callsite] if callsite else list(CALLSITES)
     return sum(registry.get_sample_value("gpuguard_inspector_proc_reads_total",
                                          {"callsite": c}) or 0 for c in sites)
-
-
-def chain_lower_bound(holders: list[int]) -> int:
-    """DESIGN.md's lower bound, computed independently: chain members plus their session leaders."""
-    pids: set[int] = set()
-    walked: set[int] = set()
-    for pid in holders:
-        while pid != 0 and pid not in walked:
-            walked.add(pid)
-            pids.add(pid)
-            fields = stat_fields(pid)
-            assert fields is not None
-            if fields["sid"]:
-                pids.add(int(fields["sid"]))  # type: ignore[arg-type]
-            pid = int(fields["ppid"])  # type: ignore[arg-type]
-    return len(pids)
 
 
 def warm_scan_reads(scanner: Scanner, registry: CollectorRegistry) -> dict[str, float]:
