@@ -7,6 +7,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -63,9 +64,12 @@ def make_app(scanner: Scanner, registry: CollectorRegistry) -> Callable:
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/healthz":
-            ok = scanner.alive() or scanner.latest is not None
+            # Liveness is the scan thread: /metrics would keep serving a frozen snapshot.
+            ok = scanner.alive()
+            latest = scanner.latest
+            age = f"last scan {time.time() - latest.taken_at:.1f}s ago" if latest else "no scan yet"
             status = "200 OK" if ok else "503 Service Unavailable"
-            body = b"ok\n" if ok else b"scanner not running\n"
+            body = f"{'ok' if ok else 'scan thread not running'}; {age}\n".encode()
             start_response(status, [("Content-Type", "text/plain")])
             return [body]
         if path in ("/metrics", "/"):

@@ -273,6 +273,32 @@ class ProcessView:
             return None
         return tuple(dict.fromkeys(kids))
 
+    def thread_states(self, pid: int) -> tuple[str, ...] | None:
+        """The state letter of every thread of `pid`; None when the process is gone.
+
+        SIGSTOP stops a thread group one thread at a time: a thread still inside
+        fork() links its child before it stops, so a freeze is complete only when
+        every thread, not just the main one, shows T.
+        """
+        start = time.perf_counter()
+        reads = 1
+        states: list[str] = []
+        try:
+            tids = os.listdir(f"{self._root}/{pid}/task")
+        except OSError:
+            tids = None
+        for tid in tids or ():
+            reads += 1
+            try:
+                with open(f"{self._root}/{pid}/task/{tid}/stat", "rb") as fh:
+                    text = fh.read().decode("utf-8", "replace")
+                states.append(text[text.rindex(")") + 2 :].split(maxsplit=1)[0])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread exited between listdir and open
+        self._counters.add("proc_task_stat", seconds=time.perf_counter() - start,
+                           proc_reads=reads)
+        return None if tids is None else tuple(states)
+
     def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
         """Every descendant of `pid`, breadth first, walked through children files."""
         out: list[int] = []

@@ -420,7 +420,14 @@ class Reaper:
         if info is None or info.is_zombie or info.start_time != target.member.start_time:
             target.exited = True
             return True
-        return info.state in ("T", "t")
+        if info.state not in ("T", "t"):
+            return False
+        # Every thread, not just the main one: a thread mid-fork links its child first.
+        states = self.view.thread_states(target.member.pid)
+        if states is None:
+            target.exited = True
+            return True
+        return all(state in ("T", "t", "Z", "X") for state in states)
 
     def _wait_stopped(self, run: _Run, until: float) -> None:
         """Poll (bounded) until every member is stopped or gone."""

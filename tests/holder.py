@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 
 
@@ -16,11 +17,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pidfile", required=True)
     p.add_argument("--children", type=int, default=0, help="extra sleeping children to fork")
+    p.add_argument("--threads", type=int, default=0, help="extra sleeping threads")
     p.add_argument("--ignore-term", action="store_true", help="survive SIGTERM (needs SIGKILL)")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for _ in range(args.threads):
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     for _ in range(args.children):
         if os.fork() == 0:
             while True:

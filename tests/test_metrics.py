@@ -101,3 +101,30 @@ def test_an_unexpected_nvml_failure_is_counted_and_scanning_goes_on() -> None:
     assert registry.get_sample_value("gpuguard_scan_errors_total", {"stage": "scan"}) == 2
     assert registry.get_sample_value("gpuguard_nvml_up") == 0
     assert registry.get_sample_value("gpuguard_scans_total") == 2
+
+
+def call(app, path: str) -> tuple[str, bytes]:
+    got: list[str] = []
+    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET", "QUERY_STRING": ""},
+                        lambda status, headers: got.append(status)))
+    return got[0], body
+
+
+def test_healthz_follows_the_scan_thread(fake_gpu: FakeGpuWorld) -> None:
+    from exporter.cli import make_app
+
+    scanner, registry = make()
+    app = make_app(scanner, registry)
+    scanner.scan_once()
+    status, body = call(app, "/healthz")
+    assert status.startswith("503") and b"scan thread not running" in body  # never started
+    scanner.interval = 0.05
+    scanner.start()
+    try:
+        status, body = call(app, "/healthz")
+        assert status.startswith("200") and b"last scan" in body
+    finally:
+        scanner.stop()
+    assert call(app, "/healthz")[0].startswith("503")
+    assert call(app, "/nope")[0].startswith("404")
+    assert b"gpuguard_host_info" in call(app, "/metrics")[1]

@@ -80,3 +80,21 @@ def test_descendants_walk_children_files(trees: Trees) -> None:
     kids = view.descendants(tree.launcher.pid)
     assert worker in kids and len(kids) == 4  # the worker and its three children
     assert counters.snapshot()["proc_children"].proc_reads >= 5
+
+
+def test_thread_states_cover_every_thread(trees: Trees) -> None:
+    import signal as sig
+
+    from tests.proctree import wait_for
+
+    tree = trees.spawn("{holder} --pidfile {dir}/worker --threads 2 & wait")
+    worker = tree.pid("worker")
+    counters = Counters()
+    view = ProcessView(counters=counters)
+    states = view.thread_states(worker)
+    assert states is not None and len(states) == 3 and all(s in "SR" for s in states)
+    os.kill(worker, sig.SIGSTOP)
+    wait_for(lambda: set(view.thread_states(worker) or ()) == {"T"}, what="every thread stopped")
+    os.kill(worker, sig.SIGCONT)
+    assert view.thread_states(4_000_000) is None
+    assert counters.snapshot()["proc_task_stat"].proc_reads >= 4
