@@ -12,6 +12,7 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.counters import COUNTERS, Counters
@@ -252,11 +253,11 @@ class ProcessView:
 
     # -- descendants: walked downward, never by scanning the table -------------------
 
-    def children(self, pid: int) -> tuple[int, ...] | None:
-        """Children of every thread of `pid`, or None when the process is gone."""
+    def _per_thread(self, pid: int, name: str, callsite: str) -> list[bytes] | None:
+        """/proc/PID/task/TID/NAME for every thread; None when the process is gone."""
         start = time.perf_counter()
         reads = 1
-        kids: list[int] = []
+        contents: list[bytes] = []
         try:
             tids = os.listdir(f"{self._root}/{pid}/task")
         except OSError:
@@ -264,14 +265,19 @@ class ProcessView:
         for tid in tids or ():
             reads += 1
             try:
-                with open(f"{self._root}/{pid}/task/{tid}/children", "rb") as fh:
-                    kids.extend(int(k) for k in fh.read().split())
+                with open(f"{self._root}/{pid}/task/{tid}/{name}", "rb") as fh:
+                    contents.append(fh.read())
             except OSError:
                 continue  # the thread exited between listdir and open
-        self._counters.add("proc_children", seconds=time.perf_counter() - start, proc_reads=reads)
-        if tids is None:
+        self._counters.add(callsite, seconds=time.perf_counter() - start, proc_reads=reads)
+        return None if tids is None else contents
+
+    def children(self, pid: int) -> tuple[int, ...] | None:
+        """Children of every thread of `pid`, or None when the process is gone."""
+        files = self._per_thread(pid, "children", "proc_children")
+        if files is None:
             return None
-        return tuple(dict.fromkeys(kids))
+        return tuple(dict.fromkeys(int(k) for data in files for k in data.split()))
 
     def thread_states(self, pid: int) -> tuple[str, ...] | None:
         """The state letter of every thread of `pid`; None when the process is gone.
@@ -280,37 +286,35 @@ class ProcessView:
         fork() links its child before it stops, so a freeze is complete only when
         every thread, not just the main one, shows T.
         """
-        start = time.perf_counter()
-        reads = 1
-        states: list[str] = []
-        try:
-            tids = os.listdir(f"{self._root}/{pid}/task")
-        except OSError:
-            tids = None
-        for tid in tids or ():
-            reads += 1
-            try:
-                with open(f"{self._root}/{pid}/task/{tid}/stat", "rb") as fh:
-                    text = fh.read().decode("utf-8", "replace")
-                states.append(text[text.rindex(")") + 2 :].split(maxsplit=1)[0])
-            except (OSError, ValueError, IndexError):
-                continue  # the thread exited between listdir and open
-        self._counters.add("proc_task_stat", seconds=time.perf_counter() - start,
-                           proc_reads=reads)
-        return None if tids is None else tuple(states)
+        files = self._per_thread(pid, "stat", "proc_task_stat")
+        if files is None:
+            return None
+        states = []
+        for data in files:
+            text = data.decode("utf-8", "replace")
+            fields = text[text.rfind(")") + 2 :].split(maxsplit=1)
+            if fields:
+                states.append(fields[0])
+        return tuple(states)
 
     def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
         """Every descendant of `pid`, breadth first, walked through children files."""
-        out: list[int] = []
-        seen = {pid}
-        frontier = [pid]
-        while frontier and len(out) < limit:
-            nxt: list[int] = []
-            for parent in frontier:
-                for child in self.children(parent) or ():
-                    if child not in seen:
-                        seen.add(child)
-                        out.append(child)
-                        nxt.append(child)
-            frontier = nxt
-        return tuple(out)
+        return walk_descendants(self.children, pid, limit=limit)
+
+
+def walk_descendants(children: Callable[[int], tuple[int, ...] | None], pid: int, *,
+                     limit: int = 100_000) -> tuple[int, ...]:
+    """Breadth-first descendants through `children`: cost grows with the tree, not the host."""
+    out: list[int] = []
+    seen = {pid}
+    frontier = [pid]
+    while frontier and len(out) < limit:
+        nxt: list[int] = []
+        for parent in frontier:
+            for child in children(parent) or ():
+                if child not in seen:
+                    seen.add(child)
+                    out.append(child)
+                    nxt.append(child)
+        frontier = nxt
+    return tuple(out)

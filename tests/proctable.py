@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from exporter.nvml import Holder
-from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, walk_descendants
 
 SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
 INIT_SCOPE = "/init.scope"
@@ -301,19 +301,7 @@ class SyntheticView:
         return tuple(p.pid for p in self._procs.values() if p.ppid == pid and p.pid != pid)
 
     def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
-        out: list[int] = []
-        seen = {pid}
-        frontier = [pid]
-        while frontier and len(out) < limit:
-            nxt: list[int] = []
-            for parent in frontier:
-                for child in self.children(parent) or ():
-                    if child not in seen:
-                        seen.add(child)
-                        out.append(child)
-                        nxt.append(child)
-            frontier = nxt
-        return tuple(out)
+        return walk_descendants(self.children, pid, limit=limit)
 
     # -- changing the table ------------------------------------------------------------
 
