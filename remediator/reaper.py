@@ -402,23 +402,25 @@ class Reaper:
                 self._send(run, target, signal.SIGCONT)
                 target.stopped = False
 
-    def _gone(self, target: _Target) -> bool:
-        """Exited (a zombie counts) or the pid now names someone else."""
+    def _alive_info(self, target: _Target) -> ProcInfo | None:
+        """The member as /proc shows it now; None (and marked exited) once it is a zombie,
+        gone, or the pid names someone else."""
         if target.exited:
-            return True
+            return None
         info = self.view.fresh_stat(target.member.pid)
         if info is None or info.is_zombie or info.start_time != target.member.start_time:
             target.exited = True
-        return target.exited
+            return None
+        return info
+
+    def _gone(self, target: _Target) -> bool:
+        return self._alive_info(target) is None
 
     # -- bounded waits ---------------------------------------------------------------
 
     def _stopped_or_gone(self, target: _Target) -> bool:
-        if target.exited:
-            return True
-        info = self.view.fresh_stat(target.member.pid)
-        if info is None or info.is_zombie or info.start_time != target.member.start_time:
-            target.exited = True
+        info = self._alive_info(target)
+        if info is None:
             return True
         if info.state not in ("T", "t"):
             return False
