@@ -86,6 +86,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -772,7 +773,7 @@ def read_payload(path: str) -> Notification:
     """The webhook body from a file or stdin, parsed exactly as POST /alerts parses it."""
     where = "stdin" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

@@ -165,9 +165,11 @@ def test_protected_tree_never_alerts(stack: Stack) -> None:
     assert series["metric"]["reason"] == "ignores-sighup"
     wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
              what="the other tree's reap")
-    ever = prom.query(
-        f'max_over_time(ALERTS{{alertname="GPUOrphanTree",root_pid="{worker}"}}[10m])')
-    assert ever == []
+    # Every GPUOrphanTree that ever existed (pending or firing) names one of the two
+    # orphans planted on purpose, never the protected tree, whatever root it might get.
+    ever = prom.query('max_over_time(ALERTS{alertname="GPUOrphanTree"}[10m])')
+    roots = {series["metric"]["root_pid"] for series in ever}
+    assert roots <= {str(stack.reaped_root), str(stack.silenced_root)}, roots
     assert alive(stack.protected_worker)
 
 

@@ -114,7 +114,10 @@ def test_launcher_gone_but_not_an_orphan(trees: Trees, fake_gpu: FakeGpuWorld, e
     exp = exporter_for()
     labels = process_info(exp, worker, verdict=verdict)
     assert labels["reason"] in reasons
-    time.sleep(0.5)  # several scans: the verdict must stay, never flipping to orphan
+    # The verdict must hold over several more scans, never flipping to orphan.
+    scans = find(exp.scrape(), "gpuguard_scans_total")[0][1]
+    wait_for(lambda: find(exp.scrape(), "gpuguard_scans_total")[0][1] >= scans + 3,
+             what="three more scans")
     assert process_info(exp, worker)["verdict"] == verdict
     assert orphan_age(exp, worker) is None
     assert find(exp.scrape(), "gpuguard_orphan_trees")[0][1] == 0

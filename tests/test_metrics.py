@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.classify import Rules
@@ -9,7 +11,7 @@ from exporter.counters import Counters
 from exporter.metrics import GpuguardCollector
 from exporter.nvml import Nvml
 from exporter.procfs import ProcessView
-from exporter.scanner import Scanner
+from exporter.scanner import Scanner, user_name
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees
 
@@ -47,7 +49,7 @@ def test_orphan_age_counts_from_first_sighting_and_labels_are_bounded(
     snap = scanner.scan_once()  # first scan that sees it orphaned: age 0
     root = next(t.root for t in snap.trees if t.verdict == "orphan")
     labels = {"root_pid": str(sh), "root_start_time": str(root.start_time), "comm": "sh",
-              "user": "root", "reason": "session-ended"}
+              "user": user_name(os.getuid()), "reason": "session-ended"}
     assert registry.get_sample_value("gpuguard_orphan_tree_age_seconds", labels) == 0
     now[0] = 1042.5
     scanner.scan_once()

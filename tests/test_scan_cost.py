@@ -57,7 +57,7 @@ def test_reads_per_scan_ignore_unrelated_processes(trees: Trees, fake_gpu: FakeG
 
     quiet = warm_scan_reads(scanner, registry)
     # A warm scan reads only stat (plus the orphan's descendant walk): no extras again.
-    assert {c: n for c, n in quiet.items() if n} .keys() <= {"proc_stat", "proc_children"}
+    assert {c for c, n in quiet.items() if n} <= {"proc_stat", "proc_children"}
     assert quiet["proc_stat"] <= chain_lower_bound(holders)
 
     crowd = trees.spawn(f"for i in $(seq {EXTRA}); do sleep 3600 & done; "
