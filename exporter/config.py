@@ -7,11 +7,13 @@ file, the key and the problem.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -42,6 +44,21 @@ class RateLimit:
 
 
 @dataclass(frozen=True)
+class AlertmanagerConfig:
+    """The `remediate.alertmanager:` section: where to double-check alerts before a reap.
+
+    Several URLs are the peers of one HA cluster, asked in order until one answers
+    (they share silences, and Prometheus sends every alert to each of them).
+    """
+
+    url: tuple[str, ...]
+    credentials_file: str | None = None  # bearer token, re-read when it changes
+    timeout_seconds: float = 3.0  # per request; one confirmation takes at most this * len(url)
+    pull: bool = False  # also poll Alertmanager for this host's alerts, not only the webhook
+    pull_interval_seconds: float = 15.0
+
+
+@dataclass(frozen=True)
 class Remediate:
     """The `remediate:` section: what the remediator may kill, and how."""
 
@@ -57,6 +74,7 @@ class Remediate:
     worker_timeout_seconds: float = 60.0
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
+    alertmanager: AlertmanagerConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +90,15 @@ def _str_list(path: str, key: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _number(path: str, key: str, value: Any, *, minimum: float = 0.0) -> float:
+def _number(path: str, key: str, value: Any, *, minimum: float = 0.0,
+            above: float | None = None) -> float:
+    """A finite number: YAML's .nan passes every comparison, and .inf every lower bound."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, key, f"must be a number, got {_describe(value)}")
+    if not math.isfinite(value):
+        raise ConfigError(path, key, f"must be a finite number, got {value}")
+    if above is not None and value <= above:
+        raise ConfigError(path, key, f"must be > {above:g}, got {value}")
     if value < minimum:
         raise ConfigError(path, key, f"must be >= {minimum:g}, got {value}")
     return float(value)
@@ -178,6 +202,48 @@ def _rate_limit(path: str, key: str, value: Any) -> RateLimit:
     return RateLimit(**got)
 
 
+def _alertmanager_url(path: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, key, f"must be a non-empty string, got {_describe(value)}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise ConfigError(path, key, f"not a valid URL {value!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(path, key,
+                          f"must be an http:// or https:// URL with a host, got {value!r}")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(path, key, f"must not contain spaces or control characters: {value!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError(path, key, f"must not have a query or fragment, got {value!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError(path, key, "must not carry credentials (use credentials_file)")
+    return value
+
+
+def _alertmanager_urls(path: str, key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (_alertmanager_url(path, key, value),)
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if value == [] else _describe(value)
+        raise ConfigError(path, key, f"must be a URL or a non-empty list of URLs, got {got}")
+    return tuple(_alertmanager_url(path, f"{key}[{i}]", item) for i, item in enumerate(value))
+
+
+def _alertmanager(path: str, key: str, value: Any) -> AlertmanagerConfig:
+    got = _section(path, key, value, {
+        "url": _alertmanager_urls,
+        "credentials_file": _str,
+        "timeout_seconds": lambda p, k, v: _number(p, k, v, above=0),
+        "pull": _bool,
+        "pull_interval_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
+    })
+    if "url" not in got:
+        raise ConfigError(path, f"{key}.url", "required when the alertmanager section is present")
+    return AlertmanagerConfig(**got)
+
+
 def _remediate(path: str, key: str, value: Any) -> Remediate:
     got = _section(path, key, value, {
         "mode": _choice(MODES),
@@ -192,6 +258,7 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
         "allow_without_pidfd": _bool,
         "state_dir": _str,
         "audit_log": _str,
+        "alertmanager": _alertmanager,
     })
     return Remediate(**got)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.classify import DEFAULT_PROTECT
-from exporter.config import ConfigError, load_config, parse_config
+from exporter.config import AlertmanagerConfig, ConfigError, load_config, parse_config
 
 FULL = """
 classify:
@@ -76,3 +76,104 @@ def test_unreadable_file(tmp_path) -> None:
     bad.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match=r"bin.yml: \(file\): cannot read"):
         load_config(bad)
+
+
+def test_alertmanager_section_is_optional_with_safe_defaults() -> None:
+    assert parse_config("remediate: {mode: enforce}").remediate.alertmanager is None
+    am = parse_config("remediate:\n  alertmanager: {url: 'http://127.0.0.1:9093'}"
+                      ).remediate.alertmanager
+    assert am == AlertmanagerConfig(url=("http://127.0.0.1:9093",))
+    assert am.credentials_file is None and am.timeout_seconds == 3.0
+    assert am.pull is False and am.pull_interval_seconds == 15.0
+
+
+def test_alertmanager_section_full(tmp_path) -> None:
+    path = tmp_path / "gpuguard.yml"
+    path.write_text("""
+remediate:
+  alertmanager:
+    url: ['http://am-0.example:9093/', 'https://[::1]:9443/alertmanager']
+    credentials_file: /etc/gpuguard/am-token
+    timeout_seconds: 0.5
+    pull: true
+    pull_interval_seconds: 1
+""")
+    am = load_config(path).remediate.alertmanager
+    assert am == AlertmanagerConfig(
+        url=("http://am-0.example:9093/", "https://[::1]:9443/alertmanager"),
+        credentials_file="/etc/gpuguard/am-token", timeout_seconds=0.5, pull=True,
+        pull_interval_seconds=1.0)
+    assert isinstance(am.url, tuple) and isinstance(am.pull_interval_seconds, float)
+
+
+AM = "remediate.alertmanager"
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("{}", f"{AM}.url", "required"),
+        ("", f"{AM}.url", "required"),
+        ("[http://a]", AM, "must be a mapping"),
+        ("{url: http://a, urls: [http://b]}", f"{AM}.urls", "unknown key"),
+        ("{url: []}", f"{AM}.url", "non-empty list of URLs, got an empty list"),
+        ("{url: 9093}", f"{AM}.url", "non-empty list of URLs, got an integer"),
+        ("{url: {a: b}}", f"{AM}.url", "non-empty list of URLs, got a mapping"),
+        ("{url: ''}", f"{AM}.url", "must be a non-empty string"),
+        ("{url: [http://a, 5]}", f"{AM}.url[1]", "must be a non-empty string, got an integer"),
+        ("{url: [http://a, '']}", f"{AM}.url[1]", "must be a non-empty string"),
+        ("{url: [http://a, 'ftp://b']}", f"{AM}.url[1]", "must be an http:// or https:// URL"),
+        ("{url: 'localhost:9093'}", f"{AM}.url", "must be an http:// or https:// URL"),
+        ("{url: 'http://'}", f"{AM}.url", "with a host"),
+        ("{url: 'http:///api'}", f"{AM}.url", "with a host"),
+        ("{url: 'http://a:99999'}", f"{AM}.url", "not a valid URL"),
+        ("{url: 'http://a:port'}", f"{AM}.url", "not a valid URL"),
+        ("{url: 'http://a/?x=1'}", f"{AM}.url", "must not have a query or fragment"),
+        ("{url: 'http://a/#top'}", f"{AM}.url", "must not have a query or fragment"),
+        ("{url: 'http://u:p@a'}", f"{AM}.url", "must not carry credentials"),
+        ("{url: 'http://a b:9093'}", f"{AM}.url", "must not contain spaces"),
+        ("{url: http://a, credentials_file: ''}", f"{AM}.credentials_file",
+         "must be a non-empty string"),
+        ("{url: http://a, credentials_file: [a]}", f"{AM}.credentials_file",
+         "must be a non-empty string, got a list"),
+        ("{url: http://a, timeout_seconds: 0}", f"{AM}.timeout_seconds", "must be > 0"),
+        ("{url: http://a, timeout_seconds: -1}", f"{AM}.timeout_seconds", "must be > 0"),
+        ("{url: http://a, timeout_seconds: .nan}", f"{AM}.timeout_seconds",
+         "must be a finite number"),
+        ("{url: http://a, timeout_seconds: .inf}", f"{AM}.timeout_seconds",
+         "must be a finite number"),
+        ("{url: http://a, timeout_seconds: 3s}", f"{AM}.timeout_seconds",
+         "must be a number, got a string"),
+        ("{url: http://a, timeout_seconds: true}", f"{AM}.timeout_seconds",
+         "must be a number, got a boolean"),
+        ("{url: http://a, pull: sometimes}", f"{AM}.pull", "must be true or false"),
+        ("{url: http://a, pull: 1}", f"{AM}.pull", "must be true or false"),
+        ("{url: http://a, pull_interval_seconds: 0.5}", f"{AM}.pull_interval_seconds",
+         "must be >= 1"),
+        ("{url: http://a, pull_interval_seconds: .nan}", f"{AM}.pull_interval_seconds",
+         "must be a finite number"),
+        ("{url: http://a, pull_interval_seconds: -.inf}", f"{AM}.pull_interval_seconds",
+         "must be a finite number"),
+        ("{url: http://a, pull_interval_seconds: null}", f"{AM}.pull_interval_seconds",
+         "must be a number, got nothing"),
+    ],
+)
+def test_alertmanager_errors_name_file_and_key(body: str, key: str, problem: str) -> None:
+    text = f"remediate:\n  alertmanager: {body}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert err.value.path == "/etc/gpuguard.yml" and err.value.key == key, str(err.value)
+    assert problem in err.value.problem, str(err.value)
+    assert str(err.value).startswith(f"/etc/gpuguard.yml: {key}: ")
+
+
+@pytest.mark.parametrize("key", ["min_age_seconds", "term_timeout_seconds",
+                                 "worker_timeout_seconds", "rate_limit.per_seconds"])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_numbers_are_errors(key: str, value: str) -> None:
+    """NaN passes every comparison: `min_age_seconds: .nan` once meant "reap at first sight"."""
+    section, _, leaf = key.rpartition(".")
+    body = f"{{{leaf}: {value}}}" if not section else f"{{{section}: {{{leaf}: {value}}}}}"
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"remediate: {body}\n", source="t.yml")
+    assert err.value.key == f"remediate.{key}" and "finite" in err.value.problem

@@ -1,0 +1,451 @@
+"""Ask Alertmanager (v2 API) whether an orphan-tree alert still fires, and for pull mode.
+
+Why ask at all: a webhook delivery is at least once and can be minutes old by the
+time a reap would run (group_wait, retries, a deferred or rate-limited reap). In
+that window on-call may have silenced the tree, an inhibiting alert may have fired,
+or the alert may have resolved. Asking Alertmanager right before the kill closes
+the window; "the webhook said so an hour ago" is not enough to kill processes.
+
+The same client serves pull mode: polling this host's active alerts when
+Alertmanager cannot reach the remediator's webhook (a central Alertmanager behind
+a firewall, say).
+
+Standard library only (urllib.request): the remediator already has enough
+dependencies, and these are a handful of GETs. Several URLs are the peers of one
+HA cluster: they gossip silences and Prometheus sends every alert to each, so the
+first peer that answers well is as good as any.
+
+Every failure (connection refused, timeout, 5xx, 401/403, a body that is not the
+JSON Alertmanager sends) makes that peer count as unreachable and the next one is
+tried; when all fail the answer is "unreachable", which a caller must treat as
+"not confirmed", never as "firing".
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+from exporter.config import AlertmanagerConfig
+
+log = logging.getLogger("gpuguard.remediator.alertmanager")
+
+#: Confirmation states.
+FIRING = "firing"
+SILENCED = "silenced"
+INHIBITED = "inhibited"
+NOT_FIRING = "not-firing"
+UNREACHABLE = "unreachable"
+STATES = (FIRING, SILENCED, INHIBITED, NOT_FIRING, UNREACHABLE)
+
+#: Results counted per HTTP request (gpuguard_remediator_alertmanager_requests_total{result}).
+OK, ERROR, TIMEOUT, UNAUTHORIZED = "ok", "error", "timeout", "unauthorized"
+RESULTS = (OK, ERROR, TIMEOUT, UNAUTHORIZED)
+
+#: The labels that name one orphan tree on one host; all four must be equal.
+TREE_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
+
+#: Alertmanager's "not set" time; the webhook sends it as endsAt while an alert fires.
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+#: A filtered alert list for one host is small; anything this big is not Alertmanager.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Silences looked up for creator and comment per confirmation (each is one request).
+MAX_SILENCE_LOOKUPS = 8
+
+T = TypeVar("T")
+TokenSource = Callable[[], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """Alertmanager's view of one tree's alert, as an audit line can state it.
+
+    `silence_creators` holds the `createdBy` of each silence in `silenced_by` that
+    could be fetched (deduplicated, in order); a failed lookup leaves the state
+    "silenced" and says so in `detail`. `url` is the peer that answered (None when
+    none did).
+    """
+
+    state: str
+    detail: str
+    silenced_by: tuple[str, ...] = ()
+    silence_creators: tuple[str, ...] = ()
+    inhibited_by: tuple[str, ...] = ()
+    url: str | None = None
+
+    @property
+    def firing(self) -> bool:
+        """True only for an active, unsilenced, uninhibited alert: the one case to act on."""
+        return self.state == FIRING
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "detail": self.detail,
+            "silenced_by": list(self.silenced_by),
+            "silence_creators": list(self.silence_creators),
+            "inhibited_by": list(self.inhibited_by),
+            "url": self.url,
+        }
+
+
+class _Failure(Exception):
+    """One request did not give a usable answer; `result` is its counter label."""
+
+    def __init__(self, result: str, detail: str) -> None:
+        super().__init__(detail)
+        self.result = result
+        self.detail = detail
+
+
+class _ShapeError(ValueError):
+    """The body is JSON but not what Alertmanager 0.25 sends."""
+
+
+@dataclass(frozen=True)
+class _ApiAlert:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    state: str
+    silenced_by: tuple[str, ...]
+    inhibited_by: tuple[str, ...]
+    starts_at: str
+    generator_url: str
+    fingerprint: str
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Refuse redirects: urllib would carry the Authorization header to wherever they point."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        return None
+
+
+def matcher(name: str, value: str) -> str:
+    """`name="value"` in Alertmanager's matcher syntax, quoting `\\`, `"` and newlines.
+
+    Checked against 0.25's parser: only these three need escaping inside quotes;
+    commas, braces, `=` and spaces are literal there.
+    """
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'{name}="{escaped}"'
+
+
+def _strings(where: str, value: Any, *, required: bool = True) -> dict[str, str]:
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _ShapeError(f"{where}: not an object of strings")
+    return dict(value)
+
+
+def _ids(where: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _ShapeError(f"{where}: not a list of strings")
+    return tuple(value)
+
+
+def _optional_str(where: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _ShapeError(f"{where}: not a string")
+    return value
+
+
+def _parse_alerts(data: Any) -> list[_ApiAlert]:
+    """GET /api/v2/alerts's body -> alerts; _ShapeError names the first thing that is off."""
+    if not isinstance(data, list):
+        raise _ShapeError("body: not a list")
+    out = []
+    for i, raw in enumerate(data):
+        where = f"[{i}]"
+        if not isinstance(raw, dict):
+            raise _ShapeError(f"{where}: not an object")
+        status = raw.get("status")
+        if not isinstance(status, dict) or not isinstance(status.get("state"), str):
+            raise _ShapeError(f"{where}.status: no state")
+        out.append(_ApiAlert(
+            labels=_strings(f"{where}.labels", raw.get("labels")),
+            annotations=_strings(f"{where}.annotations", raw.get("annotations"),
+                                 required=False),
+            state=status["state"],
+            silenced_by=_ids(f"{where}.status.silencedBy", status.get("silencedBy")),
+            inhibited_by=_ids(f"{where}.status.inhibitedBy", status.get("inhibitedBy")),
+            starts_at=_optional_str(f"{where}.startsAt", raw.get("startsAt")),
+            generator_url=_optional_str(f"{where}.generatorURL", raw.get("generatorURL")),
+            fingerprint=_optional_str(f"{where}.fingerprint", raw.get("fingerprint")),
+        ))
+    return out
+
+
+def _parse_silence(data: Any) -> tuple[str, str]:
+    """GET /api/v2/silence/{id}'s body -> (createdBy, comment)."""
+    if not isinstance(data, dict):
+        raise _ShapeError("body: not an object")
+    creator, comment = data.get("createdBy"), data.get("comment")
+    if not isinstance(creator, str) or not isinstance(comment, str):
+        raise _ShapeError("createdBy/comment: not strings")
+    return creator, comment
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class AlertmanagerClient:
+    """Read-only v2 API client for one Alertmanager cluster (one or more HA peers).
+
+    Thread-safe: the webhook worker and a pull loop may share one instance.
+    `request_counts()` feeds the requests counter metric.
+    """
+
+    def __init__(self, config: AlertmanagerConfig) -> None:
+        if not config.url:
+            raise ValueError("AlertmanagerConfig.url is empty")
+        self.urls = tuple(u.rstrip("/") for u in config.url)
+        self.timeout = float(config.timeout_seconds)
+        self._monotonic = time.monotonic
+        self._credentials_file = config.credentials_file
+        self._token: TokenSource | None = None
+        if config.credentials_file is not None:
+            # Imported here, not at the top: remediator.app imports the worker and the
+            # rest of the service, so a top-level import would become a cycle as soon as
+            # any of those imports this module.
+            from remediator.app import TokenFile
+
+            self._token = TokenFile(config.credentials_file)
+        # No proxy from the environment (the path to Alertmanager is what is configured)
+        # and no redirects (they would carry the bearer token elsewhere).
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   _NoRedirect())
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(RESULTS, 0)
+        self._failing: set[str] = set()
+
+    # -- public API -------------------------------------------------------------------
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests so far by result (ok, error, timeout, unauthorized), every key present.
+
+        "unauthorized" also counts a request not sent because credentials_file gave
+        no usable token.
+        """
+        with self._lock:
+            return dict(self._counts)
+
+    def confirm(self, *, alertname: str, hostname: str, root_pid: str | int,
+                root_start_time: str | int) -> Confirmation:
+        """Is the alert for this tree firing right now, and not silenced or inhibited?
+
+        Peers are asked in order until one gives a well-formed answer; the whole call
+        takes at most timeout_seconds per peer. Labels are compared again here: the
+        server-side filter narrows the list, equality on all four labels decides.
+        Any matching alert that is silenced makes the answer "silenced" (its silences
+        are looked up for createdBy and comment), else any inhibited one "inhibited",
+        else any active one "firing", else "not-firing".
+        """
+        want = {"alertname": alertname, "hostname": hostname,
+                "root_pid": str(root_pid), "root_start_time": str(root_start_time)}
+        params = [("active", "true"), ("silenced", "true"), ("inhibited", "true")]
+        params += [("filter", matcher(name, want[name])) for name in TREE_LABELS]
+        deadline = self._monotonic() + self.timeout * len(self.urls)
+        got = self._first_answer(f"/api/v2/alerts?{urlencode(params, quote_via=quote)}",
+                                 deadline, _parse_alerts)
+        if isinstance(got, str):
+            return Confirmation(UNREACHABLE, got)
+        base, alerts = got
+        matching = [a for a in alerts if all(a.labels.get(k) == v for k, v in want.items())]
+        silenced_by = _unique(s for a in matching for s in a.silenced_by)
+        inhibited_by = _unique(i for a in matching for i in a.inhibited_by)
+        if silenced_by:
+            creators, notes = self._silence_owners(base, silenced_by, deadline)
+            return Confirmation(SILENCED, "silenced: " + "; ".join(notes), silenced_by,
+                                creators, inhibited_by, base)
+        if inhibited_by:
+            return Confirmation(INHIBITED, f"inhibited by alert(s) {', '.join(inhibited_by)}",
+                                (), (), inhibited_by, base)
+        if any(a.state == "active" for a in matching):
+            return Confirmation(FIRING, "active, not silenced or inhibited", url=base)
+        if matching:
+            states = ", ".join(sorted({a.state for a in matching}))
+            return Confirmation(NOT_FIRING, f"matching alert is not active ({states})", url=base)
+        return Confirmation(NOT_FIRING, "no matching unresolved alert", url=base)
+
+    def active_alerts(self, *, hostname: str,
+                      alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
+        """This host's active, unsilenced, uninhibited alerts named in `alertnames`.
+
+        Shaped like the alerts of a webhook notification (status "firing", endsAt the
+        zero time as Alertmanager sends while firing) so remediator.alerts parses both
+        the same way. None when no peer answered well: "no alerts" and "could not ask"
+        must stay different answers.
+        """
+        names = frozenset(alertnames)
+        params = [("active", "true"), ("silenced", "false"), ("inhibited", "false"),
+                  ("filter", matcher("hostname", hostname))]
+        deadline = self._monotonic() + self.timeout * len(self.urls)
+        got = self._first_answer(f"/api/v2/alerts?{urlencode(params, quote_via=quote)}",
+                                 deadline, _parse_alerts)
+        if isinstance(got, str):
+            return None
+        return [
+            {
+                "status": "firing",
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "startsAt": a.starts_at or None,
+                "endsAt": ZERO_TIME,
+                "generatorURL": a.generator_url,
+                "fingerprint": a.fingerprint,
+            }
+            for a in got[1]
+            if a.labels.get("hostname") == hostname and a.labels.get("alertname") in names
+            and a.state == "active" and not a.silenced_by and not a.inhibited_by
+        ]
+
+    # -- internals --------------------------------------------------------------------
+
+    def _first_answer(self, path: str, deadline: float,
+                      parse: Callable[[Any], T]) -> tuple[str, T] | str:
+        """(peer, parsed body) from the first peer that answers well, else why none did."""
+        failures = []
+        for base in self.urls:
+            try:
+                return base, self._get(base, path, deadline, parse)
+            except _Failure as exc:
+                failures.append(f"{base}: {exc.detail}")
+        return "unreachable: " + "; ".join(failures)
+
+    def _silence_owners(self, base: str, ids: tuple[str, ...],
+                        deadline: float) -> tuple[tuple[str, ...], list[str]]:
+        creators, notes = [], []
+        for sid in ids[:MAX_SILENCE_LOOKUPS]:
+            try:
+                creator, comment = self._get(base, f"/api/v2/silence/{quote(sid, safe='')}",
+                                             deadline, _parse_silence)
+            except _Failure as exc:
+                notes.append(f"silence {sid} (creator unknown: {exc.detail})")
+                continue
+            creators.append(creator)
+            notes.append(f"silence {sid} by {_clip(creator, 100)!r}: {_clip(comment)!r}")
+        if len(ids) > MAX_SILENCE_LOOKUPS:
+            notes.append(f"{len(ids) - MAX_SILENCE_LOOKUPS} more silence(s) not looked up")
+        return _unique(creators), notes
+
+    def _get(self, base: str, path: str, deadline: float, parse: Callable[[Any], T]) -> T:
+        """GET base+path, decode JSON, `parse` it; count the result; _Failure when unusable."""
+        try:
+            value = parse(self._fetch_json(base + path, deadline))
+        except _ShapeError as exc:
+            failure = _Failure(ERROR, f"unexpected answer: {exc}")
+        except _Failure as exc:
+            failure = exc
+        else:
+            self._record(base, OK, "")
+            return value
+        self._record(base, failure.result, failure.detail)
+        raise failure
+
+    def _fetch_json(self, url: str, deadline: float) -> Any:
+        remaining = deadline - self._monotonic()
+        if remaining <= 0:
+            raise _Failure(TIMEOUT, "no time left")
+        headers = {"Accept": "application/json", "User-Agent": "gpuguard-remediator"}
+        authorization = self._authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        request = urllib.request.Request(url, headers=headers, method="GET")
+        try:
+            # The timeout bounds connect and each read; the deadline bounds the body as a
+            # whole (a server that trickles headers can still stretch one request).
+            with self._opener.open(request, timeout=min(self.timeout, remaining)) as resp:
+                status = resp.status
+                body = self._read(resp, deadline)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            if exc.code in (401, 403):
+                raise _Failure(UNAUTHORIZED, f"HTTP {exc.code}") from None
+            raise _Failure(ERROR, f"HTTP {exc.code}") from None
+        except TimeoutError:
+            raise _Failure(TIMEOUT, f"timed out after {self.timeout:g}s") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise _Failure(TIMEOUT, f"timed out after {self.timeout:g}s") from None
+            raise _Failure(ERROR, f"{exc.reason}") from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _Failure(ERROR, f"{type(exc).__name__}: {exc}") from None
+        if status != 200:
+            raise _Failure(ERROR, f"HTTP {status}")
+        try:
+            return json.loads(body)
+        except ValueError:  # UnicodeDecodeError included
+            raise _Failure(ERROR, "answer is not JSON") from None
+
+    def _read(self, resp: Any, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = resp.read(64 * 1024)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _Failure(ERROR, f"answer larger than {MAX_BODY_BYTES} bytes")
+            if self._monotonic() > deadline:
+                raise _Failure(TIMEOUT, "answer not complete before the deadline")
+            chunks.append(chunk)
+
+    def _authorization(self) -> str | None:
+        """`Bearer TOKEN`, None without credentials_file; fails closed on an unusable file.
+
+        Sending no token when one is configured would only turn a readable
+        misconfiguration into a stream of 401s, so the request is not sent.
+        """
+        if self._token is None:
+            return None
+        token = self._token()
+        if token is None:
+            raise _Failure(UNAUTHORIZED,
+                           f"no token from credentials_file {self._credentials_file}")
+        try:
+            text = token.decode("ascii")
+        except UnicodeDecodeError:
+            raise _Failure(UNAUTHORIZED, "token is not ASCII") from None
+        if not all(33 <= ord(c) < 127 for c in text):
+            raise _Failure(UNAUTHORIZED, "token contains spaces or control characters")
+        return f"Bearer {text}"
+
+    def _record(self, base: str, result: str, detail: str) -> None:
+        """Count one request; log a peer going bad or coming back once, not every time."""
+        with self._lock:
+            self._counts[result] += 1
+            was_failing = base in self._failing
+            if result == OK:
+                self._failing.discard(base)
+            else:
+                self._failing.add(base)
+        if result == OK and was_failing:
+            log.info("alertmanager %s answers again", base)
+        elif result != OK and not was_failing:
+            log.warning("alertmanager %s: %s (%s)", base, detail, result)
+        elif result != OK:
+            log.debug("alertmanager %s: %s (%s)", base, detail, result)
