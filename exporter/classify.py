@@ -9,6 +9,7 @@ show why.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter.nvml import Holder
-from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
 
 NORMAL = "normal"
 ORPHAN = "orphan"
@@ -46,6 +47,8 @@ class ProcSource(Protocol):
     """What classify() may ask about processes. Implementations do the I/O."""
 
     def stat(self, pid: int) -> ProcInfo | None: ...
+    def fresh_stat(self, pid: int) -> ProcInfo | None: ...
+    def children(self, pid: int) -> tuple[int, ...] | None: ...
     def cmdline(self, info: ProcInfo) -> str | None: ...
     def cgroup(self, info: ProcInfo) -> tuple[str, ...] | None: ...
     def status(self, info: ProcInfo) -> ProcStatus | None: ...
@@ -107,10 +110,18 @@ class Tree:
     gpu_bytes: int
     evidence: Evidence
     holder_verdicts: tuple[HolderVerdict, ...] = ()
+    #: Every process a reap of this tree would signal (root first, collected by identity);
+    #: filled only for trees that were orphans before their members were judged.
+    members: tuple[ProcInfo, ...] = ()
 
     @property
     def root_start_time(self) -> int | None:
         return self.root.start_time if self.root is not None else None
+
+
+#: Tree reasons when the root's chain says orphan but a member must not be signalled.
+MEMBER_PROTECTED = "member-protected"
+MEMBER_UNKNOWN = "member-unknown"
 
 
 def _unknown(holder: Holder, reason: str, detail: str, chain=(), pids=()) -> HolderVerdict:
@@ -188,6 +199,79 @@ def managed_cgroup(paths: Iterable[str]) -> str | None:
         if _matches(_MANAGED, path):
             return path
     return None
+
+
+@dataclass(frozen=True)
+class MemberJudgement:
+    """Why one process of an orphan tree must not be signalled."""
+
+    verdict: str  # PROTECTED or UNKNOWN (or a GPU holder's own verdict)
+    reason: str  # MEMBER_PROTECTED, MEMBER_UNKNOWN, or member-<verdict>
+    evidence: Evidence
+
+
+def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudgement | None:
+    """Rules 3 and 4 for one process a reap would signal; None when it may be signalled.
+
+    The chain's rules look at the path from a holder up to the root; a reap signals
+    the root's whole subtree, so every process in it (siblings, helpers, children
+    born during the freeze) must pass the same protections. A fact that cannot be
+    read for a live process makes it `unknown`: never signalled on a guess.
+    """
+    who = f"member {member.pid} ({member.comm})"
+
+    def protected(rule: str, why: str) -> MemberJudgement:
+        return MemberJudgement(PROTECTED, MEMBER_PROTECTED,
+                               Evidence(rule, f"{who} {why}: a reap would signal it",
+                                        (member.pid,)))
+
+    if rules.protects(member.comm):
+        return protected("3", "matches protect by comm")
+    cmd = view.cmdline(member)
+    status = view.status(member)
+    keep = view.keep_marker(member)
+    if cmd is None or status is None or keep is None:
+        if not still_same(view.fresh_stat(member.pid), member):
+            return None  # exited while being judged: nothing left to signal
+        missing = [name for name, value in (("cmdline", cmd), ("status", status),
+                                            ("environ", keep)) if value is None]
+        return MemberJudgement(UNKNOWN, MEMBER_UNKNOWN,
+                               Evidence("2", f"{who}: cannot read /proc/{member.pid}/"
+                                        f"{{{','.join(missing)}}}", (member.pid,)))
+    if cmd and rules.protects(cmd):
+        return protected("3", "matches protect by command line")
+    if status.sighup_ignored:
+        return protected("4", "ignores SIGHUP (nohup)")
+    if keep:
+        return protected("4", "has GPUGUARD_KEEP=1 in its environment")
+    return None
+
+
+def _judge_members(tree: Tree, view: ProcSource, rules: Rules,
+                   by_pid: dict[int, list[HolderVerdict]]) -> Tree:
+    """An orphan tree stays an orphan only if every process a reap would signal may be."""
+    assert tree.root is not None
+    # Children may come from this scan's stat reads; the parent is re-read after its
+    # children file, which is what catches a reused pid.
+    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat)
+    found: MemberJudgement | None = None
+    for member in members:
+        for hv in by_pid.get(member.pid, ()):
+            if hv.verdict != ORPHAN or hv.root is None or hv.root.identity != tree.root.identity:
+                found = MemberJudgement(
+                    hv.verdict, f"member-{hv.verdict}",
+                    Evidence(hv.evidence.rule, f"GPU holder {member.pid} ({member.comm}) below "
+                             f"root {tree.root.pid} is {hv.verdict} ({hv.reason}: "
+                             f"{hv.evidence.detail})", (member.pid, *hv.evidence.pids)))
+                break
+        if found is None:
+            found = judge_member(member, view, rules)
+        if found is not None:
+            break
+    if found is None:
+        return dataclasses.replace(tree, members=members)
+    return dataclasses.replace(tree, verdict=found.verdict, reason=found.reason,
+                               evidence=found.evidence, members=members)
 
 
 def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
@@ -335,5 +419,11 @@ def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[
                 holder_verdicts=tuple(hvs),
             )
         )
+    by_pid: dict[int, list[HolderVerdict]] = {}
+    for hvs in groups.values():
+        for hv in hvs:
+            by_pid.setdefault(hv.holder.pid, []).append(hv)
+    trees = [_judge_members(t, view, rules, by_pid) if t.verdict == ORPHAN else t
+             for t in trees]
     trees.sort(key=lambda t: (t.verdict != ORPHAN, t.root_pid))
     return trees

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from exporter.counters import COUNTERS, Counters
 
 PROC = "/proc"
+#: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.
+PROC_PID_INIT_INO = 0xEFFFFFFC
 
 
 class ProcUnreadable(Exception):
@@ -297,24 +299,63 @@ class ProcessView:
                 states.append(fields[0])
         return tuple(states)
 
-    def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
-        """Every descendant of `pid`, breadth first, walked through children files."""
-        return walk_descendants(self.children, pid, limit=limit)
 
 
-def walk_descendants(children: Callable[[int], tuple[int, ...] | None], pid: int, *,
-                     limit: int = 100_000) -> tuple[int, ...]:
-    """Breadth-first descendants through `children`: cost grows with the tree, not the host."""
-    out: list[int] = []
-    seen = {pid}
-    frontier = [pid]
+def in_host_pid_namespace() -> bool | None:
+    """Whether this process sees the host's PID namespace (None: cannot tell).
+
+    NVML reports host pids; a process in a child PID namespace (a container without
+    hostPID, `unshare --pid`) would match them against its own, different pids. The
+    kernel gives the initial PID namespace the fixed inode PROC_PID_INIT_INO.
+    """
+    try:
+        return os.stat(f"{PROC}/self/ns/pid").st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return None
+
+
+def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
+                 stat: Callable[[int], ProcInfo | None],
+                 stat_now: Callable[[int], ProcInfo | None], *,
+                 limit: int = 100_000) -> tuple[ProcInfo, ...]:
+    """The root and every live descendant, each collected by identity.
+
+    A pid read from a parent's children file counts only if `stat` shows a live
+    process whose ppid is that parent and which is not older than it, and the
+    parent, re-read with `stat_now` after its children, is still the process the
+    walk saw (same start time): a pid reused between the two reads names someone
+    else, and so do its children.
+    """
+    out = [root]
+    seen = {root.pid}
+    frontier = [root]
     while frontier and len(out) < limit:
-        nxt: list[int] = []
+        nxt: list[ProcInfo] = []
         for parent in frontier:
-            for child in children(parent) or ():
-                if child not in seen:
-                    seen.add(child)
-                    out.append(child)
-                    nxt.append(child)
+            found: list[ProcInfo] = []
+            for pid in children(parent.pid) or ():
+                if pid in seen:
+                    continue
+                child = stat(pid)
+                if is_child_of(child, parent):
+                    assert child is not None
+                    found.append(child)
+            if not found or not still_same(stat_now(parent.pid), parent):
+                continue
+            for child in found:
+                seen.add(child.pid)
+                out.append(child)
+                nxt.append(child)
         frontier = nxt
     return tuple(out)
+
+
+def is_child_of(child: ProcInfo | None, parent: ProcInfo) -> bool:
+    """`child` (as read now) is a live child of `parent` and not older than it."""
+    return (child is not None and not child.is_zombie and child.ppid == parent.pid
+            and child.start_time >= parent.start_time)
+
+
+def still_same(now: ProcInfo | None, then: ProcInfo) -> bool:
+    """The pid still names the process read earlier (a zombie of it still holds the pid)."""
+    return now is not None and now.start_time == then.start_time

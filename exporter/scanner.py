@@ -113,8 +113,7 @@ class Scanner:
                 key = tree.root.identity
                 seen.add(key)
                 first = self._first_seen.setdefault(key, now)
-                members = 1 + len(self.view.descendants(tree.root.pid))
-                orphans[key] = OrphanInfo(first, max(0.0, now - first), members)
+                orphans[key] = OrphanInfo(first, max(0.0, now - first), len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
             log.exception("scan failed")

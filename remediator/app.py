@@ -29,7 +29,6 @@ from prometheus_client.registry import Collector
 from exporter.config import Config
 from exporter.counters import Counters
 from exporter.metrics import inspector_metrics
-from exporter.procfs import ProcessView
 from remediator.alerts import PayloadError, parse_notification
 from remediator.audit import AuditLog
 from remediator.ledger import Ledger
@@ -114,6 +113,13 @@ class RemediatorCollector(Collector):
         yield CounterMetricFamily("gpuguard_remediator_reap_failures",
                                   "Reaps that left survivors, raised, or were interrupted.",
                                   value=c["reap_failures"])
+        yield CounterMetricFamily("gpuguard_remediator_audit_write_failures",
+                                  "Audit records that could not be written; no reap signals "
+                                  "anything without its record.",
+                                  value=c["audit_failures"])
+        yield GaugeMetricFamily("gpuguard_remediator_audit_ok",
+                                "1 while the last audit write succeeded (0: reaps are refused).",
+                                value=1 if c["audit_ok"] else 0)
         rejected = CounterMetricFamily("gpuguard_remediator_rejected_requests",
                                        "POST /alerts requests refused, by cause.",
                                        labels=["cause"])
@@ -143,7 +149,6 @@ def create_app(
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
     nvml: HolderSource | None = None,
-    view: ProcessView | None = None,
     reaper: Reaper | None = None,
     counters: Counters | None = None,
     start_worker: bool = True,
@@ -154,7 +159,6 @@ def create_app(
     call its `stop()` when done with the app.
     """
     counters = counters if counters is not None else Counters()
-    view = view if view is not None else ProcessView(counters=counters)
     if nvml is None:
         from exporter.nvml import Nvml
 
@@ -164,10 +168,10 @@ def create_app(
     audit = AuditLog(policy.audit_log)
     audit.check_writable()
     if reaper is None:
-        reaper = Reaper(view=view, nvml=nvml, monotonic=monotonic)
+        reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic)
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
-                         view=view, ledger=ledger, audit=audit, reaper=reaper, clock=clock,
-                         monotonic=monotonic)
+                         ledger=ledger, audit=audit, counters=counters, reaper=reaper,
+                         clock=clock, monotonic=monotonic)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RemediatorCollector(service, counters))
 

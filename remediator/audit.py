@@ -2,7 +2,11 @@
 
 A kill must be explainable afterwards from this file alone: who asked (alert
 fingerprint, groupKey), what was decided and why, which processes (pid, start
-time, owner, comm), how they were signalled and with what result. One line per
+time, owner, comm), how they were signalled and with what result. Records are
+written ahead: an `intent` record names every process before its first signal
+(and a `joined` one names processes that join the tree while it is reaped);
+the `final` record follows the reap. A write that fails raises, and then the
+caller signals nothing. One line per
 record, written with O_APPEND and fsynced before the call returns, so a crash
 loses at most the record being written and never corrupts earlier ones.
 """
@@ -15,6 +19,11 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+#: Record phases: written before signals (intent, joined) and after the reap (final).
+INTENT = "intent"
+JOINED = "joined"
+FINAL = "final"
 
 
 def iso_time(when: float) -> str:
@@ -50,7 +59,8 @@ class AuditLog:
 
     def has_record(self, hostname: str, root_pid: int, root_start_time: int, *,
                    since: float) -> bool:
-        """Whether a record for this tree was written at or after `since` (crash recovery)."""
+        """Whether a final record for this tree was written at or after `since` (crash
+        recovery); write-ahead records (phase intent or joined) do not count."""
         want = {"hostname": hostname, "root_pid": root_pid, "root_start_time": root_start_time}
         needle = f'"root_pid": {root_pid}'
         try:
@@ -62,7 +72,8 @@ class AuditLog:
                         record = json.loads(line)
                     except ValueError:
                         continue  # a torn last line from a crash
-                    if record.get("key") == want and float(record.get("ts", 0)) >= since:
+                    if (record.get("key") == want and float(record.get("ts", 0)) >= since
+                            and record.get("phase", FINAL) == FINAL):
                         return True
         except FileNotFoundError:
             return False

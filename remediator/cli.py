@@ -18,6 +18,7 @@ import socket
 import sys
 
 from exporter.config import ConfigError, load_config
+from exporter.procfs import in_host_pid_namespace
 from remediator.ledger import LedgerError
 
 log = logging.getLogger("gpuguard.remediator")
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "re-read when it changes")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="accept requests without a token (loopback listeners only)")
+    p.add_argument("--allow-pid-namespace", action="store_true",
+                   help="start outside the host PID namespace (only where NVML reports this "
+                        "namespace's pids, e.g. a test rig); NVML reports host pids, so "
+                        "elsewhere pids would name the wrong processes")
     p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
                    help="this host's name as the alerts' hostname label spells it "
                         "(default: this host's name)")
@@ -95,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("--insecure-no-auth and a token file exclude each other; pick one")
     if args.insecure_no_auth and not _loopback(host):
         return _fail(f"--insecure-no-auth is only allowed on a loopback address, not {host}")
+    if not in_host_pid_namespace() and not args.allow_pid_namespace:
+        return _fail("refusing to start outside the host PID namespace: NVML reports host "
+                     "pids, which name other processes here (run with hostPID / --pid=host, "
+                     "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
     from waitress import create_server
 

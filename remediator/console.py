@@ -29,6 +29,7 @@ Exit codes (stable; scripts may rely on them)::
     5  policy check: the alert payload is not valid JSON or not an Alertmanager payload
     6  reap: refused (not an orphan without --force, identity changed, a guard said no)
     7  reap --apply: some members survived SIGKILL (see the audit record)
+    8  reap --apply: signals sent, but the final audit record could not be written
     130 interrupted (Ctrl-C), except `status --watch`, where Ctrl-C is the way out: 0
 
 Failures with exit 2, 4 and 5 are one line on stderr (`gpuguard: ...`) and no JSON;
@@ -106,10 +107,10 @@ from exporter.classify import (
 from exporter.cli import positive_float
 from exporter.config import Config, ConfigError, load_config
 from exporter.nvml import GpuSample, Holder, Nvml, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo
+from exporter.procfs import ProcessView, ProcInfo, in_host_pid_namespace
 from exporter.scanner import Scanner, Snapshot, user_name
 from remediator.alerts import Alert, Notification, PayloadError, parse_notification
-from remediator.audit import AuditLog
+from remediator.audit import FINAL, AuditLog
 from remediator.ledger import FILE_NAME as LEDGER_FILE
 from remediator.ledger import Ledger, LedgerError
 from remediator.policy import (
@@ -121,6 +122,7 @@ from remediator.policy import (
     REAP,
     Decision,
     LiveTree,
+    Member,
     PolicyState,
     TreeKey,
     decide,
@@ -140,6 +142,7 @@ EXIT_NO_PROCESS = 4
 EXIT_BAD_PAYLOAD = 5
 EXIT_REFUSED = 6
 EXIT_REAP_FAILED = 7
+EXIT_NOT_AUDITED = 8
 EXIT_INTERRUPTED = 130
 
 STATUS_SCHEMA = "gpuguard.status/v1"
@@ -157,6 +160,7 @@ exit codes:
   5    policy check: malformed alert payload
   6    reap: refused (not an orphan without --force, identity changed, a guard said no)
   7    reap --apply: some members survived SIGKILL (see the audit record)
+  8    reap --apply: the final audit record could not be written (the intent record was)
   130  interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C
 exits 2, 4 and 5 print one line on stderr and no JSON; all others print their --json.
 """
@@ -821,7 +825,7 @@ def live_json(live: LiveTree | None) -> dict[str, Any] | None:
 
 
 def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nvml: Nvml,
-                view: ProcessView, pending: set[TreeKey]) -> dict[str, Any]:
+                pending: set[TreeKey]) -> dict[str, Any]:
     """Intake screening as POST /alerts does it, then the worker's live check and decide()."""
     intake_state = dataclasses.replace(state, pending=frozenset(pending))
     intake = screen(alert, intake_state)
@@ -840,7 +844,7 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
         return out
     key = intake.key
     pending.add(key)
-    live = inspect_tree(key, nvml=nvml, view=view, rules=config.classify)
+    live = inspect_tree(key, nvml=nvml, rules=config.classify)
     worker_state = dataclasses.replace(state, pending=frozenset(state.pending - {key}))
     decision = decide(alert, live, worker_state)
     out["decision"] = decision.to_json()
@@ -888,15 +892,14 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     """What the remediator would do with a payload, without doing it: no signal, no ledger write."""
     config = load(args.config)
     notification = read_payload(args.payload)
-    view = ProcessView()
     nvml = Nvml()
     try:
         with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
             ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)
             state = policy_state(config.remediate, args.hostname, ledger, time.time(),
-                                 protected_pids(view))
+                                 protected_pids())
             pending = set(state.pending)
-            results = [check_alert(i, alert, state, config, nvml, view, pending)
+            results = [check_alert(i, alert, state, config, nvml, pending)
                        for i, alert in enumerate(notification.alerts)]
     finally:
         nvml.close()
@@ -927,11 +930,12 @@ def operator() -> str:
 
 def audit_record(config: Config, hostname: str, key: TreeKey, decision: Decision,
                  live: LiveTree | None, result: ReapResult | None, *, mode: str,
-                 manual: dict[str, Any]) -> dict[str, Any]:
+                 manual: dict[str, Any], phase: str = FINAL,
+                 members: tuple[Member, ...] | None = None) -> dict[str, Any]:
     """The remediator worker's own audit record for this reap, plus a `manual` marker."""
     # The worker's own record builder, so manual and alert-driven reaps audit alike.
     record = worker_audit_record(hostname, time.time(), decision, live, result, key=key,
-                                 mode=mode)
+                                 mode=mode, phase=phase, members=members)
     record["alert"] = None
     record["manual"] = manual
     return record
@@ -979,6 +983,8 @@ def reap_exit_code(report: ReapReport) -> int:
     res = report.result
     if res is None or res.outcome == "aborted":
         return EXIT_REFUSED
+    if report.audit_error is not None and res.signalled:
+        return EXIT_NOT_AUDITED
     if res.outcome == "failed":
         return EXIT_REAP_FAILED
     return EXIT_OK
@@ -993,7 +999,7 @@ def refuse_reason(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
                         f"{live.root.start_time}, not {key.root_start_time}: another process",
                         key)
     if live.nvml_error is not None:
-        return Decision(IGNORE, "nvml-unavailable", f"cannot verify GPU holders: "
+        return Decision(IGNORE, live.nvml_reason, f"cannot verify GPU holders: "
                         f"{live.nvml_error}", key)
     if not live.tree_found:
         return Decision(IGNORE, "tree-not-found", "no GPU-holding tree is rooted at this pid "
@@ -1008,16 +1014,23 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """The remediator's verification and reaper, driven by a person instead of an alert."""
     config = load(args.config)
     hostname = socket.gethostname()
-    view = ProcessView()
-    info = view.fresh_stat(args.root_pid)
+    if args.apply and not in_host_pid_namespace() and not args.allow_pid_namespace:
+        raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
+                      "reports host pids; pass --allow-pid-namespace only if NVML reports "
+                      "this namespace's pids")
+    info = ProcessView().fresh_stat(args.root_pid)
     if info is None or info.is_zombie:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
     start_time = args.start_time if args.start_time is not None else info.start_time
     key = TreeKey(hostname, args.root_pid, start_time)
     nvml = Nvml()
     err = make_console(stderr=True)
+    manual = {"by": operator(), "command": "gpuguard reap", "apply": args.apply,
+              "force": args.force}
+    mode = "enforce" if args.apply else "dry-run"
     try:
-        live = inspect_tree(key, nvml=nvml, view=view, rules=config.classify)
+        live = inspect_tree(key, nvml=nvml, rules=config.classify)
+        manual["verdict"] = live.verdict or None
         refusal = refuse_reason(key, live, args.force)
         result: ReapResult | None = None
         if refusal is not None:
@@ -1034,27 +1047,26 @@ def cmd_reap(args: argparse.Namespace) -> int:
                                 + (f" (--force over verdict {live.verdict})"
                                    if live.verdict != ORPHAN else ""), key)
         audit = AuditLog(config.remediate.audit_log)
-        audit_error = None
-        if refusal is None and args.apply:
-            try:
-                audit.check_writable()  # a kill that cannot be audited does not happen
-            except OSError as exc:
-                raise Failure(EXIT_REFUSED, f"refused: cannot write audit log "
-                              f"{config.remediate.audit_log}: {exc.strerror}") from None
+
+        def journal(phase: str, members: tuple[Member, ...]) -> None:
+            audit.append(audit_record(config, hostname, key, decision, live, None, mode=mode,
+                                      manual=manual, phase=phase, members=members))
+
         if refusal is None:
             plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                             gpu_bytes=live.gpu_bytes, dry_run=not args.apply)
             deadline = time.monotonic() + config.remediate.worker_timeout_seconds
-            result = Reaper(view=view, nvml=nvml).reap(
-                plan, policy=config.remediate, protected_pids=protected_pids(view),
-                deadline=deadline)
+            # --force overrides the classifier (verdict and member protections), never
+            # the policy's guards: pid 1, kernel threads, root-owned, remediate.users.
+            result = Reaper(nvml=nvml).reap(
+                plan, policy=config.remediate, rules=config.classify,
+                protected_pids=protected_pids(), deadline=deadline,
+                journal=journal if args.apply else None, force=args.force)
             if result.outcome == "aborted":
                 decision = Decision(IGNORE, result.reason, result.detail, key)
-        manual = {"by": operator(), "command": "gpuguard reap", "apply": args.apply,
-                  "force": args.force, "verdict": live.verdict or None}
+        audit_error = None
         try:
-            audit.append(audit_record(config, hostname, key, decision, live, result,
-                                      mode="enforce" if args.apply else "dry-run",
+            audit.append(audit_record(config, hostname, key, decision, live, result, mode=mode,
                                       manual=manual))
             audited: str | None = str(audit.path)
         except OSError as exc:
@@ -1068,7 +1080,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     else:
         make_console().print(reap_renderable(report))
     if audit_error is not None:
-        err.print(Text(f"warning: not audited: {audit_error}", style="yellow"))
+        err.print(Text(f"error: not audited: {audit_error}", style="bold red"))
     return code
 
 
@@ -1181,6 +1193,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reap even when the classifier does not call it an orphan")
     p.add_argument("--start-time", type=int, metavar="TICKS",
                    help="refuse unless ROOT_PID still has this start_time (from status --json)")
+    p.add_argument("--allow-pid-namespace", action="store_true",
+                   help="allow --apply outside the host PID namespace (only where NVML reports "
+                        "this namespace's pids)")
     common(p)
     p.set_defaults(func=cmd_reap)
     return parser

@@ -6,9 +6,14 @@ alert. So every state change is written to one JSON file under `state_dir`
 before it takes effect (write a temporary file, fsync, rename, fsync the
 directory): a crash leaves either the old or the new file, never half of one.
 
-A key is recorded as "reaping" *before* the first signal: if the process dies
-mid-reap, the restarted remediator treats that tree as done (and audits the
-interruption) rather than risk signalling it twice.
+A key is recorded as "reaping" *before* the first signal, and the members a
+reap may signal (pid, start time) are added before their first signal: if the
+process dies mid-reap, the restarted remediator treats that tree as done and
+continues (SIGCONT) whatever it left stopped, rather than risk signalling it twice.
+
+Keys name processes of one boot, so the file records the kernel's boot id
+(/proc/sys/kernel/random/boot_id): a wall-clock step (NTP at boot, a VM resumed)
+must not make a restart forget what it has done.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from remediator.alerts import Alert
 from remediator.policy import TreeKey
 
 FILE_NAME = "remediator-state.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: Done keys older than this are forgotten (a pid + start time names a process of one boot).
 DONE_RETENTION_SECONDS = 30 * 86400
-#: A different boot (estimated boot time moved by more than this) invalidates every key.
-BOOT_TOLERANCE_SECONDS = 120.0
+#: Version 1 files have only a clock-based boot estimate: within this, the same boot.
+V1_BOOT_TOLERANCE_SECONDS = 120.0
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_REAP_HISTORY = 10_000
 #: A first sighting outlives its pending item (a rate-limited tree comes back with the next
 #: delivery and should not start its local age from zero again).
@@ -65,8 +71,14 @@ class PendingItem:
                    float(data["accepted_at"]), float(data["due"]))
 
 
-def boot_time() -> float:
-    """Wall-clock time of this boot, without reading /proc (CLOCK_BOOTTIME counts suspend)."""
+def boot_id() -> str:
+    """The kernel's random id of this boot: unlike any clock estimate, it never drifts."""
+    with open(BOOT_ID, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def _v1_boot_time() -> float:
+    """The estimate version 1 files carry, for reading them once after an upgrade."""
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
@@ -74,7 +86,7 @@ class Ledger:
     """Thread-safe; every mutating method persists before it returns."""
 
     def __init__(self, state_dir: str | Path, *, clock: Callable[[], float] = time.time,
-                 boot: Callable[[], float] = boot_time) -> None:
+                 boot: Callable[[], str] = boot_id) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
         self._clock = clock
@@ -82,8 +94,12 @@ class Ledger:
         self._done: dict[TreeKey, dict[str, Any]] = {}
         self._pending: dict[TreeKey, PendingItem] = {}
         self._first_seen: dict[TreeKey, float] = {}
+        self._gpus: dict[TreeKey, tuple[str, ...]] = {}
         self._reaps: list[tuple[float, str]] = []
-        self._boot = boot()
+        try:
+            self._boot = boot()
+        except OSError as exc:
+            raise LedgerError(f"{BOOT_ID}: cannot read the boot id: {exc.strerror}") from None
         self.interrupted: list[tuple[TreeKey, dict[str, Any]]] = []
         self._load()
 
@@ -103,9 +119,14 @@ class Ledger:
             raise LedgerError(f"{self.path}: cannot read: {exc.strerror}") from None
         try:
             data = json.loads(text)
-            if data.get("version") != FORMAT_VERSION:
-                raise ValueError(f"unknown format version {data.get('version')!r}")
-            same_boot = abs(float(data.get("boot_time", 0)) - self._boot) <= BOOT_TOLERANCE_SECONDS
+            version = data.get("version")
+            if version == 1:
+                same_boot = (abs(float(data.get("boot_time", 0)) - _v1_boot_time())
+                             <= V1_BOOT_TOLERANCE_SECONDS)
+            elif version == FORMAT_VERSION:
+                same_boot = data.get("boot_id") == self._boot
+            else:
+                raise ValueError(f"unknown format version {version!r}")
             self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
             if same_boot:
                 self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
@@ -113,6 +134,8 @@ class Ledger:
                                  for k, v in data.get("pending", {}).items()}
                 self._first_seen = {TreeKey.parse(k): float(v)
                                     for k, v in data.get("first_seen", {}).items()}
+                self._gpus = {TreeKey.parse(k): tuple(str(u) for u in v)
+                              for k, v in data.get("gpus", {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
                               "only after checking the audit log for unfinished reaps") from None
@@ -123,10 +146,11 @@ class Ledger:
     def _save(self) -> None:
         data = {
             "version": FORMAT_VERSION,
-            "boot_time": self._boot,
+            "boot_id": self._boot,
             "done": {str(k): v for k, v in sorted(self._done.items())},
             "pending": {str(k): v.to_json() for k, v in sorted(self._pending.items())},
             "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
+            "gpus": {str(k): list(v) for k, v in sorted(self._gpus.items())},
             "reaps": [[t, m] for t, m in self._reaps],
         }
         payload = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
@@ -156,6 +180,7 @@ class Ledger:
         live = set(self._pending) | set(self._done)
         self._first_seen = {k: v for k, v in self._first_seen.items()
                             if k in live or now - v < FIRST_SEEN_RETENTION_SECONDS}
+        self._gpus = {k: v for k, v in self._gpus.items() if k in self._first_seen}
 
     # -- reads -----------------------------------------------------------------------
 
@@ -170,6 +195,11 @@ class Ledger:
     def first_seen(self) -> dict[TreeKey, float]:
         with self._lock:
             return dict(self._first_seen)
+
+    def gpus(self, key: TreeKey) -> tuple[str, ...]:
+        """The GPUs NVML reported when this tree was first verified (none: not yet)."""
+        with self._lock:
+            return self._gpus.get(key, ())
 
     def reap_times(self, mode: str) -> tuple[float, ...]:
         with self._lock:
@@ -199,7 +229,8 @@ class Ledger:
                 self._save()
             return item
 
-    def defer(self, key: TreeKey, due: float, first_seen: float | None) -> None:
+    def defer(self, key: TreeKey, due: float, first_seen: float | None,
+              gpus: tuple[str, ...] = ()) -> None:
         with self._lock:
             item = self._pending.get(key)
             if item is None:
@@ -208,12 +239,15 @@ class Ledger:
                                              due)
             if first_seen is not None:
                 self._first_seen.setdefault(key, first_seen)
+                self._gpus.setdefault(key, gpus)
             self._save()
 
-    def note_first_seen(self, key: TreeKey, first_seen: float) -> None:
+    def note_first_seen(self, key: TreeKey, first_seen: float,
+                        gpus: tuple[str, ...] = ()) -> None:
         with self._lock:
             if key not in self._first_seen:
                 self._first_seen[key] = first_seen
+                self._gpus.setdefault(key, gpus)
                 self._save()
 
     def begin_reap(self, key: TreeKey, mode: str, fingerprint: str) -> None:
@@ -224,6 +258,17 @@ class Ledger:
                                "fingerprint": fingerprint}
             self._reaps.append((now, mode))
             self._pending.pop(key, None)
+            self._save()
+
+    def add_members(self, key: TreeKey, members: Iterable[tuple[int, int]]) -> None:
+        """Name (pid, start_time) of processes about to be signalled, durably, first."""
+        with self._lock:
+            entry = self._done.get(key)
+            if entry is None or entry.get("status") != REAPING:
+                raise LedgerError(f"{key} is not being reaped")
+            known = [tuple(m) for m in entry.get("members", [])]
+            known += [m for m in members if m not in known]
+            entry["members"] = [list(m) for m in known]
             self._save()
 
     def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool) -> None:
@@ -244,10 +289,10 @@ class Ledger:
             self._prune()
             self._save()
 
-    def settle_interrupted(self, key: TreeKey) -> None:
-        """A reap cut short by a crash: done for good, with an unknown outcome."""
+    def settle_interrupted(self, key: TreeKey, outcome: str = "interrupted") -> None:
+        """A reap cut short by a crash: done for good (never re-killed without a new key)."""
         with self._lock:
             entry = self._done.get(key)
             if entry is not None:
-                entry.update(status=DONE, outcome="interrupted")
+                entry.update(status=DONE, outcome=outcome)
                 self._save()

@@ -80,10 +80,13 @@ class LiveTree:
     tree_found: bool = False  # classify() has a tree with exactly this root identity
     verdict: str = ""
     reason: str = ""
+    detail: str = ""  # the classifier's evidence for verdict and reason
     members: tuple[Member, ...] = ()  # root first, then descendants (breadth first)
     holders: tuple[Holder, ...] = ()
     gpu_bytes: int = 0
-    nvml_error: str | None = None  # NVML could not be read: nothing can be verified
+    nvml_error: str | None = None  # NVML could not confirm the holders: nothing is verified
+    nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
+    gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
 
 
 @dataclass(frozen=True)
@@ -245,12 +248,14 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
 
     # The local classifier must agree, now.
     if live.nvml_error is not None:
-        return _ignore("nvml-unavailable", f"cannot re-check GPU holders: {live.nvml_error}", key)
+        return _ignore(live.nvml_reason, f"cannot re-check GPU holders: {live.nvml_error}", key)
     if not live.tree_found:
         return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
     if live.verdict != ORPHAN:
-        return _ignore(f"not-orphan:{live.verdict}", f"classifier says {live.verdict} "
-                       f"({live.reason})", key)
+        # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
+        reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
+        return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
+                       + (f": {live.detail}" if live.detail else ""), key)
     if live.reason not in state.policy.reasons:
         return _ignore("reason-not-allowed", f"orphan reason {live.reason} is not in "
                        "remediate.reasons", key)

@@ -5,8 +5,10 @@ handle is held: open a pidfd, then compare /proc/PID/stat's start time with
 the one the decision was made on; a pidfd keeps naming that process even if
 the pid is reused later. The tree is frozen (SIGSTOP, root first, re-collected
 until no new member appears) before anything is killed, so a retry loop
-cannot respawn its child between kills. Every member is checked against the
-policy's refusals again as it joins, because a tree can grow while we act.
+cannot respawn its child between kills. Every process, planned or joining
+while we act, is judged on facts read during this reap (a fresh ProcessView)
+by the policy's refusals and the classifier's own protections, and is named in
+a durable audit record (the journal) before its first signal.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from exporter.classify import Rules, classify
+from exporter.classify import MEMBER_UNKNOWN, Rules, classify, judge_member
 from exporter.config import Remediate
+from exporter.counters import COUNTERS, Counters
 from exporter.nvml import Holder, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo
+from exporter.procfs import ProcessView, ProcInfo, is_child_of, still_same
 from exporter.scanner import user_name
 from remediator.policy import LiveTree, Member, TreeKey, member_refusal
 
@@ -58,17 +61,33 @@ def member_of(info: ProcInfo, view: ProcessView) -> Member:
                   kernel_thread=kthread)
 
 
-def _nvml_problem(reading: NvmlReading) -> str | None:
-    """A reading whose holder lists may be incomplete cannot confirm a tree."""
+def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
+    """(reason, detail) when a reading cannot confirm a tree; None when it can.
+
+    A holder list is only as complete as the reading: a lost GPU, a failed process
+    query or any per-device error may hide a holder that would change the verdict
+    (a nohup'd job on the lost GPU), and so may a GPU that an earlier check saw and
+    this one does not.
+    """
     if not reading.up:
-        return "; ".join(msg for _, msg in reading.errors) or "NVML is down"
-    process_errors = [msg for stage, msg in reading.errors if stage == "nvml_processes"]
-    return "; ".join(process_errors) or None
+        return "nvml-unavailable", "; ".join(msg for _, msg in reading.errors) or "NVML is down"
+    if reading.errors:
+        return "nvml-incomplete", "; ".join(msg for _, msg in reading.errors)
+    missing = sorted(set(expected_gpus) - {gpu.uuid for gpu in reading.gpus})
+    if missing:
+        return "nvml-incomplete", (f"GPU(s) {', '.join(missing)} reported at the first check "
+                                   "are missing now")
+    return None
 
 
-def inspect_tree(key: TreeKey, *, nvml: HolderSource, view: ProcessView, rules: Rules) -> LiveTree:
-    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges."""
-    view.begin_scan()
+def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
+                 counters: Counters = COUNTERS, expected_gpus: Iterable[str] = ()) -> LiveTree:
+    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
+
+    Every call reads /proc afresh through a new ProcessView: a fact cached at an
+    earlier check (a SIGHUP disposition, a cgroup) may have changed since.
+    """
+    view = ProcessView(counters=counters)
     info = view.fresh_stat(key.root_pid)
     if info is None:
         return LiveTree(root=None)
@@ -76,21 +95,19 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, view: ProcessView, rules: 
     if info.is_zombie or info.start_time != key.root_start_time:
         return LiveTree(root=root)
     reading = nvml.read()
-    problem = _nvml_problem(reading)
+    gpus = tuple(gpu.uuid for gpu in reading.gpus)
+    problem = nvml_problem(reading, expected_gpus)
     if problem is not None:
-        return LiveTree(root=root, nvml_error=problem)
+        return LiveTree(root=root, nvml_reason=problem[0], nvml_error=problem[1], gpus=gpus)
     wanted = (key.root_pid, key.root_start_time)
     tree = next((t for t in classify(reading.holders, view, rules)
                  if t.root is not None and t.root.identity == wanted), None)
     if tree is None:
-        return LiveTree(root=root)
-    members = [root]
-    for pid in view.descendants(root.pid):
-        child = view.stat(pid)
-        if child is not None:
-            members.append(member_of(child, view))
+        return LiveTree(root=root, gpus=gpus)
+    members = tuple(member_of(m, view) for m in tree.members) or (root,)
     return LiveTree(root=root, tree_found=True, verdict=tree.verdict, reason=tree.reason,
-                    members=tuple(members), holders=tree.holders, gpu_bytes=tree.gpu_bytes)
+                    detail=tree.evidence.detail, members=members, holders=tree.holders,
+                    gpu_bytes=tree.gpu_bytes, gpus=gpus)
 
 
 # -- the reap ------------------------------------------------------------------------
@@ -153,9 +170,17 @@ class _NoPidfd(Exception):
     """The kernel has no pidfd_open (before 5.3, or blocked by seccomp)."""
 
 
+#: Writes one audit record naming processes before they get their first signal:
+#: phase "intent" (every planned member, before the first SIGSTOP) or "joined"
+#: (processes that joined the tree while it was being reaped). Raises when the
+#: record could not be made durable; then those processes are not signalled.
+Journal = Callable[[str, tuple[Member, ...]], None]
+
+
 @dataclass
 class _Target:
     member: Member
+    info: ProcInfo
     fd: int | None
     stopped: bool = False
     exited: bool = False
@@ -167,8 +192,15 @@ class _Run:
 
     started: float
     path: str
+    view: ProcessView  # fresh for this reap: nothing read before it is trusted
+    policy: Remediate
+    rules: Rules
+    protected: frozenset[int]
+    journal: Journal | None  # None for dry runs: they send nothing
+    force: bool = False  # a person overrode the classifier: only the policy's guards apply
     targets: dict[int, _Target] = field(default_factory=dict)
     signals: list[SignalRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 PidfdOpen = Callable[[int], int]
@@ -180,20 +212,23 @@ PIDFD_SEND: PidfdSend | None = getattr(signal, "pidfd_send_signal", None)
 
 
 class Reaper:
-    """Verify, freeze, signal, confirm. The only code in gpuguard that sends signals."""
+    """Verify, freeze, signal, confirm. The only code in gpuguard that sends signals.
+
+    One reap at a time per instance (the remediator has one worker thread).
+    """
 
     def __init__(
         self,
         *,
-        view: ProcessView,
         nvml: HolderSource,
+        counters: Counters = COUNTERS,
         pidfd_open: PidfdOpen | None = PIDFD_OPEN,
         pidfd_send: PidfdSend | None = PIDFD_SEND,
         kill: Callable[[int, int], None] = os.kill,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.view = view
         self.nvml = nvml
+        self.counters = counters
         self._pidfd_open = pidfd_open if pidfd_send is not None else None
         self._pidfd_send = pidfd_send
         self._kill = kill
@@ -204,47 +239,92 @@ class Reaper:
         plan: ReapPlan,
         *,
         policy: Remediate,
+        rules: Rules,
         protected_pids: frozenset[int],
         deadline: float,
+        journal: Journal | None,
         cancelled: Callable[[], bool] = lambda: False,
+        force: bool = False,
     ) -> ReapResult:
-        """Run one reap (or dry run) of `plan`; never raises for process-level trouble."""
-        run = _Run(started=self._monotonic(), path=PIDFD if self._pidfd_open else PID)
+        """Run one reap (or dry run) of `plan`; never raises for process-level trouble.
+
+        `journal` must be given unless `plan.dry_run`: no process is signalled before
+        a record naming it has been written through it. `force` (a person's `gpuguard
+        reap --force`, never an alert) skips the classifier's protections of members;
+        the policy's refusals (pid 1, kernel threads, root-owned, users) still apply.
+        """
+        if journal is None and not plan.dry_run:
+            raise ValueError("a reap that may signal needs a journal")
+
+        def new_run(path: str) -> _Run:
+            return _Run(started=started, path=path, view=ProcessView(counters=self.counters),
+                        policy=policy, rules=rules, protected=protected_pids,
+                        journal=None if plan.dry_run else journal, force=force)
+
+        started = self._monotonic()
+        run = new_run(PIDFD if self._pidfd_open else PID)
         if run.path == PID and not policy.allow_without_pidfd:
             return self._result(run, plan, "aborted", "no-pidfd",
                                 "pidfd_open is unavailable and remediate.allow_without_pidfd "
                                 "is false")
         try:
             try:
-                self._hold_planned(run, plan, policy, protected_pids)
+                self._hold_planned(run, plan)
             except _NoPidfd:
                 self._close(run)
                 if not policy.allow_without_pidfd:
                     return self._result(run, plan, "aborted", "no-pidfd",
                                         "pidfd_open failed with ENOSYS and "
                                         "remediate.allow_without_pidfd is false")
-                run = _Run(started=run.started, path=PID)
+                run = new_run(PID)
                 self._pidfd_open = None
-                self._hold_planned(run, plan, policy, protected_pids)
+                self._hold_planned(run, plan)
             if plan.dry_run:
-                self._collect(run, policy, protected_pids, stop=False)
+                self._collect(run, stop=False)
                 return self._result(run, plan, "dry-run", "", "dry run: no signal sent")
             self._check(cancelled, deadline)
-            self._freeze(run, policy, protected_pids, deadline, cancelled)
+            self._write(run, "intent", list(run.targets.values()))
+            self._freeze(run, deadline, cancelled)
+            self._check_holders(run, plan)
         except _Abort as abort:
             self._thaw(run)
             self._close(run)
             return self._result(run, plan, "aborted", abort.reason, abort.detail)
         try:
-            return self._kill_frozen(run, plan, policy, protected_pids)
+            return self._kill_frozen(run, plan)
         finally:
             self._close(run)
 
+    def thaw_interrupted(self, members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]:
+        """SIGCONT every (pid, start_time) that is still that process and stopped.
+
+        After a crash mid-reap the tree may be left frozen; it is continued and left
+        alive: killing it again needs a new decision. The caller audits first.
+        """
+        run = _Run(started=self._monotonic(), path=PIDFD if self._pidfd_open else PID,
+                   view=ProcessView(counters=self.counters), policy=Remediate(), rules=Rules(),
+                   protected=frozenset(), journal=None)
+        try:
+            for pid, start_time in members:
+                try:
+                    target, _ = self._open(run, pid, start_time)
+                except _NoPidfd:
+                    self._pidfd_open = None
+                    run.path = PID
+                    target, _ = self._open(run, pid, start_time)
+                if target is None:
+                    continue
+                run.targets[pid] = target
+                if target.info.state in ("T", "t"):
+                    self._send(run, target, signal.SIGCONT)
+        finally:
+            self._close(run)
+        return tuple(run.signals)
+
     # -- phases ----------------------------------------------------------------------
 
-    def _hold_planned(self, run: _Run, plan: ReapPlan, policy: Remediate,
-                      protected: frozenset[int]) -> None:
-        """Open a handle on every planned member and verify it is still that process."""
+    def _hold_planned(self, run: _Run, plan: ReapPlan) -> None:
+        """Open a handle on every planned member, verify it is still that process, judge it."""
         for member in plan.members:
             target, why = self._open(run, member.pid, member.start_time)
             if target is None:
@@ -252,10 +332,9 @@ class Reaper:
                     reason = "root-replaced" if why == "replaced" else "root-gone"
                     raise _Abort(reason, f"root {member.pid} {why} before the reap")
                 continue  # a descendant exited since the inspection: nothing to do for it
-            self._admit(run, target, policy, protected)
+            self._admit(run, target)
 
-    def _freeze(self, run: _Run, policy: Remediate, protected: frozenset[int],
-                deadline: float, cancelled: Callable[[], bool]) -> None:
+    def _freeze(self, run: _Run, deadline: float, cancelled: Callable[[], bool]) -> None:
         """SIGSTOP root first, then breadth first; re-collect until no new member appears.
 
         A fork already under way when SIGSTOP arrives still links its child, so each
@@ -266,42 +345,63 @@ class Reaper:
             self._stop(run, target)
         while True:
             self._wait_stopped(run, min(deadline, self._monotonic() + FREEZE_CONFIRM_SECONDS))
-            if not self._collect(run, policy, protected, stop=True):
+            if not self._collect(run, stop=True):
                 break
             if self._monotonic() > deadline:
                 raise _Abort("worker-timeout", "the tree kept growing while being frozen")
         self._check(cancelled, deadline)
 
-    def _kill_frozen(self, run: _Run, plan: ReapPlan, policy: Remediate,
-                     protected: frozenset[int]) -> ReapResult:
+    def _check_holders(self, run: _Run, plan: ReapPlan) -> None:
+        """With the tree frozen, NVML once more: complete, and no GPU holder nobody judged."""
+        try:
+            reading = self.nvml.read()
+        except Exception as exc:  # fail closed: an unreadable NVML confirms nothing
+            raise _Abort("nvml-unavailable", f"NVML re-check failed: {exc}") from None
+        problem = nvml_problem(reading, {h.gpu_uuid for h in plan.holders})
+        if problem is not None:
+            raise _Abort(problem[0], f"NVML re-check with the tree frozen: {problem[1]}")
+        judged = {h.pid for h in plan.holders}
+        for holder in reading.holders if not run.force else ():
+            target = run.targets.get(holder.pid)
+            if target is not None and holder.pid not in judged:
+                raise _Abort(MEMBER_UNKNOWN, f"member {holder.pid} ({target.member.comm}) "
+                             "holds GPU memory but was not a GPU holder when the tree was "
+                             "classified")
+
+    def _kill_frozen(self, run: _Run, plan: ReapPlan) -> ReapResult:
         """TERM + CONT everyone, wait, then freeze and KILL whoever is left."""
         for target in run.targets.values():
             self._send(run, target, signal.SIGTERM)
         for target in run.targets.values():
             self._send(run, target, signal.SIGCONT)
-        survivors = self._wait_gone(run, policy.term_timeout_seconds, policy, protected)
+        survivors = self._wait_gone(run, run.policy.term_timeout_seconds)
         if survivors:
             for target in survivors:
                 self._stop(run, target)
             for _ in range(MAX_FREEZE_ROUNDS):  # each round stops what it finds: it converges
-                if not self._collect(run, policy, protected, stop=True, refuse=False):
+                if not self._collect(run, stop=True, refuse=False):
                     break
             for target in run.targets.values():
-                if not self._gone(target):
+                if not self._gone(run, target):
                     self._send(run, target, signal.SIGKILL)
-            survivors = self._wait_gone(run, KILL_CONFIRM_SECONDS, policy, protected,
-                                        adopt=False)
+            survivors = self._wait_gone(run, KILL_CONFIRM_SECONDS, adopt=False)
         outcome = "failed" if survivors else "reaped"
         detail = (f"{len(survivors)} process(es) survived SIGKILL" if survivors
                   else "every member is gone or a zombie")
+        detail = "; ".join([detail, *run.notes])
         return self._result(run, plan, outcome, "" if not survivors else "survivors", detail,
                             survivors=tuple(t.member.pid for t in survivors), reclaim=True)
 
     # -- handles ---------------------------------------------------------------------
 
     def _open(self, run: _Run, pid: int, start_time: int | None,
-              parent: int | None = None) -> tuple[_Target | None, str]:
-        """Hold `pid`, then check it is the process we mean: (target, "") or (None, why)."""
+              parent: ProcInfo | None = None) -> tuple[_Target | None, str]:
+        """Hold `pid`, then check it is the process we mean: (target, "") or (None, why).
+
+        With `parent`, the process must (read after the handle is open) be a live
+        child of it, and `parent` itself must still be the process the walk saw: a
+        pid reused in between names someone else, and so do its children.
+        """
         fd = None
         if run.path == PIDFD:
             assert self._pidfd_open is not None
@@ -313,55 +413,89 @@ class Reaper:
                 if exc.errno == errno.ENOSYS:
                     raise _NoPidfd() from exc
                 return None, f"could not be opened ({exc.strerror})"
-        info = self.view.fresh_stat(pid)
+        info = run.view.fresh_stat(pid)
         why = ""
         if info is None or info.is_zombie:
             why = "exited"
         elif start_time is not None and info.start_time != start_time:
             why = "replaced"
-        elif parent is not None and info.ppid != parent:
+        elif parent is not None and not is_child_of(info, parent):
             why = "reparented"
+        elif parent is not None and not still_same(run.view.fresh_stat(parent.pid), parent):
+            why = "parent-replaced"
         if why:
             if fd is not None:
                 os.close(fd)
             return None, why
         assert info is not None
-        return _Target(member_of(info, self.view), fd), ""
+        return _Target(member_of(info, run.view), info, fd), ""
 
-    def _admit(self, run: _Run, target: _Target, policy: Remediate,
-               protected: frozenset[int], *, refuse: bool = True) -> bool:
-        """Add a held process to the reap unless the policy refuses it (then abort or skip)."""
-        refused = member_refusal(target.member, policy, protected)
+    def _admit(self, run: _Run, target: _Target, *, refuse: bool = True) -> bool:
+        """Add a held process to the reap unless a rule refuses it (then abort or skip).
+
+        The policy's refusals (pid 1, root-owned, users) and the classifier's own
+        protections (protect pattern, SIGHUP ignored, keep marker, unreadable facts)
+        apply to every process a reap would signal, read now.
+        """
+        refused = member_refusal(target.member, run.policy, run.protected)
+        if refused is None and not run.force:
+            judged = judge_member(target.info, run.view, run.rules)
+            if judged is not None:
+                refused = (judged.reason, judged.evidence.detail)
         if refused is not None:
             if target.fd is not None:
                 os.close(target.fd)
             if refuse:
                 raise _Abort(refused[0], refused[1])
+            run.notes.append(f"left {target.member.pid} alone: {refused[1]}")
             return False
         run.targets[target.member.pid] = target
         return True
 
-    def _collect(self, run: _Run, policy: Remediate, protected: frozenset[int], *,
-                 stop: bool, refuse: bool = True) -> list[_Target]:
-        """Children of live members not held yet: hold, admit and (when freezing) stop them."""
+    def _collect(self, run: _Run, *, stop: bool, refuse: bool = True) -> list[_Target]:
+        """Children of live members not held yet: hold, admit, record and (when freezing)
+        stop them, one generation at a time."""
         joined: list[_Target] = []
         frontier = [t for t in run.targets.values() if not t.exited]
         while frontier:
-            nxt: list[_Target] = []
+            generation: list[_Target] = []
             for parent in frontier:
-                for child in self.view.children(parent.member.pid) or ():
+                for child in run.view.children(parent.member.pid) or ():
                     if child in run.targets:
                         continue
-                    target, _ = self._open(run, child, None, parent=parent.member.pid)
-                    if target is None or not self._admit(run, target, policy, protected,
-                                                         refuse=refuse):
+                    target, _ = self._open(run, child, None, parent=parent.info)
+                    if target is None or not self._admit(run, target, refuse=refuse):
                         continue
-                    if stop:
-                        self._stop(run, target)
-                    joined.append(target)
-                    nxt.append(target)
-            frontier = nxt
+                    generation.append(target)
+            if generation and run.journal is not None:
+                try:
+                    self._write(run, "joined", generation)
+                except _Abort:
+                    if refuse:
+                        raise
+                    for target in generation:  # not recorded: not signalled
+                        del run.targets[target.member.pid]
+                        if target.fd is not None:
+                            os.close(target.fd)
+                            target.fd = None
+                    run.notes.append(f"left {len(generation)} late joiner(s) unsignalled: "
+                                     "the audit record naming them could not be written")
+                    return joined
+            if stop:
+                for target in generation:
+                    self._stop(run, target)
+            joined.extend(generation)
+            frontier = generation
         return joined
+
+    def _write(self, run: _Run, phase: str, targets: list[_Target]) -> None:
+        """The write-ahead audit record for `targets`; no record, no signal."""
+        assert run.journal is not None
+        try:
+            run.journal(phase, tuple(t.member for t in targets))
+        except Exception as exc:
+            raise _Abort("audit-failed", f"could not write the {phase} audit record: "
+                         f"{exc}; nothing more is signalled") from None
 
     def _send(self, run: _Run, target: _Target, sig: int) -> str:
         pid = target.member.pid
@@ -371,7 +505,7 @@ class Reaper:
                 self._pidfd_send(target.fd, sig)
             else:
                 # The weaker path: re-verify right before signalling (a small reuse window stays).
-                info = self.view.fresh_stat(pid)
+                info = run.view.fresh_stat(pid)
                 if info is None or info.start_time != target.member.start_time:
                     result = "gone"
                     target.exited = True
@@ -402,30 +536,30 @@ class Reaper:
                 self._send(run, target, signal.SIGCONT)
                 target.stopped = False
 
-    def _alive_info(self, target: _Target) -> ProcInfo | None:
+    def _alive_info(self, run: _Run, target: _Target) -> ProcInfo | None:
         """The member as /proc shows it now; None (and marked exited) once it is a zombie,
         gone, or the pid names someone else."""
         if target.exited:
             return None
-        info = self.view.fresh_stat(target.member.pid)
+        info = run.view.fresh_stat(target.member.pid)
         if info is None or info.is_zombie or info.start_time != target.member.start_time:
             target.exited = True
             return None
         return info
 
-    def _gone(self, target: _Target) -> bool:
-        return self._alive_info(target) is None
+    def _gone(self, run: _Run, target: _Target) -> bool:
+        return self._alive_info(run, target) is None
 
     # -- bounded waits ---------------------------------------------------------------
 
-    def _stopped_or_gone(self, target: _Target) -> bool:
-        info = self._alive_info(target)
+    def _stopped_or_gone(self, run: _Run, target: _Target) -> bool:
+        info = self._alive_info(run, target)
         if info is None:
             return True
         if info.state not in ("T", "t"):
             return False
         # Every thread, not just the main one: a thread mid-fork links its child first.
-        states = self.view.thread_states(target.member.pid)
+        states = run.view.thread_states(target.member.pid)
         if states is None:
             target.exited = True
             return True
@@ -433,13 +567,12 @@ class Reaper:
 
     def _wait_stopped(self, run: _Run, until: float) -> None:
         """Poll (bounded) until every member is stopped or gone."""
-        while not all(self._stopped_or_gone(t) for t in list(run.targets.values())):
+        while not all(self._stopped_or_gone(run, t) for t in list(run.targets.values())):
             if self._monotonic() >= until:
                 return
             time.sleep(POLL_SECONDS / 5)
 
-    def _wait_gone(self, run: _Run, timeout: float, policy: Remediate,
-                   protected: frozenset[int], *, adopt: bool = True) -> list[_Target]:
+    def _wait_gone(self, run: _Run, timeout: float, *, adopt: bool = True) -> list[_Target]:
         """Wait (pidfd poll, or short /proc polls) until every member is gone or time is up.
 
         Children born after the SIGTERM (a cleanup handler that forks) join the
@@ -448,9 +581,9 @@ class Reaper:
         until = self._monotonic() + timeout
         while True:
             if adopt:
-                for joined in self._collect(run, policy, protected, stop=False, refuse=False):
+                for joined in self._collect(run, stop=False, refuse=False):
                     self._send(run, joined, signal.SIGTERM)
-            alive = [t for t in run.targets.values() if not self._gone(t)]
+            alive = [t for t in run.targets.values() if not self._gone(run, t)]
             remaining = until - self._monotonic()
             if not alive or remaining <= 0:
                 return alive

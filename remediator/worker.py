@@ -10,6 +10,7 @@ the facts, carries the decision out and writes it down (ledger, audit, metrics).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.config import Config, Remediate
+from exporter.counters import COUNTERS, Counters
 from exporter.procfs import ProcessView
 from remediator.alerts import Alert, Notification
-from remediator.audit import AuditLog, iso_time
+from remediator.audit import FINAL, INTENT, AuditLog, iso_time
 from remediator.ledger import Ledger, PendingItem
 from remediator.policy import (
     ACCEPT,
@@ -33,6 +35,7 @@ from remediator.policy import (
     REAP,
     Decision,
     LiveTree,
+    Member,
     PolicyState,
     TreeKey,
     decide,
@@ -45,6 +48,7 @@ from remediator.reaper import (
     Reaper,
     ReapPlan,
     ReapResult,
+    SignalRecord,
     inspect_tree,
 )
 
@@ -75,8 +79,9 @@ class Account:
                 "reason": self.reason, "detail": self.detail, "key": self.key}
 
 
-def protected_pids(view: ProcessView) -> frozenset[int]:
+def protected_pids(view: ProcessView | None = None) -> frozenset[int]:
     """PID 1, this process and every ancestor: never to be signalled, whatever the alert says."""
+    view = view if view is not None else ProcessView(counters=Counters())
     pids = {1, os.getpid()}
     pid = os.getpid()
     for _ in range(256):
@@ -97,9 +102,9 @@ class Remediator:
         *,
         hostname: str,
         nvml: HolderSource,
-        view: ProcessView,
         ledger: Ledger,
         audit: AuditLog,
+        counters: Counters = COUNTERS,
         reaper: Reaper | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -108,17 +113,17 @@ class Remediator:
         self.policy = config.remediate
         self.hostname = hostname
         self.nvml = nvml
-        self.view = view
+        self.counters = counters
         self.ledger = ledger
         self.audit = audit
-        self.reaper = reaper if reaper is not None else Reaper(view=view, nvml=nvml)
+        self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
         self._clock = clock
         self._monotonic = monotonic
         self._lock = threading.Lock()  # intake + worker hand-over; never held across I/O to /proc
         self._wake = threading.Condition(threading.Lock())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._protected = protected_pids(view)
+        self._protected = protected_pids()
         self._current: TreeKey | None = None
         self._cancelled: set[TreeKey] = set()
         self._busy_since: float | None = None
@@ -129,6 +134,8 @@ class Remediator:
         self.reaped_processes = 0
         self.reclaimed_bytes = 0
         self.reap_failures = 0
+        self.audit_failures = 0
+        self._audit_error: str | None = None  # the last audit write failed: unhealthy
         self._settle_interrupted()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -152,6 +159,8 @@ class Remediator:
     def healthy(self) -> tuple[bool, str]:
         if self._thread is None or not self._thread.is_alive():
             return False, "worker thread is not running"
+        if self._audit_error is not None:
+            return False, f"audit log cannot be written ({self._audit_error}): no reap can run"
         busy = self._busy_since
         limit = (self.policy.worker_timeout_seconds + self.policy.term_timeout_seconds
                  + KILL_CONFIRM_SECONDS + 30)
@@ -273,7 +282,9 @@ class Remediator:
             return {"decisions": dict(self.decisions), "rejected": dict(self.rejected),
                     "reaped_processes": self.reaped_processes,
                     "reclaimed_bytes": self.reclaimed_bytes,
-                    "reap_failures": self.reap_failures}
+                    "reap_failures": self.reap_failures,
+                    "audit_failures": self.audit_failures,
+                    "audit_ok": self._audit_error is None}
 
     def queue_depth(self) -> int:
         return len(self.ledger.pending())
@@ -314,10 +325,11 @@ class Remediator:
     def _process(self, item: PendingItem) -> None:
         key = item.key
         deadline = self._monotonic() + self.policy.worker_timeout_seconds
-        self._protected = protected_pids(self.view)
+        self._protected = protected_pids()
         live: LiveTree | None
         try:
-            live = inspect_tree(key, nvml=self.nvml, view=self.view, rules=self.config.classify)
+            live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify,
+                                counters=self.counters, expected_gpus=self.ledger.gpus(key))
         except Exception as exc:  # unreadable /proc and the like: refuse, never guess
             log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
             live = None
@@ -326,14 +338,15 @@ class Remediator:
                 decision = Decision(CANCEL, "resolved", "withdrawn before the live check", key)
             else:
                 decision = decide(item.alert, live, self._state(self._clock(), exclude=key))
+            gpus = live.gpus if live is not None else ()
             if decision.action == DEFER:
                 assert decision.recheck_at is not None
-                self.ledger.defer(key, decision.recheck_at, decision.first_seen)
+                self.ledger.defer(key, decision.recheck_at, decision.first_seen, gpus)
             elif decision.action in (REAP, DRY_RUN):
                 self.ledger.begin_reap(key, self.policy.mode, item.alert.fingerprint)
             else:
                 if decision.first_seen is not None:
-                    self.ledger.note_first_seen(key, decision.first_seen)
+                    self.ledger.note_first_seen(key, decision.first_seen, gpus)
                 self.ledger.remove_pending(key)
             self._note(decision, item.alert, item.group_key, source="worker")
         if decision.action == DEFER:
@@ -351,10 +364,18 @@ class Remediator:
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=decision.action == DRY_RUN)
         result: ReapResult | None = None
+
+        def journal(phase: str, members: tuple[Member, ...]) -> None:
+            """Ledger (for crash recovery) and audit log name them before any signal."""
+            self.ledger.add_members(key, [(m.pid, m.start_time) for m in members])
+            self._append(audit_record(self.hostname, self._clock(), decision, live, None,
+                                      key=key, mode=self.policy.mode, item=item, phase=phase,
+                                      members=members))
+
         try:
-            result = self.reaper.reap(plan, policy=self.policy, protected_pids=self._protected,
-                                      deadline=deadline,
-                                      cancelled=lambda: key in self._cancelled)
+            result = self.reaper.reap(plan, policy=self.policy, rules=self.config.classify,
+                                      protected_pids=self._protected, deadline=deadline,
+                                      journal=journal, cancelled=lambda: key in self._cancelled)
         except Exception:
             log.exception("reaping %s raised; the key stays settled, the tree is not retried",
                           key)
@@ -381,26 +402,59 @@ class Remediator:
                                 signalled=result.signalled if result else True)
 
     def _settle_interrupted(self) -> None:
-        """Reaps a crash cut short: audit once (unless the record made it), mark done."""
+        """Reaps a crash cut short: continue what they left stopped, audit, never re-kill."""
         for key, entry in self.ledger.interrupted:
             since = float(entry.get("at", 0))
-            if not self.audit.has_record(key.hostname, key.root_pid, key.root_start_time,
-                                         since=since):
-                decision = Decision(IGNORE, "interrupted", "the remediator stopped during this "
-                                    "reap; it is not retried", key)
-                self.audit.append(audit_record(
-                    self.hostname, self._clock(), decision, None, None, key=key,
-                    mode=str(entry.get("mode")), fingerprint=str(entry.get("fingerprint", ""))))
-                self.reap_failures += 1
-            self.ledger.settle_interrupted(key)
+            if self.audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                     since=since):
+                self.ledger.settle_interrupted(key)  # the final record made it; only settle
+                continue
+            members = [(int(pid), int(start)) for pid, start in entry.get("members", [])]
+            decision = Decision(IGNORE, "interrupted-thawed" if members else "interrupted",
+                                "the remediator stopped during this reap; members still "
+                                "stopped are continued (SIGCONT) and left alive", key)
+            record = functools.partial(
+                audit_record, self.hostname, live=None, result=None, decision=decision,
+                key=key, mode=str(entry.get("mode")),
+                fingerprint=str(entry.get("fingerprint", "")), member_ids=members)
+            try:
+                if members:  # the SIGCONTs are signals too: written down first
+                    self._append(record(now=self._clock(), phase=INTENT))
+                signals = self.reaper.thaw_interrupted(members)
+                self._append(record(now=self._clock(), signals=signals))
+            except OSError:
+                log.error("interrupted reap of %s not settled: the audit log cannot be "
+                          "written; retried at the next start", key)
+                continue
+            self.reap_failures += 1
+            self.ledger.settle_interrupted(key, decision.reason)
         self.ledger.interrupted = []
 
     # -- audit -----------------------------------------------------------------------
 
+    def _append(self, record: dict[str, Any]) -> None:
+        """One durable audit record; a failure is counted, makes /healthz 503, and raises."""
+        try:
+            self.audit.append(record)
+        except OSError as exc:
+            with self._lock:
+                self.audit_failures += 1
+                self._audit_error = f"{self.audit.path}: {exc.strerror or exc}"
+            log.error("audit record not written: %s", self._audit_error)
+            raise
+        if self._audit_error is not None:
+            with self._lock:
+                self._audit_error = None
+            log.info("audit log %s is writable again", self.audit.path)
+
     def _audit(self, item: PendingItem, decision: Decision, live: LiveTree | None,
                result: ReapResult | None) -> None:
-        self.audit.append(audit_record(self.hostname, self._clock(), decision, live, result,
-                                       key=item.key, mode=self.policy.mode, item=item))
+        try:
+            self._append(audit_record(self.hostname, self._clock(), decision, live, result,
+                                      key=item.key, mode=self.policy.mode, item=item))
+        except OSError:
+            pass  # counted and reported by _append; the decision stands either way
+
 
 def _with_pending(state: PolicyState, pending: set[TreeKey]) -> PolicyState:
     """The same state with this delivery's own accepted keys counted as pending."""
@@ -429,12 +483,24 @@ def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: f
 def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
                  result: ReapResult | None, *, key: TreeKey, mode: str,
                  item: PendingItem | None = None, fingerprint: str | None = None,
-                 ) -> dict[str, Any]:
-    """One audit line; the worker and the manual `gpuguard reap` write the same shape."""
-    members = result.members if result is not None else (live.members if live else ())
+                 phase: str = FINAL, members: tuple[Member, ...] | None = None,
+                 member_ids: list[tuple[int, int]] | None = None,
+                 signals: tuple[SignalRecord, ...] = ()) -> dict[str, Any]:
+    """One audit line; the worker and the manual `gpuguard reap` write the same shape.
+
+    `phase` intent/joined records name `members` before they are signalled; a final
+    record lists the reap's members and signals. `member_ids` and `signals` describe
+    a crash recovery, which knows members only as (pid, start_time).
+    """
+    if members is None:
+        members = result.members if result is not None else (live.members if live else ())
+    listed = [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time, "uid": m.uid,
+               "user": m.user, "comm": m.comm} for m in members]
+    listed += [{"pid": pid, "start_time": start} for pid, start in member_ids or ()]
     record: dict[str, Any] = {
         "time": iso_time(now),
         "ts": now,
+        "phase": phase,
         "hostname": hostname,
         "key": {"hostname": key.hostname, "root_pid": key.root_pid,
                 "root_start_time": key.root_start_time},
@@ -450,12 +516,11 @@ def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree |
             "verdict": live.verdict if live else None,
             "reason": live.reason if live else None,
             "gpu_bytes": live.gpu_bytes if live else None,
-            "members": [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time,
-                         "uid": m.uid, "user": m.user, "comm": m.comm} for m in members],
+            "members": listed,
         },
         "kill_path": result.kill_path if result else None,
         "outcome": result.outcome if result else None,
-        "signals": [s.to_json() for s in result.signals] if result else [],
+        "signals": [s.to_json() for s in (result.signals if result else signals)],
     }
     if result is not None:
         record.update(survivors=list(result.survivors),

@@ -8,7 +8,8 @@ import pytest
 
 from tests.proctree import Trees, become_subreaper, reap_zombie_children
 
-pytest_plugins = ["tests.fakenvml.plugin"]
+#: Fixtures: the fake NVML world, and the in-process remediator `harness`.
+pytest_plugins = ["tests.fakenvml.plugin", "tests.remediator_helpers"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

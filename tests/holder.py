@@ -19,8 +19,23 @@ def main() -> None:
     p.add_argument("--children", type=int, default=0, help="extra sleeping children to fork")
     p.add_argument("--threads", type=int, default=0, help="extra sleeping threads")
     p.add_argument("--ignore-term", action="store_true", help="survive SIGTERM (needs SIGKILL)")
+    p.add_argument("--depth", type=int, default=0,
+                   help="run the holder this many processes further down (each level waits)")
+    p.add_argument("--hup-on-usr1", action="store_true",
+                   help="on SIGUSR1 start ignoring SIGHUP (a job that detaches late)")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
+    if args.depth > 0:
+        child = os.fork()
+        if child == 0:
+            argv = [a for a in sys.argv[1:] if not a.startswith("--depth")]
+            os.execv(sys.executable, [sys.executable, __file__, f"--depth={args.depth - 1}",
+                                      *argv])
+        os.waitpid(child, 0)
+        return
+    if args.hup_on_usr1:
+        signal.signal(signal.SIGUSR1,
+                      lambda *_: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for _ in range(args.threads):

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from exporter.nvml import Holder
-from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, walk_descendants
+from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
 
 SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
 INIT_SCOPE = "/init.scope"
@@ -245,7 +245,14 @@ class SyntheticView:
     # -- ProcSource --------------------------------------------------------------------
 
     def stat(self, pid: int) -> ProcInfo | None:
-        self.calls.append(("stat", pid))
+        return self._stat("stat", pid)
+
+    def fresh_stat(self, pid: int) -> ProcInfo | None:
+        """As `stat`, recorded apart: the member walk's identity re-reads."""
+        return self._stat("fresh_stat", pid)
+
+    def _stat(self, method: str, pid: int) -> ProcInfo | None:
+        self.calls.append((method, pid))
         if pid in self.unreadable:
             raise ProcUnreadable(f"/proc/{pid}/stat: Permission denied (synthetic)")
         limit = self.vanish_after_reads.get(pid)
@@ -254,9 +261,6 @@ class SyntheticView:
         self._stat_reads[pid] += 1
         p = self._procs.get(pid)
         return p.info() if p is not None else None
-
-    def fresh_stat(self, pid: int) -> ProcInfo | None:
-        return self.stat(pid)
 
     def _current(self, method: str, info: ProcInfo) -> FakeProc | None:
         self.calls.append((method, info.pid))
@@ -300,8 +304,15 @@ class SyntheticView:
             return None
         return tuple(p.pid for p in self._procs.values() if p.ppid == pid and p.pid != pid)
 
-    def descendants(self, pid: int, *, limit: int = 100_000) -> tuple[int, ...]:
-        return walk_descendants(self.children, pid, limit=limit)
+    def descendants(self, pid: int) -> tuple[int, ...]:
+        """Every descendant of `pid` in the table, breadth first (not recorded)."""
+        out: list[int] = []
+        frontier = [pid]
+        while frontier:
+            frontier = [p.pid for p in self._procs.values()
+                        if p.ppid in frontier and p.pid not in out and p.pid != pid]
+            out += frontier
+        return tuple(out)
 
     # -- changing the table ------------------------------------------------------------
 

@@ -276,8 +276,9 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         }}))
         exporter = Exporter(env=env, args=["--hostname", hostname], scan_interval=scan_interval)
         started.append(exporter)
-        remediator = ServerProcess("remediator", ["--config", str(config), "--token-file",
-                                                  str(token), "--hostname", hostname], env=env)
+        remediator = ServerProcess("remediator", [
+            "--config", str(config), "--token-file", str(token), "--hostname", hostname,
+            "--allow-pid-namespace"], env=env)  # the fake NVML reports this namespace's pids
         started.append(remediator)
         recorder = WebhookRecorder()
         started.append(recorder)

@@ -5,12 +5,22 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from flask.testing import FlaskClient
 
+from exporter.config import load_config
+from exporter.counters import Counters
+from exporter.nvml import Nvml
+from remediator.app import create_app, remediator_of
+from remediator.reaper import Reaper
+from remediator.worker import Remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, stat_fields
 
@@ -134,3 +144,80 @@ def spawn_orphan(trees: Trees, world: FakeGpuWorld, script: str = SH_CHAIN, *,
     root_fields = stat_fields(root)
     assert root_fields is not None
     return Orphan(tree, root, int(root_fields["start_time"]), holder)  # type: ignore[arg-type]
+
+
+# -- the in-process remediator: Flask test client, real worker, fake NVML -----------
+
+
+@dataclass
+class Harness:
+    client: FlaskClient
+    service: Remediator
+    nvml: Nvml
+    world: FakeGpuWorld
+    audit_path: Path
+
+    def post(self, body: Any, *, token: str | None = TOKEN) -> Any:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return self.client.post("/alerts", json=body, headers=headers)
+
+    def settle(self) -> None:
+        assert self.service.wait_idle(10), "the worker did not finish"
+
+    def audit(self) -> list[dict[str, Any]]:
+        return self.service.audit.records()
+
+    def decisions(self, key_root: int) -> list[dict[str, Any]]:
+        snap = self.service.snapshot()
+        return [d for d in snap["recent_decisions"]
+                if d["key"] and d["key"].split("/")[1] == str(key_root)]
+
+
+@pytest.fixture
+def harness(tmp_path: Path, fake_gpu: FakeGpuWorld) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(*, clock: Callable[[], float] = time.time,
+             monotonic: Callable[[], float] = time.monotonic, classify: dict | None = None,
+             reaper_kw: dict[str, Any] | None = None, **remediate: Any) -> Harness:
+        """An app over the fake GPU world; `reaper_kw` reaches the Reaper (signal edges)."""
+        config = load_config(write_config(tmp_path, classify=classify, **remediate))
+        counters = Counters()
+        nvml = Nvml(counters=counters)
+        reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic, **reaper_kw) \
+            if reaper_kw is not None else None
+        app = create_app(config, token=lambda: TOKEN.encode(), hostname=HOST, clock=clock,
+                         monotonic=monotonic, nvml=nvml, counters=counters, reaper=reaper)
+        h = Harness(app.test_client(), remediator_of(app), nvml, fake_gpu,
+                    Path(config.remediate.audit_log))
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.service.stop()
+        h.nvml.close()
+
+
+class FakeClock:
+    """Wall clock the test moves by hand; the worker is woken after each move."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def account(resp: Any) -> dict[str, Any]:
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    (only,) = resp.get_json()["accounts"]
+    return only
+
+
+def only_record(h: Harness, orphan: Orphan) -> dict[str, Any]:
+    """The one final audit record of this tree (write-ahead records are apart)."""
+    records = [r for r in h.audit()
+               if r["key"]["root_pid"] == orphan.root and r["phase"] == "final"]
+    assert len(records) == 1, records
+    return records[0]

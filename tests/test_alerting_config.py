@@ -61,6 +61,8 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_reaped_processes_total",
         "gpuguard_remediator_reclaimed_bytes_total",
         "gpuguard_remediator_reap_failures_total",
+        "gpuguard_remediator_audit_write_failures_total",
+        "gpuguard_remediator_audit_ok",
         "gpuguard_remediator_queue_depth",
     }
 )

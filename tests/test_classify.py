@@ -94,7 +94,9 @@ def test_session_leader_killed_is_orphan_session_ended_rooted_at_topmost_survivo
     assert tree.root_start_time == view[200].start_time
     assert tree.evidence.pids == (200, 1, 100)
     assert "E1" in tree.evidence.detail
-    assert view.calls_to("keep_marker") == [200]  # environ read for the would-be orphan only
+    # environ is read only inside the would-be orphan tree: its members are judged (rule 4)
+    assert set(view.calls_to("keep_marker")) == {200, 300}
+    assert tree.members == (view.info(200), view.info(300))
 
 
 def test_intermediate_parent_killed_with_leader_alive_is_orphan_parent_exited():
@@ -194,7 +196,7 @@ def test_fork_setsid_fork_daemon_is_normal_daemon(pgid, daemon_io, expected):
     tree = one_tree(view, holder(710))
     check(tree, *expected, 700, "6")
     assert view.calls_to("daemon_io") == ([700] if pgid == 650 else [])
-    assert view.calls_to("keep_marker") == ([] if expected[0] == NORMAL else [700])
+    assert set(view.calls_to("keep_marker")) == (set() if expected[0] == NORMAL else {700, 710})
 
 
 # -- rule 4: SIGHUP ignored, keep marker --------------------------------------------
@@ -573,19 +575,28 @@ def test_warm_classify_reads_only_chains_and_session_leaders():
     view.exit(100)  # 200 -> orphan (dead leader 100); 710 stays normal under 700
     holders = [holder(300), holder(710, gpu=1)]
     classify(holders, view, RULES)  # cold
+    members = {200, *view.descendants(200)}  # what a reap of the orphan would signal
     view.reset_calls()
     trees = classify(holders, view, RULES)  # warm
     assert [(t.verdict, t.root_pid) for t in trees] == [(ORPHAN, 200), (NORMAL, 700)]
-    expected = {300, 200, 1, 100, 710, 700}  # chains, init, the dead session leader
-    assert set(view.calls_to("stat")) == expected
-    assert view.touched() == expected
+    assert {m.pid for m in trees[0].members} == members and len(members) > 2
+    chains = {300, 200, 1, 100, 710, 700}  # chains, init, the dead session leader
+    assert set(view.calls_to("stat")) == chains | members  # the orphan's members, walked down
+    parents = {m for m in members if view.descendants(m)}
+    assert set(view.calls_to("fresh_stat")) == parents  # re-read after their children files
+    assert view.touched() == chains | members
     assert len(view) > 100  # the table really is bigger than what was read
 
 
 def test_one_holder_stats_each_pid_once():
     view = leader_killed(*_unrelated(100))
-    one_tree(view)
-    assert Counter(view.calls_to("stat")) == {300: 1, 200: 1, 1: 1, 100: 1}
+    tree = one_tree(view)
+    below = set(view.descendants(200)) - {300}  # members that are on no chain
+    assert {m.pid for m in tree.members} == {200, 300, *below}
+    # Each pid once walking up, and the orphan's members once more walking down (a real
+    # ProcessView answers the second read from its per-scan memo).
+    expected = {300: 2, 200: 1, 1: 1, 100: 1, **dict.fromkeys(below, 1)}
+    assert Counter(view.calls_to("stat")) == expected
 
 
 # -- the synthetic table itself -----------------------------------------------------

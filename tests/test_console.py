@@ -339,7 +339,9 @@ def audit_records(config: Path) -> list[dict]:
 
 
 def reap(gpuguard: Run, root: int, config: Path, *flags: str) -> tuple[int, dict, str]:
-    proc = gpuguard("reap", str(root), "--config", str(config), "--json", *flags)
+    # The fake NVML reports this namespace's pids (CI runs the suite in its own namespace).
+    proc = gpuguard("reap", str(root), "--config", str(config), "--json",
+                    "--allow-pid-namespace", *flags)
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "gpuguard.reap/v1" and doc["exit_code"] == proc.returncode
     return proc.returncode, doc, proc.stderr
@@ -366,7 +368,10 @@ def test_reap_dry_run_then_apply(tmp_path: Path, trees: Trees, fake_gpu: FakeGpu
     assert not any(alive(pid) for pid in members)
     assert {s["signal"] for s in doc["signals"]} >= {"SIGSTOP", "SIGTERM"}
 
-    dry, applied = audit_records(config)
+    dry, intent, applied = audit_records(config)
+    assert (dry["phase"], intent["phase"], applied["phase"]) == ("final", "intent", "final")
+    assert sorted(m["pid"] for m in intent["tree"]["members"]) == sorted(members)
+    assert intent["signals"] == [] and intent["manual"]["apply"] is True
     assert dry["outcome"] == "dry-run" and dry["mode"] == "dry-run"
     assert applied["outcome"] == "reaped" and applied["mode"] == "enforce"
     assert applied["key"]["root_pid"] == sh

@@ -7,7 +7,14 @@ import os
 import pytest
 
 from exporter.counters import Counters
-from exporter.procfs import ProcessView, ProcUnreadable, parse_stat, parse_status
+from exporter.procfs import (
+    ProcessView,
+    ProcInfo,
+    ProcUnreadable,
+    parse_stat,
+    parse_status,
+    walk_members,
+)
 from tests.proctree import Trees
 
 
@@ -72,13 +79,16 @@ def test_malformed_stat_is_unreadable(tmp_path) -> None:
         view.stat(77)
 
 
-def test_descendants_walk_children_files(trees: Trees) -> None:
+def test_member_walk_reads_children_files(trees: Trees) -> None:
     tree = trees.spawn("{holder} --pidfile {dir}/worker --children 3 & wait")
     worker = tree.pid("worker")
     counters = Counters()
     view = ProcessView(counters=counters)
-    kids = view.descendants(tree.launcher.pid)
-    assert worker in kids and len(kids) == 4  # the worker and its three children
+    launcher = view.stat(tree.launcher.pid)
+    assert launcher is not None
+    members = walk_members(launcher, view.children, view.stat, view.fresh_stat)
+    kids = [m.pid for m in members[1:]]
+    assert members[0] == launcher and worker in kids and len(kids) == 4  # + its 3 children
     assert counters.snapshot()["proc_children"].proc_reads >= 5
 
 
@@ -98,3 +108,22 @@ def test_thread_states_cover_every_thread(trees: Trees) -> None:
     os.kill(worker, sig.SIGCONT)
     assert view.thread_states(4_000_000) is None
     assert counters.snapshot()["proc_task_stat"].proc_reads >= 4
+
+
+def test_member_walk_drops_children_of_a_pid_that_was_reused() -> None:
+    """The parent is re-read after its children: a new process at its pid disowns them."""
+    root = ProcInfo(10, 1, 10, 10, start_time=100, state="S", uid=1000, comm="sh")
+    member = ProcInfo(20, 10, 10, 10, start_time=200, state="S", uid=1000, comm="python")
+    stranger_child = ProcInfo(30, 20, 30, 30, start_time=400, state="S", uid=0, comm="x")
+    table = {10: root, 20: member, 30: stranger_child}
+    kids = {10: (20,), 20: (30,)}
+
+    def walk(now_20: ProcInfo | None) -> list[int]:
+        def stat_now(pid: int) -> ProcInfo | None:
+            return now_20 if pid == 20 else table.get(pid)
+        return [m.pid for m in walk_members(root, kids.get, table.get, stat_now)]
+
+    assert walk(member) == [10, 20, 30]  # 20 is still 20: its child is a member
+    reused = ProcInfo(20, 1, 20, 20, start_time=300, state="S", uid=0, comm="other")
+    assert walk(reused) == [10, 20]  # pid 20 names another process now: 30 is not ours
+    assert walk(None) == [10, 20]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask.testing import FlaskClient
 
 from exporter.config import load_config
 from exporter.counters import Counters
@@ -19,88 +17,22 @@ from exporter.nvml import Nvml
 from remediator.app import MAX_BODY_BYTES, create_app, remediator_of
 from remediator.ledger import Ledger
 from remediator.policy import TreeKey
-from remediator.worker import Remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for
 from tests.remediator_helpers import (
     HOST,
     TOKEN,
+    FakeClock,
+    Harness,
     Orphan,
+    account,
     alert,
     me,
+    only_record,
     payload,
     spawn_orphan,
     write_config,
 )
-
-
-@dataclass
-class Harness:
-    client: FlaskClient
-    service: Remediator
-    nvml: Nvml
-    world: FakeGpuWorld
-    audit_path: Path
-
-    def post(self, body: Any, *, token: str | None = TOKEN) -> Any:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return self.client.post("/alerts", json=body, headers=headers)
-
-    def settle(self) -> None:
-        assert self.service.wait_idle(10), "the worker did not finish"
-
-    def audit(self) -> list[dict[str, Any]]:
-        return self.service.audit.records()
-
-    def decisions(self, key_root: int) -> list[dict[str, Any]]:
-        snap = self.service.snapshot()
-        return [d for d in snap["recent_decisions"]
-                if d["key"] and d["key"].split("/")[1] == str(key_root)]
-
-
-@pytest.fixture
-def harness(tmp_path: Path, fake_gpu: FakeGpuWorld) -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
-
-    def make(*, clock: Callable[[], float] = time.time,
-             monotonic: Callable[[], float] = time.monotonic, classify: dict | None = None,
-             **remediate: Any) -> Harness:
-        config = load_config(write_config(tmp_path, classify=classify, **remediate))
-        counters = Counters()
-        nvml = Nvml(counters=counters)
-        app = create_app(config, token=lambda: TOKEN.encode(), hostname=HOST, clock=clock,
-                         monotonic=monotonic, nvml=nvml, counters=counters)
-        h = Harness(app.test_client(), remediator_of(app), nvml, fake_gpu,
-                    Path(config.remediate.audit_log))
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.service.stop()
-        h.nvml.close()
-
-
-class FakeClock:
-    """Wall clock the test moves by hand; the worker is woken after each move."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def account(resp: Any) -> dict[str, Any]:
-    assert resp.status_code == 200, resp.get_data(as_text=True)
-    (only,) = resp.get_json()["accounts"]
-    return only
-
-
-def only_record(h: Harness, orphan: Orphan) -> dict[str, Any]:
-    records = [r for r in h.audit() if r["key"]["root_pid"] == orphan.root]
-    assert len(records) == 1, records
-    return records[0]
 
 
 def test_orphan_is_reaped_and_audited(harness: Callable[..., Harness], trees: Trees,
@@ -121,6 +53,11 @@ def test_orphan_is_reaped_and_audited(harness: Callable[..., Harness], trees: Tr
                                                          (orphan.holder, "python")]
     assert all(m["start_time"] and m["user"] == me() for m in members)
     assert {s["result"] for s in record["signals"]} == {"sent"}
+    # Written ahead: the intent record names every member before the first signal.
+    (intent,) = [r for r in h.audit() if r["phase"] == "intent"]
+    assert h.audit().index(intent) < h.audit().index(record) and intent["signals"] == []
+    assert [(m["pid"], m["start_time"]) for m in intent["tree"]["members"]] == [
+        (m["pid"], m["start_time"]) for m in members]
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert "gpuguard_remediator_reaped_processes_total 2.0" in metrics
     assert ('gpuguard_remediator_decisions_total{action="reap",reason="session-ended"} 1.0'

@@ -14,14 +14,14 @@ from exporter.classify import Rules
 from exporter.config import Remediate, UserFilter
 from exporter.counters import Counters
 from exporter.nvml import Nvml, NvmlReading
-from exporter.procfs import ProcessView
-from remediator.policy import TreeKey
-from remediator.reaper import PID, PIDFD, Reaper, ReapPlan, ReapResult, inspect_tree
+from remediator.policy import Member, TreeKey
+from remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult, inspect_tree
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, stat_fields
 from tests.remediator_helpers import GIB, HOST, STUBBORN, Orphan, spawn_orphan
 
 #: Lets the tests' own processes through whoever runs them (CI runs as root).
+RULES = Rules()
 POLICY = Remediate(mode="enforce", term_timeout_seconds=2, allow_root_owned=True,
                    users=UserFilter(allow=("*",), deny=()))
 
@@ -47,7 +47,7 @@ def nvml(fake_gpu: FakeGpuWorld) -> Iterator[DriverLikeNvml]:
 
 def plan_for(orphan: Orphan, nvml: DriverLikeNvml, *, dry_run: bool = False) -> ReapPlan:
     key = TreeKey(HOST, orphan.root, orphan.root_start)
-    live = inspect_tree(key, nvml=nvml, view=ProcessView(counters=Counters()), rules=Rules())
+    live = inspect_tree(key, nvml=nvml, rules=Rules(), counters=Counters())
     assert live.tree_found and live.verdict == "orphan", live
     assert [m.pid for m in live.members] == orphan.members
     return ReapPlan(key, live.members, live.holders, live.gpu_bytes, dry_run)
@@ -55,10 +55,22 @@ def plan_for(orphan: Orphan, nvml: DriverLikeNvml, *, dry_run: bool = False) -> 
 
 def reap(plan: ReapPlan, nvml: DriverLikeNvml, *, policy: Remediate = POLICY,
          protected: frozenset[int] = frozenset({1, os.getpid()}), deadline: float | None = None,
+         journal: Journal | None = None, rules: Rules = RULES,
          **reaper_kw: object) -> ReapResult:
-    reaper = Reaper(view=ProcessView(counters=Counters()), nvml=nvml, **reaper_kw)  # type: ignore[arg-type]
-    return reaper.reap(plan, policy=policy, protected_pids=protected,
-                       deadline=deadline if deadline is not None else time.monotonic() + 30)
+    reaper = Reaper(nvml=nvml, counters=Counters(), **reaper_kw)  # type: ignore[arg-type]
+    return reaper.reap(plan, policy=policy, rules=rules, protected_pids=protected,
+                       deadline=deadline if deadline is not None else time.monotonic() + 30,
+                       journal=journal if journal is not None else Written())
+
+
+class Written:
+    """A journal that keeps what it was asked to write, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, tuple[int, ...]]] = []
+
+    def __call__(self, phase: str, members: tuple[Member, ...]) -> None:
+        self.records.append((phase, tuple(m.pid for m in members)))
 
 
 def sent(result: ReapResult) -> list[tuple[int, str]]:
