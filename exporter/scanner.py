@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
 from exporter.counters import COUNTERS, Counters
 from exporter.nvml import Nvml, NvmlReading
+from exporter.periodic import Periodic
 from exporter.procfs import ProcessView
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,7 @@ class Scanner:
         self._latest: Snapshot | None = None
         self.scans_total = 0
         self.errors_total = dict.fromkeys(ERROR_STAGES, 0)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop: Periodic | None = None
 
     @property
     def latest(self) -> Snapshot | None:
@@ -141,19 +141,12 @@ class Scanner:
     # -- background loop -------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpuguard-scanner", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.monotonic()
-            self.scan_once()
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+        self._loop = Periodic("gpuguard-scanner", self.interval, self.scan_once)
+        self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._loop is not None:
+            self._loop.stop(timeout)
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop is not None and self._loop.alive()

@@ -29,9 +29,11 @@ from prometheus_client.registry import Collector
 from exporter.config import Config
 from exporter.counters import Counters
 from exporter.metrics import inspector_metrics
+from remediator.alertmanager import RESULTS, AlertmanagerClient
 from remediator.alerts import PayloadError, parse_notification
 from remediator.audit import AuditLog
 from remediator.ledger import Ledger
+from remediator.pull import Puller
 from remediator.reaper import HolderSource, Reaper
 from remediator.worker import Remediator
 
@@ -126,6 +128,15 @@ class RemediatorCollector(Collector):
         for cause, count in c["rejected"].items():
             rejected.add_metric([cause], count)
         yield rejected
+        requests = CounterMetricFamily(
+            "gpuguard_remediator_alertmanager_requests",
+            "Requests to Alertmanager's API (kill-time confirmation, pull), by result.",
+            labels=["result"])
+        client = self.service.alertmanager
+        counts = client.request_counts() if client is not None else dict.fromkeys(RESULTS, 0)
+        for result, count in sorted(counts.items()):
+            requests.add_metric([result], count)
+        yield requests
         yield GaugeMetricFamily("gpuguard_remediator_queue_depth",
                                 "Accepted alerts not finished yet (queued or deferred).",
                                 value=self.service.queue_depth())
@@ -150,6 +161,7 @@ def create_app(
     monotonic: Callable[[], float] = time.monotonic,
     nvml: HolderSource | None = None,
     reaper: Reaper | None = None,
+    alertmanager: AlertmanagerClient | None = None,
     counters: Counters | None = None,
     start_worker: bool = True,
 ) -> Flask:
@@ -169,9 +181,14 @@ def create_app(
     audit.check_writable()
     if reaper is None:
         reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic)
+    if alertmanager is None and policy.alertmanager is not None:
+        alertmanager = AlertmanagerClient(policy.alertmanager)
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
                          ledger=ledger, audit=audit, counters=counters, reaper=reaper,
-                         clock=clock, monotonic=monotonic)
+                         alertmanager=alertmanager, clock=clock, monotonic=monotonic)
+    if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
+        service.attach(Puller(service, alertmanager,
+                              interval=policy.alertmanager.pull_interval_seconds))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RemediatorCollector(service, counters))
 

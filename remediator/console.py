@@ -102,6 +102,7 @@ from exporter.classify import (
     UNKNOWN,
     HolderVerdict,
     Tree,
+    classify,
     classify_holder,
 )
 from exporter.cli import positive_float
@@ -109,6 +110,14 @@ from exporter.config import Config, ConfigError, load_config
 from exporter.nvml import GpuSample, Holder, Nvml, NvmlReading
 from exporter.procfs import ProcessView, ProcInfo, in_host_pid_namespace
 from exporter.scanner import Scanner, Snapshot, user_name
+from remediator.alertmanager import (
+    FIRING,
+    INHIBITED,
+    NOT_FIRING,
+    SILENCED,
+    UNREACHABLE,
+    AlertmanagerClient,
+)
 from remediator.alerts import Alert, Notification, PayloadError, parse_notification
 from remediator.audit import FINAL, AuditLog
 from remediator.ledger import FILE_NAME as LEDGER_FILE
@@ -397,7 +406,8 @@ def tree_members(tree: Tree) -> list[ProcInfo]:
     return members
 
 
-def tree_json(tree: Tree, snap: Snapshot) -> dict[str, Any]:
+def tree_json(tree: Tree, snap: Snapshot,
+              alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     root = tree.root
     orphan = snap.orphans.get(root.identity) if root is not None else None
     return {
@@ -419,10 +429,12 @@ def tree_json(tree: Tree, snap: Snapshot) -> dict[str, Any]:
         "processes": orphan.processes if orphan is not None else None,
         "holders": [holder_json(h) for h in tree.holders],
         "members": [member_json(m) for m in tree_members(tree)],
+        "alert": alerts.get(tree.root_pid) if alerts else None,
     }
 
 
-def status_json(snap: Snapshot, hostname: str) -> dict[str, Any]:
+def status_json(snap: Snapshot, hostname: str,
+                alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "schema": STATUS_SCHEMA,
         "hostname": hostname,
@@ -430,8 +442,46 @@ def status_json(snap: Snapshot, hostname: str) -> dict[str, Any]:
         "nvml": nvml_json(snap.reading),
         "errors": [{"stage": s, "message": m} for s, m in snap.errors],
         "gpus": [gpu_json(g) for g in snap.reading.gpus],
-        "trees": [tree_json(t, snap) for t in snap.trees],
+        "trees": [tree_json(t, snap, alerts) for t in snap.trees],
     }
+
+
+def alert_state(config: Config, hostname: str, root_pid: int,
+                root_start_time: int) -> dict[str, Any] | None:
+    """Alertmanager's view of this tree's alert (None when remediate.alertmanager is unset).
+
+    Every alertname in remediate.alerts is asked; the answer that most constrains a
+    reap is kept: silenced, then inhibited, then firing, then not-firing; unreachable
+    only when no question got an answer.
+    """
+    if config.remediate.alertmanager is None:
+        return None
+    client = AlertmanagerClient(config.remediate.alertmanager)
+    answers = [(name, client.confirm(alertname=name, hostname=hostname, root_pid=root_pid,
+                                     root_start_time=root_start_time))
+               for name in config.remediate.alerts]
+    rank = {SILENCED: 0, INHIBITED: 1, FIRING: 2, NOT_FIRING: 3, UNREACHABLE: 4}
+    name, answer = min(answers, key=lambda a: rank.get(a[1].state, 5))
+    return {"alertname": name, **answer.to_json()}
+
+
+def alert_line(alert: dict[str, Any]) -> str:
+    if alert["state"] == SILENCED:
+        creators = ", ".join(alert["silence_creators"]) or "unknown"
+        return (f"{alert['alertname']} silenced by {', '.join(alert['silenced_by'])} "
+                f"(created by {creators}): the remediator will not reap it")
+    return f"{alert['alertname']} {alert['state']}: {alert['detail']}"
+
+
+def orphan_alerts(config: Config, hostname: str, snap: Snapshot) -> dict[int, dict[str, Any]]:
+    """Alertmanager's state for each orphan tree's alert; {} when not configured."""
+    out: dict[int, dict[str, Any]] = {}
+    for tree in snap.trees:
+        if tree.verdict == ORPHAN and tree.root is not None:
+            state = alert_state(config, hostname, tree.root.pid, tree.root.start_time)
+            if state is not None:
+                out[tree.root_pid] = state
+    return out
 
 
 # -- status -------------------------------------------------------------------------------
@@ -569,12 +619,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         if args.watch is None:
             snap = scanner.scan_once()
+            alerts = orphan_alerts(config, hostname, snap)
             if args.json:
-                print_json(status_json(snap, hostname))
+                print_json(status_json(snap, hostname, alerts))
             elif not snap.reading.up:
                 print(f"{PROG}: {nvml_down_line(snap.reading)}")
             else:
-                make_console().print(status_renderable(snap, hostname, lambda _t: None))
+                console = make_console()
+                console.print(status_renderable(snap, hostname, lambda _t: None))
+                for root_pid, alert in sorted(alerts.items()):
+                    console.print(Text(f"alert for root {root_pid}: {alert_line(alert)}"))
             return EXIT_OK if snap.reading.up else EXIT_NVML_DOWN
         return watch(scanner, hostname, args.watch, as_json=args.json)
     finally:
@@ -630,6 +684,8 @@ class Explanation:
     holdings: tuple[Holder, ...]
     verdict: HolderVerdict
     note: str | None
+    tree: Tree | None = None  # the tree it belongs to, members judged too
+    alert: dict[str, Any] | None = None  # Alertmanager's state of its alert, if configured
 
 
 def explain_pid(pid: int, config: Config) -> Explanation:
@@ -655,8 +711,15 @@ def explain_pid(pid: int, config: Config) -> Explanation:
         else:
             note = (f"NVML unavailable ({'; '.join(m for _, m in reading.errors)}); "
                     f"pid {pid} explained as if it were a holder")
-    return Explanation(info, reading, holdings, classify_holder(holder, view, config.classify),
-                       note)
+    hv = classify_holder(holder, view, config.classify)
+    # The tree's verdict also judges every member below the root (a nohup'd sibling):
+    # what the exporter publishes and a reap would respect.
+    tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
+                 if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
+    alert = None
+    if tree is not None and tree.verdict == ORPHAN and tree.root is not None:
+        alert = alert_state(config, socket.gethostname(), tree.root.pid, tree.root.start_time)
+    return Explanation(info, reading, holdings, hv, note, tree, alert)
 
 
 def chain_roles(hv: HolderVerdict) -> list[tuple[str, ProcInfo]]:
@@ -714,6 +777,12 @@ def explain_json(ex: Explanation) -> dict[str, Any]:
         "root_start_time": hv.root.start_time if hv.root is not None else None,
         "chain": chain,
         "sessions": session_states(ex),
+        "tree": None if ex.tree is None else {
+            "root_pid": ex.tree.root_pid, "verdict": ex.tree.verdict, "reason": ex.tree.reason,
+            "evidence": {"rule": ex.tree.evidence.rule, "detail": ex.tree.evidence.detail,
+                         "pids": list(ex.tree.evidence.pids)},
+            "processes": len(ex.tree.members) or None},
+        "alert": ex.alert,
     }
 
 
@@ -732,6 +801,12 @@ def explain_renderable(ex: Explanation) -> RenderableType:
                                f"  decided by rule {rule} ({RULE_NAMES.get(rule, '?')})"))
     pids = ", ".join(str(p) for p in hv.evidence.pids)
     parts.append(Text(f"evidence: {hv.evidence.detail}" + (f"  [pids {pids}]" if pids else "")))
+    tree = ex.tree
+    if tree is not None and (tree.verdict, tree.reason) != (hv.verdict, hv.reason):
+        parts.append(Text.assemble("tree verdict: ", verdict_text(tree.verdict),
+                                   f"  reason: {tree.reason}: {tree.evidence.detail}"))
+    if ex.alert is not None:
+        parts.append(Text(f"alert: {alert_line(ex.alert)}"))
     if hv.root is not None:
         what = ("a reap would signal it and all its descendants" if hv.verdict == ORPHAN
                 else "never reaped: only orphans are")
@@ -953,6 +1028,7 @@ class ReapReport:
     forced: bool
     audited: str | None  # the audit file, or None with `audit_error`
     audit_error: str | None
+    alert: dict[str, Any] | None = None  # Alertmanager's state of the tree's alert
 
     def to_json(self, code: int) -> dict[str, Any]:
         res = self.result
@@ -976,6 +1052,7 @@ class ReapReport:
             "reclaimed_bytes": res.reclaimed_bytes if res is not None else None,
             "audit_log": self.audited,
             "audit_error": self.audit_error,
+            "alert": self.alert,
         }
 
 
@@ -1052,6 +1129,17 @@ def cmd_reap(args: argparse.Namespace) -> int:
             audit.append(audit_record(config, hostname, key, decision, live, None, mode=mode,
                                       manual=manual, phase=phase, members=members))
 
+        alert: dict[str, Any] | None = None
+
+        def confirm() -> tuple[str, str] | None:
+            """A silenced tree (or an Alertmanager that cannot say) needs --force."""
+            nonlocal alert
+            alert = alert_state(config, hostname, key.root_pid, key.root_start_time)
+            if alert is None or args.force or alert["state"] not in (SILENCED, UNREACHABLE):
+                return None
+            reason = "silenced" if alert["state"] == SILENCED else "alertmanager-unreachable"
+            return reason, f"{alert_line(alert)}; pass --force to reap it anyway"
+
         if refusal is None:
             plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                             gpu_bytes=live.gpu_bytes, dry_run=not args.apply)
@@ -1061,19 +1149,23 @@ def cmd_reap(args: argparse.Namespace) -> int:
             result = Reaper(nvml=nvml).reap(
                 plan, policy=config.remediate, rules=config.classify,
                 protected_pids=protected_pids(), deadline=deadline,
-                journal=journal if args.apply else None, force=args.force)
+                journal=journal if args.apply else None, force=args.force, confirm=confirm)
             if result.outcome == "aborted":
                 decision = Decision(IGNORE, result.reason, result.detail, key)
         audit_error = None
         try:
-            audit.append(audit_record(config, hostname, key, decision, live, result, mode=mode,
-                                      manual=manual))
+            record = audit_record(config, hostname, key, decision, live, result, mode=mode,
+                                  manual=manual)
+            if alert is not None:
+                record["alertmanager"] = alert
+            audit.append(record)
             audited: str | None = str(audit.path)
         except OSError as exc:
             audited, audit_error = None, f"{audit.path}: {exc.strerror}"
     finally:
         nvml.close()
-    report = ReapReport(key, live, decision, result, args.apply, args.force, audited, audit_error)
+    report = ReapReport(key, live, decision, result, args.apply, args.force, audited, audit_error,
+                        alert)
     code = reap_exit_code(report)
     if args.json:
         print_json(report.to_json(code))

@@ -147,6 +147,7 @@ class ReapResult:
     gpu_bytes_after: int | None = None
     reclaimed_bytes: int | None = None
     duration_seconds: float = 0.0
+    confirmed_ms: float | None = None  # when `confirm` answered, ms since the reap began
 
     @property
     def signalled(self) -> bool:
@@ -176,6 +177,10 @@ class _NoPidfd(Exception):
 #: record could not be made durable; then those processes are not signalled.
 Journal = Callable[[str, tuple[Member, ...]], None]
 
+#: The last question before the first signal (Alertmanager: does the alert still fire,
+#: unsilenced and uninhibited?). None means go on; (reason, detail) aborts the reap.
+Confirm = Callable[[], "tuple[str, str] | None"]
+
 
 @dataclass
 class _Target:
@@ -201,6 +206,7 @@ class _Run:
     targets: dict[int, _Target] = field(default_factory=dict)
     signals: list[SignalRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    confirmed_ms: float | None = None
 
 
 PidfdOpen = Callable[[int], int]
@@ -244,6 +250,7 @@ class Reaper:
         deadline: float,
         journal: Journal | None,
         cancelled: Callable[[], bool] = lambda: False,
+        confirm: Confirm | None = None,
         force: bool = False,
     ) -> ReapResult:
         """Run one reap (or dry run) of `plan`; never raises for process-level trouble.
@@ -252,6 +259,8 @@ class Reaper:
         a record naming it has been written through it. `force` (a person's `gpuguard
         reap --force`, never an alert) skips the classifier's protections of members;
         the policy's refusals (pid 1, kernel threads, root-owned, users) still apply.
+        `confirm` is asked after the intent record and right before the first SIGSTOP
+        (in a dry run, before it reports): the smallest window a remote answer allows.
         """
         if journal is None and not plan.dry_run:
             raise ValueError("a reap that may signal needs a journal")
@@ -281,9 +290,11 @@ class Reaper:
                 self._hold_planned(run, plan)
             if plan.dry_run:
                 self._collect(run, stop=False)
+                self._confirm(run, confirm)
                 return self._result(run, plan, "dry-run", "", "dry run: no signal sent")
             self._check(cancelled, deadline)
             self._write(run, "intent", list(run.targets.values()))
+            self._confirm(run, confirm)
             self._freeze(run, deadline, cancelled)
             self._check_holders(run, plan)
         except _Abort as abort:
@@ -488,6 +499,14 @@ class Reaper:
             frontier = generation
         return joined
 
+    def _confirm(self, run: _Run, confirm: Confirm | None) -> None:
+        if confirm is None:
+            return
+        refused = confirm()
+        run.confirmed_ms = (self._monotonic() - run.started) * 1000
+        if refused is not None:
+            raise _Abort(*refused)
+
     def _write(self, run: _Run, phase: str, targets: list[_Target]) -> None:
         """The write-ahead audit record for `targets`; no record, no signal."""
         assert run.journal is not None
@@ -645,4 +664,5 @@ class Reaper:
             gpu_bytes_after=after,
             reclaimed_bytes=reclaimed,
             duration_seconds=self._monotonic() - run.started,
+            confirmed_ms=run.confirmed_ms,
         )

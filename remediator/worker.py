@@ -18,11 +18,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from exporter.config import Config, Remediate
 from exporter.counters import COUNTERS, Counters
 from exporter.procfs import ProcessView
+from remediator.alertmanager import (
+    FIRING,
+    INHIBITED,
+    NOT_FIRING,
+    SILENCED,
+    AlertmanagerClient,
+    Confirmation,
+)
 from remediator.alerts import Alert, Notification
 from remediator.audit import FINAL, INTENT, AuditLog, iso_time
 from remediator.ledger import Ledger, PendingItem
@@ -59,6 +67,11 @@ MAX_IDLE_WAIT_SECONDS = 1.0
 RECENT_DECISIONS = 200
 REJECT_CAUSES = ("unauthorized", "too_large", "not_json", "malformed")
 
+#: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
+#: "unreachable" is not one of them: it is a refusal, retried on the next delivery.
+CANCELLED_BY_ALERTMANAGER = (SILENCED, INHIBITED, NOT_FIRING)
+UNREACHABLE_REASON = "alertmanager-unreachable"
+
 #: Per-alert answer in the HTTP response, by decision action.
 _ACCOUNT = {ACCEPT: "accepted", CANCEL: "cancelled", IGNORE: "ignored"}
 
@@ -93,6 +106,12 @@ def protected_pids(view: ProcessView | None = None) -> frozenset[int]:
     return frozenset(pids)
 
 
+class Companion(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def alive(self) -> bool: ...
+
+
 class Remediator:
     """Intake (thread-safe, fast) plus the worker thread that inspects, decides and reaps."""
 
@@ -106,6 +125,7 @@ class Remediator:
         audit: AuditLog,
         counters: Counters = COUNTERS,
         reaper: Reaper | None = None,
+        alertmanager: AlertmanagerClient | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -117,6 +137,8 @@ class Remediator:
         self.ledger = ledger
         self.audit = audit
         self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
+        self.alertmanager = alertmanager
+        self._companions: list[Companion] = []
         self._clock = clock
         self._monotonic = monotonic
         self._lock = threading.Lock()  # intake + worker hand-over; never held across I/O to /proc
@@ -140,14 +162,34 @@ class Remediator:
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def attach(self, companion: Companion) -> None:
+        """A background loop that lives and dies with the worker (pull mode's poller)."""
+        self._companions.append(companion)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-worker",
                                         daemon=True)
         self._thread.start()
+        for companion in self._companions:
+            companion.start()
+        if self.policy.mode == "enforce":
+            log.warning("enforce mode: %s", self.guarantee())
+
+    def guarantee(self) -> str:
+        """What stops a reap once an alert has been delivered, for the start-up log."""
+        if self.alertmanager is not None:
+            return ("every reap asks Alertmanager (" + ", ".join(self.alertmanager.urls)
+                    + ") right before its first signal; a silence, an inhibition or a "
+                    "resolved alert cancels it, and no answer refuses it")
+        return ("remediate.alertmanager is not set: a reap runs only on a delivery (a tree "
+                "too young waits for the next one, which a silence or inhibition prevents); "
+                "once a delivery finds the tree old enough, it is reaped within milliseconds")
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
         self.wake()
+        for companion in self._companions:
+            companion.stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -159,6 +201,8 @@ class Remediator:
     def healthy(self) -> tuple[bool, str]:
         if self._thread is None or not self._thread.is_alive():
             return False, "worker thread is not running"
+        if not all(companion.alive() for companion in self._companions):
+            return False, "the Alertmanager poller is not running"
         if self._audit_error is not None:
             return False, f"audit log cannot be written ({self._audit_error}): no reap can run"
         busy = self._busy_since
@@ -188,7 +232,7 @@ class Remediator:
         with self._lock:
             self.rejected[cause] += 1
 
-    def submit(self, notification: Notification) -> list[Account]:
+    def submit(self, notification: Notification, *, source: str = "http") -> list[Account]:
         """Screen each alert, queue the acceptable ones durably, answer per alert."""
         if notification.truncated_alerts:
             log.warning("delivery %s had %d truncated alert(s): set max_alerts: 0 on the "
@@ -218,7 +262,7 @@ class Remediator:
                     status = "duplicate"
                 accounts.append(Account(index, alert.fingerprint, status, decision.reason,
                                         decision.detail, str(key) if key else None))
-                self._note(decision, alert, notification.group_key, source="http")
+                self._note(decision, alert, notification.group_key, source=source)
             self.ledger.add_pending(queued)
         if queued:
             self.wake()
@@ -339,7 +383,15 @@ class Remediator:
             else:
                 decision = decide(item.alert, live, self._state(self._clock(), exclude=key))
             gpus = live.gpus if live is not None else ()
-            if decision.action == DEFER:
+            if decision.action == DEFER and self.alertmanager is None:
+                # No one to ask at kill time: only a delivery may lead to a reap, and a
+                # silence or inhibition stops the next one. Keep the first sighting.
+                assert decision.first_seen is not None
+                self.ledger.note_first_seen(key, decision.first_seen, gpus)
+                self.ledger.remove_pending(key)
+                decision = dataclasses.replace(
+                    decision, detail=f"{decision.detail}; waits for the next delivery")
+            elif decision.action == DEFER:
                 assert decision.recheck_at is not None
                 self.ledger.defer(key, decision.recheck_at, decision.first_seen, gpus)
             elif decision.action in (REAP, DRY_RUN):
@@ -372,10 +424,22 @@ class Remediator:
                                       key=key, mode=self.policy.mode, item=item, phase=phase,
                                       members=members))
 
+        confirmations: list[Confirmation] = []
+
+        def confirm() -> tuple[str, str] | None:
+            """Alertmanager, asked right before the first signal: still firing, unsilenced?"""
+            assert self.alertmanager is not None
+            answer = self.alertmanager.confirm(
+                alertname=item.alert.label("alertname") or "", hostname=key.hostname,
+                root_pid=key.root_pid, root_start_time=key.root_start_time)
+            confirmations.append(answer)
+            return None if answer.firing else refusal_of(answer)
+
         try:
             result = self.reaper.reap(plan, policy=self.policy, rules=self.config.classify,
                                       protected_pids=self._protected, deadline=deadline,
-                                      journal=journal, cancelled=lambda: key in self._cancelled)
+                                      journal=journal, cancelled=lambda: key in self._cancelled,
+                                      confirm=confirm if self.alertmanager is not None else None)
         except Exception:
             log.exception("reaping %s raised; the key stays settled, the tree is not retried",
                           key)
@@ -383,6 +447,8 @@ class Remediator:
             final = Decision(IGNORE, "internal-error", "the reap raised; see the log", key)
         elif result.outcome == "aborted" and result.reason == "cancelled":
             final = Decision(CANCEL, "resolved", result.detail, key)
+        elif result.outcome == "aborted" and result.reason in CANCELLED_BY_ALERTMANAGER:
+            final = Decision(CANCEL, result.reason, result.detail, key)
         elif result.outcome == "aborted":
             final = Decision(IGNORE, result.reason, result.detail, key)
         else:
@@ -397,7 +463,8 @@ class Remediator:
                 self._note(final, item.alert, item.group_key, source="worker")
         # Audit first, settle second: a crash in between leaves the key "reaping", and the
         # restart finds this record instead of writing an "interrupted" one.
-        self._audit(item, final, live, result)
+        self._audit(item, final, live, result,
+                    confirmation=confirmations[-1] if confirmations else None)
         self.ledger.finish_reap(key, result.outcome if result else "error",
                                 signalled=result.signalled if result else True)
 
@@ -448,12 +515,27 @@ class Remediator:
             log.info("audit log %s is writable again", self.audit.path)
 
     def _audit(self, item: PendingItem, decision: Decision, live: LiveTree | None,
-               result: ReapResult | None) -> None:
+               result: ReapResult | None, *, confirmation: Confirmation | None = None) -> None:
+        record = audit_record(self.hostname, self._clock(), decision, live, result,
+                              key=item.key, mode=self.policy.mode, item=item)
+        if confirmation is not None:
+            record["alertmanager"] = confirmation.to_json()
         try:
-            self._append(audit_record(self.hostname, self._clock(), decision, live, result,
-                                      key=item.key, mode=self.policy.mode, item=item))
+            self._append(record)
         except OSError:
             pass  # counted and reported by _append; the decision stands either way
+
+
+def refusal_of(answer: Confirmation) -> tuple[str, str]:
+    """The reason code and audit detail for any Alertmanager answer but "firing"."""
+    assert answer.state != FIRING
+    if answer.state == SILENCED:
+        creators = ", ".join(answer.silence_creators) or "unknown"
+        return SILENCED, (f"silenced in Alertmanager by silence {', '.join(answer.silenced_by)}"
+                          f" (created by {creators})")
+    if answer.state in (INHIBITED, NOT_FIRING):
+        return answer.state, f"Alertmanager: {answer.detail}"
+    return UNREACHABLE_REASON, f"Alertmanager not confirmed, nothing signalled: {answer.detail}"
 
 
 def _with_pending(state: PolicyState, pending: set[TreeKey]) -> PolicyState:
@@ -526,5 +608,7 @@ def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree |
         record.update(survivors=list(result.survivors),
                       gpu_bytes_after=result.gpu_bytes_after,
                       reclaimed_bytes=result.reclaimed_bytes,
-                      duration_seconds=round(result.duration_seconds, 6))
+                      duration_seconds=round(result.duration_seconds, 6),
+                      confirmed_ms=(round(result.confirmed_ms, 3)
+                                    if result.confirmed_ms is not None else None))
     return record

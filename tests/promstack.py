@@ -83,9 +83,11 @@ class _Proc:
 
 
 class Alertmanager(_Proc):
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], *, port: int | None = None) -> None:
+        """`port`: a port picked earlier (the remediator's config names it), or a free one."""
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.workdir, self.config = workdir, config
+        self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = workdir / "alertmanager.yml"
         cfg.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -127,6 +129,19 @@ class Alertmanager(_Proc):
         resp.raise_for_status()
         return resp.json()["silenceID"]
 
+    def post_alert(self, labels: dict[str, str], *, minutes: int = 30) -> None:
+        """An alert straight into Alertmanager, as another Prometheus rule would send it."""
+        from datetime import datetime, timedelta, timezone
+
+        now = datetime.now(timezone.utc)
+        body = [{"labels": labels, "startsAt": now.isoformat(),
+                 "endsAt": (now + timedelta(minutes=minutes)).isoformat()}]
+        requests.post(f"{self.url}/api/v2/alerts", json=body, timeout=5).raise_for_status()
+
+    def restarted(self) -> Alertmanager:
+        """The same Alertmanager (config, storage, port) started again after stop()."""
+        return Alertmanager(self.workdir, self.config, port=self.port)
+
 
 class Prometheus(_Proc):
     def __init__(self, workdir: Path, *, targets: dict[str, str], rules_text: str,
@@ -153,6 +168,7 @@ class Prometheus(_Proc):
         super().__init__([
             PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=info",
+            "--rules.alert.resend-delay=1s",  # a restarted Alertmanager hears at once
         ], workdir / "prometheus.log")
         wait_for(self._ready, timeout=30, what=f"prometheus ready ({self.log_path})")
 
@@ -211,9 +227,13 @@ class WebhookRecorder:
         self.server.server_close()
 
 
-def shipped_alertmanager_config(*, remediator_url: str, recorder_url: str,
-                                token_file: Path) -> dict:
-    """alerts/alertmanager.yml with local URLs, the token path and 1 s group timings."""
+def shipped_alertmanager_config(*, remediator_url: str | None, recorder_url: str,
+                                token_file: Path, repeat_interval: str | None = None) -> dict:
+    """alerts/alertmanager.yml with local URLs, the token path and 1 s group timings.
+
+    `remediator_url=None`: the remediator's receiver has no webhook (pull mode: it asks).
+    `repeat_interval`: the remediator route's, shortened like the other timings.
+    """
     config = yaml.safe_load((REPO / "alerts" / "alertmanager.yml").read_text())
 
     def shorten(route: dict) -> None:
@@ -225,7 +245,12 @@ def shipped_alertmanager_config(*, remediator_url: str, recorder_url: str,
 
     config["route"].update(group_wait="1s", group_interval="1s")
     shorten(config["route"])
+    for route in config["route"]["routes"]:
+        if route["receiver"] == "gpuguard-remediator" and repeat_interval is not None:
+            route["repeat_interval"] = repeat_interval
     for receiver in config["receivers"]:
+        if receiver["name"] == "gpuguard-remediator" and remediator_url is None:
+            receiver.pop("webhook_configs")
         for hook in receiver.get("webhook_configs", []):
             if receiver["name"] == "gpuguard-remediator":
                 hook["url"] = f"{remediator_url}/alerts"
@@ -254,11 +279,16 @@ class Loop:
 
 def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interval: float,
                for_seconds: int, orphan_age_seconds: int, term_timeout_seconds: float,
-               before_prometheus: Callable[[Alertmanager], None] = lambda am: None) -> Loop:
+               before_prometheus: Callable[[Alertmanager], None] = lambda am: None,
+               remediate: Mapping[str, Any] | None = None, confirm: bool = False,
+               pull: bool = False, repeat_interval: str | None = None,
+               inhibit_rules: list[dict[str, Any]] | None = None) -> Loop:
     """Start the whole loop with the remediator in enforce mode; stop what started on error.
 
     `before_prometheus` runs once Alertmanager is up and before any alert can fire
-    (on-call's silences go there).
+    (on-call's silences go there). `remediate` overrides keys of the remediator's
+    policy; `confirm` gives it `remediate.alertmanager` (kill-time confirmation),
+    `pull` also makes it poll (and removes the webhook from Alertmanager's config).
     """
     started: list = []
     try:
@@ -267,13 +297,19 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         token.chmod(0o600)
         audit_log = base / "audit.jsonl"
         config = base / "gpuguard.yml"
-        config.write_text(yaml.safe_dump({"remediate": {
+        am_port = free_port()
+        policy: dict[str, Any] = {
             "mode": "enforce", "min_age_seconds": 0,
             "term_timeout_seconds": term_timeout_seconds,
             # The planted trees belong to whoever runs this, root under CI.
             "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
             "state_dir": str(base / "state"), "audit_log": str(audit_log),
-        }}))
+        }
+        if confirm or pull:
+            policy["alertmanager"] = {"url": f"http://127.0.0.1:{am_port}", "pull": pull,
+                                      "pull_interval_seconds": 1, "timeout_seconds": 2}
+        policy.update(remediate or {})
+        config.write_text(yaml.safe_dump({"remediate": policy}))
         exporter = Exporter(env=env, args=["--hostname", hostname], scan_interval=scan_interval)
         started.append(exporter)
         remediator = ServerProcess("remediator", [
@@ -282,8 +318,11 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         started.append(remediator)
         recorder = WebhookRecorder()
         started.append(recorder)
-        alertmanager = Alertmanager(base / "am", shipped_alertmanager_config(
-            remediator_url=remediator.url, recorder_url=recorder.url, token_file=token))
+        am_config = shipped_alertmanager_config(
+            remediator_url=None if pull else remediator.url, recorder_url=recorder.url,
+            token_file=token, repeat_interval=repeat_interval)
+        am_config["inhibit_rules"] = am_config.get("inhibit_rules", []) + (inhibit_rules or [])
+        alertmanager = Alertmanager(base / "am", am_config, port=am_port)
         started.append(alertmanager)
         before_prometheus(alertmanager)
         prometheus = Prometheus(

@@ -63,6 +63,7 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_reap_failures_total",
         "gpuguard_remediator_audit_write_failures_total",
         "gpuguard_remediator_audit_ok",
+        "gpuguard_remediator_alertmanager_requests_total",
         "gpuguard_remediator_queue_depth",
     }
 )

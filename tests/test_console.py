@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -404,3 +405,48 @@ def test_reap_guards_and_identity(tmp_path: Path, trees: Trees, fake_gpu: FakeGp
     assert alive(sh) and alive(worker)
     proc = gpuguard("reap", "4000000", "--config", str(config))
     assert proc.returncode == 4 and proc.stderr == "gpuguard: no such process: 4000000\n"
+
+
+# -- Alertmanager's word (remediate.alertmanager) --------------------------------------------
+
+
+def start_time(pid: int) -> int:
+    fields = stat_fields(pid)
+    assert fields is not None
+    return int(fields["start_time"])  # type: ignore[call-overload]
+
+
+def test_reap_apply_refuses_a_silenced_tree_unless_forced(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    from tests.promstack import Alertmanager, missing_binaries
+
+    if (why := missing_binaries()) is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    am = Alertmanager(tmp_path / "am", {"route": {"receiver": "null"},
+                                        "receivers": [{"name": "null"}]})
+    try:
+        sh, worker = orphan_tree(trees, fake_gpu)
+        labels = {"alertname": "GPUOrphanTree", "hostname": socket.gethostname(),
+                  "root_pid": str(sh), "root_start_time": str(start_time(sh))}
+        am.post_alert({**labels, "remediate": "true"})
+        sid = am.silence(labels)
+        config = write_config(tmp_path, alertmanager={"url": am.url})
+
+        status = json.loads(gpuguard("status", "--json", "--config", str(config)).stdout)
+        (tree,) = [t for t in status["trees"] if t["root_pid"] == sh]
+        assert tree["alert"]["state"] == "silenced" and tree["alert"]["silenced_by"] == [sid]
+        explained = json.loads(gpuguard("explain", str(worker), "--json", "--config",
+                                        str(config)).stdout)
+        assert explained["alert"]["state"] == "silenced"
+        assert explained["tree"]["verdict"] == "orphan"
+
+        code, doc, _ = reap(gpuguard, sh, config, "--apply")
+        assert code == 6 and doc["reason"] == "silenced" and sid in doc["detail"]
+        assert alive(sh) and alive(worker) and doc["signals"] == []
+        code, doc, _ = reap(gpuguard, sh, config, "--apply", "--force")
+        assert code == 0 and doc["outcome"] == "reaped" and doc["alert"]["state"] == "silenced"
+        assert not alive(sh) and not alive(worker)
+    finally:
+        am.stop()

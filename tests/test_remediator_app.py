@@ -19,6 +19,7 @@ from remediator.ledger import Ledger
 from remediator.policy import TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for
+from tests.promstack import free_port
 from tests.remediator_helpers import (
     HOST,
     TOKEN,
@@ -199,30 +200,37 @@ def test_dry_run_does_everything_but_the_signals(harness: Callable[..., Harness]
     assert len(h.audit()) == 1
 
 
-def test_too_young_waits_then_reaps(harness: Callable[..., Harness], trees: Trees,
-                                    fake_gpu: FakeGpuWorld) -> None:
+def test_too_young_waits_for_a_delivery_then_reaps(harness: Callable[..., Harness],
+                                                   trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Without remediate.alertmanager only a delivery leads to a reap: a silence stops it."""
     clock = FakeClock()
     h = harness(clock=clock, min_age_seconds=60)
     orphan = spawn_orphan(trees, fake_gpu)
     account(h.post(payload(orphan.alert())))
     wait_for(lambda: h.decisions(orphan.root)[0]["reason"] == "too-young",
              what="the too-young deferral")
-    assert orphan.all_alive() and h.service.queue_depth() == 1
+    assert orphan.all_alive() and h.service.queue_depth() == 0  # nothing runs on its own
     clock.now += 30
+    assert account(h.post(payload(orphan.alert())))["status"] == "accepted"
+    h.settle()
+    assert orphan.all_alive()  # 30 s of 60: still too young
+    clock.now += 61
     h.service.wake()
     h.settle()
-    assert orphan.all_alive()
-    clock.now += 31
-    h.service.wake()
-    wait_for(orphan.none_alive, what="the reap once old enough")
+    assert orphan.all_alive() and h.audit() == []  # old enough, but no delivery: no reap
+    assert account(h.post(payload(orphan.alert())))["status"] == "accepted"
+    wait_for(orphan.none_alive, what="the reap on the next delivery")
     h.settle()
     assert only_record(h, orphan)["decision"]["action"] == "reap"
 
 
 def test_resolved_alert_cancels_the_pending_reap(harness: Callable[..., Harness], trees: Trees,
                                                  fake_gpu: FakeGpuWorld) -> None:
+    """With remediate.alertmanager a too-young tree stays pending (re-checked, then
+    confirmed with Alertmanager at kill time); a resolved delivery withdraws it."""
     clock = FakeClock()
-    h = harness(clock=clock, min_age_seconds=60)
+    h = harness(clock=clock, min_age_seconds=60,
+                alertmanager={"url": f"http://127.0.0.1:{free_port()}"})
     orphan = spawn_orphan(trees, fake_gpu)
     account(h.post(payload(orphan.alert())))
     wait_for(lambda: h.decisions(orphan.root)[0]["reason"] == "too-young",

@@ -1,0 +1,79 @@
+"""Pull mode: poll Alertmanager for this host's alerts instead of receiving webhooks.
+
+A fleet of GPU nodes with one central Alertmanager would otherwise need one route
+and receiver per node, or every node's kill endpoint open to the network. In pull
+mode each node's remediator asks Alertmanager, every `pull_interval_seconds`, for
+its own active, unsilenced, uninhibited alerts named in `remediate.alerts`, and
+hands them to the same intake a webhook delivery goes through (screening, dedupe,
+policy, audit, ledger), and every reap still confirms with Alertmanager right
+before its first signal. No inbound port is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from exporter.periodic import Periodic
+from remediator.alertmanager import AlertmanagerClient
+from remediator.alerts import PayloadError, parse_notification
+from remediator.worker import Remediator
+
+log = logging.getLogger("gpuguard.remediator.pull")
+
+RECEIVER = "gpuguard-remediator-pull"
+
+
+class Puller:
+    """One background thread; each poll is one delivery of this host's firing alerts."""
+
+    def __init__(self, service: Remediator, client: AlertmanagerClient, *,
+                 interval: float) -> None:
+        self.service = service
+        self.client = client
+        self.interval = interval
+        self.polls = 0
+        self.failed_polls = 0
+        self._failing = False
+        self._loop = Periodic("gpuguard-remediator-pull", interval, self._tick)
+
+    def poll_once(self) -> int | None:
+        """Deliver what Alertmanager says fires for this host now; None when it did not say."""
+        alerts = self.client.active_alerts(hostname=self.service.hostname,
+                                           alertnames=self.service.policy.alerts)
+        self.polls += 1
+        if alerts is None:
+            self.failed_polls += 1
+            if not self._failing:
+                log.warning("pull: no Alertmanager answered (%s); nothing is delivered until "
+                            "one does", ", ".join(self.client.urls))
+                self._failing = True
+            return None
+        if self._failing:
+            log.info("pull: Alertmanager answers again")
+            self._failing = False
+        if not alerts:
+            return 0
+        try:
+            notification = parse_notification({
+                "version": "4", "receiver": RECEIVER, "status": "firing", "alerts": alerts,
+                "groupKey": f"pull:{self.service.hostname}"})
+        except PayloadError as exc:  # the client shapes these; a failure here is a bug
+            log.error("pull: Alertmanager's alerts did not parse: %s", exc)
+            return None
+        self.service.submit(notification, source="pull")
+        return len(alerts)
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._loop.stop(timeout)
+
+    def alive(self) -> bool:
+        return self._loop.alive()
+
+    def _tick(self) -> None:
+        try:
+            self.poll_once()
+        except Exception:  # a bug must not end polling: logged, and tried again
+            log.exception("pull: poll failed")
