@@ -258,8 +258,10 @@ def _judge_members(tree: Tree, view: ProcSource, rules: Rules,
     for member in members:
         for hv in by_pid.get(member.pid, ()):
             if hv.verdict != ORPHAN or hv.root is None or hv.root.identity != tree.root.identity:
+                # An orphan of another root below this one cannot be: call it unknown.
+                verdict = UNKNOWN if hv.verdict == ORPHAN else hv.verdict
                 found = MemberJudgement(
-                    hv.verdict, f"member-{hv.verdict}",
+                    verdict, f"member-{verdict}",
                     Evidence(hv.evidence.rule, f"GPU holder {member.pid} ({member.comm}) below "
                              f"root {tree.root.pid} is {hv.verdict} ({hv.reason}: "
                              f"{hv.evidence.detail})", (member.pid, *hv.evidence.pids)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,25 +60,31 @@ class AuditLog:
 
     def has_record(self, hostname: str, root_pid: int, root_start_time: int, *,
                    since: float) -> bool:
-        """Whether a final record for this tree was written at or after `since` (crash
-        recovery); write-ahead records (phase intent or joined) do not count."""
+        """Whether a final record for this tree was written at or after `since`: crash
+        recovery for state files from before reaps had ids (it trusts the clock)."""
         want = {"hostname": hostname, "root_pid": root_pid, "root_start_time": root_start_time}
-        needle = f'"root_pid": {root_pid}'
+        return any(r.get("key") == want and float(r.get("ts", 0)) >= since
+                   and r.get("phase", FINAL) == FINAL
+                   for r in self._containing(f'"root_pid": {root_pid}'))
+
+    def has_final(self, reap_id: str) -> bool:
+        """Whether the final record of reap `reap_id` was written (crash recovery)."""
+        return any(r.get("reap_id") == reap_id and r.get("phase") == FINAL
+                   for r in self._containing(f'"reap_id": "{reap_id}"'))
+
+    def _containing(self, needle: str) -> Iterator[dict[str, Any]]:
+        """Records whose line contains `needle` (cheap pre-filter before JSON parsing)."""
         try:
             with open(self.path, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     if needle not in line:
                         continue
                     try:
-                        record = json.loads(line)
+                        yield json.loads(line)
                     except ValueError:
                         continue  # a torn last line from a crash
-                    if (record.get("key") == want and float(record.get("ts", 0)) >= since
-                            and record.get("phase", FINAL) == FINAL):
-                        return True
         except FileNotFoundError:
-            return False
-        return False
+            return
 
     def records(self) -> list[dict[str, Any]]:
         """Every record, oldest first (tests and `/state` debugging; not for hot paths)."""

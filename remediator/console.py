@@ -85,6 +85,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -1006,11 +1007,12 @@ def operator() -> str:
 def audit_record(config: Config, hostname: str, key: TreeKey, decision: Decision,
                  live: LiveTree | None, result: ReapResult | None, *, mode: str,
                  manual: dict[str, Any], phase: str = FINAL,
-                 members: tuple[Member, ...] | None = None) -> dict[str, Any]:
+                 members: tuple[Member, ...] | None = None,
+                 reap_id: str | None = None) -> dict[str, Any]:
     """The remediator worker's own audit record for this reap, plus a `manual` marker."""
     # The worker's own record builder, so manual and alert-driven reaps audit alike.
     record = worker_audit_record(hostname, time.time(), decision, live, result, key=key,
-                                 mode=mode, phase=phase, members=members)
+                                 mode=mode, phase=phase, members=members, reap_id=reap_id)
     record["alert"] = None
     record["manual"] = manual
     return record
@@ -1125,9 +1127,12 @@ def cmd_reap(args: argparse.Namespace) -> int:
                                    if live.verdict != ORPHAN else ""), key)
         audit = AuditLog(config.remediate.audit_log)
 
+        reap_id = uuid.uuid4().hex
+
         def journal(phase: str, members: tuple[Member, ...]) -> None:
             audit.append(audit_record(config, hostname, key, decision, live, None, mode=mode,
-                                      manual=manual, phase=phase, members=members))
+                                      manual=manual, phase=phase, members=members,
+                                      reap_id=reap_id))
 
         alert: dict[str, Any] | None = None
 
@@ -1142,7 +1147,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
 
         if refusal is None:
             plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                            gpu_bytes=live.gpu_bytes, dry_run=not args.apply)
+                            gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus)
             deadline = time.monotonic() + config.remediate.worker_timeout_seconds
             # --force overrides the classifier (verdict and member protections), never
             # the policy's guards: pid 1, kernel threads, root-owned, remediate.users.
@@ -1155,7 +1160,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
         audit_error = None
         try:
             record = audit_record(config, hostname, key, decision, live, result, mode=mode,
-                                  manual=manual)
+                                  manual=manual, reap_id=reap_id)
             if alert is not None:
                 record["alertmanager"] = alert
             audit.append(record)

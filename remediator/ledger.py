@@ -23,6 +23,7 @@ import os
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,25 +251,34 @@ class Ledger:
                 self._gpus.setdefault(key, gpus)
                 self._save()
 
-    def begin_reap(self, key: TreeKey, mode: str, fingerprint: str) -> None:
-        """Record the intent before any signal: from here on the key is never reaped again."""
+    def begin_reap(self, key: TreeKey, mode: str, fingerprint: str) -> str:
+        """Record the intent before any signal: from here on the key is never reaped again.
+
+        Returns the reap's id: its audit records carry it, so crash recovery can tell
+        whether this reap's final record was written without trusting any clock.
+        """
         with self._lock:
             now = self._clock()
+            reap_id = uuid.uuid4().hex
             self._done[key] = {"status": REAPING, "mode": mode, "at": now,
-                               "fingerprint": fingerprint}
+                               "fingerprint": fingerprint, "reap_id": reap_id}
             self._reaps.append((now, mode))
             self._pending.pop(key, None)
             self._save()
+            return reap_id
 
-    def add_members(self, key: TreeKey, members: Iterable[tuple[int, int]]) -> None:
-        """Name (pid, start_time) of processes about to be signalled, durably, first."""
+    def add_members(self, key: TreeKey, members: Iterable[tuple[int, int, bool]]) -> None:
+        """Name (pid, start_time, stopped already) of processes about to be signalled,
+        durably, first. Recovery continues only those the reap itself may have stopped."""
         with self._lock:
             entry = self._done.get(key)
             if entry is None or entry.get("status") != REAPING:
                 raise LedgerError(f"{key} is not being reaped")
-            known = [tuple(m) for m in entry.get("members", [])]
-            known += [m for m in members if m not in known]
-            entry["members"] = [list(m) for m in known]
+            known = [list(m) for m in entry.get("members", [])]
+            seen = {(m[0], m[1]) for m in known}
+            known += [[pid, start, stopped] for pid, start, stopped in members
+                      if (pid, start) not in seen]
+            entry["members"] = known
             self._save()
 
     def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool) -> None:

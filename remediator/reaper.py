@@ -14,6 +14,7 @@ a durable audit record (the journal) before its first signal.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import signal
@@ -26,9 +27,11 @@ from exporter.classify import MEMBER_UNKNOWN, Rules, classify, judge_member
 from exporter.config import Remediate
 from exporter.counters import COUNTERS, Counters
 from exporter.nvml import Holder, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo, is_child_of, still_same
+from exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
 from exporter.scanner import user_name
 from remediator.policy import LiveTree, Member, TreeKey, member_refusal
+
+log = logging.getLogger("gpuguard.remediator.reaper")
 
 PIDFD = "pidfd"
 PID = "pid"
@@ -120,6 +123,7 @@ class ReapPlan:
     holders: tuple[Holder, ...]
     gpu_bytes: int
     dry_run: bool
+    gpus: tuple[str, ...] = ()  # every GPU NVML reported when the tree was inspected
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,10 @@ class ReapResult:
         return len(self.members) - len(self.survivors)
 
 
+#: Why a child found in a children file is simply not part of the tree (not a refusal).
+_NOT_OURS = ("exited", "replaced", "reparented", "parent-replaced")
+
+
 class _Abort(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -187,7 +195,7 @@ class _Target:
     member: Member
     info: ProcInfo
     fd: int | None
-    stopped: bool = False
+    stopped: bool = False  # stopped by this reap: an abort continues it
     exited: bool = False
 
 
@@ -296,13 +304,28 @@ class Reaper:
             self._write(run, "intent", list(run.targets.values()))
             self._confirm(run, confirm)
             self._freeze(run, deadline, cancelled)
+            # Judged again now that nothing can exec or change a disposition any more.
+            self._rejudge(run, list(run.targets.values()), refuse=True)
             self._check_holders(run, plan)
         except _Abort as abort:
             self._thaw(run)
             self._close(run)
             return self._result(run, plan, "aborted", abort.reason, abort.detail)
+        except Exception as exc:  # a bug or a surprise from /proc: never leave a tree frozen
+            log.exception("reap of %s failed before any kill; continuing what it stopped",
+                          plan.key)
+            self._thaw(run)
+            self._close(run)
+            return self._result(run, plan, "aborted", "internal-error",
+                                f"{type(exc).__name__}: {exc}")
         try:
             return self._kill_frozen(run, plan)
+        except Exception as exc:
+            log.exception("reap of %s failed while killing; continuing what it stopped",
+                          plan.key)
+            self._thaw(run)
+            return self._result(run, plan, "failed", "internal-error",
+                                f"{type(exc).__name__}: {exc}")
         finally:
             self._close(run)
 
@@ -310,7 +333,8 @@ class Reaper:
         """SIGCONT every (pid, start_time) that is still that process and stopped.
 
         After a crash mid-reap the tree may be left frozen; it is continued and left
-        alive: killing it again needs a new decision. The caller audits first.
+        alive: killing it again needs a new decision. The caller audits first, and
+        passes only members that were not stopped already when the reap held them.
         """
         run = _Run(started=self._monotonic(), path=PIDFD if self._pidfd_open else PID,
                    view=ProcessView(counters=self.counters), policy=Remediate(), rules=Rules(),
@@ -335,14 +359,23 @@ class Reaper:
     # -- phases ----------------------------------------------------------------------
 
     def _hold_planned(self, run: _Run, plan: ReapPlan) -> None:
-        """Open a handle on every planned member, verify it is still that process, judge it."""
+        """Open a handle on every planned member, verify it is still that process and still
+        below the root, judge it. Root first, then breadth first: parents come first."""
         for member in plan.members:
             target, why = self._open(run, member.pid, member.start_time)
             if target is None:
                 if member.pid == plan.key.root_pid:
-                    reason = "root-replaced" if why == "replaced" else "root-gone"
+                    reason = "root-replaced" if why in ("replaced", "unreadable") else "root-gone"
                     raise _Abort(reason, f"root {member.pid} {why} before the reap")
-                continue  # a descendant exited since the inspection: nothing to do for it
+                if why in ("exited", "replaced"):
+                    continue  # exited since the inspection: nothing to do for it
+                raise _Abort(MEMBER_UNKNOWN, f"member {member.pid} ({member.comm}) {why}: "
+                             "a process that cannot be held cannot be judged")
+            parent = run.targets.get(target.info.ppid)
+            if member.pid != plan.key.root_pid and (
+                    parent is None or not is_child_of(target.info, parent.info)):
+                self._release(target)  # its parent exited and it was adopted elsewhere
+                continue
             self._admit(run, target)
 
     def _freeze(self, run: _Run, deadline: float, cancelled: Callable[[], bool]) -> None:
@@ -362,13 +395,56 @@ class Reaper:
                 raise _Abort("worker-timeout", "the tree kept growing while being frozen")
         self._check(cancelled, deadline)
 
+    def _rejudge(self, run: _Run, targets: list[_Target], *, refuse: bool) -> list[_Target]:
+        """Every rule again, on facts read now from a new view, for stopped targets.
+
+        A member judged while running could exec into a protected program or start
+        ignoring SIGHUP before its SIGSTOP landed; once stopped it can do neither.
+        Refused: abort (`refuse`), or continue it, let go of it and note why.
+        """
+        self._wait_stopped(run, self._monotonic() + FREEZE_CONFIRM_SECONDS, targets)
+        view = ProcessView(counters=self.counters)
+        kept: list[_Target] = []
+        for target in targets:
+            if target.exited:
+                continue
+            info = view.fresh_stat(target.member.pid)
+            if info is None or info.is_zombie or info.start_time != target.member.start_time:
+                target.exited = True
+                continue
+            member = member_of(info, view)
+            refused = member_refusal(member, run.policy, run.protected)
+            if refused is None and not run.force:
+                judged = judge_member(info, view, run.rules)
+                if judged is not None:
+                    refused = (judged.reason, judged.evidence.detail)
+            if refused is None:
+                target.member, target.info = member, info
+                kept.append(target)
+            elif refuse:
+                raise _Abort(*refused)
+            else:
+                if target.stopped:
+                    self._send(run, target, signal.SIGCONT)
+                    target.stopped = False
+                del run.targets[target.member.pid]
+                self._release(target)
+                run.notes.append(f"left {target.member.pid} alone: {refused[1]}")
+        return kept
+
+    @staticmethod
+    def _release(target: _Target) -> None:
+        if target.fd is not None:
+            os.close(target.fd)
+            target.fd = None
+
     def _check_holders(self, run: _Run, plan: ReapPlan) -> None:
         """With the tree frozen, NVML once more: complete, and no GPU holder nobody judged."""
         try:
             reading = self.nvml.read()
         except Exception as exc:  # fail closed: an unreadable NVML confirms nothing
             raise _Abort("nvml-unavailable", f"NVML re-check failed: {exc}") from None
-        problem = nvml_problem(reading, {h.gpu_uuid for h in plan.holders})
+        problem = nvml_problem(reading, {*plan.gpus, *(h.gpu_uuid for h in plan.holders)})
         if problem is not None:
             raise _Abort(problem[0], f"NVML re-check with the tree frozen: {problem[1]}")
         judged = {h.pid for h in plan.holders}
@@ -389,10 +465,14 @@ class Reaper:
         if survivors:
             for target in survivors:
                 self._stop(run, target)
+            joined: list[_Target] = []
             for _ in range(MAX_FREEZE_ROUNDS):  # each round stops what it finds: it converges
-                if not self._collect(run, stop=True, refuse=False):
+                found = self._collect(run, stop=True, refuse=False)
+                if not found:
                     break
-            for target in run.targets.values():
+                joined += found
+            self._rejudge(run, joined, refuse=False)
+            for target in list(run.targets.values()):
                 if not self._gone(run, target):
                     self._send(run, target, signal.SIGKILL)
             survivors = self._wait_gone(run, KILL_CONFIRM_SECONDS, adopt=False)
@@ -424,7 +504,12 @@ class Reaper:
                 if exc.errno == errno.ENOSYS:
                     raise _NoPidfd() from exc
                 return None, f"could not be opened ({exc.strerror})"
-        info = run.view.fresh_stat(pid)
+        try:
+            info = run.view.fresh_stat(pid)
+        except ProcUnreadable as exc:
+            if fd is not None:
+                os.close(fd)
+            return None, f"unreadable ({exc})"
         why = ""
         if info is None or info.is_zombie:
             why = "exited"
@@ -432,7 +517,7 @@ class Reaper:
             why = "replaced"
         elif parent is not None and not is_child_of(info, parent):
             why = "reparented"
-        elif parent is not None and not still_same(run.view.fresh_stat(parent.pid), parent):
+        elif parent is not None and not still_same(self._fresh(run, parent.pid), parent):
             why = "parent-replaced"
         if why:
             if fd is not None:
@@ -474,7 +559,13 @@ class Reaper:
                 for child in run.view.children(parent.member.pid) or ():
                     if child in run.targets:
                         continue
-                    target, _ = self._open(run, child, None, parent=parent.info)
+                    target, why = self._open(run, child, None, parent=parent.info)
+                    if target is None and why not in _NOT_OURS:
+                        detail = (f"child {child} of member {parent.member.pid} {why}: a "
+                                  "process that cannot be held cannot be judged")
+                        if refuse:
+                            raise _Abort(MEMBER_UNKNOWN, detail)
+                        run.notes.append(detail)
                     if target is None or not self._admit(run, target, refuse=refuse):
                         continue
                     generation.append(target)
@@ -545,11 +636,22 @@ class Reaper:
                             (self._monotonic() - run.started) * 1000)
 
     def _stop(self, run: _Run, target: _Target) -> None:
+        """SIGSTOP; a process that was stopped already (Ctrl-Z, a scheduler) stays ours
+        to kill but not ours to continue if the reap is abandoned."""
+        before = self._fresh(run, target.member.pid)
         if self._send(run, target, signal.SIGSTOP) == "sent":
-            target.stopped = True
+            target.stopped = before is None or before.state not in ("T", "t")
+
+    def _fresh(self, run: _Run, pid: int) -> ProcInfo | None:
+        """stat now; unreadable counts as unknown, which every caller treats as not-same."""
+        try:
+            return run.view.fresh_stat(pid)
+        except ProcUnreadable:
+            return None
 
     def _thaw(self, run: _Run) -> None:
-        """Undo a partial freeze: an aborted reap must leave the tree as it found it."""
+        """Undo a partial freeze: an aborted reap must leave the tree as it found it (what
+        was stopped before it came stays stopped)."""
         for target in run.targets.values():
             if target.stopped and not target.exited:
                 self._send(run, target, signal.SIGCONT)
@@ -560,7 +662,7 @@ class Reaper:
         gone, or the pid names someone else."""
         if target.exited:
             return None
-        info = run.view.fresh_stat(target.member.pid)
+        info = self._fresh(run, target.member.pid)
         if info is None or info.is_zombie or info.start_time != target.member.start_time:
             target.exited = True
             return None
@@ -584,9 +686,11 @@ class Reaper:
             return True
         return all(state in ("T", "t", "Z", "X") for state in states)
 
-    def _wait_stopped(self, run: _Run, until: float) -> None:
-        """Poll (bounded) until every member is stopped or gone."""
-        while not all(self._stopped_or_gone(run, t) for t in list(run.targets.values())):
+    def _wait_stopped(self, run: _Run, until: float,
+                      targets: list[_Target] | None = None) -> None:
+        """Poll (bounded) until every member (or every one of `targets`) is stopped or gone."""
+        while not all(self._stopped_or_gone(run, t)
+                      for t in (targets if targets is not None else list(run.targets.values()))):
             if self._monotonic() >= until:
                 return
             time.sleep(POLL_SECONDS / 5)
@@ -600,8 +704,10 @@ class Reaper:
         until = self._monotonic() + timeout
         while True:
             if adopt:
-                for joined in self._collect(run, stop=False, refuse=False):
-                    self._send(run, joined, signal.SIGTERM)
+                joined = self._collect(run, stop=True, refuse=False)
+                for target in self._rejudge(run, joined, refuse=False) if joined else ():
+                    self._send(run, target, signal.SIGTERM)
+                    self._send(run, target, signal.SIGCONT)
             alive = [t for t in run.targets.values() if not self._gone(run, t)]
             remaining = until - self._monotonic()
             if not alive or remaining <= 0:

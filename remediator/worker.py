@@ -158,6 +158,7 @@ class Remediator:
         self.reap_failures = 0
         self.audit_failures = 0
         self._audit_error: str | None = None  # the last audit write failed: unhealthy
+        self._unsettled = list(ledger.interrupted)  # reaps a crash cut short, not yet settled
         self._settle_interrupted()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -203,6 +204,10 @@ class Remediator:
             return False, "worker thread is not running"
         if not all(companion.alive() for companion in self._companions):
             return False, "the Alertmanager poller is not running"
+        if self._unsettled:
+            keys = ", ".join(str(k) for k, _ in self._unsettled)
+            return False, (f"interrupted reap(s) {keys} not settled (audit log not writable): "
+                           "their trees may be left stopped")
         if self._audit_error is not None:
             return False, f"audit log cannot be written ({self._audit_error}): no reap can run"
         busy = self._busy_since
@@ -337,6 +342,8 @@ class Remediator:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._unsettled:
+                self._settle_interrupted()
             item = self._next_due()
             if item is None:
                 continue
@@ -395,7 +402,7 @@ class Remediator:
                 assert decision.recheck_at is not None
                 self.ledger.defer(key, decision.recheck_at, decision.first_seen, gpus)
             elif decision.action in (REAP, DRY_RUN):
-                self.ledger.begin_reap(key, self.policy.mode, item.alert.fingerprint)
+                reap_id = self.ledger.begin_reap(key, self.policy.mode, item.alert.fingerprint)
             else:
                 if decision.first_seen is not None:
                     self.ledger.note_first_seen(key, decision.first_seen, gpus)
@@ -407,22 +414,24 @@ class Remediator:
             self._audit(item, decision, live, None)
             return
         assert live is not None
-        self._reap(item, decision, live, deadline)
+        self._reap(item, decision, live, deadline, reap_id)
 
     def _reap(self, item: PendingItem, decision: Decision, live: LiveTree,
-              deadline: float) -> None:
+              deadline: float, reap_id: str) -> None:
         """Carry out a REAP or DRY_RUN decision; the ledger already holds the key as reaping."""
         key = item.key
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                        gpu_bytes=live.gpu_bytes, dry_run=decision.action == DRY_RUN)
+                        gpu_bytes=live.gpu_bytes, dry_run=decision.action == DRY_RUN,
+                        gpus=live.gpus)
         result: ReapResult | None = None
 
         def journal(phase: str, members: tuple[Member, ...]) -> None:
             """Ledger (for crash recovery) and audit log name them before any signal."""
-            self.ledger.add_members(key, [(m.pid, m.start_time) for m in members])
+            self.ledger.add_members(key, [(m.pid, m.start_time, m.state in ("T", "t"))
+                                          for m in members])
             self._append(audit_record(self.hostname, self._clock(), decision, live, None,
                                       key=key, mode=self.policy.mode, item=item, phase=phase,
-                                      members=members))
+                                      members=members, reap_id=reap_id))
 
         confirmations: list[Confirmation] = []
 
@@ -463,39 +472,53 @@ class Remediator:
                 self._note(final, item.alert, item.group_key, source="worker")
         # Audit first, settle second: a crash in between leaves the key "reaping", and the
         # restart finds this record instead of writing an "interrupted" one.
-        self._audit(item, final, live, result,
+        self._audit(item, final, live, result, reap_id=reap_id,
                     confirmation=confirmations[-1] if confirmations else None)
         self.ledger.finish_reap(key, result.outcome if result else "error",
                                 signalled=result.signalled if result else True)
 
     def _settle_interrupted(self) -> None:
-        """Reaps a crash cut short: continue what they left stopped, audit, never re-kill."""
-        for key, entry in self.ledger.interrupted:
-            since = float(entry.get("at", 0))
-            if self.audit.has_record(key.hostname, key.root_pid, key.root_start_time,
-                                     since=since):
+        """Reaps a crash cut short: continue what they left stopped, audit, never re-kill.
+
+        One that cannot be audited now stays unsettled (the tree may stay stopped):
+        /healthz says so and the worker tries again every loop, since no signal, a
+        SIGCONT included, goes out without its record.
+        """
+        left: list[tuple[TreeKey, dict[str, Any]]] = []
+        for key, entry in self._unsettled:
+            reap_id = entry.get("reap_id")
+            finished = (self.audit.has_final(str(reap_id)) if reap_id else
+                        self.audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                              since=float(entry.get("at", 0))))
+            if finished:
                 self.ledger.settle_interrupted(key)  # the final record made it; only settle
                 continue
-            members = [(int(pid), int(start)) for pid, start in entry.get("members", [])]
-            decision = Decision(IGNORE, "interrupted-thawed" if members else "interrupted",
-                                "the remediator stopped during this reap; members still "
-                                "stopped are continued (SIGCONT) and left alive", key)
+            recorded = [(int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False)
+                        for m in entry.get("members", [])]
+            # Only what this reap may have stopped: a member that was stopped already when
+            # the reap held it (Ctrl-Z, a scheduler) is left as its owner left it.
+            thaw = [(pid, start) for pid, start, was_stopped in recorded if not was_stopped]
+            decision = Decision(IGNORE, "interrupted-thawed" if recorded else "interrupted",
+                                "the remediator stopped during this reap; members it may "
+                                "have stopped are continued (SIGCONT) and left alive", key)
             record = functools.partial(
                 audit_record, self.hostname, live=None, result=None, decision=decision,
-                key=key, mode=str(entry.get("mode")),
-                fingerprint=str(entry.get("fingerprint", "")), member_ids=members)
+                key=key, mode=str(entry.get("mode")), reap_id=reap_id,
+                fingerprint=str(entry.get("fingerprint", "")),
+                member_ids=[(pid, start) for pid, start, _ in recorded])
             try:
-                if members:  # the SIGCONTs are signals too: written down first
+                if thaw:  # the SIGCONTs are signals too: written down first
                     self._append(record(now=self._clock(), phase=INTENT))
-                signals = self.reaper.thaw_interrupted(members)
+                signals = self.reaper.thaw_interrupted(thaw)
                 self._append(record(now=self._clock(), signals=signals))
             except OSError:
                 log.error("interrupted reap of %s not settled: the audit log cannot be "
-                          "written; retried at the next start", key)
+                          "written; retried while the worker runs", key)
+                left.append((key, entry))
                 continue
             self.reap_failures += 1
             self.ledger.settle_interrupted(key, decision.reason)
-        self.ledger.interrupted = []
+        self._unsettled = left
 
     # -- audit -----------------------------------------------------------------------
 
@@ -515,9 +538,10 @@ class Remediator:
             log.info("audit log %s is writable again", self.audit.path)
 
     def _audit(self, item: PendingItem, decision: Decision, live: LiveTree | None,
-               result: ReapResult | None, *, confirmation: Confirmation | None = None) -> None:
+               result: ReapResult | None, *, reap_id: str | None = None,
+               confirmation: Confirmation | None = None) -> None:
         record = audit_record(self.hostname, self._clock(), decision, live, result,
-                              key=item.key, mode=self.policy.mode, item=item)
+                              key=item.key, mode=self.policy.mode, item=item, reap_id=reap_id)
         if confirmation is not None:
             record["alertmanager"] = confirmation.to_json()
         try:
@@ -567,7 +591,8 @@ def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree |
                  item: PendingItem | None = None, fingerprint: str | None = None,
                  phase: str = FINAL, members: tuple[Member, ...] | None = None,
                  member_ids: list[tuple[int, int]] | None = None,
-                 signals: tuple[SignalRecord, ...] = ()) -> dict[str, Any]:
+                 signals: tuple[SignalRecord, ...] = (),
+                 reap_id: str | None = None) -> dict[str, Any]:
     """One audit line; the worker and the manual `gpuguard reap` write the same shape.
 
     `phase` intent/joined records name `members` before they are signalled; a final
@@ -583,6 +608,7 @@ def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree |
         "time": iso_time(now),
         "ts": now,
         "phase": phase,
+        "reap_id": reap_id,
         "hostname": hostname,
         "key": {"hostname": key.hostname, "root_pid": key.root_pid,
                 "root_start_time": key.root_start_time},

@@ -23,6 +23,8 @@ def main() -> None:
                    help="run the holder this many processes further down (each level waits)")
     p.add_argument("--hup-on-usr1", action="store_true",
                    help="on SIGUSR1 start ignoring SIGHUP (a job that detaches late)")
+    p.add_argument("--fork-on-term", action="store_true",
+                   help="on SIGTERM fork a sleeping child (pid in PIDFILE.child), keep running")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
     if args.depth > 0:
@@ -36,6 +38,19 @@ def main() -> None:
     if args.hup_on_usr1:
         signal.signal(signal.SIGUSR1,
                       lambda *_: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    if args.fork_on_term:
+        def cleanup_child(*_: object) -> None:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child = os.fork()
+            if child == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                while True:
+                    time.sleep(3600)
+            with open(f"{args.pidfile}.child.tmp", "w") as fh:
+                fh.write(str(child))
+            os.replace(f"{args.pidfile}.child.tmp", f"{args.pidfile}.child")
+
+        signal.signal(signal.SIGTERM, cleanup_child)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for _ in range(args.threads):

@@ -182,6 +182,8 @@ class SyntheticView:
 
     - `stat(pid)`: the row's `ProcInfo`, None when no such pid, or raises
       `ProcUnreadable` for pids in `unreadable`.
+    - `opaque={pid, ...}`: stat answers, every other file (cmdline, status, environ,
+      ...) is unreadable, as for another user's process when not root.
     - `vanish_after_reads={pid: n}`: the first n `stat(pid)` calls see the
       process; on the next one it is gone (removed, its children keep their
       now-stale ppid: the race a mid-walk exit produces). n=0: gone at once.
@@ -196,6 +198,7 @@ class SyntheticView:
         *,
         own_nspid_depth: int = 1,
         unreadable: Iterable[int] = (),
+        opaque: Iterable[int] = (),
         vanish_after_reads: Mapping[int, int] | None = None,
     ) -> None:
         table: dict[int, FakeProc] = {}
@@ -206,6 +209,7 @@ class SyntheticView:
         self._procs = _resolve_start_times(table)
         self._own_nspid_depth = own_nspid_depth
         self.unreadable: set[int] = set(unreadable)
+        self.opaque: set[int] = set(opaque)  # stat readable, every other file not
         self.vanish_after_reads: dict[int, int] = dict(vanish_after_reads or {})
         self._stat_reads: Counter[int] = Counter()
         self.calls: list[tuple[str, int]] = []
@@ -264,7 +268,7 @@ class SyntheticView:
 
     def _current(self, method: str, info: ProcInfo) -> FakeProc | None:
         self.calls.append((method, info.pid))
-        if info.pid in self.unreadable:
+        if info.pid in self.unreadable or info.pid in self.opaque:
             return None
         p = self._procs.get(info.pid)
         if p is None or p.start_time != info.start_time:

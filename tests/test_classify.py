@@ -630,3 +630,45 @@ def test_proctable_unreadable_and_vanishing():
     assert view.stat(200) is None and view.cmdline(info) is None
     assert view.info(300).comm == "python"
     assert SyntheticView([init(), proc(5, ppid=1, sid=5, comm="x" * 20)]).info(5).comm == "x" * 15
+
+
+# -- every member of an orphan tree is judged (what a reap would signal) -------------
+
+
+@pytest.mark.parametrize(("sibling", "why"), [
+    ({"sighup_ignored": True}, "ignores SIGHUP"),
+    ({"keep": True}, "GPUGUARD_KEEP=1"),
+    ({"comm": "tmux: server"}, "matches protect by comm"),
+    ({"cmdline": "python -m jupyter_server"}, "matches protect by command line"),
+], ids=["nohup", "keep", "comm", "cmdline"])
+def test_a_protected_member_off_every_chain_protects_the_tree(sibling, why):
+    view = leader_killed(proc(400, ppid=200, sid=100, **sibling))  # sibling of the holder
+    tree = one_tree(view)
+    check(tree, PROTECTED, "member-protected", 200, "3" if "protect" in why else "4")
+    assert tree.evidence.pids == (400,) and why in tree.evidence.detail
+    assert {m.pid for m in tree.members} == {200, 300, 400}
+
+
+def test_a_member_whose_facts_cannot_be_read_makes_the_tree_unknown():
+    view = leader_killed(proc(400, ppid=300, sid=100), opaque={400})
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "member-unknown", 200, "2")
+    assert tree.evidence.pids == (400,) and "cannot read" in tree.evidence.detail
+
+
+def test_an_unknown_holder_below_the_root_makes_the_tree_unknown():
+    # 400's own chain is one too deep for max_depth; it sits below the orphan root 200.
+    view = leader_killed(proc(400, ppid=300, sid=100))
+    depth = len(["300", "200", "1"])  # 300's chain to PID 1: admitted
+    trees = classify([holder(300), holder(400)], view, Rules(max_depth=depth - 1))
+    by_root = {t.root_pid: t for t in trees}
+    assert (by_root[400].verdict, by_root[400].reason) == (UNKNOWN, "too-deep")
+    check(by_root[200], UNKNOWN, "member-unknown", 200, "2")
+    assert 400 in by_root[200].evidence.pids
+
+
+def test_plain_members_keep_the_orphan():
+    view = leader_killed(proc(400, ppid=200, sid=100, comm="sleep"))
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert [m.pid for m in tree.members] == [200, 300, 400]

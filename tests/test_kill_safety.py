@@ -384,3 +384,54 @@ def test_a_reused_pid_does_not_bring_its_children_into_the_reap(
     signalled = {pid for pid, _, outcome in result["signals"] if outcome == "sent"}
     assert result["c"] not in signalled and result["c_alive"], result
     assert result["outcome"] == "reaped"
+
+
+# -- 8 (continued). recovery trusts ids, not clocks, and retries until it can audit ------------
+
+
+def freeze_and_crash(tmp_path: Path, orphan: Orphan) -> tuple[TreeKey, Ledger]:
+    """What a crash between the first SIGSTOP and the kill leaves: a REAPING key whose
+    members are recorded (not stopped before the reap) and really stopped."""
+    key = TreeKey(HOST, orphan.root, orphan.root_start)
+    ledger = Ledger(tmp_path / "state")
+    ledger.begin_reap(key, "enforce", "fp-crashed")
+    ledger.add_members(key, [(p, int(stat_fields(p)["start_time"]), False)  # type: ignore[call-overload]
+                             for p in orphan.members])
+    for pid in orphan.members:
+        os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: all(stopped(p) for p in orphan.members), what="the frozen tree")
+    return key, ledger
+
+
+def test_recovery_does_not_mistake_an_earlier_attempts_record_for_this_reap(
+        tmp_path: Path, harness: Callable[..., Harness], trees: Trees,
+        fake_gpu: FakeGpuWorld) -> None:
+    orphan = spawn_orphan(trees, fake_gpu)
+    key = TreeKey(HOST, orphan.root, orphan.root_start)
+    earlier = Ledger(tmp_path / "state")
+    first = earlier.begin_reap(key, "enforce", "fp-1")
+    earlier.finish_reap(key, "aborted", signalled=False)  # frees the key for a new attempt
+    # The earlier attempt's final record carries a later time (the clock stepped back since).
+    (tmp_path / "audit.jsonl").write_text(json.dumps({
+        "phase": "final", "reap_id": first, "ts": time.time() + 3600,
+        "key": {"hostname": HOST, "root_pid": orphan.root,
+                "root_start_time": orphan.root_start}}) + "\n")
+    freeze_and_crash(tmp_path, orphan)
+    h = harness()
+    wait_for(lambda: not any(stopped(p) for p in orphan.members), what="the thaw")
+    assert any(r.get("decision", {}).get("reason") == "interrupted-thawed" for r in h.audit())
+
+
+def test_an_interrupted_reap_that_cannot_be_audited_is_retried_and_reported(
+        tmp_path: Path, harness: Callable[..., Harness], trees: Trees,
+        fake_gpu: FakeGpuWorld, full_disk: Path) -> None:
+    orphan = spawn_orphan(trees, fake_gpu)
+    freeze_and_crash(tmp_path, orphan)
+    h = harness(audit_log=str(full_disk / "audit.jsonl"))
+    health = h.client.get("/healthz")
+    assert health.status_code == 503 and "not settled" in health.get_data(as_text=True)
+    assert all(stopped(p) for p in orphan.members)  # no SIGCONT without its record
+    (full_disk / "filler").unlink()
+    wait_for(lambda: not any(stopped(p) for p in orphan.members), what="the retried thaw")
+    wait_for(lambda: h.client.get("/healthz").status_code == 200, what="health back")
+    assert [r["decision"]["reason"] for r in h.audit()] == ["interrupted-thawed"] * 2

@@ -124,6 +124,10 @@ def test_member_walk_drops_children_of_a_pid_that_was_reused() -> None:
         return [m.pid for m in walk_members(root, kids.get, table.get, stat_now)]
 
     assert walk(member) == [10, 20, 30]  # 20 is still 20: its child is a member
+    # A stale children file: 30 now has another parent (reparented after 20's read).
+    table[30] = ProcInfo(30, 1, 30, 30, start_time=400, state="S", uid=0, comm="x")
+    assert walk(member) == [10, 20]
+    table[30] = stranger_child
     reused = ProcInfo(20, 1, 20, 20, start_time=300, state="S", uid=0, comm="other")
     assert walk(reused) == [10, 20]  # pid 20 names another process now: 30 is not ours
     assert walk(None) == [10, 20]

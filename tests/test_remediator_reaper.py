@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ from exporter.nvml import Nvml, NvmlReading
 from remediator.policy import Member, TreeKey
 from remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult, inspect_tree
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Trees, alive, stat_fields
+from tests.proctree import Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import GIB, HOST, STUBBORN, Orphan, spawn_orphan
 
 #: Lets the tests' own processes through whoever runs them (CI runs as root).
@@ -45,12 +47,14 @@ def nvml(fake_gpu: FakeGpuWorld) -> Iterator[DriverLikeNvml]:
     real.close()
 
 
-def plan_for(orphan: Orphan, nvml: DriverLikeNvml, *, dry_run: bool = False) -> ReapPlan:
+def plan_for(orphan: Orphan, nvml: DriverLikeNvml, *, dry_run: bool = False,
+             extra: tuple[int, ...] = ()) -> ReapPlan:
+    """The plan the worker would make now; `extra`: members besides root and holder."""
     key = TreeKey(HOST, orphan.root, orphan.root_start)
     live = inspect_tree(key, nvml=nvml, rules=Rules(), counters=Counters())
     assert live.tree_found and live.verdict == "orphan", live
-    assert [m.pid for m in live.members] == orphan.members
-    return ReapPlan(key, live.members, live.holders, live.gpu_bytes, dry_run)
+    assert sorted(m.pid for m in live.members) == sorted([*orphan.members, *extra])
+    return ReapPlan(key, live.members, live.holders, live.gpu_bytes, dry_run, gpus=live.gpus)
 
 
 def reap(plan: ReapPlan, nvml: DriverLikeNvml, *, policy: Remediate = POLICY,
@@ -145,3 +149,131 @@ def test_dry_run_and_timeout_send_nothing(trees: Trees, fake_gpu: FakeGpuWorld,
     late = reap(plan_for(orphan, nvml), nvml, deadline=time.monotonic() - 1)
     assert (late.outcome, late.reason, late.signals) == ("aborted", "worker-timeout", ())
     assert orphan.all_alive()
+
+
+# -- judged when it can no longer change; nothing left behind stopped --------------------
+
+#: Under the orphan root sh: the GPU holder, and a sibling that starts ignoring SIGHUP (or
+#: forks a cleanup child on SIGTERM) when told.
+WITH_SIBLING = ('sh -c "{holder} --pidfile {dir}/holder & {holder} --pidfile {dir}/sibling '
+                '--hup-on-usr1 --fork-on-term & wait" & echo $! > {dir}/root; wait')
+
+
+def sighup_ignored(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return bool(int(status.split("SigIgn:")[1].split()[0], 16) & 1)
+
+
+def stopped(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields["state"] in ("T", "t")
+
+
+def test_a_member_that_detaches_after_it_was_judged_is_not_killed(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    """Judged, then it starts ignoring SIGHUP before its SIGSTOP lands: judged again,
+    frozen, it is protected; the reap aborts and continues the tree."""
+    orphan = spawn_orphan(trees, fake_gpu, WITH_SIBLING)
+    sibling = orphan.tree.pid("sibling")
+    plan = plan_for(orphan, nvml, extra=(sibling,))
+
+    def detach_at_intent(phase: str, members: tuple[Member, ...]) -> None:
+        if phase == "intent":  # between the first judgement and the first SIGSTOP
+            os.kill(sibling, signal.SIGUSR1)
+            wait_for(lambda: sighup_ignored(sibling), what="the sibling to ignore SIGHUP")
+
+    result = reap(plan, nvml, journal=detach_at_intent)
+    assert (result.outcome, result.reason) == ("aborted", "member-protected"), result
+    assert str(sibling) in result.detail
+    assert not any(s.signal in ("SIGTERM", "SIGKILL") for s in result.signals)
+    assert orphan.all_alive() and alive(sibling)
+    assert not any(stopped(p) for p in (*orphan.members, sibling))
+
+
+def test_a_process_its_owner_had_stopped_stays_stopped_when_a_reap_aborts(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu, WITH_SIBLING)
+    sibling = orphan.tree.pid("sibling")
+    plan = plan_for(orphan, nvml, extra=(sibling,))
+    os.kill(orphan.holder, signal.SIGSTOP)  # Ctrl-Z, a scheduler: not the reaper's doing
+    wait_for(lambda: stopped(orphan.holder), what="the holder to stop")
+
+    def detach_at_intent(phase: str, members: tuple[Member, ...]) -> None:
+        if phase == "intent":
+            os.kill(sibling, signal.SIGUSR1)
+            wait_for(lambda: sighup_ignored(sibling), what="the sibling to ignore SIGHUP")
+
+    result = reap(plan, nvml, journal=detach_at_intent)
+    assert result.outcome == "aborted"
+    assert stopped(orphan.holder), "the reap continued a process it had not stopped"
+    assert not stopped(orphan.root) and not stopped(sibling)
+    os.kill(orphan.holder, signal.SIGCONT)
+
+
+def test_a_gpu_holder_nobody_judged_aborts_the_frozen_reap(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu, WITH_SIBLING)
+    sibling = orphan.tree.pid("sibling")
+    plan = plan_for(orphan, nvml, extra=(sibling,))
+    fake_gpu.add_process(0, sibling, GIB)  # a context opened after the classification
+    result = reap(plan, nvml)
+    assert (result.outcome, result.reason) == ("aborted", "member-unknown"), result
+    assert orphan.all_alive() and alive(sibling)
+    assert not any(stopped(p) for p in (*orphan.members, sibling))
+
+
+def test_a_gpu_that_disappears_before_the_freeze_aborts_the_reap(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    fake_gpu.add_gpu(1)
+    orphan = spawn_orphan(trees, fake_gpu)
+    plan = plan_for(orphan, nvml)
+    assert len(plan.gpus) == 2
+    fake_gpu.remove_gpu(1)  # no error: just one GPU fewer, whose holders nobody can see
+    result = reap(plan, nvml)
+    assert (result.outcome, result.reason) == ("aborted", "nvml-incomplete"), result
+    assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)
+
+
+def test_a_child_born_during_the_term_wait_is_recorded_before_it_is_signalled(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu, WITH_SIBLING)
+    sibling = orphan.tree.pid("sibling")
+    written = Written()
+    result = reap(plan_for(orphan, nvml, extra=(sibling,)), nvml, journal=written,
+                  policy=dataclasses.replace(POLICY, term_timeout_seconds=1.0))
+    child = int(wait_for(lambda: Path(f"{orphan.tree.dir}/sibling.child").read_text()
+                         if Path(f"{orphan.tree.dir}/sibling.child").exists() else "",
+                         what="the cleanup child's pid"))
+    assert result.outcome == "reaped", result
+    phases = [phase for phase, pids in written.records if child in pids]
+    assert phases == ["joined"], written.records
+    assert (child, "SIGSTOP") in sent(result) and not alive(child)
+
+
+def test_a_member_that_cannot_be_held_refuses_the_reap(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu)
+    plan = plan_for(orphan, nvml)
+
+    def out_of_fds(pid: int) -> int:
+        if pid == orphan.holder:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return os.pidfd_open(pid)
+
+    result = reap(plan, nvml, pidfd_open=out_of_fds)
+    assert (result.outcome, result.reason) == ("aborted", "member-unknown"), result
+    assert result.signals == () and orphan.all_alive()
+
+
+def test_a_failure_after_the_freeze_leaves_nothing_stopped(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu)
+
+    def broken_at_term(fd: int, sig: int) -> None:
+        if sig == signal.SIGTERM:
+            raise RuntimeError("a bug in the kill phase")
+        signal.pidfd_send_signal(fd, sig)
+
+    result = reap(plan_for(orphan, nvml), nvml, pidfd_send=broken_at_term)
+    assert (result.outcome, result.reason) == ("failed", "internal-error"), result
+    assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)
