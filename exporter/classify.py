@@ -15,8 +15,11 @@ import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+import re2
+
+from exporter.counters import COUNTERS
 from exporter.nvml import Holder
 from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
 
@@ -57,6 +60,31 @@ class ProcSource(Protocol):
     def own_nspid_depth(self) -> int: ...
 
 
+class ProtectPatternError(ValueError):
+    """A protect pattern the linear-time matcher (RE2) does not accept."""
+
+
+def compile_protect(pattern: str) -> Any:
+    """One protect pattern, case-insensitive, for RE2: matching time is linear in the text.
+
+    Any user names their processes and chooses their arguments, so a backtracking
+    engine (Python's `re`) would let one `aaaa...!` command line stall every scan on a
+    pattern like `(a+)+$` (and `re` holds the GIL while it does). RE2 has no
+    back-references or look-arounds: patterns that need them are config errors.
+    Patterns are compiled one by one, so groups in one cannot change another.
+    """
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        raise ProtectPatternError(str(message)) from None
+
+
 @dataclass(frozen=True)
 class Rules:
     """The `classify:` section of the config file."""
@@ -64,15 +92,13 @@ class Rules:
     protect: tuple[str, ...] = DEFAULT_PROTECT
     reapers: tuple[str, ...] = DEFAULT_REAPERS
     max_depth: int = DEFAULT_MAX_DEPTH
-    _protect_re: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    _protect: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        pattern = "|".join(f"(?:{p})" for p in self.protect) if self.protect else None
-        compiled = re.compile(pattern, re.IGNORECASE) if pattern else None
-        object.__setattr__(self, "_protect_re", compiled)
+        object.__setattr__(self, "_protect", tuple(compile_protect(p) for p in self.protect))
 
     def protects(self, text: str) -> bool:
-        return self._protect_re is not None and _matches(self._protect_re, text)
+        return any(_protect_hit(pattern, text) for pattern in self._protect)
 
     def is_reaper(self, comm: str) -> bool:
         return any(comm == name[:COMM_LEN] for name in self.reapers)
@@ -192,6 +218,13 @@ _MANAGED = re.compile(
 def _matches(pattern: re.Pattern[str], text: str) -> bool:
     """Regex results cached by text: the same ancestors recur in every chain, every scan."""
     return pattern.search(text) is not None
+
+
+@functools.lru_cache(maxsize=16384)
+def _protect_hit(pattern: Any, text: str) -> bool:
+    """One protect pattern on one comm or command line, cached by text, its time counted."""
+    with COUNTERS.track("protect_match"):
+        return pattern.search(text) is not None
 
 
 def managed_cgroup(paths: Iterable[str]) -> str | None:

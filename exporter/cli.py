@@ -16,6 +16,7 @@ from exporter.config import ConfigError, load_config
 from exporter.metrics import GpuguardCollector
 from exporter.nvml import Nvml
 from exporter.scanner import Scanner
+from exporter.serving import create_server
 
 log = logging.getLogger("gpuguard.exporter")
 
@@ -90,8 +91,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
         return 2
 
-    from waitress import create_server
-
     scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname))
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
               file=sys.stderr)
-        return 1
+        return 2
     scanner.start()
 
     def shutdown(signum: int, _frame: object) -> None:

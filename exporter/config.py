@@ -8,7 +8,6 @@ file, the key and the problem.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.classify import DEFAULT_MAX_DEPTH, DEFAULT_PROTECT, DEFAULT_REAPERS, Rules
+from exporter.classify import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_PROTECT,
+    DEFAULT_REAPERS,
+    ProtectPatternError,
+    Rules,
+    compile_protect,
+)
 
 MODES = ("dry-run", "enforce")
 REASONS = ("session-ended", "parent-exited")
@@ -72,6 +78,7 @@ class Remediate:
     allow_root_owned: bool = False
     allow_without_pidfd: bool = False
     worker_timeout_seconds: float = 60.0
+    max_pending: int = 256
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
     alertmanager: AlertmanagerConfig | None = None
@@ -150,9 +157,11 @@ def _patterns(path: str, key: str, value: Any) -> tuple[str, ...]:
     patterns = _str_list(path, key, value)
     for i, pattern in enumerate(patterns):
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(path, f"{key}[{i}]", f"bad regex {pattern!r}: {exc}") from None
+            compile_protect(pattern)
+        except ProtectPatternError as exc:
+            raise ConfigError(path, f"{key}[{i}]", f"bad regex {pattern!r}: {exc} (protect "
+                              "patterns use RE2 syntax: no back-references or "
+                              "look-arounds)") from None
     return patterns
 
 
@@ -254,6 +263,7 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
         "rate_limit": _rate_limit,
         "term_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=0.1),
         "worker_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
+        "max_pending": lambda p, k, v: _int(p, k, v, minimum=1),
         "allow_root_owned": _bool,
         "allow_without_pidfd": _bool,
         "state_dir": _str,
@@ -263,8 +273,37 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
     return Remediate(**got)
 
 
+def _duplicate_key(node: yaml.Node | None, path: str = "") -> tuple[str, int, int] | None:
+    """The first key given twice in one mapping, at any depth: (dotted key, line, line).
+
+    PyYAML keeps the last value, so `mode: dry-run` at the top of a section and
+    `mode: enforce` further down would load as enforce: one file, two readings.
+    """
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            name = str(key_node.value)
+            full = f"{path}.{name}" if path else name
+            line = key_node.start_mark.line + 1
+            if name in seen:
+                return full, seen[name], line
+            seen[name] = line
+            if (found := _duplicate_key(value_node, full)) is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            if (found := _duplicate_key(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
 def parse_config(text: str, *, source: str = "<string>") -> Config:
     try:
+        duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
+        if duplicate is not None:
+            key, first, again = duplicate
+            raise ConfigError(source, key, f"duplicate key (lines {first} and {again}): "
+                              "YAML would silently keep only the last")
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -24,6 +24,7 @@ CALLSITES: tuple[str, ...] = (
     "proc_fd",  # /proc/PID/cwd and /proc/PID/fd/0: detached-daemon check
     "proc_children",  # /proc/PID/task/TID/children: descendants of an orphan root
     "proc_task_stat",  # /proc/PID/task/TID/stat: the reaper's check that every thread stopped
+    "protect_match",  # protect patterns (RE2) on a comm or command line not matched before
     "nvml_init",
     "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name
     "nvml_processes",  # running compute/graphics processes

@@ -32,7 +32,7 @@ from exporter.metrics import inspector_metrics
 from remediator.alertmanager import RESULTS, AlertmanagerClient
 from remediator.alerts import PayloadError, parse_notification
 from remediator.audit import AuditLog
-from remediator.ledger import Ledger
+from remediator.ledger import Ledger, LedgerError
 from remediator.pull import Puller
 from remediator.reaper import HolderSource, Reaper
 from remediator.worker import Remediator
@@ -229,15 +229,20 @@ def create_app(
             return _error(413, f"body is over the {MAX_BODY_BYTES}-byte limit")
         try:
             data = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            service.reject("not_json")
-            return _error(415, f"body is not JSON: {str(exc)[:120]}")
+        except (ValueError, RecursionError) as exc:  # the media type was right: 400, not 415
+            service.reject("malformed")
+            return _error(400, f"body is not valid JSON: {str(exc)[:120]}")
         try:
             notification = parse_notification(data)
         except PayloadError as exc:
             service.reject("malformed")
             return _error(400, str(exc)[:500])
-        accounts = service.submit(notification)
+        try:
+            accounts = service.submit(notification)
+        except LedgerError as exc:  # nothing was kept: Alertmanager retries a 5xx
+            service.reject("state_unwritable")
+            log.error("POST /alerts refused: %s", exc)
+            return _error(503, f"cannot record the alerts: {exc}"[:500])
         counts: dict[str, int] = {}
         for account in accounts:
             counts[account.status] = counts.get(account.status, 0) + 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -31,6 +32,31 @@ def iso_time(when: float) -> str:
     return datetime.fromtimestamp(when, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
+class UnsafePathError(Exception):
+    """A state or audit path others could tamper with; refusing to start is the answer."""
+
+
+def check_private_dir(path: Path, what: str) -> None:
+    """`path` must be a real directory (no symlink), owned by us, writable by no one else.
+
+    The remediator runs as root and writes where its config says; a directory someone
+    else owns or can write lets them plant a symlink at the audit log or swap the
+    state file (and with it the dedupe keys) under it.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UnsafePathError(f"{path}: {what}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePathError(f"{path}: {what} must be a directory, not a symlink or file")
+    if st.st_uid != os.geteuid():
+        raise UnsafePathError(f"{path}: {what} is owned by uid {st.st_uid}, not by this "
+                              f"process's uid {os.geteuid()}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePathError(f"{path}: {what} is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); chmod go-w it")
+
+
 class AuditLog:
     """One file, opened per record (survives logrotate's move), one lock per process."""
 
@@ -39,17 +65,21 @@ class AuditLog:
         self._lock = threading.Lock()
 
     def check_writable(self) -> None:
-        """Fail at start-up, not at the first kill, when the log cannot be written."""
+        """Fail at start-up, not at the first kill, when the log cannot be written safely."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        os.close(fd)
+        check_private_dir(self.path.parent, "the audit log's directory")
+        os.close(self._open())
+
+    def _open(self) -> int:
+        """Append-only, and never through a symlink planted where the log should be."""
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
         data = line.encode("utf-8")
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            fd = self._open()
             try:
                 written = 0
                 while written < len(data):

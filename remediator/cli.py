@@ -19,6 +19,7 @@ import sys
 
 from exporter.config import ConfigError, load_config
 from exporter.procfs import in_host_pid_namespace
+from remediator.audit import UnsafePathError
 from remediator.ledger import LedgerError
 
 log = logging.getLogger("gpuguard.remediator")
@@ -105,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from waitress import create_server
-
+    from exporter.serving import create_server
     from remediator.app import TokenFile, create_app, remediator_of
 
     token = None
@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(config, token=token, hostname=args.hostname)
     except LedgerError as exc:
         return _fail(f"state error: {exc}")
+    except UnsafePathError as exc:
+        return _fail(f"unsafe path: {exc}")
     except OSError as exc:
         return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
     service = remediator_of(app)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from remediator.alerts import Alert
+from remediator.audit import UnsafePathError, check_private_dir
 from remediator.policy import TreeKey
 
 FILE_NAME = "remediator-state.json"
@@ -102,6 +103,7 @@ class Ledger:
         except OSError as exc:
             raise LedgerError(f"{BOOT_ID}: cannot read the boot id: {exc.strerror}") from None
         self.interrupted: list[tuple[TreeKey, dict[str, Any]]] = []
+        self._on_disk: dict[str, Any] = {}  # the last state written (a failed save goes back)
         self._load()
 
     # -- persistence -----------------------------------------------------------------
@@ -111,6 +113,10 @@ class Ledger:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LedgerError(f"{self.dir}: cannot create state_dir: {exc.strerror}") from None
+        try:
+            check_private_dir(self.dir, "state_dir")
+        except UnsafePathError as exc:
+            raise LedgerError(str(exc)) from None
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -128,23 +134,33 @@ class Ledger:
                 same_boot = data.get("boot_id") == self._boot
             else:
                 raise ValueError(f"unknown format version {version!r}")
-            self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
-            if same_boot:
-                self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
-                self._pending = {TreeKey.parse(k): PendingItem.from_json(TreeKey.parse(k), v)
-                                 for k, v in data.get("pending", {}).items()}
-                self._first_seen = {TreeKey.parse(k): float(v)
-                                    for k, v in data.get("first_seen", {}).items()}
-                self._gpus = {TreeKey.parse(k): tuple(str(u) for u in v)
-                              for k, v in data.get("gpus", {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if not same_boot:  # keys name processes of one boot: only the window survives
+                data = {"reaps": data.get("reaps", [])}
+            self._apply(data)
+            self.interrupted = [(k, v) for k, v in self._done.items()
+                                if v.get("status") == REAPING]
+            self._prune()
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
                               "only after checking the audit log for unfinished reaps") from None
-        self.interrupted = [(k, v) for k, v in self._done.items() if v.get("status") == REAPING]
-        self._prune()
         self._save()
 
+    def _apply(self, data: dict[str, Any]) -> None:
+        """Set the in-memory state from the file's form (loading, or undoing a failed save)."""
+        self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
+        self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
+        for entry in self._done.values():
+            float(entry.get("at", 0))  # a time that is not a number is an unusable file
+        self._pending = {TreeKey.parse(k): PendingItem.from_json(TreeKey.parse(k), v)
+                         for k, v in data.get("pending", {}).items()}
+        self._first_seen = {TreeKey.parse(k): float(v)
+                            for k, v in data.get("first_seen", {}).items()}
+        self._gpus = {TreeKey.parse(k): tuple(str(u) for u in v)
+                      for k, v in data.get("gpus", {}).items()}
+
     def _save(self) -> None:
+        """Persist everything, atomically; if that fails, the in-memory state goes back to
+        what is on disk and LedgerError is raised: nothing is kept that was not written."""
         data = {
             "version": FORMAT_VERSION,
             "boot_id": self._boot,
@@ -154,7 +170,16 @@ class Ledger:
             "gpus": {str(k): list(v) for k, v in sorted(self._gpus.items())},
             "reaps": [[t, m] for t, m in self._reaps],
         }
-        payload = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+        payload = json.dumps(data, indent=1, sort_keys=True)
+        try:
+            self._write(payload.encode("utf-8"))
+        except OSError as exc:
+            self._apply(self._on_disk)
+            raise LedgerError(f"{self.path}: cannot write the state: "
+                              f"{exc.strerror or exc}") from None
+        self._on_disk = json.loads(payload)  # a deep copy, as written
+
+    def _write(self, payload: bytes) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{FILE_NAME}.")
         try:

@@ -30,6 +30,10 @@ CANCEL = "cancel"  # a resolved alert withdrew a pending reap
 IGNORE = "ignore"  # nothing to do; `reason` says why
 ACTIONS = (ACCEPT, REAP, DRY_RUN, DEFER, CANCEL, IGNORE)
 
+#: Linux pids fit in 7 digits (pid_max <= 4194304); start times are 64-bit tick counts.
+MAX_PID_DIGITS = 7
+MAX_START_TIME_DIGITS = 20
+
 # Labels the remediator needs on every alert it acts on.
 REQUIRED_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
 ROOT_UID = 0
@@ -143,12 +147,18 @@ def tree_key(alert: Alert) -> TreeKey | Decision:
     if missing:
         return _ignore("missing-label", f"alert lacks label(s) {', '.join(missing)}")
     raw_pid, raw_start = alert.labels["root_pid"], alert.labels["root_start_time"]
-    if not (raw_pid.isascii() and raw_pid.isdigit() and raw_start.isascii()
-            and raw_start.isdigit()):
+    if not (_sane_integer(raw_pid, MAX_PID_DIGITS)
+            and _sane_integer(raw_start, MAX_START_TIME_DIGITS)):
         return _ignore("bad-label",
                        f"root_pid={raw_pid[:32]!r} root_start_time={raw_start[:32]!r} "
-                       "must be decimal integers")
+                       f"must be decimal integers (at most {MAX_PID_DIGITS} and "
+                       f"{MAX_START_TIME_DIGITS} digits)")
     return TreeKey(alert.labels["hostname"], int(raw_pid), int(raw_start))
+
+
+def _sane_integer(text: str, digits: int) -> bool:
+    """Decimal, ASCII, and short: int() of 5,000 digits raises, of 4,000 takes a while."""
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
 
 
 def already_done(key: TreeKey, state: PolicyState) -> bool:
@@ -185,6 +195,9 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
                        f"({state.done[key]})", key)
     if key in state.pending:
         return _ignore("duplicate", f"tree {key} is already pending", key)
+    if len(state.pending) >= state.policy.max_pending:
+        return _ignore("queue-full", f"{len(state.pending)} trees are pending already "
+                       f"(remediate.max_pending); Alertmanager's next delivery tries again", key)
     return Decision(ACCEPT, "queued", "queued for a live check", key)
 
 

@@ -65,7 +65,7 @@ log = logging.getLogger("gpuguard.remediator")
 #: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
 MAX_IDLE_WAIT_SECONDS = 1.0
 RECENT_DECISIONS = 200
-REJECT_CAUSES = ("unauthorized", "too_large", "not_json", "malformed")
+REJECT_CAUSES = ("unauthorized", "too_large", "not_json", "malformed", "state_unwritable")
 
 #: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
 #: "unreachable" is not one of them: it is a refusal, retried on the next delivery.

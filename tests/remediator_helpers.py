@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -221,3 +222,29 @@ def only_record(h: Harness, orphan: Orphan) -> dict[str, Any]:
                if r["key"]["root_pid"] == orphan.root and r["phase"] == "final"]
     assert len(records) == 1, records
     return records[0]
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a tiny tmpfs that is full, holding an existing (empty) audit log."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=64,mode=0700", "tmpfs",
+                           str(mnt)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot mount a tmpfs: {done.stderr.strip()}")
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        (mnt / "audit.jsonl").touch()
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass  # ENOSPC: full
+        finally:
+            os.close(fd)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

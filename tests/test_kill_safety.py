@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,32 +195,6 @@ def test_a_gpu_gone_since_the_first_check_refuses_the_reap(
 
 
 # -- 6. write-ahead audit -----------------------------------------------------------
-
-
-@pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A directory on a tiny tmpfs that is full, holding an existing (empty) audit log."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=64", "tmpfs",
-                           str(mnt)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot mount a tmpfs: {done.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        (mnt / "audit.jsonl").touch()
-        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError:
-            pass  # ENOSPC: full
-        finally:
-            os.close(fd)
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_no_signal_without_an_audit_record_and_the_remediator_says_so(

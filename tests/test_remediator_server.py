@@ -196,7 +196,7 @@ def test_bad_input_is_refused_and_nothing_is_killed(
                                                               "Content-Type": "text/plain"}),
          415, "Content-Type"),
         ("not json body", server.post(data=b"{hello", headers={
-            **AUTH, "Content-Type": "application/json"}), 415, "not JSON"),
+            **AUTH, "Content-Type": "application/json"}), 400, "not valid JSON"),
         ("wrong shape", server.post({"version": "4", "alerts": "all of them"}), 400,
          "alerts: must be a list"),
         ("labels not strings", server.post(labels_not_strings()), 400,
@@ -211,7 +211,8 @@ def test_bad_input_is_refused_and_nothing_is_killed(
     samples = parse_samples(requests.get(f"{server.url}/metrics", timeout=5).text)
     rejected = {labels["cause"]: value for labels, value in
                 find(samples, "gpuguard_remediator_rejected_requests_total")}
-    assert rejected == {"unauthorized": 3, "too_large": 2, "not_json": 2, "malformed": 3}
+    assert rejected == {"unauthorized": 3, "too_large": 2, "not_json": 1, "malformed": 4,
+                        "state_unwritable": 0}
     assert server.state()["pending"] == [] and server.idle()
     # Still serving, and still careful: a good delivery in dry-run terms is accepted.
     resp = server.post(payload(alert(orphan.root, orphan.root_start, hostname="elsewhere")))
