@@ -17,6 +17,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check exporter remediator tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
