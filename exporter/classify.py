@@ -13,6 +13,8 @@ import dataclasses
 import functools
 import itertools
 import re
+import signal as signal_module
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -58,6 +60,7 @@ class ProcSource(Protocol):
     def keep_marker(self, info: ProcInfo) -> bool | None: ...
     def daemon_io(self, info: ProcInfo) -> bool | None: ...
     def own_nspid_depth(self) -> int: ...
+    def launcher_exit(self, pid: int, after_start_time: int) -> ExitEvent | None: ...
 
 
 class ProtectPatternError(ValueError):
@@ -143,6 +146,35 @@ class Tree:
     @property
     def root_start_time(self) -> int | None:
         return self.root.start_time if self.root is not None else None
+
+
+#: Orphan reasons of rule 6: how the session leader (the launcher) went away.
+LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell, a drop)
+LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a launch script finishing)
+SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
+PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
+
+
+class ExitEvent(Protocol):
+    """What the kernel reported about one process's exit (exporter/procevents.Exit)."""
+
+    @property
+    def signal(self) -> int | None: ...
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def at(self) -> float: ...
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal_module.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
 
 
 #: Tree reasons when the root's chain says orphan but a member must not be signalled.
@@ -394,17 +426,31 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
                            f"{adopted.pid} detached on purpose (cwd /, stdin /dev/null)",
                            [adopted.pid])
         leader = view.stat(adopted.sid)
-        gone = leader is None or leader.is_zombie
+        # Gone, a zombie, or its pid names a process newer than X: not X's leader any more.
+        gone = (leader is None or leader.is_zombie
+                or leader.start_time > adopted.start_time)
         # Rule 4's keep marker: read environ only for what would otherwise be an orphan.
         if view.keep_marker(adopted):
             return verdict(PROTECTED, "keep-marker", "4",
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
         if gone:
-            state = "gone" if leader is None else "a zombie"
-            return verdict(ORPHAN, "session-ended", "6",
-                           f"{adopted_why}; session leader {adopted.sid} is {state}",
-                           [adopted.pid, ppid, adopted.sid])
-        return verdict(ORPHAN, "parent-exited", "6",
+            state = ("gone" if leader is None else "a zombie" if leader.is_zombie
+                     else f"replaced by a newer process ({leader.comm})")
+            pids = [adopted.pid, ppid, adopted.sid]
+            # How it died, when the kernel's process events saw it (after X started).
+            died = view.launcher_exit(adopted.sid, adopted.start_time)
+            if died is not None and died.signal:
+                return verdict(ORPHAN, LAUNCHER_KILLED, "6",
+                               f"{adopted_why}; session leader {adopted.sid} was killed by "
+                               f"{_signal_name(died.signal)} at {_clock(died.at)}", pids)
+            if died is not None:
+                return verdict(ORPHAN, LAUNCHER_EXITED, "6",
+                               f"{adopted_why}; session leader {adopted.sid} exited with "
+                               f"status {died.status} at {_clock(died.at)}", pids)
+            return verdict(ORPHAN, SESSION_ENDED, "6",
+                           f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
+                           "event seen)", pids)
+        return verdict(ORPHAN, PARENT_EXITED, "6",
                        f"{adopted_why}; session leader {adopted.sid} is alive",
                        [adopted.pid, ppid, adopted.sid])
 

@@ -26,7 +26,9 @@ from exporter.classify import (
 )
 
 MODES = ("dry-run", "enforce")
-REASONS = ("session-ended", "parent-exited")
+#: Orphan reasons (classify rule 6): the launcher killed by a signal, exited by itself,
+#: or gone with no event seen (gpuguard started later); or only a parent in between died.
+REASONS = ("launcher-killed", "session-ended", "launcher-exited", "parent-exited")
 
 
 class ConfigError(Exception):
@@ -70,7 +72,7 @@ class Remediate:
 
     mode: str = "dry-run"
     alerts: tuple[str, ...] = ("GPUOrphanTree",)
-    reasons: tuple[str, ...] = ("session-ended",)
+    reasons: tuple[str, ...] = ("launcher-killed", "session-ended")
     min_age_seconds: float = 300.0
     users: UserFilter = field(default_factory=UserFilter)
     rate_limit: RateLimit = field(default_factory=RateLimit)

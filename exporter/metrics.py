@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.classify import ORPHAN
 from exporter.counters import CALLSITES, Counters
 from exporter.scanner import Scanner, Snapshot, user_name
 
@@ -83,7 +84,8 @@ class GpuguardCollector(Collector):
     def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         pinfo = GaugeMetricFamily(
             "gpuguard_gpu_process_info",
-            "One series per GPU-holding process: its tree's verdict, reason and root.",
+            "One series per GPU-holding process: its own verdict, reason and root (its "
+            "tree's when a member of the tree is what refuses a reap).",
             labels=["pid", "start_time", "user", "comm", "verdict", "reason", "root_pid"])
         age = GaugeMetricFamily("gpuguard_orphan_tree_age_seconds",
                                 "Seconds since a scan first saw this tree orphaned.",
@@ -101,14 +103,17 @@ class GpuguardCollector(Collector):
                     continue  # one series per process, even when it holds several GPUs
                 seen.add(pid)
                 me = hv.chain[0] if hv.chain else None
+                # The holder's own verdict (two users' jobs grouped under one root each keep
+                # theirs), unless a member of its tree is what makes it unreapable.
+                tree_decides = hv.verdict == ORPHAN and tree.verdict != ORPHAN
                 pinfo.add_metric([
                     str(pid),
                     str(me.start_time) if me else "",
                     user_name(me.uid) if me else "",
                     me.comm if me else "",
-                    tree.verdict,
-                    tree.reason,
-                    str(tree.root_pid),
+                    tree.verdict if tree_decides else hv.verdict,
+                    tree.reason if tree_decides else hv.reason,
+                    str(hv.root.pid if hv.root is not None else tree.root_pid),
                 ], 1)
             if tree.root is None or tree.root.identity not in snap.orphans:
                 continue

@@ -14,12 +14,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from exporter.counters import COUNTERS, Counters
 
 PROC = "/proc"
 #: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.
 PROC_PID_INIT_INO = 0xEFFFFFFC
+
+
+#: Clock ticks per second: the unit of /proc/PID/stat's start time.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ExitSource(Protocol):
+    """The process-event listener as procfs needs it (exporter/procevents.ProcessEvents)."""
+
+    def exit_of(self, pid: int, *, after: float) -> Any: ...
 
 
 class ProcUnreadable(Exception):
@@ -108,9 +119,12 @@ class ProcessView:
     while (pid, start_time) and comm are unchanged.
     """
 
-    def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS) -> None:
+    def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS,
+                 events: ExitSource | None = None) -> None:
         self._root = proc_root
         self._counters = counters
+        self._events = events
+        self._boot_wall: float | None = None
         self._lock = threading.RLock()
         self._scan_stat: dict[int, ProcInfo | None] = {}
         self._extras: dict[tuple[int, int], dict[str, object]] = {}
@@ -242,6 +256,21 @@ class ProcessView:
             return cwd == "/" and stdin == "/dev/null"
 
         return self._extra(info, "daemon_io", "proc_fd", read)  # type: ignore[return-value]
+
+    def launcher_exit(self, pid: int, after_start_time: int) -> Any:
+        """The kernel's record of `pid`'s exit after a process started at `after_start_time`
+        (ticks since boot) did, from the process-event listener; None if none or no listener."""
+        if self._events is None:
+            return None
+        return self._events.exit_of(pid, after=self.wall_time(after_start_time))
+
+    def wall_time(self, start_time: int) -> float:
+        """Unix time of a start time in clock ticks since boot (btime from /proc/stat)."""
+        if self._boot_wall is None:
+            with open(f"{self._root}/stat", encoding="ascii") as fh:
+                btime = next(line for line in fh if line.startswith("btime "))
+            self._boot_wall = float(btime.split()[1])
+        return self._boot_wall + start_time / CLOCK_TICKS
 
     def own_nspid_depth(self) -> int:
         """How many PID namespaces this process sits in (1 on the host)."""

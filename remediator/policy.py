@@ -269,8 +269,13 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
         return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
                        + (f": {live.detail}" if live.detail else ""), key)
-    if live.reason not in state.policy.reasons:
-        return _ignore("reason-not-allowed", f"orphan reason {live.reason} is not in "
+    reason = live.reason
+    if reason == "session-ended" and alert.label("reason") == "launcher-exited":
+        # The exporter saw the launcher exit by itself; this remediator started too late
+        # to see it. Knowing less is no reason to judge more harshly.
+        reason = "launcher-exited"
+    if reason not in state.policy.reasons:
+        return _ignore("reason-not-allowed", f"orphan reason {reason} is not in "
                        "remediate.reasons", key)
 
     # Who would be signalled.

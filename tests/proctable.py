@@ -111,6 +111,15 @@ class FakeProc:
         )
 
 
+@dataclass(frozen=True)
+class Exit:
+    """An exit event, as classify.ExitEvent reads it."""
+
+    signal: int | None
+    status: int | None
+    at: float
+
+
 # -- builders -----------------------------------------------------------------------
 
 
@@ -212,6 +221,7 @@ class SyntheticView:
         self.opaque: set[int] = set(opaque)  # stat readable, every other file not
         self.vanish_after_reads: dict[int, int] = dict(vanish_after_reads or {})
         self._stat_reads: Counter[int] = Counter()
+        self.exits: dict[int, Exit] = {}
         self.calls: list[tuple[str, int]] = []
 
     # -- inspecting the table (not recorded) ------------------------------------------
@@ -247,6 +257,9 @@ class SyntheticView:
         self.calls.clear()
 
     # -- ProcSource --------------------------------------------------------------------
+
+    def begin_scan(self) -> None:
+        """A scan starts (the Scanner calls this); a table has no memo to forget."""
 
     def stat(self, pid: int) -> ProcInfo | None:
         return self._stat("stat", pid)
@@ -298,6 +311,17 @@ class SyntheticView:
     def own_nspid_depth(self) -> int:
         self.calls.append(("own_nspid_depth", 0))
         return self._own_nspid_depth
+
+    def launcher_exit(self, pid: int, after_start_time: int) -> Exit | None:
+        """What the process-event listener saw of `pid`'s exit: see `record_exit`."""
+        self.calls.append(("launcher_exit", pid))
+        return self.exits.get(pid)
+
+    def record_exit(self, pid: int, *, signal: int | None = None,
+                    status: int | None = None) -> None:
+        """`pid` exits as `exit()` does, and the listener saw how."""
+        self.exits[pid] = Exit(signal=signal, status=status, at=0.0)
+        self.exit(pid)
 
     # -- descendants, as ProcessView walks them ---------------------------------------
 

@@ -672,3 +672,33 @@ def test_plain_members_keep_the_orphan():
     tree = one_tree(view)
     check(tree, ORPHAN, "session-ended", 200, "6")
     assert [m.pid for m in tree.members] == [200, 300, 400]
+
+
+# -- rule 6: how the launcher died (process events) ---------------------------------------
+
+
+@pytest.mark.parametrize(("how", "reason", "words"), [
+    ({"signal": 9}, "launcher-killed", "killed by SIGKILL"),
+    ({"signal": 15}, "launcher-killed", "killed by SIGTERM"),
+    ({"status": 0}, "launcher-exited", "exited with status 0"),
+    ({}, "session-ended", "no exit event seen"),
+], ids=["sigkill", "sigterm", "exit-0", "no-event"])
+def test_the_launchers_exit_names_the_orphan_reason(how, reason, words):
+    view = SyntheticView(interactive())
+    if how:
+        view.record_exit(100, **how)
+    else:
+        view.exit(100)
+    tree = one_tree(view)
+    check(tree, ORPHAN, reason, 200, "6")
+    assert words in tree.evidence.detail and 100 in tree.evidence.pids
+
+
+def test_a_leaders_pid_reused_by_a_newer_process_still_reads_as_ended():
+    """The kernel keeps a session id's pid while the session has members; should one ever
+    name a newer process anyway, it is not the launcher."""
+    view = leader_killed()
+    view.add(proc(100, ppid=1, sid=100, comm="cron"))  # newer than everything there
+    tree = one_tree(view)
+    check(tree, ORPHAN, "session-ended", 200, "6")
+    assert "replaced by a newer process" in tree.evidence.detail

@@ -36,7 +36,8 @@ def test_full_config_round_trips() -> None:
 
 def test_defaults_are_safe() -> None:
     cfg = load_config(None)
-    assert cfg.remediate.mode == "dry-run" and cfg.remediate.reasons == ("session-ended",)
+    assert cfg.remediate.mode == "dry-run" and cfg.remediate.reasons == ("launcher-killed",
+                                                                         "session-ended")
     assert cfg.classify.protect == DEFAULT_PROTECT and cfg.classify.max_depth == 64
     assert parse_config("").remediate.mode == "dry-run"
 

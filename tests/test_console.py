@@ -325,7 +325,8 @@ def test_policy_check_invalid_config_exits_2(tmp_path: Path, gpuguard: Run) -> N
     proc = gpuguard("policy", "check", "--config", str(bad), "-", stdin=payload())
     assert proc.returncode == 2
     assert proc.stderr == (f"gpuguard: config error: {bad}: remediate.reasons: 'whatever' is "
-                           "not one of session-ended, parent-exited\n")
+                           "not one of launcher-killed, session-ended, launcher-exited, "
+                           "parent-exited\n")
 
 
 # -- reap -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.classify import Rules
 from exporter.counters import Counters
 from exporter.metrics import GpuguardCollector
-from exporter.nvml import Nvml
+from exporter.nvml import Holder, Nvml, NvmlReading
 from exporter.procfs import ProcessView
 from exporter.scanner import Scanner, user_name
 from tests.fakenvml import FakeGpuWorld
@@ -130,3 +130,41 @@ def test_healthz_follows_the_scan_thread(fake_gpu: FakeGpuWorld) -> None:
     assert call(app, "/healthz")[0].startswith("503")
     assert call(app, "/nope")[0].startswith("404")
     assert b"gpuguard_host_info" in call(app, "/metrics")[1]
+
+
+class ReadingOf:
+    """NVML's answer for a synthetic table (the one thing here that needs a GPU)."""
+
+    def __init__(self, *holders: Holder) -> None:
+        self.reading = NvmlReading(True, "550", (), holders, ())
+
+    def read(self) -> NvmlReading:
+        return self.reading
+
+
+def test_each_holder_shows_its_own_verdict_in_process_info() -> None:
+    """Two jobs under one root (an sshd listener's logins, say) keep their own verdicts."""
+    from tests.proctable import SyntheticView, holder, init, leader, proc
+
+    view = SyntheticView([
+        init(),
+        leader(50, ppid=1, comm="sshd", cgroup="/system.slice/ssh.service"),
+        proc(60, ppid=50, sid=50, comm="python", sighup_ignored=True),
+        proc(70, ppid=50, sid=50, comm="python", cgroup="/system.slice/ssh.service"),
+    ])
+    scanner = Scanner(rules=Rules(), nvml=ReadingOf(holder(60), holder(70)),  # type: ignore[arg-type]
+                      view=view, counters=Counters())  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1"))
+    (tree,) = scanner.scan_once().trees
+    assert tree.verdict == "protected"  # the safest of both, for the tree
+
+    def info(pid: str) -> tuple[str, str]:
+        for metric in registry.collect():
+            for sample in metric.samples:
+                if sample.name == "gpuguard_gpu_process_info" and sample.labels["pid"] == pid:
+                    return sample.labels["verdict"], sample.labels["reason"]
+        raise AssertionError(pid)
+
+    assert info("60") == ("protected", "ignores-sighup")
+    assert info("70") == ("normal", "managed")

@@ -282,3 +282,16 @@ def test_audit_is_json_lines_appended(tmp_path: Path) -> None:
     log.append({"b": [1, 2]})
     lines = (tmp_path / "sub" / "audit.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in lines] == [{"a": 1}, {"b": [1, 2]}]
+
+
+def test_an_exporter_that_saw_the_launcher_exit_keeps_the_tree_from_session_ended() -> None:
+    """The remediator started after the launcher's exit: it sees only session-ended, but the
+    alert says launcher-exited, which the default policy does not reap."""
+    live = orphan(reason="session-ended")
+    decision = decide(make_alert(reason="launcher-exited"), live, state())
+    assert (decision.action, decision.reason) == ("ignore", "reason-not-allowed")
+    assert "launcher-exited" in decision.detail
+    assert decide(make_alert(reason="session-ended"), live, state()).action == REAP
+    killed = decide(make_alert(reason="launcher-killed"), orphan(reason="launcher-killed"),
+                    state())
+    assert (killed.action, killed.reason) == (REAP, "launcher-killed")
