@@ -275,26 +275,46 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
     return Remediate(**got)
 
 
-def _duplicate_key(node: yaml.Node | None, path: str = "") -> tuple[str, int, int] | None:
+def _duplicate_key(node: yaml.Node | None, path: str = "",
+                   visited: set[int] | None = None) -> tuple[str, int, int] | None:
     """The first key given twice in one mapping, at any depth: (dotted key, line, line).
 
     PyYAML keeps the last value, so `mode: dry-run` at the top of a section and
-    `mode: enforce` further down would load as enforce: one file, two readings.
+    `mode: enforce` further down would load as enforce: one file, two readings. A key
+    that a `<<` merge brings in and the mapping sets again counts as given twice.
+    Each node is walked once, so aliases (even to themselves) cost nothing more.
     """
+    visited = set() if visited is None else visited
+    if node is None or id(node) in visited:
+        return None
+    visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
+        merged: dict[str, int] = {}
         for key_node, value_node in node.value:
             name = str(key_node.value)
-            full = f"{path}.{name}" if path else name
             line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) \
+                    else [value_node]
+                for source in sources:
+                    if isinstance(source, yaml.MappingNode):
+                        for merged_key, _ in source.value:
+                            merged.setdefault(str(merged_key.value), line)
+                continue
+            full = f"{path}.{name}" if path else name
             if name in seen:
                 return full, seen[name], line
             seen[name] = line
-            if (found := _duplicate_key(value_node, full)) is not None:
+            if (found := _duplicate_key(value_node, full, visited)) is not None:
                 return found
+        for name, line in seen.items():
+            if name in merged:
+                full = f"{path}.{name}" if path else name
+                return full, merged[name], line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            if (found := _duplicate_key(item, f"{path}[{i}]")) is not None:
+            if (found := _duplicate_key(item, f"{path}[{i}]", visited)) is not None:
                 return found
     return None
 

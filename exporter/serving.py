@@ -6,8 +6,10 @@ anyone for two minutes: Prometheus's scrape and Alertmanager's webhook included.
 Incomplete requests never reach a worker thread (waitress buffers them in its
 event loop), so the remedy is room and a short fuse: many more connections than a
 scraper and an Alertmanager HA pair ever need, and idle ones closed after
-IDLE_TIMEOUT_SECONDS. A flood beyond CONNECTION_LIMIT inside that time still waits
-in the kernel's accept queue; put such a host behind a firewall rule.
+IDLE_TIMEOUT_SECONDS; a request that trickles in counts as idle from its first byte.
+A flood beyond CONNECTION_LIMIT inside that time still waits in the kernel's accept
+queue: an attacker who keeps 512 connections open and renews them every 10 s can
+delay answers by up to that long; put such a host behind a firewall rule.
 """
 
 from __future__ import annotations
@@ -23,11 +25,40 @@ CLEANUP_INTERVAL_SECONDS = 2
 
 
 def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
-                  **options: Any) -> Any:
+                  idle_timeout: float = IDLE_TIMEOUT_SECONDS, **options: Any) -> Any:
     """A waitress server for `app` with the limits above (raises OSError if it cannot bind)."""
     from waitress import create_server as waitress_server
 
-    return waitress_server(app, host=host, port=port, threads=threads, ident=ident,
-                           channel_timeout=IDLE_TIMEOUT_SECONDS,
-                           connection_limit=CONNECTION_LIMIT,
-                           cleanup_interval=CLEANUP_INTERVAL_SECONDS, **options)
+    server = waitress_server(app, host=host, port=port, threads=threads, ident=ident,
+                             channel_timeout=idle_timeout, connection_limit=CONNECTION_LIMIT,
+                             cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout),
+                             **options)
+    server.channel_class = _bounded_channel()
+    return server
+
+
+def _bounded_channel() -> type:
+    """waitress's channel, where an incomplete request does not count as activity.
+
+    waitress closes a connection idle for channel_timeout, and any byte received is
+    activity: a client trickling one header line every few seconds would hold its
+    connection (and with enough of them, every connection) forever. Here a request
+    must arrive whole within the idle timeout of its first byte.
+    """
+    from waitress.channel import HTTPChannel
+
+    class BoundedChannel(HTTPChannel):  # type: ignore[misc]
+        _partial_since: float | None = None
+        last_activity: float  # waitress's, seconds since the epoch
+
+        def received(self, data: bytes) -> bool:
+            result = super().received(data)
+            if self.request is not None:  # part of a request is in, the rest is not
+                if self._partial_since is None:
+                    self._partial_since = self.last_activity
+                self.last_activity = self._partial_since
+            else:
+                self._partial_since = None
+            return bool(result)
+
+    return BoundedChannel

@@ -23,6 +23,7 @@ tried; when all fail the answer is "unreachable", which a caller must treat as
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -53,6 +54,10 @@ RESULTS = (OK, ERROR, TIMEOUT, UNAUTHORIZED)
 
 #: The labels that name one orphan tree on one host; all four must be equal.
 TREE_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
+
+#: When peers disagree, the answer that stops a reap wins; "firing" needs every peer that
+#: answered to say so.
+_PRECEDENCE = {SILENCED: 0, INHIBITED: 1, NOT_FIRING: 2, FIRING: 3}
 
 #: Alertmanager's "not set" time; the webhook sends it as endsAt while an alert fires.
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -267,12 +272,29 @@ class AlertmanagerClient:
                 "root_pid": str(root_pid), "root_start_time": str(root_start_time)}
         params = [("active", "true"), ("silenced", "true"), ("inhibited", "true")]
         params += [("filter", matcher(name, want[name])) for name in TREE_LABELS]
+        path = f"/api/v2/alerts?{urlencode(params, quote_via=quote)}"
         deadline = self._monotonic() + self.timeout * len(self.urls)
-        got = self._first_answer(f"/api/v2/alerts?{urlencode(params, quote_via=quote)}",
-                                 deadline, _parse_alerts)
-        if isinstance(got, str):
-            return Confirmation(UNREACHABLE, got)
-        base, alerts = got
+        answers: list[Confirmation] = []
+        failures: list[str] = []
+        for base in self.urls:  # every peer: one that has not heard of a silence must not
+            try:                 # outvote one that has (a restart, a split, a slow gossip)
+                alerts = self._get(base, path, deadline, _parse_alerts)
+            except _Failure as exc:
+                failures.append(f"{base}: {exc.detail}")
+                continue
+            answers.append(self._judge(base, alerts, want, deadline))
+        if not answers:
+            return Confirmation(UNREACHABLE, "unreachable: " + "; ".join(failures))
+        answer = min(answers, key=lambda a: _PRECEDENCE[a.state])
+        if answer.state == FIRING and len(self.urls) > 1:
+            unanswered = f"; no answer from {len(failures)}" if failures else ""
+            answer = dataclasses.replace(answer, detail=f"{answer.detail} on all "
+                                         f"{len(answers)} peer(s) that answered{unanswered}")
+        return answer
+
+    def _judge(self, base: str, alerts: list[_ApiAlert], want: dict[str, str],
+               deadline: float) -> Confirmation:
+        """One peer's answer about the alert with exactly the labels in `want`."""
         matching = [a for a in alerts if all(a.labels.get(k) == v for k, v in want.items())]
         silenced_by = _unique(s for a in matching for s in a.silenced_by)
         inhibited_by = _unique(i for a in matching for i in a.inhibited_by)
@@ -397,8 +419,8 @@ class AlertmanagerClient:
             raise _Failure(ERROR, f"HTTP {status}")
         try:
             return json.loads(body)
-        except ValueError:  # UnicodeDecodeError included
-            raise _Failure(ERROR, "answer is not JSON") from None
+        except (ValueError, RecursionError):  # UnicodeDecodeError included; deep nesting
+            raise _Failure(ERROR, "answer is not JSON Alertmanager would send") from None
 
     def _read(self, resp: Any, deadline: float) -> bytes:
         chunks: list[bytes] = []

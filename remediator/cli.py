@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("--insecure-no-auth: POST /alerts accepts requests without a token")
 
     try:
-        app = create_app(config, token=token, hostname=args.hostname)
+        # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
+        # second instance that cannot bind must not act on the same state.
+        app = create_app(config, token=token, hostname=args.hostname, start_worker=False)
     except LedgerError as exc:
         return _fail(f"state error: {exc}")
     except UnsafePathError as exc:
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, max_request_body_size=WAITRESS_MAX_BODY)
     except OSError as exc:
-        service.stop()
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+    service.start()
 
     def shutdown(signum: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signum)

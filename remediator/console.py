@@ -10,10 +10,11 @@ disagree with the daemons about what is an orphan or what may be killed.
 
 Subcommands::
 
-    gpuguard status  [--json] [--watch SECONDS] [--config FILE]
-    gpuguard explain PID [--json] [--config FILE]
+    gpuguard status  [--json] [--watch SECONDS] [--config FILE] [--hostname NAME]
+    gpuguard explain PID [--json] [--config FILE] [--hostname NAME]
     gpuguard policy check --config FILE [--json] [--hostname NAME] ALERT.json|-
     gpuguard reap ROOT_PID [--apply] [--force] [--start-time TICKS] [--json] [--config FILE]
+                  [--hostname NAME] [--allow-pid-namespace]
 
 `reap --apply` signals whatever `remediate.mode` says: the mode governs the
 alert-driven path; a person typing --apply has decided. It still goes through
@@ -452,8 +453,7 @@ def alert_state(config: Config, hostname: str, root_pid: int,
     """Alertmanager's view of this tree's alert (None when remediate.alertmanager is unset).
 
     Every alertname in remediate.alerts is asked; the answer that most constrains a
-    reap is kept: silenced, then inhibited, then firing, then not-firing; unreachable
-    only when no question got an answer.
+    reap is kept: silenced, then unreachable, then inhibited, firing, not-firing.
     """
     if config.remediate.alertmanager is None:
         return None
@@ -461,7 +461,9 @@ def alert_state(config: Config, hostname: str, root_pid: int,
     answers = [(name, client.confirm(alertname=name, hostname=hostname, root_pid=root_pid,
                                      root_start_time=root_start_time))
                for name in config.remediate.alerts]
-    rank = {SILENCED: 0, INHIBITED: 1, FIRING: 2, NOT_FIRING: 3, UNREACHABLE: 4}
+    # A question that got no answer may be the one whose alert is silenced: it ranks
+    # right after a silence, above every answer that would let a reap go on.
+    rank = {SILENCED: 0, UNREACHABLE: 1, INHIBITED: 2, FIRING: 3, NOT_FIRING: 4}
     name, answer = min(answers, key=lambda a: rank.get(a[1].state, 5))
     return {"alertname": name, **answer.to_json()}
 
@@ -616,7 +618,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One scan, or a refreshing view of scans: what the exporter would publish, for people."""
     config = load(args.config)
     scanner = new_scanner(config)
-    hostname = socket.gethostname()
+    hostname = args.hostname
     try:
         if args.watch is None:
             snap = scanner.scan_once()
@@ -689,7 +691,7 @@ class Explanation:
     alert: dict[str, Any] | None = None  # Alertmanager's state of its alert, if configured
 
 
-def explain_pid(pid: int, config: Config) -> Explanation:
+def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
     """classify_holder() on the pid, as NVML names it or as a stand-in holder."""
     view = ProcessView()
     nvml = Nvml()
@@ -719,7 +721,7 @@ def explain_pid(pid: int, config: Config) -> Explanation:
                  if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
     alert = None
     if tree is not None and tree.verdict == ORPHAN and tree.root is not None:
-        alert = alert_state(config, socket.gethostname(), tree.root.pid, tree.root.start_time)
+        alert = alert_state(config, hostname, tree.root.pid, tree.root.start_time)
     return Explanation(info, reading, holdings, hv, note, tree, alert)
 
 
@@ -838,7 +840,7 @@ def explain_renderable(ex: Explanation) -> RenderableType:
 def cmd_explain(args: argparse.Namespace) -> int:
     """Why the classifier says what it says about one pid, with the rule and its evidence."""
     config = load(args.config)
-    ex = explain_pid(args.pid, config)
+    ex = explain_pid(args.pid, config, args.hostname)
     if args.json:
         print_json(explain_json(ex))
     else:
@@ -1092,7 +1094,7 @@ def refuse_reason(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
 def cmd_reap(args: argparse.Namespace) -> int:
     """The remediator's verification and reaper, driven by a person instead of an alert."""
     config = load(args.config)
-    hostname = socket.gethostname()
+    hostname = args.hostname
     if args.apply and not in_host_pid_namespace() and not args.allow_pid_namespace:
         raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
                       "reports host pids; pass --allow-pid-namespace only if NVML reports "
@@ -1249,6 +1251,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gpuguard YAML config" + ("" if config_required else
                                                       " (default: built-in defaults)"))
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
+                       help="this host's name as the alerts' hostname label spells it, as "
+                            "the remediator's --hostname (default: this host's name)")
 
     p = sub.add_parser("status", formatter_class=raw, epilog=STATUS_EPILOG,
                        help="GPUs and the process trees holding them, with verdicts",
@@ -1275,8 +1280,6 @@ def build_parser() -> argparse.ArgumentParser:
                                     "re-inspection. Never signals, never writes its ledger.")
     p.add_argument("payload", metavar="ALERT.json", help="webhook payload file, or - for stdin")
     common(p, config_required=True)
-    p.add_argument("--hostname", default=socket.gethostname(),
-                   help="this host's name as the remediator sees it (default: this host's name)")
     p.set_defaults(func=cmd_policy_check)
 
     p = sub.add_parser("reap", formatter_class=raw, epilog=REAP_EPILOG,

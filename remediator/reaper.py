@@ -267,8 +267,9 @@ class Reaper:
         a record naming it has been written through it. `force` (a person's `gpuguard
         reap --force`, never an alert) skips the classifier's protections of members;
         the policy's refusals (pid 1, kernel threads, root-owned, users) still apply.
-        `confirm` is asked after the intent record and right before the first SIGSTOP
-        (in a dry run, before it reports): the smallest window a remote answer allows.
+        `confirm` is asked after the intent record right before the first SIGSTOP, and
+        again with the tree frozen right before the first SIGTERM (in a dry run, once,
+        before it reports): the smallest windows a remote answer allows.
         """
         if journal is None and not plan.dry_run:
             raise ValueError("a reap that may signal needs a journal")
@@ -303,10 +304,14 @@ class Reaper:
             self._check(cancelled, deadline)
             self._write(run, "intent", list(run.targets.values()))
             self._confirm(run, confirm)
+            self._check(cancelled, deadline)  # resolved while Alertmanager was asked
             self._freeze(run, deadline, cancelled)
             # Judged again now that nothing can exec or change a disposition any more.
             self._rejudge(run, list(run.targets.values()), refuse=True)
             self._check_holders(run, plan)
+            # Freezing and judging take a while: the last question right before SIGTERM.
+            self._confirm(run, confirm)
+            self._check(cancelled, deadline)
         except _Abort as abort:
             self._thaw(run)
             self._close(run)

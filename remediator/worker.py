@@ -33,7 +33,7 @@ from remediator.alertmanager import (
 )
 from remediator.alerts import Alert, Notification
 from remediator.audit import FINAL, INTENT, AuditLog, iso_time
-from remediator.ledger import Ledger, PendingItem
+from remediator.ledger import Ledger, LedgerError, PendingItem
 from remediator.policy import (
     ACCEPT,
     CANCEL,
@@ -62,6 +62,8 @@ from remediator.reaper import (
 
 log = logging.getLogger("gpuguard.remediator")
 
+#: After a failed state write (or a bug) on an item, the worker waits this long.
+STATE_RETRY_SECONDS = 1.0
 #: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
 MAX_IDLE_WAIT_SECONDS = 1.0
 RECENT_DECISIONS = 200
@@ -159,7 +161,7 @@ class Remediator:
         self.audit_failures = 0
         self._audit_error: str | None = None  # the last audit write failed: unhealthy
         self._unsettled = list(ledger.interrupted)  # reaps a crash cut short, not yet settled
-        self._settle_interrupted()
+        self._state_error: str | None = None  # the last state write failed: unhealthy
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -168,6 +170,8 @@ class Remediator:
         self._companions.append(companion)
 
     def start(self) -> None:
+        """Recover what a crash left (continue stopped trees), then start working."""
+        self._settle_interrupted()
         self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-worker",
                                         daemon=True)
         self._thread.start()
@@ -204,6 +208,8 @@ class Remediator:
             return False, "worker thread is not running"
         if not all(companion.alive() for companion in self._companions):
             return False, "the Alertmanager poller is not running"
+        if self._state_error is not None:
+            return False, f"state cannot be written ({self._state_error}): no work proceeds"
         if self._unsettled:
             keys = ", ".join(str(k) for k, _ in self._unsettled)
             return False, (f"interrupted reap(s) {keys} not settled (audit log not writable): "
@@ -349,8 +355,15 @@ class Remediator:
                 continue
             try:
                 self._process(item)
+                self._state_error = None
+            except LedgerError as exc:  # the state disk: wait, say so, never spin on it
+                if self._state_error is None:
+                    log.error("state cannot be written, work on %s waits: %s", item.key, exc)
+                self._state_error = str(exc)
+                self._stop.wait(STATE_RETRY_SECONDS)
             except Exception:  # a bug must not kill the only worker; it is logged and audited
                 log.exception("worker failed on %s", item.key)
+                self._stop.wait(STATE_RETRY_SECONDS)  # and must not spin on the same item
             finally:
                 with self._lock:
                     self._current = None

@@ -429,3 +429,30 @@ def test_without_credentials_file_no_authorization_header(
     assert confirm(client(server.url + "/"), tree("h")).state == NOT_FIRING
     assert server.requests[0][0].startswith("/api/v2/alerts?")  # no double slash
     assert server.requests[0][1] is None
+
+
+def test_ha_a_peer_that_missed_the_silence_does_not_outvote_one_that_has_it(
+        am: Alertmanager, tmp_path: Path) -> None:
+    """Two real, unclustered peers: one restarted without its silences, say."""
+    labels = tree("ha-split-host")
+    other = Alertmanager(tmp_path / "am2", AM_CONFIG)
+    try:
+        fire(am, labels)
+        fire(other, labels)
+        sid = silence(am, labels, created_by="oncall", comment="keep it")
+        for urls in ((other.url, am.url), (am.url, other.url)):
+            answer = confirm(client(*urls), labels)
+            assert (answer.state, answer.silenced_by) == (SILENCED, (sid,)), (urls, answer)
+        assert confirm(client(other.url), labels).state == FIRING  # alone, it would say so
+    finally:
+        other.stop()
+
+
+def test_a_deeply_nested_answer_is_a_failed_peer(fake: Callable[[Route], FakeAlertmanager],
+                                                 am: Alertmanager) -> None:
+    deep = fake(lambda h: (200, b"[" * 100_000 + b"]" * 100_000, {}))
+    labels = tree("nested-host")
+    fire(am, labels)
+    answer = confirm(client(deep.url, am.url), labels)
+    assert answer.state == FIRING  # the next peer was asked
+    assert confirm(client(deep.url), labels).state == UNREACHABLE

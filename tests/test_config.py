@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from exporter.classify import DEFAULT_PROTECT
@@ -178,3 +180,22 @@ def test_non_finite_numbers_are_errors(key: str, value: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(f"remediate: {body}\n", source="t.yml")
     assert err.value.key == f"remediate.{key}" and "finite" in err.value.problem
+
+
+def test_a_key_a_merge_brings_in_and_the_mapping_sets_again_is_a_duplicate() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config("base: &b {mode: dry-run}\nremediate:\n  <<: *b\n  mode: enforce\n",
+                     source="t.yml")
+    assert err.value.key == "remediate.mode" and "lines 3 and 4" in err.value.problem
+
+
+def test_aliases_are_walked_once() -> None:
+    """A self-referencing alias and a 'billion laughs' chain: one clear line, at once."""
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi",
+                                                                    strict=True))
+    for text in ("remediate:\n  users: &u {allow: [*u]}\n", laughs):
+        started = time.monotonic()
+        with pytest.raises(ConfigError):
+            parse_config(text, source="t.yml")
+        assert time.monotonic() - started < 2.0

@@ -284,3 +284,47 @@ def test_an_unreadable_body_is_400_and_a_wrong_media_type_415(
     assert bad.status_code == 400 and "not valid JSON" in bad.get_json()["error"]
     wrong = h.client.post("/alerts", data=b"{}", headers={**AUTH, "Content-Type": "text/plain"})
     assert wrong.status_code == 415
+
+
+def test_a_request_trickling_in_is_closed_like_an_idle_one() -> None:
+    """One header line every 0.3 s would keep waitress's own idle timer young forever."""
+    import threading
+
+    from exporter.serving import create_server
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    server = create_server(app, host="127.0.0.1", port=0, ident="test", threads=1,
+                           idle_timeout=1)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        s = socket.create_connection(("127.0.0.1", server.effective_port), timeout=5)
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        started = time.monotonic()
+        closed = False
+        for i in range(30):  # bounded: 9 s at most
+            try:
+                s.sendall(f"X-Slow-{i}: 1\r\n".encode())
+                time.sleep(0.3)  # the client's own pace is the point of this test
+                s.setblocking(False)
+                try:
+                    if s.recv(1) == b"":
+                        closed = True
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    s.setblocking(True)
+            except OSError:
+                closed = True
+                break
+        assert closed, "the trickling connection was never closed"
+        assert time.monotonic() - started < 5
+        s.close()
+        fresh = requests.get(f"http://127.0.0.1:{server.effective_port}/", timeout=1)
+        assert fresh.text == "ok"
+    finally:
+        server.close()

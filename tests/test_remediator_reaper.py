@@ -277,3 +277,21 @@ def test_a_failure_after_the_freeze_leaves_nothing_stopped(
     result = reap(plan_for(orphan, nvml), nvml, pidfd_send=broken_at_term)
     assert (result.outcome, result.reason) == ("failed", "internal-error"), result
     assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)
+
+
+def test_a_reap_withdrawn_while_alertmanager_is_asked_sends_nothing(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    orphan = spawn_orphan(trees, fake_gpu)
+    withdrawn: list[bool] = []
+
+    def slow_confirm() -> tuple[str, str] | None:
+        withdrawn.append(True)  # the resolved delivery arrives during the question
+        return None  # and Alertmanager still said "firing" when it answered
+
+    reaper = Reaper(nvml=nvml, counters=Counters())
+    result = reaper.reap(plan_for(orphan, nvml), policy=POLICY, rules=RULES,
+                         protected_pids=frozenset({1, os.getpid()}),
+                         deadline=time.monotonic() + 30, journal=Written(),
+                         confirm=slow_confirm, cancelled=lambda: bool(withdrawn))
+    assert (result.outcome, result.reason) == ("aborted", "cancelled"), result
+    assert result.signals == () and orphan.all_alive()
