@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from exporter.config import ConfigError, load_config
 from exporter.metrics import GpuguardCollector
 from exporter.nvml import Nvml
+from exporter.procevents import ProcessEvents
+from exporter.procfs import ProcessView
 from exporter.scanner import Scanner
 from exporter.serving import create_server
 
@@ -91,9 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
         return 2
 
-    scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval)
+    # How launchers die (launcher-killed / launcher-exited); without the connector (a
+    # container, an old kernel) it logs once and orphans read session-ended, as before.
+    events = ProcessEvents()
+    scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
+                      view=ProcessView(events=events))
     registry = CollectorRegistry()
-    registry.register(GpuguardCollector(scanner, hostname=args.hostname))
+    registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events))
     host, port = args.listen
     try:
         server = create_server(make_app(scanner, registry), host=host, port=port, threads=4,
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
               file=sys.stderr)
         return 2
+    events.start()
     scanner.start()
 
     def shutdown(signum: int, _frame: object) -> None:
@@ -117,5 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         server.run()
     finally:
         scanner.stop()
+        events.stop()
         scanner.nvml.close()
     return 0

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from exporter.classify import ORPHAN
 from exporter.counters import CALLSITES, Counters
+from exporter.procevents import KINDS, ProcessEvents
 from exporter.scanner import Scanner, Snapshot, user_name
 
 VERSION = "0.1.0"
@@ -22,10 +23,11 @@ TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 class GpuguardCollector(Collector):
     def __init__(self, scanner: Scanner, *, hostname: str | None = None,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None, events: ProcessEvents | None = None) -> None:
         self.scanner = scanner
         self.hostname = hostname or socket.gethostname()
         self.counters = counters if counters is not None else scanner.counters
+        self.events = events
 
     def collect(self) -> Iterator[Metric]:
         host = GaugeMetricFamily("gpuguard_host_info", "This host; join on instance for hostname.",
@@ -139,6 +141,21 @@ class GpuguardCollector(Collector):
             err.add_metric([stage], count)
         yield err
         yield from inspector_metrics(self.counters)
+        yield from event_metrics(self.events)
+
+
+def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
+    """The process-event listener's own counts (every kind from 0; all 0 without one)."""
+    family = CounterMetricFamily("gpuguard_process_events",
+                                 "Kernel process events read (exit, other) or dropped by an "
+                                 "overrun socket (dropped).", labels=["kind"])
+    counts = events.counts() if events is not None else {}
+    for kind in KINDS:
+        family.add_metric([kind], counts.get(kind, 0))
+    yield family
+    yield GaugeMetricFamily("gpuguard_process_events_up",
+                            "1 while the process-event listener runs (launcher evidence).",
+                            value=1 if events is not None and events.alive() else 0)
 
 
 def inspector_metrics(counters: Counters) -> Iterator[Metric]:

@@ -28,7 +28,8 @@ from prometheus_client.registry import Collector
 
 from exporter.config import Config
 from exporter.counters import Counters
-from exporter.metrics import inspector_metrics
+from exporter.metrics import event_metrics, inspector_metrics
+from exporter.procevents import ProcessEvents
 from remediator.alertmanager import RESULTS, AlertmanagerClient
 from remediator.alerts import PayloadError, parse_notification
 from remediator.audit import AuditLog
@@ -141,6 +142,7 @@ class RemediatorCollector(Collector):
                                 "Accepted alerts not finished yet (queued or deferred).",
                                 value=self.service.queue_depth())
         yield from inspector_metrics(self.counters)
+        yield from event_metrics(self.service.events)
 
 
 def _error(status: int, message: str, **headers: str) -> Response:
@@ -162,6 +164,7 @@ def create_app(
     nvml: HolderSource | None = None,
     reaper: Reaper | None = None,
     alertmanager: AlertmanagerClient | None = None,
+    events: ProcessEvents | None = None,
     counters: Counters | None = None,
     start_worker: bool = True,
 ) -> Flask:
@@ -185,7 +188,8 @@ def create_app(
         alertmanager = AlertmanagerClient(policy.alertmanager)
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
                          ledger=ledger, audit=audit, counters=counters, reaper=reaper,
-                         alertmanager=alertmanager, clock=clock, monotonic=monotonic)
+                         alertmanager=alertmanager, events=events, clock=clock,
+                         monotonic=monotonic)
     if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
         service.attach(Puller(service, alertmanager,
                               interval=policy.alertmanager.pull_interval_seconds))

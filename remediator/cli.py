@@ -18,6 +18,7 @@ import socket
 import sys
 
 from exporter.config import ConfigError, load_config
+from exporter.procevents import ProcessEvents
 from exporter.procfs import in_host_pid_namespace
 from remediator.audit import UnsafePathError
 from remediator.ledger import LedgerError
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
         # second instance that cannot bind must not act on the same state.
-        app = create_app(config, token=token, hostname=args.hostname, start_worker=False)
+        app = create_app(config, token=token, hostname=args.hostname, start_worker=False,
+                         events=ProcessEvents())
     except LedgerError as exc:
         return _fail(f"state error: {exc}")
     except UnsafePathError as exc:

@@ -27,7 +27,14 @@ from exporter.classify import MEMBER_UNKNOWN, Rules, classify, judge_member
 from exporter.config import Remediate
 from exporter.counters import COUNTERS, Counters
 from exporter.nvml import Holder, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
+from exporter.procfs import (
+    ExitSource,
+    ProcessView,
+    ProcInfo,
+    ProcUnreadable,
+    is_child_of,
+    still_same,
+)
 from exporter.scanner import user_name
 from remediator.policy import LiveTree, Member, TreeKey, member_refusal
 
@@ -84,13 +91,15 @@ def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tup
 
 
 def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                 counters: Counters = COUNTERS, expected_gpus: Iterable[str] = ()) -> LiveTree:
+                 counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
+                 events: ExitSource | None = None) -> LiveTree:
     """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
 
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
-    earlier check (a SIGHUP disposition, a cgroup) may have changed since.
+    earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
+    (the remediator's own process-event listener) says how a launcher died.
     """
-    view = ProcessView(counters=counters)
+    view = ProcessView(counters=counters, events=events)
     info = view.fresh_stat(key.root_pid)
     if info is None:
         return LiveTree(root=None)

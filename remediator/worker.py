@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from exporter.config import Config, Remediate
 from exporter.counters import COUNTERS, Counters
+from exporter.procevents import ProcessEvents
 from exporter.procfs import ProcessView
 from remediator.alertmanager import (
     FIRING,
@@ -128,6 +129,7 @@ class Remediator:
         counters: Counters = COUNTERS,
         reaper: Reaper | None = None,
         alertmanager: AlertmanagerClient | None = None,
+        events: ProcessEvents | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -140,6 +142,7 @@ class Remediator:
         self.audit = audit
         self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
         self.alertmanager = alertmanager
+        self.events = events  # the kernel's process events: how launchers died
         self._companions: list[Companion] = []
         self._clock = clock
         self._monotonic = monotonic
@@ -172,6 +175,8 @@ class Remediator:
     def start(self) -> None:
         """Recover what a crash left (continue stopped trees), then start working."""
         self._settle_interrupted()
+        if self.events is not None:
+            self.events.start()  # never raises; without the connector it says so once
         self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-worker",
                                         daemon=True)
         self._thread.start()
@@ -195,6 +200,8 @@ class Remediator:
         self.wake()
         for companion in self._companions:
             companion.stop()
+        if self.events is not None:
+            self.events.stop()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -393,7 +400,8 @@ class Remediator:
         live: LiveTree | None
         try:
             live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify,
-                                counters=self.counters, expected_gpus=self.ledger.gpus(key))
+                                counters=self.counters, expected_gpus=self.ledger.gpus(key),
+                                events=self.events)
         except Exception as exc:  # unreadable /proc and the like: refuse, never guess
             log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
             live = None

@@ -1,0 +1,222 @@
+"""The process-event listener's CPU cost: ~1,000 process exits per second vs none.
+
+A child process runs nothing but exporter/procevents.ProcessEvents; its CPU time
+(utime+stime from /proc/PID/stat, and the scheduler's ns-precise runtime from
+/proc/PID/schedstat) is measured over an idle window and over a window in which
+this process spawns and reaps ~1,000 `/bin/true` a second, side by side in one
+run. Where it can (root, util-linux), a second listener runs in a child PID
+namespace at the same time: there the kernel cannot filter the stream to exits
+(it ignores that listener's request), so forks and execs arrive too.
+
+    .venv/bin/python benchmarks/procevents_cost.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.harness import (  # noqa: E402
+    REPO,
+    Result,
+    Table,
+    cpu_seconds,
+    descendants,
+    reap,
+    run_benchmark,
+)
+from tests.servers import child_env  # noqa: E402
+
+WINDOW_S = 10.0
+RATE = 1000  # exits per second in the loaded window
+TICK_S = 0.01
+TRUE = shutil.which("true") or "/bin/true"
+
+
+def listen(allow_pid_namespace: bool) -> int:
+    """The measured child: a listener, answering "counts" lines on stdin until EOF."""
+    from exporter.procevents import ProcessEvents
+
+    events = ProcessEvents(allow_pid_namespace=allow_pid_namespace)
+    events.start()
+    print(json.dumps({"available": events.available, "reason": events.unavailable_reason,
+                      "filtered": events.filtered}), flush=True)
+    for _ in sys.stdin:
+        print(json.dumps(events.counts()), flush=True)
+    events.stop()
+    return 0
+
+
+def runtime_ns(pid: int) -> int | None:
+    """Time on CPU in ns, all live threads (/proc/PID/task/TID/schedstat, first field)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+        for tid in tids:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
+
+
+@dataclass
+class Listener:
+    """One listener child; `pid` is the process that runs the listener itself."""
+
+    name: str
+    proc: subprocess.Popen[str]
+    pid: int
+    filtered: bool
+
+    @classmethod
+    def start(cls, where: str, wrapper: list[str]) -> Listener | str:
+        """A listener in `where` (allowed in a child PID namespace: nothing queries it)."""
+        cmd = [*wrapper, sys.executable, str(Path(__file__).resolve()), "--listener",
+               "--allow-pid-namespace"]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        try:
+            hello = json.loads(line)
+        except ValueError:
+            proc.kill()
+            proc.wait()
+            return f"{where}: listener did not start ({line.strip()!r})"
+        if not hello["available"]:
+            proc.kill()
+            proc.wait()
+            return f"{where}: {hello['reason']}"
+        # Under `unshare --fork` the listener is the wrapper's only descendant python.
+        pid = proc.pid
+        if wrapper:
+            pid = next(p for p in descendants(proc.pid)
+                       if Path(f"/proc/{p}/exe").resolve() == Path(sys.executable).resolve())
+        kind = "kernel filters to exits" if hello["filtered"] else "unfiltered: every kind"
+        return cls(f"{where} ({kind})", proc, pid, hello["filtered"])
+
+    def counts(self) -> dict[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("counts\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def sample(self) -> tuple[float, int | None, dict[str, int]]:
+        return cpu_seconds(self.pid), runtime_ns(self.pid), self.counts()
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def spawn_load(seconds: float, rate: int) -> int:
+    """Spawn and reap `rate` `true` processes a second for `seconds`; how many exited."""
+    per_tick = max(1, round(rate * TICK_S))
+    done = 0
+    start = time.monotonic()
+    tick = 0
+    while True:
+        now = time.monotonic()
+        if now - start >= seconds:
+            return done
+        pids = [os.posix_spawn(TRUE, [TRUE], {}) for _ in range(per_tick)]
+        reap(pids)
+        done += len(pids)
+        tick += 1
+        delay = start + tick * TICK_S - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # pacing the load, not synchronising with anything
+
+
+def body(result: Result, tmp: Path) -> None:
+    listeners: list[Listener] = []
+    skipped: list[str] = []
+    try:
+        for where, wrapper in (
+                ("this PID namespace", []),
+                ("a child PID namespace", ["unshare", "--pid", "--fork", "--mount-proc"])):
+            if wrapper and shutil.which(wrapper[0]) is None:
+                skipped.append(f"{where}: {wrapper[0]} not installed")
+                continue
+            started = Listener.start(where, wrapper)
+            if isinstance(started, str):
+                skipped.append(started)
+            else:
+                listeners.append(started)
+        if not listeners:
+            raise RuntimeError("no listener could start: " + "; ".join(skipped))
+
+        table = Table(
+            f"Process-event listener CPU, {WINDOW_S:.0f} s per window",
+            ["listener", "load", "exits/s generated", "exit events read", "other events read",
+             "dropped", "CPU ms (utime+stime)", "CPU ms (schedstat)", "% of one core",
+             "µs CPU per event read"])
+        table.notes.append("load: this process posix_spawns and reaps `true` in ticks of "
+                           f"{TICK_S * 1000:.0f} ms; the listener is a separate process; "
+                           "events read include the host's own background processes")
+        table.notes.append("CPU = the listener process (both threads); % of one core from "
+                           "schedstat (ns) when readable, else utime+stime (10 ms ticks)")
+        table.notes += [f"not measured: {why}" for why in skipped]
+        share: dict[tuple[str, str], float] = {}
+        for load, rate in (("none", 0), (f"~{RATE:,} exits/s", RATE)):
+            before = {lst.name: lst.sample() for lst in listeners}
+            began = time.monotonic()
+            if rate:
+                spawned = spawn_load(WINDOW_S, rate)
+            else:
+                time.sleep(WINDOW_S)  # the idle window
+                spawned = 0
+            elapsed = time.monotonic() - began
+            for lst in listeners:
+                cpu0, run0, counts0 = before[lst.name]
+                cpu1, run1, counts1 = lst.sample()
+                delta = {k: counts1[k] - counts0[k] for k in counts1}
+                cpu_s = cpu1 - cpu0
+                precise = (run1 - run0) / 1e9 if run0 is not None and run1 is not None else None
+                used = precise if precise is not None else cpu_s
+                read = delta["exit"] + delta["other"]
+                share[(lst.name, load)] = used / elapsed * 100
+                table.add(lst.name, load, spawned / elapsed, delta["exit"], delta["other"],
+                          delta["dropped"], cpu_s * 1000,
+                          precise * 1000 if precise is not None else float("nan"),
+                          f"{used / elapsed * 100:.3f}%",
+                          used / read * 1e6 if read else float("nan"))
+                print(f"  {lst.name}, load {load}: {delta}, CPU {used * 1000:.1f} ms "
+                      f"in {elapsed:.1f} s", flush=True)
+        result.tables.append(table)
+        loaded = f"~{RATE:,} exits/s"
+        filtered = next((lst for lst in listeners if lst.filtered), None)
+        for lst in listeners:
+            busy, idle = share[(lst.name, loaded)], share[(lst.name, "none")]
+            measured = f"{busy:.3f}% of one core (idle {idle:.3f}%)"
+            if lst is filtered:
+                result.target(f"listener CPU at {loaded}, {lst.name}", measured,
+                              "<= 1% of one core", busy <= 1.0)
+            else:
+                if filtered is not None and share[(filtered.name, loaded)] > 0:
+                    measured += f", {busy / share[(filtered.name, loaded)]:.1f}x filtered"
+                result.target(f"listener CPU at {loaded}, {lst.name}", measured,
+                              "informational: the kernel sends every event kind here",
+                              busy <= 1.0, informational=True)
+    finally:
+        for lst in listeners:
+            lst.stop()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--listener":
+        sys.exit(listen("--allow-pid-namespace" in sys.argv[2:]))
+    sys.exit(run_benchmark("procevents_cost", body))
