@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-    log.info("serving /metrics on http://%s:%d (scan every %gs)",
+    log.info("serving /metrics on http://%s:%s (scan every %gs)",
              host, server.effective_port, args.scan_interval)
     print(f"listening on {host}:{server.effective_port}", flush=True)
     try:

@@ -6,6 +6,7 @@ series behind. No label carries a full command line (secrets live there).
 
 from __future__ import annotations
 
+import importlib.metadata
 import socket
 from collections.abc import Iterator
 
@@ -14,10 +15,20 @@ from prometheus_client.registry import Collector
 
 from exporter.classify import ORPHAN
 from exporter.counters import CALLSITES, Counters
+from exporter.nvml import NvmlReading
 from exporter.procevents import KINDS, ProcessEvents
 from exporter.scanner import Scanner, Snapshot, user_name
 
-VERSION = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (one place: pyproject.toml)."""
+    try:
+        return importlib.metadata.version("gpuguard")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "0+unknown"
+
+
+VERSION = _version()
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 
@@ -29,12 +40,23 @@ class GpuguardCollector(Collector):
         self.counters = counters if counters is not None else scanner.counters
         self.events = events
 
+    def describe(self) -> Iterator[Metric]:
+        """Every family this collector can yield, without samples: a registry needs the
+        names up front to answer `/metrics?name[]=...` (and to catch name clashes)."""
+        empty = Snapshot(taken_at=0.0, duration_seconds=0.0,
+                         reading=NvmlReading(False, None, (), (), ()), trees=())
+        for family in self._families(empty):
+            family.samples = []
+            yield family
+
     def collect(self) -> Iterator[Metric]:
+        return self._families(self.scanner.latest)
+
+    def _families(self, snap: Snapshot | None) -> Iterator[Metric]:
         host = GaugeMetricFamily("gpuguard_host_info", "This host; join on instance for hostname.",
                                  labels=["hostname", "version"])
         host.add_metric([self.hostname, VERSION], 1)
         yield host
-        snap = self.scanner.latest
         if snap is not None:
             yield from self._gpu_metrics(snap)
             yield from self._tree_metrics(snap)

@@ -99,6 +99,12 @@ class RemediatorCollector(Collector):
         self.service = service
         self.counters = counters
 
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples, so `/metrics?name[]=...` can find them."""
+        for family in self.collect():
+            family.samples = []
+            yield family
+
     def collect(self) -> Iterator[Metric]:
         c = self.service.counts()
         decisions = CounterMetricFamily("gpuguard_remediator_decisions",

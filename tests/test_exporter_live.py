@@ -262,6 +262,15 @@ def test_missing_config_file_is_named(tmp_path) -> None:
     assert proc.stderr.strip() == expected
 
 
+def test_a_normal_start_logs_no_error(fake_gpu: FakeGpuWorld, exporter_for) -> None:
+    exp = exporter_for()
+    wait_for(lambda: find(exp.scrape(), "gpuguard_scans_total", ), what="a scan")
+    wait_for(lambda: any("serving /metrics" in line for line in exp.stderr_lines),
+             what="the start-up line")
+    text = "".join(exp.stderr_lines)
+    assert "Traceback" not in text and "Logging error" not in text, text
+
+
 def test_sigterm_stops_the_exporter(fake_gpu: FakeGpuWorld, exporter_for) -> None:
     exp = exporter_for()
     exp.proc.send_signal(signal.SIGTERM)

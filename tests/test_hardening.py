@@ -104,6 +104,16 @@ def test_the_exporter_scans_in_time_with_a_hostile_process_on_the_host(
 # -- 5. slow and half-open clients --------------------------------------------------------
 
 
+def dry_run_remediator(tmp_path: Path, env: dict[str, str]) -> ServerProcess:
+    """`python -m remediator` in dry-run with a token file, on 127.0.0.1."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    return ServerProcess("remediator", [
+        "--config", str(write_config(tmp_path, mode="dry-run")), "--token-file", str(token),
+        "--hostname", HOST, "--allow-pid-namespace"], env=env)
+
+
 def half_open(port: int, count: int) -> list[socket.socket]:
     """Connections that say half a request and then nothing."""
     socks = []
@@ -117,13 +127,8 @@ def half_open(port: int, count: int) -> list[socket.socket]:
 def test_both_servers_keep_answering_with_120_half_open_connections(
         tmp_path: Path, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
     exporter = Exporter(env=env)
-    remediator = ServerProcess("remediator", [
-        "--config", str(write_config(tmp_path, mode="dry-run")), "--token-file", str(token),
-        "--hostname", HOST, "--allow-pid-namespace"], env=env)
+    remediator = dry_run_remediator(tmp_path, env)
     socks: list[socket.socket] = []
     try:
         socks = half_open(exporter.port, 120) + half_open(remediator.port, 120)
@@ -192,13 +197,7 @@ def test_a_full_state_disk_answers_503_and_keeps_nothing(
 def test_webhook_latency_while_the_queue_floods(
         tmp_path: Path, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
     """2 x 1,000 alerts for distinct pids, then single deliveries timed meanwhile."""
-    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
-    server = ServerProcess("remediator", [
-        "--config", str(write_config(tmp_path, mode="dry-run")), "--token-file", str(token),
-        "--hostname", HOST, "--allow-pid-namespace"], env=env)
+    server = dry_run_remediator(tmp_path, fake_gpu.subprocess_env(fake_nvml_lib, child_env()))
     try:
         counts: dict[str, int] = {}
         for batch in range(2):

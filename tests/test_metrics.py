@@ -168,3 +168,12 @@ def test_each_holder_shows_its_own_verdict_in_process_info() -> None:
 
     assert info("60") == ("protected", "ignores-sighup")
     assert info("70") == ("normal", "managed")
+
+
+def test_a_name_filtered_scrape_finds_the_collectors_families(fake_gpu: FakeGpuWorld) -> None:
+    """/metrics?name[]=... asks describe() which collector has which family."""
+    scanner, registry = make()
+    scanner.scan_once()
+    only = registry.restricted_registry(["gpuguard_host_info", "gpuguard_nvml_up"])
+    names = {s.name for metric in only.collect() for s in metric.samples}
+    assert names == {"gpuguard_host_info", "gpuguard_nvml_up"}
