@@ -71,3 +71,34 @@ def test_reads_per_scan_ignore_unrelated_processes(trees: Trees, fake_gpu: FakeG
     assert busy == quiet, f"reads changed with {EXTRA} extra processes: {quiet} -> {busy}"
     scans = registry.get_sample_value("gpuguard_scans_total")
     assert scans == 5
+
+
+def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
+                                                       fake_gpu: FakeGpuWorld) -> None:
+    """5,000 short processes exit while the listener runs: its record grows, the scan's
+    /proc reads do not (the evidence is a lookup in memory)."""
+    from exporter.procevents import ProcessEvents
+
+    events = ProcessEvents()
+    events.start()  # off in a child PID namespace: then this checks the plain path
+    try:
+        tree = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; "
+                           "wait' & wait")
+        fake_gpu.add_process(0, tree.pid("worker"), GIB)
+        tree.pid("sh")
+        tree.kill_launcher()
+        counters = Counters()
+        scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
+                          view=ProcessView(counters=counters, events=events))
+        registry = CollectorRegistry()
+        registry.register(GpuguardCollector(scanner, hostname="test", events=events))
+        before = warm_scan_reads(scanner, registry)
+        seen = events.counts()["exit"]
+        burst = trees.spawn("for i in $(seq 5000); do /bin/true; done; echo done > {dir}/ok")
+        wait_for(lambda: (burst.dir / "ok").exists(), timeout=120, what="5,000 exits")
+        if events.available:
+            wait_for(lambda: events.counts()["exit"] + events.counts()["dropped"]
+                     >= seen + 5000, timeout=30, what="the burst's events, read or counted")
+        assert warm_scan_reads(scanner, registry) == before
+    finally:
+        events.stop()
