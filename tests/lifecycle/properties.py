@@ -1,0 +1,202 @@
+"""The properties of issue #18, checked against one moment of a model's history.
+
+`check_moment(world, listener)` renders the moment, runs classify() on every live
+GPU holder, computes each holder's truth from the history, and raises
+`PropertyFailed` (with the truth, the answer and the whole history) when:
+
+(a) a holder whose launchers all live is called `orphan`;
+(b) a holder whose launcher chain broke, where nothing detached and /proc can
+    tell, is not `orphan` with the root and reason the truth names;
+(c) `protected` / `normal` is answered where no rule applies, or not answered
+    (with the first applicable rule's reason) where one does;
+(d) a verdict names a root outside the holder's ancestry, or an orphan root
+    outside its launch chain;
+(k) an orphan tree's members are not exactly its root and the root's live
+    descendants (by identity), or a member a reap must not signal is in a tree
+    still called orphan, or a member of an orphan tree fails judge_member.
+
+Where the truth says /proc cannot tell (truth.py's tags), the answer must be the
+safe side; the one exception allowed is the known one each tag names (an orphan
+rooted exactly where /proc shows adoption evidence), which is counted in
+`DEVIATIONS` and pinned by a strict xfail regression test in test_regressions.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from exporter.classify import (
+    MEMBER_PROTECTED,
+    NORMAL,
+    ORPHAN,
+    UNKNOWN,
+    HolderVerdict,
+    Rules,
+    classify,
+    judge_member,
+)
+from tests.lifecycle.model import World, apply
+from tests.lifecycle.truth import (
+    HolderTruth,
+    holder_truth,
+    member_protection,
+)
+from tests.proctable import holder
+
+RULES = Rules()
+LISTENERS = ("every", "none")
+
+#: Known deviations seen, by (tags, verdict, reason): what the report counts.
+DEVIATIONS: Counter[tuple[str, str, str]] = Counter()
+#: Moments checked and holders judged (for the report).
+STATS: Counter[str] = Counter()
+
+
+class PropertyFailed(AssertionError):
+    pass
+
+
+def _answer(hv: HolderVerdict) -> str:
+    root = hv.root.pid if hv.root is not None else None
+    return (f"classify() answered {hv.verdict}/{hv.reason} root={root} "
+            f"(rule {hv.evidence.rule}: {hv.evidence.detail})")
+
+
+def _fail(prop: str, what: str, world: World, listener: str, truth: HolderTruth | None = None,
+          hv: HolderVerdict | None = None) -> None:
+    parts = [f"property ({prop}) failed, listener={listener}: {what}"]
+    if truth is not None:
+        parts.append(truth.describe())
+    if hv is not None:
+        parts.append(_answer(hv))
+    parts.append("history:\n" + world.dump())
+    raise PropertyFailed("\n".join(parts))
+
+
+def check_holder(world: World, listener: str, truth: HolderTruth, hv: HolderVerdict) -> None:
+    ancestry_ids = {p.identity for p in truth.ancestry if p.parent is not None}
+
+    def fail(prop: str, what: str) -> None:
+        _fail(prop, what, world, listener, truth, hv)
+
+    if hv.verdict == UNKNOWN:
+        fail("c", "unknown, though every /proc read of a faithful table succeeds")
+    # (d): the root is in the holder's ancestry (the top of it, or an adopted member).
+    if hv.root is None or hv.root.identity not in ancestry_ids:
+        fail("d", "the verdict's root is not in the holder's ancestry")
+
+    if not truth.decidable:
+        kinds = truth.kinds()
+        if hv.verdict == ORPHAN:
+            # Allowed only where /proc shows adoption evidence: the topmost such member.
+            evident = [t.member for t in truth.tags if t.evident]
+            if not evident:
+                fail("a" if truth.root is None else "b",
+                     "orphan where /proc cannot show the adoption: the safe side was due")
+            top = max(evident, key=truth.ancestry.index)
+            if hv.root.identity != top.identity:
+                fail("d", f"orphan rooted elsewhere than {top.label()}, the topmost member "
+                     "/proc shows adopted")
+        DEVIATIONS[(",".join(sorted(kinds)) + ("" if truth.root is None else "/orphan"),
+                    hv.verdict, hv.reason if hv.verdict == ORPHAN else "-")] += 1
+        return
+
+    if truth.root is None:
+        # (a) never orphan while every launcher lives; (c) protected exactly by rules 3-4.
+        if hv.verdict == ORPHAN:
+            fail("a", "orphan while every launcher is alive")
+        if truth.rules:
+            want = (truth.rules[0].verdict, truth.rules[0].reason)
+            if (hv.verdict, hv.reason) != want:
+                fail("c", f"expected {want[0]}/{want[1]}")
+        elif hv.verdict != NORMAL:
+            fail("c", "expected normal: no rule protects it")
+        STATS[f"checked live {hv.verdict}"] += 1
+        return
+
+    # (b) / (c): the launcher chain broke and /proc shows where.
+    expected = truth.expected(listener)
+    assert expected is not None
+    if (hv.verdict, hv.reason) != expected:
+        fail("b" if expected[0] == ORPHAN else "c", f"expected {expected[0]}/{expected[1]}")
+    if hv.root.identity != truth.root.identity:
+        fail("b", f"expected the root {truth.root.label()}")
+    STATS[f"checked {listener} {expected[0]}/{expected[1]}"] += 1
+
+
+def check_trees(world: World, listener: str, view, trees, truths: dict[int, HolderTruth]) -> None:
+    """(k): what a reap of an orphan tree would signal."""
+    for tree in trees:
+        if not tree.members:
+            if tree.verdict == ORPHAN:
+                _fail("k", f"orphan tree {tree.root_pid} has no members", world, listener)
+            continue
+        assert tree.root is not None
+        root = world.find(tree.root.identity)
+        if root is None or not root.alive:
+            _fail("k", f"tree root {tree.root_pid} is not a live process", world, listener)
+        assert root is not None
+        expected = {root.identity} | {p.identity for p in world.descendants(root)}
+        got = {m.identity for m in tree.members}
+        if got != expected or len(tree.members) != len(got):
+            _fail("k", f"members of {root.label()}: got {sorted(got)}, expected "
+                  f"{sorted(expected)}", world, listener)
+        members = [world.find(m.identity) for m in tree.members]
+        protected = [(p, member_protection(p)) for p in members
+                     if p is not None and member_protection(p)]
+        holders_inside = [p for p in members if p is not None and p.gpu]
+        strays = [p for p in holders_inside
+                  if not any(hv.holder.pid == p.pid and hv.verdict == ORPHAN and hv.root
+                             is not None and hv.root.identity == root.identity
+                             for t in trees for hv in t.holder_verdicts)]
+        if protected or strays:
+            if tree.verdict == ORPHAN:
+                why = protected[0] if protected else (strays[0], "a holder not orphaned here")
+                _fail("k", f"orphan tree {root.label()} holds {why[0].label()} ({why[1]})",
+                      world, listener)
+            if protected and not strays and tree.reason != MEMBER_PROTECTED:
+                _fail("k", f"tree {root.label()} refused as {tree.reason}, expected "
+                      f"{MEMBER_PROTECTED}", world, listener)
+            continue
+        if tree.verdict != ORPHAN:
+            _fail("k", f"tree {root.label()} refused ({tree.verdict}/{tree.reason}: "
+                  f"{tree.evidence.detail}) though no member is protected", world, listener)
+        for m in tree.members:
+            judged = judge_member(m, view, RULES)
+            if judged is not None:
+                _fail("k", f"member {m.pid} of orphan tree fails judge_member: "
+                      f"{judged.evidence.detail}", world, listener)
+        # Every holder of an orphan tree: its truth says orphan (or a known deviation).
+        for hv in tree.holder_verdicts:
+            truth = truths[hv.holder.pid]
+            if truth.decidable and truth.root is None:
+                _fail("a", "an orphan tree holds a holder whose launchers all live",
+                      world, listener, truth, hv)
+        STATS["orphan trees"] += 1
+
+
+def check_moment(world: World, listener: str) -> None:
+    holders = world.holders()
+    STATS["moments"] += 1
+    if not holders:
+        return
+    view = world.view(listener)
+    trees = classify([holder(p.pid) for p in holders], view, RULES)
+    verdicts = {hv.holder.pid: hv for t in trees for hv in t.holder_verdicts}
+    truths: dict[int, HolderTruth] = {}
+    for p in holders:
+        truth = holder_truth(p)
+        truths[p.pid] = truth
+        STATS["holders"] += 1
+        STATS["orphan truths" if truth.root is not None else "live truths"] += 1
+        check_holder(world, listener, truth, verdicts[p.pid])
+    check_trees(world, listener, view, trees, truths)
+
+
+def check_history(world: World, steps) -> None:
+    """Play `steps` on `world`, checking every moment with both listeners."""
+    for step in steps:
+        apply(world, *step)
+        for listener in LISTENERS:
+            check_moment(world, listener)
+

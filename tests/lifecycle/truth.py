@@ -1,0 +1,251 @@
+"""The truth about a GPU holder, computed from the model's history, never from /proc.
+
+For each holder: its launch chain (who forked it, who forked that, ... up to the
+process whose setsid() created its session); whether every process in it is
+still alive; if not, the orphan root (the topmost live member of the chain that
+is still in the holder's ancestry and whose forker is dead: the process that
+lost its parent), whether the session's creator died and how; and which of
+DESIGN.md's deliberate-detachment rules apply on the way from the holder to
+that root (protect name, SIGHUP ignored, managed cgroup, PID namespace,
+fork-setsid-fork daemon, keep marker).
+
+"/proc shows adoption" means DESIGN's evidence (E1, E2) is there for the pair; the
+truth compares it with what happened (forked or adopted). Where they differ /proc
+cannot tell, and the truth tags the holder so that the properties ask for the safe
+side there instead of the right answer:
+
+- `adoption-invisible`: the root was adopted by a parent in its own session that
+  is neither PID 1, a namespace init nor a process named like a reaper (an
+  unnamed child subreaper, or one started inside the session). A child that
+  parent forked itself reads the same in /proc.
+- `setsid-after-fork`: a process forked a member of the chain and only then
+  called setsid(). /proc shows a non-leader in another session than its parent,
+  which is exactly what rule 6's E1 takes as proof of adoption. (When the orphan
+  root itself did so, it detached on purpose and its own adoption is invisible.)
+- `child-of-reaper`: PID 1, a namespace init or a process named like a reaper
+  (tini, systemd, containerd-shim) forked a member of the chain in its own
+  session. /proc shows what E2 takes as proof of adoption.
+- `adopted-above-chain`: a process above the holder's launch chain (an ancestor
+  of its session's creator, or of the adopter) was itself visibly adopted.
+  Rule 6 scans the whole chain top-down, so it roots the tree there: not
+  undecidable, but DESIGN's rule and this truth disagree (see the report).
+- launcher death before the root was born: the listener's record of the
+  creator's exit is older than the root, and exporter/procevents answers only
+  exits at or after the root's start (a reused pid's older exit looks the same),
+  so the expected reason is `session-ended` even when every exit was seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from exporter.classify import (
+    LAUNCHER_EXITED,
+    LAUNCHER_KILLED,
+    NORMAL,
+    ORPHAN,
+    PARENT_EXITED,
+    PROTECTED,
+    SESSION_ENDED,
+)
+from tests.lifecycle.model import IGNORE, Proc
+
+ADOPTION_INVISIBLE = "adoption-invisible"
+SETSID_AFTER_FORK = "setsid-after-fork"
+CHILD_OF_REAPER = "child-of-reaper"
+ADOPTED_ABOVE_CHAIN = "adopted-above-chain"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A DESIGN rule that applies: the verdict it gives and the member it is about."""
+
+    verdict: str
+    reason: str
+    member: Proc
+
+
+@dataclass(frozen=True)
+class Tag:
+    """Where /proc cannot tell (or DESIGN and the truth disagree), and about whom."""
+
+    kind: str
+    member: Proc  # x of the (x, parent) pair the tag is about
+    where: str  # "inside" (below the root / creator), "root", "above"
+    evident: bool = True  # /proc shows adoption evidence at `member` (E1 or E2)
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.member.label()} ({self.where})"
+
+
+@dataclass
+class HolderTruth:
+    holder: Proc
+    chain: list[Proc]  # holder first, the session's creator last
+    ancestry: list[Proc]  # holder first, PID 1 last (current parents)
+    launchers_alive: bool
+    root: Proc | None = None  # the orphan root (None while every launcher lives)
+    lost_parent: Proc | None = None  # the root's forker, dead
+    rules: list[Rule] = field(default_factory=list)  # in DESIGN's order of precedence
+    tags: list[Tag] = field(default_factory=list)
+
+    @property
+    def creator(self) -> Proc:
+        return self.chain[-1]
+
+    @property
+    def candidate(self) -> Proc:
+        """Rule 3's root candidate: the orphan root, else the top of the ancestry."""
+        if self.root is not None:
+            return self.root
+        return self.ancestry[-2] if len(self.ancestry) > 1 else self.ancestry[0]
+
+    @property
+    def way(self) -> list[Proc]:
+        """The holder up to the root candidate."""
+        return self.ancestry[: self.ancestry.index(self.candidate) + 1]
+
+    def kinds(self) -> set[str]:
+        return {t.kind for t in self.tags}
+
+    @property
+    def decidable(self) -> bool:
+        return not self.tags
+
+    def expected_reason(self, listener: str) -> str:
+        """The orphan reason: how the session's creator went away, as far as a listener
+        that saw every exit ("every") or none ("none") can tell."""
+        assert self.root is not None
+        creator = self.creator
+        if creator.alive:
+            return PARENT_EXITED
+        death = creator.death
+        assert death is not None
+        if listener == "none" or death.at < self.root.start_time:
+            return SESSION_ENDED
+        return LAUNCHER_KILLED if death.signal else LAUNCHER_EXITED
+
+    def expected(self, listener: str) -> tuple[str, str] | None:
+        """(verdict, reason) for a decidable orphan; None when launchers all live."""
+        if self.root is None:
+            return None
+        if self.rules:
+            return self.rules[0].verdict, self.rules[0].reason
+        return ORPHAN, self.expected_reason(listener)
+
+    def describe(self) -> str:
+        lines = [f"holder {self.holder.label()}: launch chain "
+                 + " <- ".join(p.label() + ("" if p.alive else f"[{p.state}]")
+                               for p in self.chain),
+                 "  ancestry " + " <- ".join(p.label() for p in self.ancestry)]
+        if self.root is None:
+            lines.append("  every launcher is alive")
+        else:
+            assert self.lost_parent is not None
+            death = self.creator.death
+            lines.append(f"  orphan root {self.root.label()} (lost its parent "
+                         f"{self.lost_parent.label()}); session creator "
+                         f"{self.creator.label()} "
+                         + ("alive" if death is None else f"{death} at t={death.at}"))
+        for r in self.rules:
+            lines.append(f"  rule applies: {r.verdict}/{r.reason} ({r.member.label()})")
+        for t in self.tags:
+            lines.append(f"  {t}")
+        return "\n".join(lines)
+
+
+def _adoption_evidence(x: Proc, y: Proc) -> bool:
+    """Whether /proc shows that x (child of y) was adopted: a non-leader in another
+    session than its parent (session 0 never counts), or a non-leader sharing its session
+    with PID 1, a namespace init or a process named like a reaper."""
+    if x.is_session_leader or x.sid == 0:
+        return False
+    if x.sid != y.sid:
+        return True
+    return y.parent is None or y.is_ns_init or y.program.reaper
+
+
+def holder_truth(holder: Proc) -> HolderTruth:
+    chain = holder.launch_chain()
+    ancestry = holder.ancestry()
+    truth = HolderTruth(holder=holder, chain=chain, ancestry=ancestry,
+                        launchers_alive=all(p.alive for p in chain))
+    in_ancestry = {p.serial for p in ancestry}
+    if not truth.launchers_alive:
+        for i in range(len(chain) - 2, -1, -1):
+            member, forker = chain[i], chain[i + 1]
+            if member.alive and not forker.alive and member.serial in in_ancestry:
+                truth.root, truth.lost_parent = member, forker
+                break
+        assert truth.root is not None, "the holder is alive, so some member lost its parent"
+    top = ancestry.index(truth.root) if truth.root is not None else ancestry.index(chain[-1])
+
+    # What /proc shows of each (x, parent) pair, against what really happened.
+    for i, x in enumerate(ancestry[:-1]):
+        y = ancestry[i + 1]
+        evidence = _adoption_evidence(x, y)
+        born = x.born_of is y
+        if i < top:
+            where = "inside"
+        elif i == top and truth.root is not None:
+            where = "root"
+        else:
+            where = "above"
+        if born and evidence:  # /proc says adopted, but y forked x
+            kind = SETSID_AFTER_FORK if x.sid != y.sid else CHILD_OF_REAPER
+            truth.tags.append(Tag(kind, x, where))
+        elif evidence and where == "above":  # really adopted, above the launch chain
+            truth.tags.append(Tag(ADOPTED_ABOVE_CHAIN, x, where))
+        elif where == "root" and x.is_session_leader:
+            # The root called setsid() after forking the chain below it: it detached on
+            # purpose, and /proc shows only the E1 look-alike one level down.
+            truth.tags.append(Tag(SETSID_AFTER_FORK, x, where, evident=False))
+        elif not born and not evidence and where == "root":  # adopted, /proc cannot tell
+            truth.tags.append(Tag(ADOPTION_INVISIBLE, x, where, evident=False))
+    if truth.root is not None and not any(t.where == "root" for t in truth.tags):
+        # The root's adoption shows, and rule 6 scans top-down: what looks adopted below
+        # it cannot change the answer.
+        truth.tags = [t for t in truth.tags if t.where != "inside"]
+
+    truth.rules = _rules(truth)
+    return truth
+
+
+def _rules(truth: HolderTruth) -> list[Rule]:
+    """DESIGN's rules 3-6 that apply, in the order classify() must honour them. For a
+    holder whose launchers all live only rules 3 and 4 (SIGHUP) decide between
+    protected and normal, so only those are listed."""
+    holder, candidate, way = truth.holder, truth.candidate, truth.way
+    out: list[Rule] = []
+    for m in way:
+        if m.program.protected:
+            out.append(Rule(PROTECTED, "protect-pattern", m))
+            break
+    for m in dict.fromkeys((holder, candidate)):
+        if m.sighup == IGNORE:
+            out.append(Rule(PROTECTED, "ignores-sighup", m))
+            break
+    if truth.root is None:
+        return out
+    for m in way:
+        if m.cgroup.managed:
+            out.append(Rule(NORMAL, "managed", m))
+            break
+    if holder.ns.level > 0:
+        out.append(Rule(NORMAL, "container", holder))
+    if candidate.pgid == candidate.sid and candidate.daemon_io:
+        out.append(Rule(NORMAL, "daemon", candidate))
+    if candidate.keep:
+        out.append(Rule(PROTECTED, "keep-marker", candidate))
+    return out
+
+
+def member_protection(p: Proc) -> str | None:
+    """Why a reap must not signal `p` (DESIGN "What a reap may signal"), from the model."""
+    if p.program.protected:
+        return "protect-pattern"
+    if p.sighup == IGNORE:
+        return "ignores-sighup"
+    if p.keep:
+        return "keep-marker"
+    return None
