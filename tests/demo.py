@@ -80,6 +80,10 @@ def main() -> int:
                 for line in lines[audit_lines:]:
                     record = json.loads(line)
                     decision = record.get("decision") or {}
+                    if record.get("phase") != "final":  # written ahead: names who, not how
+                        members = ", ".join(str(m["pid"]) for m in record["tree"]["members"])
+                        say(f"REMEDIATOR    audit record before any signal: {members}")
+                        continue
                     say(f"REMEDIATOR    {decision.get('action')} ({decision.get('reason')}): "
                         f"{decision.get('detail')}; kill path {record.get('kill_path')}, "
                         f"outcome {record.get('outcome')}")
