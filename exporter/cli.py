@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import sys
 import time
@@ -18,19 +17,14 @@ from exporter.nvml import Nvml
 from exporter.procevents import ProcessEvents
 from exporter.procfs import ProcessView
 from exporter.scanner import Scanner
-from exporter.serving import create_server
+from exporter.serving import create_server, listen_address, serve_until_signalled
 
 log = logging.getLogger("gpuguard.exporter")
 
 DEFAULT_LISTEN = "0.0.0.0:9877"
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """HOST:PORT (IPv6 as [::1]:PORT) for argparse, with a clear error."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+parse_listen = listen_address("0.0.0.0")
 
 
 def positive_float(value: str) -> float:
@@ -110,18 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     events.start()
     scanner.start()
-
-    def shutdown(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        raise SystemExit(0)  # waitress's loop catches it and closes the server
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
     log.info("serving /metrics on http://%s:%s (scan every %gs)",
              host, server.effective_port, args.scan_interval)
     print(f"listening on {host}:{server.effective_port}", flush=True)
     try:
-        server.run()
+        serve_until_signalled(server, log)
     finally:
         scanner.stop()
         events.stop()

@@ -14,6 +14,10 @@ delay answers by up to that long; put such a host behind a firewall rule.
 
 from __future__ import annotations
 
+import argparse
+import logging
+import signal
+from collections.abc import Callable
 from typing import Any
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
@@ -62,3 +66,33 @@ def _bounded_channel() -> type:
             return bool(result)
 
     return BoundedChannel
+
+
+def listen_address(default_host: str) -> Callable[[str], tuple[str, int]]:
+    """An argparse type for HOST:PORT (IPv6 as [::1]:PORT); an empty host is `default_host`."""
+
+    def parse(value: str) -> tuple[str, int]:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+        return host.strip("[]") or default_host, int(port)
+
+    return parse
+
+
+def serve_until_signalled(server: Any, log: logging.Logger) -> None:
+    """Serve until SIGTERM or SIGINT. The handler raises SystemExit, which waitress's loop
+    catches (it closes its sockets and returns); the server is closed either way."""
+
+    def shutdown(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    try:
+        server.run()
+    except SystemExit:
+        pass  # a signal before or after waitress's loop
+    finally:
+        server.close()

@@ -13,13 +13,13 @@ import argparse
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import sys
 
 from exporter.config import ConfigError, load_config
 from exporter.procevents import ProcessEvents
 from exporter.procfs import in_host_pid_namespace
+from exporter.serving import create_server, listen_address, serve_until_signalled
 from remediator.audit import UnsafePathError
 from remediator.ledger import LedgerError
 
@@ -33,12 +33,7 @@ HTTP_THREADS = 4
 WAITRESS_MAX_BODY = 16 * 1024 * 1024
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """HOST:PORT (IPv6 as [::1]:PORT); an empty host means 127.0.0.1."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+parse_listen = listen_address("127.0.0.1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from exporter.serving import create_server
     from remediator.app import TokenFile, create_app, remediator_of
 
     token = None
@@ -136,21 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     service.start()
-
-    def shutdown(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        raise SystemExit(0)  # waitress's loop lets it through and closes the server
-
-    signal.signal(signal.SIGTERM, shutdown)
-    signal.signal(signal.SIGINT, shutdown)
     log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
     print(f"listening on {host}:{server.effective_port}", flush=True)
     try:
-        server.run()
-    except SystemExit:
-        pass
+        serve_until_signalled(server, log)
     finally:
-        server.close()
         service.stop()
         service.nvml.close()  # type: ignore[attr-defined]
     return 0
