@@ -427,11 +427,7 @@ class Reaper:
                 target.exited = True
                 continue
             member = member_of(info, view)
-            refused = member_refusal(member, run.policy, run.protected)
-            if refused is None and not run.force:
-                judged = judge_member(info, view, run.rules)
-                if judged is not None:
-                    refused = (judged.reason, judged.evidence.detail)
+            refused = self._refusal(run, member, info, view)
             if refused is None:
                 target.member, target.info = member, info
                 kept.append(target)
@@ -540,6 +536,19 @@ class Reaper:
         assert info is not None
         return _Target(member_of(info, run.view), info, fd), ""
 
+    @staticmethod
+    def _refusal(run: _Run, member: Member, info: ProcInfo,
+                 view: ProcessView) -> tuple[str, str] | None:
+        """Every rule one process must pass to be signalled, as (reason, detail), or None:
+        the policy's refusals, then (unless a person forced it) the classifier's
+        protections, judged from `view`."""
+        refused = member_refusal(member, run.policy, run.protected)
+        if refused is None and not run.force:
+            judged = judge_member(info, view, run.rules)
+            if judged is not None:
+                refused = (judged.reason, judged.evidence.detail)
+        return refused
+
     def _admit(self, run: _Run, target: _Target, *, refuse: bool = True) -> bool:
         """Add a held process to the reap unless a rule refuses it (then abort or skip).
 
@@ -547,11 +556,7 @@ class Reaper:
         protections (protect pattern, SIGHUP ignored, keep marker, unreadable facts)
         apply to every process a reap would signal, read now.
         """
-        refused = member_refusal(target.member, run.policy, run.protected)
-        if refused is None and not run.force:
-            judged = judge_member(target.info, run.view, run.rules)
-            if judged is not None:
-                refused = (judged.reason, judged.evidence.detail)
+        refused = self._refusal(run, target.member, target.info, run.view)
         if refused is not None:
             if target.fd is not None:
                 os.close(target.fd)
