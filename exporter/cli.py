@@ -106,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     scanner.start()
     log.info("serving /metrics on http://%s:%s (scan every %gs)",
              host, server.effective_port, args.scan_interval)
-    print(f"listening on {host}:{server.effective_port}", flush=True)
     try:
-        serve_until_signalled(server, log)
+        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}")
     finally:
         scanner.stop()
         events.stop()

@@ -80,9 +80,12 @@ def listen_address(default_host: str) -> Callable[[str], tuple[str, int]]:
     return parse
 
 
-def serve_until_signalled(server: Any, log: logging.Logger) -> None:
-    """Serve until SIGTERM or SIGINT. The handler raises SystemExit, which waitress's loop
-    catches (it closes its sockets and returns); the server is closed either way."""
+def serve_until_signalled(server: Any, log: logging.Logger, announce: str) -> None:
+    """Print `announce` (the `listening on` line supervisors and tests wait for), then
+    serve until SIGTERM or SIGINT. The handlers go in before the line is printed, so a
+    stop that follows it at once still shuts down cleanly. A handler raises SystemExit,
+    which waitress's loop catches (it closes its sockets and returns); the server is
+    closed either way."""
 
     def shutdown(signum: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signum)
@@ -91,6 +94,7 @@ def serve_until_signalled(server: Any, log: logging.Logger) -> None:
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     try:
+        print(announce, flush=True)
         server.run()
     except SystemExit:
         pass  # a signal before or after waitress's loop

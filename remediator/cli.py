@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     service.start()
     log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
-    print(f"listening on {host}:{server.effective_port}", flush=True)
     try:
-        serve_until_signalled(server, log)
+        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}")
     finally:
         service.stop()
         service.nvml.close()  # type: ignore[attr-defined]
