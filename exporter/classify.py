@@ -153,6 +153,8 @@ LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its s
 LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a launch script finishing)
 SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
 PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
+#: Unknown reason of rule 6: the evidence fits an adoption and a fork alike.
+ADOPTION_UNCERTAIN = "adoption-uncertain"
 
 
 class ExitEvent(Protocol):
@@ -222,19 +224,41 @@ def _walk(holder: Holder, info: ProcInfo, view: ProcSource, rules: Rules):
     return chain, None
 
 
-def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> str | None:
-    """Why X (child of Y) must have been adopted, or None."""
+@dataclass(frozen=True)
+class Adoption:
+    """Rule 6's evidence that X (child of Y) was adopted, and whether it proves it.
+
+    /proc cannot tell some adoptions from a parent that forked X itself: E2 always (an
+    init or a reaper forks its own children into its session, `tini -- cmd`), and E1
+    when Y leads its own session but is neither PID 1 nor a named reaper (Y may have
+    called setsid() after forking X). A process that leads no session never called
+    setsid(), so E1 under it is proof; PID 1 and the configured reapers are trusted
+    not to call setsid() after forking. It matters only while X's session leader lives:
+    once it is gone X's session ended under it, whoever forked it.
+    """
+
+    why: str
+    certain: bool
+
+
+def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> Adoption | None:
+    """Why X (child of Y) must (or may) have been adopted, or None."""
     if x.sid not in (x.pid, y.sid, 0):
-        return f"E1: {x.pid} sid {x.sid} differs from parent {y.pid} sid {y.sid}"
+        why = f"E1: {x.pid} sid {x.sid} differs from parent {y.pid} sid {y.sid}"
+        certain = y.pid == 1 or not y.is_session_leader or rules.is_reaper(y.comm)
+        return Adoption(why, certain)
     if x.is_session_leader or x.sid == 0 or x.sid != y.sid:
         return None
     if y.pid == 1:
-        return f"E2: {x.pid} shares session {x.sid} with init and is not its leader"
+        return Adoption(f"E2: {x.pid} shares session {x.sid} with init and is not its leader",
+                        False)
     if rules.is_reaper(y.comm):
-        return f"E2: {x.pid} shares session {x.sid} with reaper {y.pid} ({y.comm})"
+        return Adoption(f"E2: {x.pid} shares session {x.sid} with reaper {y.pid} ({y.comm})",
+                        False)
     status = view.status(y)
     if status is not None and len(status.nspid) > 1 and status.nspid[-1] == 1:
-        return f"E2: {x.pid} shares session {x.sid} with namespace init {y.pid}"
+        return Adoption(f"E2: {x.pid} shares session {x.sid} with namespace init {y.pid}",
+                        False)
     return None
 
 
@@ -366,17 +390,20 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
     init = full[-1] if full[-1].pid == 1 and len(full) > 1 else None
     chain = tuple(full[:-1]) if init is not None else tuple(full)
 
-    # Rule 6 first, silently: rules 3-5 need the root candidate it finds.
+    # Rule 6 first, silently: rules 3-5 need the root candidate it finds. Only members of
+    # the holder's own session count: a session is created on purpose (setsid), so what
+    # happened to the processes above it is not the holder's launcher going away.
+    leader_at = next((i for i, m in enumerate(chain) if m.pid == info.sid), None)
     adopted: ProcInfo | None = None
-    adopted_why = ""
+    adoption: Adoption | None = None
     for i in range(len(chain) - 1, -1, -1):
         x = chain[i]
         y = chain[i + 1] if i + 1 < len(chain) else init
-        if y is None:
+        if y is None or x.sid != info.sid:
             continue
-        why = _adopted(x, y, view, rules)
-        if why is not None:
-            adopted, adopted_why = x, why
+        adoption = _adopted(x, y, view, rules)
+        if adoption is not None:
+            adopted = x
             break
     candidate = adopted if adopted is not None else chain[-1]
     upto = chain[: chain.index(candidate) + 1]
@@ -433,6 +460,8 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
         if view.keep_marker(adopted):
             return verdict(PROTECTED, "keep-marker", "4",
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
+        assert adoption is not None
+        adopted_why = adoption.why
         if gone:
             state = ("gone" if leader is None else "a zombie" if leader.is_zombie
                      else f"replaced by a newer process ({leader.comm})")
@@ -450,11 +479,23 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             return verdict(ORPHAN, SESSION_ENDED, "6",
                            f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
                            "event seen)", pids)
+        if not adoption.certain:
+            # With the session gone X is orphaned whoever forked it; with it alive, only
+            # an adoption would make X an orphan, and /proc cannot show which it was.
+            return verdict(UNKNOWN, ADOPTION_UNCERTAIN, "6",
+                           f"{adopted_why}; session leader {adopted.sid} is alive and /proc "
+                           f"cannot tell whether {ppid} forked {adopted.pid} or adopted it",
+                           [adopted.pid, ppid, adopted.sid])
         return verdict(ORPHAN, PARENT_EXITED, "6",
                        f"{adopted_why}; session leader {adopted.sid} is alive",
                        [adopted.pid, ppid, adopted.sid])
 
     # Rule 7: "detached" only when the holder lives in the session its chain's top created.
+    if leader_at is not None and leader_at < len(chain) - 1:
+        leader = chain[leader_at]
+        return verdict(NORMAL, "attached", "7",
+                       f"no adopted member from {info.pid} up to its session leader "
+                       f"{leader.pid}, which is alive", [leader.pid])
     top = chain[-1]
     if top.is_session_leader and info.sid == top.sid:
         return verdict(NORMAL, "detached", "7",

@@ -147,12 +147,46 @@ def _e2_namespace_init():
 
 @pytest.mark.parametrize("scenario", [_e2_pid1, _e2_reaper, _e2_namespace_init],
                          ids=["pid1", "reaper-tini", "namespace-init"])
-def test_adoption_in_container_is_caught_by_e2(scenario):
+def test_e2_in_a_live_session_is_uncertain(scenario):
+    # An init or a reaper forks its own command into its session (`tini -- cmd`,
+    # `sh /entrypoint.sh` as PID 1): /proc shows exactly what an adoption shows.
     view, root, holder_pid, parent, session_leader = scenario()
     tree = one_tree(view, holder(holder_pid))
-    check(tree, ORPHAN, "parent-exited", root, "6")  # the init/reaper leads the session
+    check(tree, UNKNOWN, "adoption-uncertain", root, "6")
     assert tree.evidence.detail.startswith("E2")
+    assert "cannot tell" in tree.evidence.detail
     assert tree.evidence.pids == (root, parent, session_leader)
+
+
+def test_e1_under_an_unnamed_session_leader_needs_the_session_gone():
+    # agentd forked 200 and then called setsid(), or 200 was adopted by agentd (a child
+    # subreaper): /proc shows the same. Session leader 100 alive: uncertain; gone: orphan.
+    agent = leader(50, ppid=1, comm="agentd", cmdline="/usr/local/bin/agentd")
+    view = SyntheticView(interactive() + [agent])
+    view.update(200, ppid=50)
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "adoption-uncertain", 200, "6")
+    assert tree.evidence.detail.startswith("E1")
+    view.exit(100, reaper=50)
+    check(one_tree(view), ORPHAN, "session-ended", 200, "6")
+
+
+def test_e1_under_a_process_that_leads_no_session_is_proof():
+    # A non-leader never called setsid(): a child in another session was adopted.
+    table = [init(), leader(40, ppid=1, comm="sshd"), proc(45, ppid=40, sid=40, comm="py"),
+             leader(100, ppid=40, comm="bash"), proc(200, ppid=45, sid=100)]
+    tree = one_tree(SyntheticView(table), holder(200))
+    check(tree, ORPHAN, "parent-exited", 200, "6")
+
+
+def test_live_session_below_an_adopted_process_is_not_judged_by_it():
+    # bash -> agent -> setsid shell -> job; bash killed, the agent adopted by PID 1. The
+    # job's own session leader (the shell) lives in its ancestry: rule 6 stops there.
+    table = [init(), proc(60, ppid=1, sid=55, comm="agent"),
+             leader(70, ppid=60, comm="bash"), proc(80, ppid=70, sid=70, comm="python")]
+    tree = one_tree(SyntheticView(table), holder(80))
+    check(tree, NORMAL, "attached", 60, "7")
+    assert "session leader 70" in tree.evidence.detail
 
 
 @pytest.mark.parametrize(
@@ -510,10 +544,11 @@ def test_custom_protect_patterns(rules, comm, expected):
 @pytest.mark.parametrize(
     "rules, comm, expected",
     [
-        (Rules(reapers=("supervisor",)), "supervisor", (ORPHAN, "parent-exited", 420, "6")),
+        (Rules(reapers=("supervisor",)), "supervisor", (UNKNOWN, "adoption-uncertain", 420,
+                                                        "6")),
         (Rules(), "supervisor", (NORMAL, "detached", 400, "7")),
         (Rules(reapers=("containerd-shim-runc-v2",)), "containerd-shim-runc-v2",
-         (ORPHAN, "parent-exited", 420, "6")),
+         (UNKNOWN, "adoption-uncertain", 420, "6")),
         (Rules(reapers=()), "tini", (NORMAL, "detached", 400, "7")),
     ],
     ids=["custom-reaper", "not-a-default-reaper", "reaper-name-cut-like-comm", "no-reapers"],

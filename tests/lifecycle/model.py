@@ -29,6 +29,10 @@ What is modelled (kernel behaviour, not any one program's):
   ancestors in the same PID namespace, else that namespace's init. When a
   namespace's init dies every other process in it is killed (SIGKILL) and
   reaped.
+- programs, not the kernel: a program named in DESIGN's reaper list (tini, systemd,
+  containerd-shim) never calls setsid() after forking, and no process that did so
+  execs one. That is the trust rule 6 places in the list (E1 under a named reaper is
+  proof of adoption); `apply()` skips such steps.
 - start times (one clock tick per step: a child is always newer than its
   parent), cgroups (fixed paths, each labelled managed or not per DESIGN rule
   5), PID namespaces (depth only: nspid).
@@ -163,6 +167,7 @@ class Proc:
     keep: bool = False
     daemon_io: bool = False
     subreaper: bool = False
+    setsid_after_fork: bool = False  # called setsid() while it had children
     uid: int = 0
     gpu: bool = False
     state: str = ALIVE
@@ -598,11 +603,17 @@ def apply(world: World, kind: str, a: int, b: int) -> None:
     elif kind == "hangup":
         world.hangup(p)
     elif kind == "setsid":
-        world.setsid(p)
+        if p.program.reaper and world.children(p):
+            return  # what the reapers list trusts: they never setsid() after forking
+        if world.setsid(p) and world.children(p):
+            p.setsid_after_fork = True
     elif kind == "setpgid":
         world.setpgid(p, b)
     elif kind == "exec":
-        world.exec(p, *_program(b))
+        program, keep = _program(b)
+        if program.reaper and p.setsid_after_fork:
+            return  # the same trust: no reaper is a process that did so before exec
+        world.exec(p, program, keep)
     elif kind == "sighup":
         world.sighup_disposition(p, (IGNORE, HANDLE, DEFAULT)[b % 3])
     elif kind == "subreaper":

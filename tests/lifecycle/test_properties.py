@@ -18,8 +18,8 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lifecycle.model import STEP_KINDS, World, login
-from tests.lifecycle.properties import check_history
+from tests.lifecycle.model import STEP_KINDS, World, apply, login
+from tests.lifecycle.properties import check_history, check_walk
 
 DEFAULT_EXAMPLES = 2000  # about 11 s on a 2-core machine
 MAX_STEPS = 30  # build (12) + GPU (3) + events (15)
@@ -73,3 +73,22 @@ def test_every_moment_of_a_history_is_classified_as_the_truth_says(steps):
     world = World()
     login(world)
     check_history(world, steps)
+
+
+#: Between the walk's reads: ordinary events, and `reuse` (a pid the walk read dies and
+#: is handed to a process outside the tree, with or without a child).
+WALK_EVENTS = ("reuse", "reuse", "exit", "kill", "reap", "spawn", "fork", "parent_dies")
+walk_steps = st.lists(st.tuples(st.sampled_from(WALK_EVENTS), target, argument),
+                      min_size=1, max_size=20)
+
+
+@PROFILE
+@given(histories, st.integers(0, 63), walk_steps)
+def test_member_walk_never_returns_a_process_from_outside_the_tree(steps, root, during):
+    # The kill scope (DESIGN "What a reap may signal") under pid reuse during the walk:
+    # pids are freed and handed out again (PID_MAX 32) between the walk's reads.
+    world = World()
+    login(world)
+    for step in steps:
+        apply(world, *step)
+    check_walk(world, root, during)

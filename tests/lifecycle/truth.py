@@ -10,25 +10,30 @@ that root (protect name, SIGHUP ignored, managed cgroup, PID namespace,
 fork-setsid-fork daemon, keep marker).
 
 "/proc shows adoption" means DESIGN's evidence (E1, E2) is there for the pair; the
-truth compares it with what happened (forked or adopted). Where they differ /proc
-cannot tell, and the truth tags the holder so that the properties ask for the safe
-side there instead of the right answer:
+truth compares it with what happened (forked or adopted). Evidence is *certain* where
+no fork can produce it (E1 under PID 1, under a named reaper, or under a parent that
+leads no session: a process never leaves a session it leads) and *ambiguous* otherwise
+(E2; E1 under an unnamed session leader, which may have called setsid() after forking).
+Ambiguity matters only while the member's session creator lives: once it is gone the
+member's session ended under it, forked or adopted. Where /proc cannot tell, the truth
+tags the holder and the properties ask for the safe side (never `orphan`) there:
 
 - `adoption-invisible`: the root was adopted by a parent in its own session that
   is neither PID 1, a namespace init nor a process named like a reaper (an
   unnamed child subreaper, or one started inside the session). A child that
   parent forked itself reads the same in /proc.
 - `setsid-after-fork`: a process forked a member of the chain and only then
-  called setsid(). /proc shows a non-leader in another session than its parent,
-  which is exactly what rule 6's E1 takes as proof of adoption. (When the orphan
-  root itself did so, it detached on purpose and its own adoption is invisible.)
+  called setsid(), and the member's session creator lives. /proc shows a
+  non-leader in another session than its parent under an unnamed session leader.
 - `child-of-reaper`: PID 1, a namespace init or a process named like a reaper
   (tini, systemd, containerd-shim) forked a member of the chain in its own
-  session. /proc shows what E2 takes as proof of adoption.
-- `adopted-above-chain`: a process above the holder's launch chain (an ancestor
-  of its session's creator, or of the adopter) was itself visibly adopted.
-  Rule 6 scans the whole chain top-down, so it roots the tree there: not
-  undecidable, but DESIGN's rule and this truth disagree (see the report).
+  session, whose creator lives. /proc shows what E2 shows for an adoption.
+- `adoption-ambiguous`: the member really was adopted, but the evidence is the
+  ambiguous kind and its session creator lives: the table is the one a fork makes.
+- nothing above the orphan root (or above the session's creator while every launcher
+  lives) is tagged: rule 6 looks only at members of the holder's own session, which
+  is what the launch chain is. (`adopted-above-chain` was a tag here while rule 6
+  scanned the whole chain and rooted trees at adopted processes above the session.)
 - launcher death before the root was born: the listener's record of the
   creator's exit is older than the root, and exporter/procevents answers only
   exits at or after the root's start (a reused pid's older exit looks the same),
@@ -53,7 +58,8 @@ from tests.lifecycle.model import IGNORE, Proc
 ADOPTION_INVISIBLE = "adoption-invisible"
 SETSID_AFTER_FORK = "setsid-after-fork"
 CHILD_OF_REAPER = "child-of-reaper"
-ADOPTED_ABOVE_CHAIN = "adopted-above-chain"
+ADOPTION_AMBIGUOUS = "adoption-ambiguous"
+CERTAIN, AMBIGUOUS = "certain", "ambiguous"
 
 
 @dataclass(frozen=True)
@@ -154,15 +160,19 @@ class HolderTruth:
         return "\n".join(lines)
 
 
-def _adoption_evidence(x: Proc, y: Proc) -> bool:
-    """Whether /proc shows that x (child of y) was adopted: a non-leader in another
-    session than its parent (session 0 never counts), or a non-leader sharing its session
-    with PID 1, a namespace init or a process named like a reaper."""
+def _adoption_evidence(x: Proc, y: Proc) -> str | None:
+    """What /proc shows about x (child of y), per DESIGN rule 6: CERTAIN or AMBIGUOUS
+    evidence of adoption, or None. E1: a non-leader in another session than its parent
+    (session 0 never counts); E2: a non-leader sharing its session with PID 1, a
+    namespace init or a process named like a reaper."""
     if x.is_session_leader or x.sid == 0:
-        return False
+        return None
     if x.sid != y.sid:
-        return True
-    return y.parent is None or y.is_ns_init or y.program.reaper
+        return CERTAIN if (y.parent is None or not y.is_session_leader
+                           or y.program.reaper) else AMBIGUOUS
+    if y.parent is None or y.is_ns_init or y.program.reaper:
+        return AMBIGUOUS
+    return None
 
 
 def holder_truth(holder: Proc) -> HolderTruth:
@@ -174,7 +184,9 @@ def holder_truth(holder: Proc) -> HolderTruth:
     if not truth.launchers_alive:
         for i in range(len(chain) - 2, -1, -1):
             member, forker = chain[i], chain[i + 1]
-            if member.alive and not forker.alive and member.serial in in_ancestry:
+            if (member.alive and member.session is holder.session
+                    and member.serial in in_ancestry
+                    and (not forker.alive or forker.session is not holder.session)):
                 truth.root, truth.lost_parent = member, forker
                 break
         assert truth.root is not None, "the holder is alive, so some member lost its parent"
@@ -185,22 +197,22 @@ def holder_truth(holder: Proc) -> HolderTruth:
         y = ancestry[i + 1]
         evidence = _adoption_evidence(x, y)
         born = x.born_of is y
+        assert not (born and evidence == CERTAIN), (
+            f"certain evidence of adoption for {x.label()}, which {y.label()} forked")
         if i < top:
             where = "inside"
         elif i == top and truth.root is not None:
             where = "root"
         else:
             where = "above"
-        if born and evidence:  # /proc says adopted, but y forked x
-            kind = SETSID_AFTER_FORK if x.sid != y.sid else CHILD_OF_REAPER
+        session_lives = x.session is not None and x.session.alive
+        if where == "above":
+            continue  # rule 6 looks only at the holder's session, which ends at the root
+        if evidence == AMBIGUOUS and session_lives:  # a fork reads the same
+            kind = (ADOPTION_AMBIGUOUS if not born
+                    else SETSID_AFTER_FORK if x.sid != y.sid else CHILD_OF_REAPER)
             truth.tags.append(Tag(kind, x, where))
-        elif evidence and where == "above":  # really adopted, above the launch chain
-            truth.tags.append(Tag(ADOPTED_ABOVE_CHAIN, x, where))
-        elif where == "root" and x.is_session_leader:
-            # The root called setsid() after forking the chain below it: it detached on
-            # purpose, and /proc shows only the E1 look-alike one level down.
-            truth.tags.append(Tag(SETSID_AFTER_FORK, x, where, evident=False))
-        elif not born and not evidence and where == "root":  # adopted, /proc cannot tell
+        elif not born and evidence is None and where == "root":  # adopted, /proc cannot tell
             truth.tags.append(Tag(ADOPTION_INVISIBLE, x, where, evident=False))
     if truth.root is not None and not any(t.where == "root" for t in truth.tags):
         # The root's adoption shows, and rule 6 scans top-down: what looks adopted below
