@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(PY) -m tests.demo
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:

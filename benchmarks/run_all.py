@@ -92,7 +92,7 @@ def render(results: dict[str, Result | str], total: float, command: str) -> str:
         "",
         "| machine | |",
         "|---|---|",
-        f"| date | {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} |",
+        f"| date | {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} |",
         f"| command | `{command}` |",
         f"| nproc | {info['nproc']} |",
         f"| CPU | {info['cpu']} |",

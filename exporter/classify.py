@@ -10,6 +10,7 @@ show why.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import itertools
 import re
@@ -25,11 +26,64 @@ from exporter.counters import COUNTERS
 from exporter.nvml import Holder
 from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
 
-NORMAL = "normal"
-ORPHAN = "orphan"
-PROTECTED = "protected"
-UNKNOWN = "unknown"
-VERDICTS = (NORMAL, ORPHAN, PROTECTED, UNKNOWN)
+
+class Verdict(enum.StrEnum):
+    """What a holder's chain (or a tree) is. Only ORPHAN is ever reaped."""
+
+    NORMAL = "normal"
+    ORPHAN = "orphan"
+    PROTECTED = "protected"
+    UNKNOWN = "unknown"
+
+
+class Rule(enum.StrEnum):
+    """DESIGN.md's orphan rules, by number: the rule that decided a verdict."""
+
+    HOLDER = "1"  # the holder itself: visible, not a zombie
+    CHAIN = "2"  # the parent chain (and a member's facts) readable and sane
+    PROTECT = "3"  # protect patterns
+    DETACH = "4"  # SIGHUP ignored, the keep marker
+    MANAGED = "5"  # service manager cgroups, deeper PID namespaces
+    ADOPTION = "6"  # adoption evidence, the launcher's fate
+    SESSION = "7"  # no adoption: attached to or leading a live session
+
+
+class Reason(enum.StrEnum):
+    """Why a verdict was given; the rule that gives each is at its use."""
+
+    NOT_VISIBLE = "not-visible"
+    EXITING = "exiting"
+    TOO_DEEP = "too-deep"
+    CYCLE = "cycle"
+    VANISHED = "vanished"
+    INCONSISTENT = "inconsistent"
+    UNREADABLE = "unreadable"
+    PROTECT_PATTERN = "protect-pattern"
+    IGNORES_SIGHUP = "ignores-sighup"
+    KEEP_MARKER = "keep-marker"
+    MANAGED = "managed"
+    CONTAINER = "container"
+    DAEMON = "daemon"
+    #: Orphan reasons of rule 6: how the session leader (the launcher) went away.
+    LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell)
+    LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a script finishing)
+    SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
+    PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
+    #: Rule 6's unknown: the evidence fits an adoption and a fork alike.
+    ADOPTION_UNCERTAIN = "adoption-uncertain"
+    ATTACHED = "attached"
+    DETACHED = "detached"
+    #: Tree reasons when the root's chain says orphan but a member must not be signalled.
+    MEMBER_PROTECTED = "member-protected"
+    MEMBER_UNKNOWN = "member-unknown"
+    MEMBER_NORMAL = "member-normal"  # a GPU holder below the root that is not an orphan
+
+
+NORMAL = Verdict.NORMAL
+ORPHAN = Verdict.ORPHAN
+PROTECTED = Verdict.PROTECTED
+UNKNOWN = Verdict.UNKNOWN
+VERDICTS = tuple(Verdict)
 
 #: Tree verdict when its holders disagree: the safest one wins.
 _SAFETY_ORDER = {PROTECTED: 0, NORMAL: 1, UNKNOWN: 2, ORPHAN: 3}
@@ -43,7 +97,8 @@ DEFAULT_PROTECT = (
     "slurmstepd",
     "raylet",
 )
-DEFAULT_REAPERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
+#: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
+DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
 DEFAULT_MAX_DEPTH = 64
 COMM_LEN = 15  # the kernel truncates comm to 15 bytes
 
@@ -93,7 +148,7 @@ class Rules:
     """The `classify:` section of the config file."""
 
     protect: tuple[str, ...] = DEFAULT_PROTECT
-    reapers: tuple[str, ...] = DEFAULT_REAPERS
+    adopters: tuple[str, ...] = DEFAULT_ADOPTERS
     max_depth: int = DEFAULT_MAX_DEPTH
     _protect: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
@@ -103,15 +158,17 @@ class Rules:
     def protects(self, text: str) -> bool:
         return any(_protect_hit(pattern, text) for pattern in self._protect)
 
-    def is_reaper(self, comm: str) -> bool:
-        return any(comm == name[:COMM_LEN] for name in self.reapers)
+    def is_adopter(self, comm: str) -> bool:
+        """A process named like a child subreaper or init (tini, systemd, ...): it adopts
+        orphans (the remediator's killer is the `Reaper`; this is not it)."""
+        return any(comm == name[:COMM_LEN] for name in self.adopters)
 
 
 @dataclass(frozen=True)
 class Evidence:
     """Which rule decided, what it saw, and the pids it looked at."""
 
-    rule: str
+    rule: Rule
     detail: str
     pids: tuple[int, ...] = ()
 
@@ -119,8 +176,8 @@ class Evidence:
 @dataclass(frozen=True)
 class HolderVerdict:
     holder: Holder
-    verdict: str
-    reason: str
+    verdict: Verdict
+    reason: Reason
     evidence: Evidence
     chain: tuple[ProcInfo, ...]  # holder first, up to (not including) PID 1
     root: ProcInfo | None  # the orphan root, else the top of the chain
@@ -134,8 +191,8 @@ class Tree:
     root: ProcInfo | None
     holders: tuple[Holder, ...]
     members_seen: tuple[ProcInfo, ...]
-    verdict: str
-    reason: str
+    verdict: Verdict
+    reason: Reason
     gpu_bytes: int
     evidence: Evidence
     holder_verdicts: tuple[HolderVerdict, ...] = ()
@@ -148,13 +205,11 @@ class Tree:
         return self.root.start_time if self.root is not None else None
 
 
-#: Orphan reasons of rule 6: how the session leader (the launcher) went away.
-LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell, a drop)
-LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a launch script finishing)
-SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
-PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
-#: Unknown reason of rule 6: the evidence fits an adoption and a fork alike.
-ADOPTION_UNCERTAIN = "adoption-uncertain"
+LAUNCHER_KILLED = Reason.LAUNCHER_KILLED
+LAUNCHER_EXITED = Reason.LAUNCHER_EXITED
+SESSION_ENDED = Reason.SESSION_ENDED
+PARENT_EXITED = Reason.PARENT_EXITED
+ADOPTION_UNCERTAIN = Reason.ADOPTION_UNCERTAIN
 
 
 class ExitEvent(Protocol):
@@ -179,43 +234,44 @@ def _clock(when: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(when))
 
 
-#: Tree reasons when the root's chain says orphan but a member must not be signalled.
-MEMBER_PROTECTED = "member-protected"
-MEMBER_UNKNOWN = "member-unknown"
+MEMBER_PROTECTED = Reason.MEMBER_PROTECTED
+MEMBER_UNKNOWN = Reason.MEMBER_UNKNOWN
 
 
-def _unknown(holder: Holder, reason: str, detail: str, chain=(), pids=()) -> HolderVerdict:
+def _unknown(holder: Holder, rule: Rule, reason: Reason, detail: str,
+             chain: Sequence[ProcInfo] = (), pids: Iterable[int] = ()) -> HolderVerdict:
     return HolderVerdict(
         holder=holder,
         verdict=UNKNOWN,
         reason=reason,
-        evidence=Evidence(rule="2" if reason not in ("not-visible", "exiting") else "1",
-                          detail=detail, pids=tuple(pids)),
+        evidence=Evidence(rule=rule, detail=detail, pids=tuple(pids)),
         chain=tuple(chain),
         root=chain[0] if chain else None,
     )
 
 
-def _walk(holder: Holder, info: ProcInfo, view: ProcSource, rules: Rules):
+def _walk(holder: Holder, info: ProcInfo, view: ProcSource,
+          rules: Rules) -> tuple[list[ProcInfo], None] | tuple[None, HolderVerdict]:
     """Holder up to the child of PID 1, plus PID 1 itself; or an unknown verdict."""
     chain = [info]
     seen = {info.pid}
     current = info
     while current.ppid not in (0,) and current.pid != 1:
         if len(chain) > rules.max_depth:
-            return None, _unknown(holder, "too-deep",
+            return None, _unknown(holder, Rule.CHAIN, Reason.TOO_DEEP,
                                   f"chain longer than max_depth={rules.max_depth}",
                                   chain, [p.pid for p in chain[-3:]])
         if current.ppid in seen:
-            return None, _unknown(holder, "cycle", f"pid {current.ppid} appears twice",
+            return None, _unknown(holder, Rule.CHAIN, Reason.CYCLE,
+                                  f"pid {current.ppid} appears twice",
                                   chain, [current.pid, current.ppid])
         parent = view.stat(current.ppid)
         if parent is None:
-            return None, _unknown(holder, "vanished",
+            return None, _unknown(holder, Rule.CHAIN, Reason.VANISHED,
                                   f"parent {current.ppid} of {current.pid} vanished mid-walk",
                                   chain, [current.pid, current.ppid])
         if parent.start_time > current.start_time:
-            return None, _unknown(holder, "inconsistent",
+            return None, _unknown(holder, Rule.CHAIN, Reason.INCONSISTENT,
                                   f"parent {parent.pid} is newer than child {current.pid}",
                                   chain, [current.pid, parent.pid])
         seen.add(parent.pid)
@@ -230,9 +286,9 @@ class Adoption:
 
     /proc cannot tell some adoptions from a parent that forked X itself: E2 always (an
     init or a reaper forks its own children into its session, `tini -- cmd`), and E1
-    when Y leads its own session but is neither PID 1 nor a named reaper (Y may have
+    when Y leads its own session but is neither PID 1 nor a named adopter (Y may have
     called setsid() after forking X). A process that leads no session never called
-    setsid(), so E1 under it is proof; PID 1 and the configured reapers are trusted
+    setsid(), so E1 under it is proof; PID 1 and the configured adopters are trusted
     not to call setsid() after forking. It matters only while X's session leader lives:
     once it is gone X's session ended under it, whoever forked it.
     """
@@ -245,14 +301,14 @@ def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> Adopti
     """Why X (child of Y) must (or may) have been adopted, or None."""
     if x.sid not in (x.pid, y.sid, 0):
         why = f"E1: {x.pid} sid {x.sid} differs from parent {y.pid} sid {y.sid}"
-        certain = y.pid == 1 or not y.is_session_leader or rules.is_reaper(y.comm)
+        certain = y.pid == 1 or not y.is_session_leader or rules.is_adopter(y.comm)
         return Adoption(why, certain)
     if x.is_session_leader or x.sid == 0 or x.sid != y.sid:
         return None
     if y.pid == 1:
         return Adoption(f"E2: {x.pid} shares session {x.sid} with init and is not its leader",
                         False)
-    if rules.is_reaper(y.comm):
+    if rules.is_adopter(y.comm):
         return Adoption(f"E2: {x.pid} shares session {x.sid} with reaper {y.pid} ({y.comm})",
                         False)
     status = view.status(y)
@@ -294,8 +350,8 @@ def managed_cgroup(paths: Iterable[str]) -> str | None:
 class MemberJudgement:
     """Why one process of an orphan tree must not be signalled."""
 
-    verdict: str  # PROTECTED or UNKNOWN (or a GPU holder's own verdict)
-    reason: str  # MEMBER_PROTECTED, MEMBER_UNKNOWN, or member-<verdict>
+    verdict: Verdict  # PROTECTED or UNKNOWN (or a GPU holder's own verdict)
+    reason: Reason  # MEMBER_PROTECTED, MEMBER_UNKNOWN, or member-<verdict>
     evidence: Evidence
 
 
@@ -309,13 +365,13 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
     """
     who = f"member {member.pid} ({member.comm})"
 
-    def protected(rule: str, why: str) -> MemberJudgement:
+    def protected(rule: Rule, why: str) -> MemberJudgement:
         return MemberJudgement(PROTECTED, MEMBER_PROTECTED,
                                Evidence(rule, f"{who} {why}: a reap would signal it",
                                         (member.pid,)))
 
     if rules.protects(member.comm):
-        return protected("3", "matches protect by comm")
+        return protected(Rule.PROTECT, "matches protect by comm")
     cmd = view.cmdline(member)
     status = view.status(member)
     keep = view.keep_marker(member)
@@ -325,14 +381,14 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
         missing = [name for name, value in (("cmdline", cmd), ("status", status),
                                             ("environ", keep)) if value is None]
         return MemberJudgement(UNKNOWN, MEMBER_UNKNOWN,
-                               Evidence("2", f"{who}: cannot read /proc/{member.pid}/"
+                               Evidence(Rule.CHAIN, f"{who}: cannot read /proc/{member.pid}/"
                                         f"{{{','.join(missing)}}}", (member.pid,)))
     if cmd and rules.protects(cmd):
-        return protected("3", "matches protect by command line")
+        return protected(Rule.PROTECT, "matches protect by command line")
     if status.sighup_ignored:
-        return protected("4", "ignores SIGHUP (nohup)")
+        return protected(Rule.DETACH, "ignores SIGHUP (nohup)")
     if keep:
-        return protected("4", "has GPUGUARD_KEEP=1 in its environment")
+        return protected(Rule.DETACH, "has GPUGUARD_KEEP=1 in its environment")
     return None
 
 
@@ -350,7 +406,7 @@ def _judge_members(tree: Tree, view: ProcSource, rules: Rules,
                 # An orphan of another root below this one cannot be: call it unknown.
                 verdict = UNKNOWN if hv.verdict == ORPHAN else hv.verdict
                 found = MemberJudgement(
-                    verdict, f"member-{verdict}",
+                    verdict, Reason(f"member-{verdict}"),
                     Evidence(hv.evidence.rule, f"GPU holder {member.pid} ({member.comm}) below "
                              f"root {tree.root.pid} is {hv.verdict} ({hv.reason}: "
                              f"{hv.evidence.detail})", (member.pid, *hv.evidence.pids)))
@@ -370,17 +426,18 @@ def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVer
     try:
         return _classify_holder(holder, view, rules)
     except ProcUnreadable as exc:
-        return _unknown(holder, "unreadable", str(exc), (), [holder.pid])
+        return _unknown(holder, Rule.CHAIN, Reason.UNREADABLE, str(exc), (), [holder.pid])
 
 
 def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
     # Rule 1: the holder itself.
     info = view.stat(holder.pid)
     if info is None:
-        return _unknown(holder, "not-visible", f"pid {holder.pid} is not in /proc",
-                        (), [holder.pid])
+        return _unknown(holder, Rule.HOLDER, Reason.NOT_VISIBLE,
+                        f"pid {holder.pid} is not in /proc", (), [holder.pid])
     if info.is_zombie:
-        return _unknown(holder, "exiting", f"pid {holder.pid} is a zombie", (info,), [info.pid])
+        return _unknown(holder, Rule.HOLDER, Reason.EXITING, f"pid {holder.pid} is a zombie",
+                        (info,), [info.pid])
 
     # Rule 2: the chain.
     full, failed = _walk(holder, info, view, rules)
@@ -408,26 +465,27 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
     candidate = adopted if adopted is not None else chain[-1]
     upto = chain[: chain.index(candidate) + 1]
 
-    def verdict(v: str, reason: str, rule: str, detail: str, pids) -> HolderVerdict:
+    def verdict(v: Verdict, reason: Reason, rule: Rule, detail: str,
+                pids: Iterable[int]) -> HolderVerdict:
         root = candidate
         return HolderVerdict(holder, v, reason, Evidence(rule, detail, tuple(pids)), chain, root)
 
     # Rule 3: protect patterns, holder up to the root candidate.
     for member in upto:
         if rules.protects(member.comm):
-            return verdict(PROTECTED, "protect-pattern", "3",
+            return verdict(PROTECTED, Reason.PROTECT_PATTERN, Rule.PROTECT,
                            f"{member.pid} comm {member.comm!r} matches protect", [member.pid])
     for member in upto:
         cmd = view.cmdline(member)
         if cmd and rules.protects(cmd):
-            return verdict(PROTECTED, "protect-pattern", "3",
+            return verdict(PROTECTED, Reason.PROTECT_PATTERN, Rule.PROTECT,
                            f"{member.pid} command line matches protect", [member.pid])
 
     # Rule 4: deliberate detachment by ignoring SIGHUP.
     for member in dict.fromkeys((info, candidate)):
         status = view.status(member)
         if status is not None and status.sighup_ignored:
-            return verdict(PROTECTED, "ignores-sighup", "4",
+            return verdict(PROTECTED, Reason.IGNORES_SIGHUP, Rule.DETACH,
                            f"{member.pid} ignores SIGHUP (nohup)", [member.pid])
 
     # Rule 5: managed by a service manager or in a container. Without adoption only the
@@ -438,10 +496,11 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
     for member in in_scope:
         path = managed_cgroup(view.cgroup(member) or ())
         if path is not None:
-            return verdict(NORMAL, "managed", "5", f"{member.pid} in cgroup {path}", [member.pid])
+            return verdict(NORMAL, Reason.MANAGED, Rule.MANAGED,
+                           f"{member.pid} in cgroup {path}", [member.pid])
     holder_status = view.status(info)
     if holder_status is not None and len(holder_status.nspid) > view.own_nspid_depth():
-        return verdict(NORMAL, "container", "5",
+        return verdict(NORMAL, Reason.CONTAINER, Rule.MANAGED,
                        f"{info.pid} is in a deeper PID namespace", [info.pid])
 
     # Rule 6: adoption.
@@ -449,7 +508,7 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
         parent = chain[chain.index(adopted) + 1] if adopted is not chain[-1] else init
         ppid = parent.pid if parent is not None else adopted.ppid
         if adopted.pgid == adopted.sid and view.daemon_io(adopted):
-            return verdict(NORMAL, "daemon", "6",
+            return verdict(NORMAL, Reason.DAEMON, Rule.ADOPTION,
                            f"{adopted.pid} detached on purpose (cwd /, stdin /dev/null)",
                            [adopted.pid])
         leader = view.stat(adopted.sid)
@@ -458,7 +517,7 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
                 or leader.start_time > adopted.start_time)
         # Rule 4's keep marker: read environ only for what would otherwise be an orphan.
         if view.keep_marker(adopted):
-            return verdict(PROTECTED, "keep-marker", "4",
+            return verdict(PROTECTED, Reason.KEEP_MARKER, Rule.DETACH,
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
         assert adoption is not None
         adopted_why = adoption.why
@@ -469,44 +528,44 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             # How it died, when the kernel's process events saw it (after X started).
             died = view.launcher_exit(adopted.sid, adopted.start_time)
             if died is not None and died.signal:
-                return verdict(ORPHAN, LAUNCHER_KILLED, "6",
+                return verdict(ORPHAN, Reason.LAUNCHER_KILLED, Rule.ADOPTION,
                                f"{adopted_why}; session leader {adopted.sid} was killed by "
                                f"{_signal_name(died.signal)} at {_clock(died.at)}", pids)
             if died is not None:
-                return verdict(ORPHAN, LAUNCHER_EXITED, "6",
+                return verdict(ORPHAN, Reason.LAUNCHER_EXITED, Rule.ADOPTION,
                                f"{adopted_why}; session leader {adopted.sid} exited with "
                                f"status {died.status} at {_clock(died.at)}", pids)
-            return verdict(ORPHAN, SESSION_ENDED, "6",
+            return verdict(ORPHAN, Reason.SESSION_ENDED, Rule.ADOPTION,
                            f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
                            "event seen)", pids)
         if not adoption.certain:
             # With the session gone X is orphaned whoever forked it; with it alive, only
             # an adoption would make X an orphan, and /proc cannot show which it was.
-            return verdict(UNKNOWN, ADOPTION_UNCERTAIN, "6",
+            return verdict(UNKNOWN, Reason.ADOPTION_UNCERTAIN, Rule.ADOPTION,
                            f"{adopted_why}; session leader {adopted.sid} is alive and /proc "
                            f"cannot tell whether {ppid} forked {adopted.pid} or adopted it",
                            [adopted.pid, ppid, adopted.sid])
-        return verdict(ORPHAN, PARENT_EXITED, "6",
+        return verdict(ORPHAN, Reason.PARENT_EXITED, Rule.ADOPTION,
                        f"{adopted_why}; session leader {adopted.sid} is alive",
                        [adopted.pid, ppid, adopted.sid])
 
     # Rule 7: "detached" only when the holder lives in the session its chain's top created.
     if leader_at is not None and leader_at < len(chain) - 1:
         leader = chain[leader_at]
-        return verdict(NORMAL, "attached", "7",
+        return verdict(NORMAL, Reason.ATTACHED, Rule.SESSION,
                        f"no adopted member from {info.pid} up to its session leader "
                        f"{leader.pid}, which is alive", [leader.pid])
     top = chain[-1]
     if top.is_session_leader and info.sid == top.sid:
-        return verdict(NORMAL, "detached", "7",
+        return verdict(NORMAL, Reason.DETACHED, Rule.SESSION,
                        f"top of chain {top.pid} leads its own session", [top.pid])
-    return verdict(NORMAL, "attached", "7",
+    return verdict(NORMAL, Reason.ATTACHED, Rule.SESSION,
                    f"no adopted member from {info.pid} up to {top.pid}", [top.pid])
 
 
 def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[Tree]:
     """Classify every holder and group them into trees by root identity."""
-    groups: dict[tuple, list[HolderVerdict]] = {}
+    groups: dict[tuple[object, ...], list[HolderVerdict]] = {}
     for holder in holders:
         hv = classify_holder(holder, view, rules)
         key = hv.root.identity if hv.root is not None else ("pid", hv.holder.pid)

@@ -17,7 +17,12 @@ from exporter.nvml import Nvml
 from exporter.procevents import ProcessEvents
 from exporter.procfs import ProcessView
 from exporter.scanner import Scanner
-from exporter.serving import create_server, listen_address, serve_until_signalled
+from exporter.serving import (
+    create_server,
+    listen_address,
+    positive_float,
+    serve_until_signalled,
+)
 
 log = logging.getLogger("gpuguard.exporter")
 
@@ -25,16 +30,6 @@ DEFAULT_LISTEN = "0.0.0.0:9877"
 
 
 parse_listen = listen_address("0.0.0.0")
-
-
-def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
 
 
 def build_parser() -> argparse.ArgumentParser:

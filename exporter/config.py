@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from exporter.classify import (
+    DEFAULT_ADOPTERS,
     DEFAULT_MAX_DEPTH,
     DEFAULT_PROTECT,
-    DEFAULT_REAPERS,
     ProtectPatternError,
     Rules,
     compile_protect,
@@ -190,12 +190,16 @@ def _choices(choices: tuple[str, ...]) -> Callable[[str, str, Any], tuple[str, .
 def _classify(path: str, key: str, value: Any) -> Rules:
     got = _section(path, key, value, {
         "protect": _patterns,
-        "reapers": _str_list,
+        "adopters": _str_list,
+        "reapers": _str_list,  # the old name of `adopters`, still accepted
         "max_depth": lambda p, k, v: _int(p, k, v, minimum=1),
     })
+    if "adopters" in got and "reapers" in got:
+        raise ConfigError(path, f"{key}.reapers",
+                          "is the old name of adopters: give one of the two")
     return Rules(
         protect=got.get("protect", DEFAULT_PROTECT),
-        reapers=got.get("reapers", DEFAULT_REAPERS),
+        adopters=got.get("adopters", got.get("reapers", DEFAULT_ADOPTERS)),
         max_depth=got.get("max_depth", DEFAULT_MAX_DEPTH),
     )
 
@@ -319,19 +323,24 @@ def _duplicate_key(node: yaml.Node | None, path: str = "",
     return None
 
 
-def parse_config(text: str, *, source: str = "<string>") -> Config:
+def parse_yaml(text: str, *, source: str) -> Any:
+    """YAML text as data; a duplicate key or invalid YAML is a ConfigError naming the line."""
     try:
         duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         if duplicate is not None:
             key, first, again = duplicate
             raise ConfigError(source, key, f"duplicate key (lines {first} and {again}): "
                               "YAML would silently keep only the last")
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "(document)"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, where, f"invalid YAML: {problem}") from None
+
+
+def parse_config(text: str, *, source: str = "<string>") -> Config:
+    data = parse_yaml(text, source=source)
     got = _section(source, "", data, {"classify": _classify, "remediate": _remediate})
     return Config(
         classify=got.get("classify", Rules()),
@@ -351,3 +360,8 @@ def load_config(path: str | Path | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), "(file)", f"cannot read: {exc}") from None
     return parse_config(text, source=str(path))
+
+
+#: The validators, for the other files in this format family (the web config).
+section = _section
+str_list = _str_list

@@ -204,7 +204,7 @@ class ProcessView:
             self._extras.setdefault(info.identity, {})[key] = value
         return value
 
-    def _read_text(self, pid: int, name: str) -> str:
+    def _read_text(self, pid: int | str, name: str) -> str:
         with open(f"{self._root}/{pid}/{name}", "rb") as fh:
             return fh.read().decode("utf-8", "replace")
 
@@ -275,11 +275,14 @@ class ProcessView:
     def own_nspid_depth(self) -> int:
         """How many PID namespaces this process sits in (1 on the host)."""
         if self._own_nspid_depth is None:
-            try:
-                with open(f"{PROC}/self/status", encoding="utf-8") as fh:
-                    self._own_nspid_depth = max(1, len(parse_status(fh.read()).nspid))
-            except OSError:
-                self._own_nspid_depth = 1
+            with self._counters.track("proc_status", proc_reads=1):
+                try:
+                    status = parse_status(self._read_text("self", "status"))
+                    self._own_nspid_depth = max(1, len(status.nspid))
+                except OSError:
+                    # Depth 1: every holder in a PID namespace then reads `container`
+                    # (normal), never an orphan on a guess.
+                    self._own_nspid_depth = 1
         return self._own_nspid_depth
 
     # -- descendants: walked downward, never by scanning the table -------------------

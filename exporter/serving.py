@@ -68,6 +68,17 @@ def _bounded_channel() -> type:
     return BoundedChannel
 
 
+def positive_float(value: str) -> float:
+    """An argparse type for a number of seconds (or any quantity) that must be > 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
 def listen_address(default_host: str) -> Callable[[str], tuple[str, int]]:
     """An argparse type for HOST:PORT (IPv6 as [::1]:PORT); an empty host is `default_host`."""
 

@@ -4,8 +4,9 @@ The HTTP layer is deliberately thin and fast: authenticate, bound the body,
 decode, validate, hand the notification to the Remediator's intake and answer
 with one account per alert. Nothing here inspects processes or sends signals,
 so the answer comes back in milliseconds whatever the policy ends up doing.
-Every dependency (hostname, clocks, NVML, /proc view, reaper, token) is
-injected, so tests build one app per case.
+The app binds to a Remediator built outside it (remediator/service.py, where
+the ledger, the audit log and every injected dependency are set up), so tests
+build one service and one app per case.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import hmac
 import json
 import logging
 import os
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,16 +25,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from exporter.config import Config
 from exporter.counters import Counters
 from exporter.metrics import event_metrics, inspector_metrics
-from exporter.procevents import ProcessEvents
-from remediator.alertmanager import RESULTS, AlertmanagerClient
+from remediator.alertmanager import RESULTS
 from remediator.alerts import PayloadError, parse_notification
-from remediator.audit import AuditLog
-from remediator.ledger import Ledger, LedgerError
-from remediator.pull import Puller
-from remediator.reaper import HolderSource, Reaper
+from remediator.ledger import LedgerError
 from remediator.worker import Remediator
 
 log = logging.getLogger("gpuguard.remediator.http")
@@ -160,47 +154,16 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body) + "\n", status=status, mimetype="application/json")
 
 
-def create_app(
-    config: Config,
-    *,
-    token: TokenSource | None,
-    hostname: str | None = None,
-    clock: Callable[[], float] = time.time,
-    monotonic: Callable[[], float] = time.monotonic,
-    nvml: HolderSource | None = None,
-    reaper: Reaper | None = None,
-    alertmanager: AlertmanagerClient | None = None,
-    events: ProcessEvents | None = None,
-    counters: Counters | None = None,
-    start_worker: bool = True,
-) -> Flask:
-    """Build the remediator app; `token=None` disables auth (only --insecure-no-auth does that).
+def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
+    """Bind the HTTP routes to a built Remediator (remediator.service.build_remediator).
 
-    The Remediator (worker, ledger, audit) is at `app.extensions["gpuguard_remediator"]`;
-    call its `stop()` when done with the app.
+    `token=None` disables auth (only --insecure-no-auth does that). Nothing is
+    created, written or started here; the Remediator stays at
+    `app.extensions["gpuguard_remediator"]`, and its owner starts and stops it.
     """
-    counters = counters if counters is not None else Counters()
-    if nvml is None:
-        from exporter.nvml import Nvml
-
-        nvml = Nvml(counters=counters)
-    policy = config.remediate
-    ledger = Ledger(policy.state_dir, clock=clock)
-    audit = AuditLog(policy.audit_log)
-    audit.check_writable()
-    if reaper is None:
-        reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic)
-    if alertmanager is None and policy.alertmanager is not None:
-        alertmanager = AlertmanagerClient(policy.alertmanager)
-    service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
-                         ledger=ledger, audit=audit, counters=counters, reaper=reaper,
-                         alertmanager=alertmanager, events=events, clock=clock,
-                         monotonic=monotonic)
-    if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
-        service.attach(Puller(service, alertmanager,
-                              interval=policy.alertmanager.pull_interval_seconds))
+    policy = service.policy
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RemediatorCollector(service, counters))
+    registry.register(RemediatorCollector(service, service.counters))
 
     app = Flask("gpuguard-remediator")
     app.extensions[EXTENSION] = service
@@ -274,10 +237,4 @@ def create_app(
             return unauthorized()
         return _json(service.snapshot())
 
-    if start_worker:
-        service.start()
     return app
-
-
-def remediator_of(app: Flask) -> Remediator:
-    return app.extensions[EXTENSION]

@@ -18,9 +18,14 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only: these modules import this one
+    from remediator.ledger import PendingItem
+    from remediator.policy import Decision, LiveTree, Member, TreeKey
+    from remediator.reaper import ReapResult, SignalRecord
 
 #: Record phases: written before signals (intent, joined) and after the reap (final).
 INTENT = "intent"
@@ -29,7 +34,65 @@ FINAL = "final"
 
 
 def iso_time(when: float) -> str:
-    return datetime.fromtimestamp(when, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
+                 result: ReapResult | None, *, key: TreeKey, mode: str,
+                 item: PendingItem | None = None, fingerprint: str | None = None,
+                 phase: str = FINAL, members: tuple[Member, ...] | None = None,
+                 member_ids: list[tuple[int, int]] | None = None,
+                 signals: tuple[SignalRecord, ...] = (),
+                 reap_id: str | None = None,
+                 manual: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One audit line; the worker and the manual `gpuguard reap` write the same shape.
+
+    `phase` intent/joined records name `members` before they are signalled; a final
+    record lists the reap's members and signals. `member_ids` and `signals` describe
+    a crash recovery, which knows members only as (pid, start_time). A manual reap
+    (`manual`: who ran it, with which flags) has no alert: `alert` is null.
+    """
+    if members is None:
+        members = result.members if result is not None else (live.members if live else ())
+    listed = [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time, "uid": m.uid,
+               "user": m.user, "comm": m.comm} for m in members]
+    listed += [{"pid": pid, "start_time": start} for pid, start in member_ids or ()]
+    record: dict[str, Any] = {
+        "time": iso_time(now),
+        "ts": now,
+        "phase": phase,
+        "reap_id": reap_id,
+        "hostname": hostname,
+        "key": {"hostname": key.hostname, "root_pid": key.root_pid,
+                "root_start_time": key.root_start_time},
+        "alert": None if manual is not None else {
+            "fingerprint": item.alert.fingerprint if item else (fingerprint or ""),
+            "group_key": item.group_key if item else "",
+            "alertname": item.alert.label("alertname") if item else None,
+            "starts_at": item.alert.starts_at if item else None,
+        },
+        "decision": decision.to_json(),
+        "mode": mode,
+        "tree": {
+            "verdict": live.verdict if live else None,
+            "reason": live.reason if live else None,
+            "gpu_bytes": live.gpu_bytes if live else None,
+            "members": listed,
+        },
+        "kill_path": result.kill_path if result else None,
+        "outcome": result.outcome if result else None,
+        "signals": [s.to_json() for s in (result.signals if result else signals)],
+    }
+    if result is not None:
+        record.update(survivors=list(result.survivors),
+                      gpu_bytes_after=result.gpu_bytes_after,
+                      reclaimed_bytes=result.reclaimed_bytes,
+                      duration_seconds=round(result.duration_seconds, 6),
+                      confirmed_ms=(round(result.confirmed_ms, 3)
+                                    if result.confirmed_ms is not None else None))
+    if manual is not None:
+        record["manual"] = manual
+    return record
 
 
 class UnsafePathError(Exception):

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from remediator.app import TokenFile, create_app, remediator_of
+    from remediator.app import TokenFile, create_app
+    from remediator.service import build_remediator
 
     token = None
     if token_path is not None:
@@ -115,15 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
         # second instance that cannot bind must not act on the same state.
-        app = create_app(config, token=token, hostname=args.hostname, start_worker=False,
-                         events=ProcessEvents())
+        service = build_remediator(config, hostname=args.hostname, events=ProcessEvents())
     except LedgerError as exc:
         return _fail(f"state error: {exc}")
     except UnsafePathError as exc:
         return _fail(f"unsafe path: {exc}")
     except OSError as exc:
         return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
-    service = remediator_of(app)
+    app = create_app(service, token=token)
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, max_request_body_size=WAITRESS_MAX_BODY)

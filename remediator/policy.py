@@ -2,7 +2,8 @@
 
 Nothing here reads /proc, talks to NVML, sends a signal or looks at a clock:
 the shell (worker.py) gathers the facts into frozen dataclasses and this
-module only judges them, so every rule is tested with synthetic inputs. The
+module only judges them, so every rule is tested with synthetic inputs
+(policy_state() copies the ledger's in-memory view into a PolicyState). The
 YAML side of the policy (`remediate:`) is parsed and validated by
 exporter/config.py into `Remediate`; this module never re-reads it.
 
@@ -12,23 +13,39 @@ grep for; the order of the checks is the order of the reasons in README.
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from exporter.classify import ORPHAN
 from exporter.config import Remediate, UserFilter
 from exporter.nvml import Holder
 from remediator.alerts import Alert
 
-# Actions.
-ACCEPT = "accept"  # screened: queued for the worker's live check
-REAP = "reap"  # enforce mode: signal the tree
-DRY_RUN = "dry-run"  # dry-run mode: everything a reap does but the signals
-DEFER = "defer"  # too young: keep pending, re-check at `recheck_at`
-CANCEL = "cancel"  # a resolved alert withdrew a pending reap
-IGNORE = "ignore"  # nothing to do; `reason` says why
-ACTIONS = (ACCEPT, REAP, DRY_RUN, DEFER, CANCEL, IGNORE)
+if TYPE_CHECKING:
+    from remediator.ledger import Ledger
+
+
+class Action(enum.StrEnum):
+    """What a Decision says to do; the values are the audit's, /state's and the metrics'."""
+
+    ACCEPT = "accept"  # screened: queued for the worker's live check
+    REAP = "reap"  # enforce mode: signal the tree
+    DRY_RUN = "dry-run"  # dry-run mode: everything a reap does but the signals
+    DEFER = "defer"  # too young: keep pending, re-check at `recheck_at`
+    CANCEL = "cancel"  # a resolved alert withdrew a pending reap
+    IGNORE = "ignore"  # nothing to do; `reason` says why
+
+
+ACCEPT = Action.ACCEPT
+REAP = Action.REAP
+DRY_RUN = Action.DRY_RUN
+DEFER = Action.DEFER
+CANCEL = Action.CANCEL
+IGNORE = Action.IGNORE
+ACTIONS = tuple(Action)
 
 #: Linux pids fit in 7 digits (pid_max <= 4194304); start times are 64-bit tick counts.
 MAX_PID_DIGITS = 7
@@ -109,7 +126,7 @@ class PolicyState:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str
+    action: Action
     reason: str
     detail: str = ""
     key: TreeKey | None = None
@@ -241,6 +258,35 @@ def member_refusal(member: Member, policy: Remediate,
     return None
 
 
+def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
+                require_orphan: bool = True) -> Decision | None:
+    """The live facts an alert-driven or a manual reap rests on: IGNORE, or None to go on.
+
+    Identity first (the process at root_pid is the one `named_by` names), then the
+    local classifier, now: NVML complete, a GPU tree rooted there, its verdict orphan
+    (unless a person's --force drops `require_orphan`).
+    """
+    # Identity: the process at root_pid must be the one the alert (or person) named.
+    root = live.root
+    if root is None or root.gone:
+        return _ignore("root-gone", f"pid {key.root_pid} has exited", key)
+    if root.start_time != key.root_start_time:
+        return _ignore("root-replaced", f"pid {key.root_pid} now has start_time "
+                       f"{root.start_time}, {named_by} names {key.root_start_time}", key)
+
+    # The local classifier must agree, now.
+    if live.nvml_error is not None:
+        return _ignore(live.nvml_reason, f"cannot re-check GPU holders: {live.nvml_error}", key)
+    if not live.tree_found:
+        return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
+    if live.verdict != ORPHAN and require_orphan:
+        # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
+        reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
+        return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
+                       + (f": {live.detail}" if live.detail else ""), key)
+    return None
+
+
 def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     """The full decision for one alert after a live inspection of its tree."""
     screened = screen(alert, state)
@@ -251,24 +297,10 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     if live is None:
         return _ignore("inspect-failed", "the tree could not be inspected", key)
 
-    # Identity: the process at root_pid must be the one the alert was raised for.
-    root = live.root
-    if root is None or root.gone:
-        return _ignore("root-gone", f"pid {key.root_pid} has exited", key)
-    if root.start_time != key.root_start_time:
-        return _ignore("root-replaced", f"pid {key.root_pid} now has start_time "
-                       f"{root.start_time}, the alert names {key.root_start_time}", key)
+    refused = verify_live(key, live)
+    if refused is not None:
+        return refused
 
-    # The local classifier must agree, now.
-    if live.nvml_error is not None:
-        return _ignore(live.nvml_reason, f"cannot re-check GPU holders: {live.nvml_error}", key)
-    if not live.tree_found:
-        return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
-    if live.verdict != ORPHAN:
-        # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
-        reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
-        return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
-                       + (f": {live.detail}" if live.detail else ""), key)
     reason = live.reason
     if reason == "session-ended" and alert.label("reason") == "launcher-exited":
         # The exporter saw the launcher exit by itself; this remediator started too late
@@ -304,3 +336,20 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     action = REAP if state.policy.mode == "enforce" else DRY_RUN
     return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
                     f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)
+
+
+def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: float,
+                 protected: frozenset[int], *, exclude: TreeKey | None = None) -> PolicyState:
+    """What decide() needs to know about the past, from the ledger (None: a fresh start)."""
+    if ledger is None:
+        return PolicyState(policy=policy, hostname=hostname, now=now, protected_pids=protected)
+    return PolicyState(
+        policy=policy,
+        hostname=hostname,
+        now=now,
+        protected_pids=protected,
+        done=ledger.done_modes(),
+        pending=frozenset(k for k in ledger.pending() if k != exclude),
+        first_seen=ledger.first_seen(),
+        reap_times=ledger.reap_times(policy.mode),
+    )

@@ -1,4 +1,4 @@
-"""The imperative edge that touches processes: live re-inspection and the reap itself.
+"""The imperative edge that touches processes: the reap itself.
 
 A reap must never hit the wrong process, so identity is checked after a
 handle is held: open a pidfd, then compare /proc/PID/stat's start time with
@@ -13,6 +13,7 @@ a durable audit record (the journal) before its first signal.
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -21,27 +22,30 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from exporter.classify import MEMBER_UNKNOWN, Rules, classify, judge_member
+from exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
 from exporter.config import Remediate
 from exporter.counters import COUNTERS, Counters
 from exporter.nvml import Holder, NvmlReading
-from exporter.procfs import (
-    ExitSource,
-    ProcessView,
-    ProcInfo,
-    ProcUnreadable,
-    is_child_of,
-    still_same,
-)
-from exporter.scanner import user_name
-from remediator.policy import LiveTree, Member, TreeKey, member_refusal
+from exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
+from remediator.audit import INTENT, JOINED
+from remediator.inspection import HolderSource, member_of, nvml_problem
+from remediator.policy import Member, TreeKey, member_refusal
 
 log = logging.getLogger("gpuguard.remediator.reaper")
 
 PIDFD = "pidfd"
 PID = "pid"
+
+
+class Outcome(enum.StrEnum):
+    """How a reap ended; the values are the audit's, the ledger's and `gpuguard reap`'s."""
+
+    REAPED = "reaped"  # every member is gone or a zombie
+    FAILED = "failed"  # some survived SIGKILL, or the reap raised mid-way
+    DRY_RUN = "dry-run"  # held and judged, nothing signalled
+    ABORTED = "aborted"  # refused before any kill; `reason` says why
+
 
 #: How long SIGKILLed members get to become zombies before they count as survivors.
 KILL_CONFIRM_SECONDS = 5.0
@@ -52,77 +56,6 @@ FREEZE_CONFIRM_SECONDS = 1.0
 MAX_FREEZE_ROUNDS = 100
 #: Poll granularity of the bounded waits.
 POLL_SECONDS = 0.01
-
-
-class HolderSource(Protocol):
-    """What the remediator needs from exporter.nvml.Nvml (a stub in tests)."""
-
-    def read(self) -> NvmlReading: ...
-
-
-# -- live inspection ----------------------------------------------------------------
-
-
-def member_of(info: ProcInfo, view: ProcessView) -> Member:
-    status = view.status(info)
-    kthread = (status.kernel_thread if status is not None else False) or info.ppid == 2
-    return Member(pid=info.pid, ppid=info.ppid, start_time=info.start_time, uid=info.uid,
-                  user=user_name(info.uid), comm=info.comm, state=info.state,
-                  kernel_thread=kthread)
-
-
-def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
-    """(reason, detail) when a reading cannot confirm a tree; None when it can.
-
-    A holder list is only as complete as the reading: a lost GPU, a failed process
-    query or any per-device error may hide a holder that would change the verdict
-    (a nohup'd job on the lost GPU), and so may a GPU that an earlier check saw and
-    this one does not.
-    """
-    if not reading.up:
-        return "nvml-unavailable", "; ".join(msg for _, msg in reading.errors) or "NVML is down"
-    if reading.errors:
-        return "nvml-incomplete", "; ".join(msg for _, msg in reading.errors)
-    missing = sorted(set(expected_gpus) - {gpu.uuid for gpu in reading.gpus})
-    if missing:
-        return "nvml-incomplete", (f"GPU(s) {', '.join(missing)} reported at the first check "
-                                   "are missing now")
-    return None
-
-
-def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                 counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
-                 events: ExitSource | None = None) -> LiveTree:
-    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
-
-    Every call reads /proc afresh through a new ProcessView: a fact cached at an
-    earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
-    (the remediator's own process-event listener) says how a launcher died.
-    """
-    view = ProcessView(counters=counters, events=events)
-    info = view.fresh_stat(key.root_pid)
-    if info is None:
-        return LiveTree(root=None)
-    root = member_of(info, view)
-    if info.is_zombie or info.start_time != key.root_start_time:
-        return LiveTree(root=root)
-    reading = nvml.read()
-    gpus = tuple(gpu.uuid for gpu in reading.gpus)
-    problem = nvml_problem(reading, expected_gpus)
-    if problem is not None:
-        return LiveTree(root=root, nvml_reason=problem[0], nvml_error=problem[1], gpus=gpus)
-    wanted = (key.root_pid, key.root_start_time)
-    tree = next((t for t in classify(reading.holders, view, rules)
-                 if t.root is not None and t.root.identity == wanted), None)
-    if tree is None:
-        return LiveTree(root=root, gpus=gpus)
-    members = tuple(member_of(m, view) for m in tree.members) or (root,)
-    return LiveTree(root=root, tree_found=True, verdict=tree.verdict, reason=tree.reason,
-                    detail=tree.evidence.detail, members=members, holders=tree.holders,
-                    gpu_bytes=tree.gpu_bytes, gpus=gpus)
-
-
-# -- the reap ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -149,7 +82,7 @@ class SignalRecord:
 
 @dataclass(frozen=True)
 class ReapResult:
-    outcome: str  # reaped | failed | dry-run | aborted
+    outcome: Outcome
     reason: str = ""  # why an abort happened (a policy-style reason code)
     detail: str = ""
     kill_path: str | None = None  # pidfd | pid; None when refused before choosing
@@ -169,7 +102,7 @@ class ReapResult:
     @property
     def killed(self) -> int:
         """Members that are gone at the end (0 for dry runs and aborts)."""
-        if self.outcome not in ("reaped", "failed"):
+        if self.outcome not in (Outcome.REAPED, Outcome.FAILED):
             return 0
         return len(self.members) - len(self.survivors)
 
@@ -189,7 +122,7 @@ class _NoPidfd(Exception):
 
 
 #: Writes one audit record naming processes before they get their first signal:
-#: phase "intent" (every planned member, before the first SIGSTOP) or "joined"
+#: phase INTENT (every planned member, before the first SIGSTOP) or JOINED
 #: (processes that joined the tree while it was being reaped). Raises when the
 #: record could not be made durable; then those processes are not signalled.
 Journal = Callable[[str, tuple[Member, ...]], None]
@@ -291,7 +224,7 @@ class Reaper:
         started = self._monotonic()
         run = new_run(PIDFD if self._pidfd_open else PID)
         if run.path == PID and not policy.allow_without_pidfd:
-            return self._result(run, plan, "aborted", "no-pidfd",
+            return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
                                 "pidfd_open is unavailable and remediate.allow_without_pidfd "
                                 "is false")
         try:
@@ -300,7 +233,7 @@ class Reaper:
             except _NoPidfd:
                 self._close(run)
                 if not policy.allow_without_pidfd:
-                    return self._result(run, plan, "aborted", "no-pidfd",
+                    return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
                                         "pidfd_open failed with ENOSYS and "
                                         "remediate.allow_without_pidfd is false")
                 run = new_run(PID)
@@ -309,9 +242,9 @@ class Reaper:
             if plan.dry_run:
                 self._collect(run, stop=False)
                 self._confirm(run, confirm)
-                return self._result(run, plan, "dry-run", "", "dry run: no signal sent")
+                return self._result(run, plan, Outcome.DRY_RUN, "", "dry run: no signal sent")
             self._check(cancelled, deadline)
-            self._write(run, "intent", list(run.targets.values()))
+            self._write(run, INTENT, list(run.targets.values()))
             self._confirm(run, confirm)
             self._check(cancelled, deadline)  # resolved while Alertmanager was asked
             self._freeze(run, deadline, cancelled)
@@ -324,13 +257,13 @@ class Reaper:
         except _Abort as abort:
             self._thaw(run)
             self._close(run)
-            return self._result(run, plan, "aborted", abort.reason, abort.detail)
+            return self._result(run, plan, Outcome.ABORTED, abort.reason, abort.detail)
         except Exception as exc:  # a bug or a surprise from /proc: never leave a tree frozen
             log.exception("reap of %s failed before any kill; continuing what it stopped",
                           plan.key)
             self._thaw(run)
             self._close(run)
-            return self._result(run, plan, "aborted", "internal-error",
+            return self._result(run, plan, Outcome.ABORTED, "internal-error",
                                 f"{type(exc).__name__}: {exc}")
         try:
             return self._kill_frozen(run, plan)
@@ -338,7 +271,7 @@ class Reaper:
             log.exception("reap of %s failed while killing; continuing what it stopped",
                           plan.key)
             self._thaw(run)
-            return self._result(run, plan, "failed", "internal-error",
+            return self._result(run, plan, Outcome.FAILED, "internal-error",
                                 f"{type(exc).__name__}: {exc}")
         finally:
             self._close(run)
@@ -486,7 +419,7 @@ class Reaper:
                 if not self._gone(run, target):
                     self._send(run, target, signal.SIGKILL)
             survivors = self._wait_gone(run, KILL_CONFIRM_SECONDS, adopt=False)
-        outcome = "failed" if survivors else "reaped"
+        outcome = Outcome.FAILED if survivors else Outcome.REAPED
         detail = (f"{len(survivors)} process(es) survived SIGKILL" if survivors
                   else "every member is gone or a zombie")
         detail = "; ".join([detail, *run.notes])
@@ -590,7 +523,7 @@ class Reaper:
                     generation.append(target)
             if generation and run.journal is not None:
                 try:
-                    self._write(run, "joined", generation)
+                    self._write(run, JOINED, generation)
                 except _Abort:
                     if refuse:
                         raise
@@ -763,7 +696,7 @@ class Reaper:
                     pass
                 target.fd = None
 
-    def _result(self, run: _Run, plan: ReapPlan, outcome: str, reason: str, detail: str, *,
+    def _result(self, run: _Run, plan: ReapPlan, outcome: Outcome, reason: str, detail: str, *,
                 survivors: tuple[int, ...] = (), reclaim: bool = False) -> ReapResult:
         after: int | None = None
         reclaimed: int | None = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -20,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exporter.config import Config, Remediate
+from exporter.config import Config
 from exporter.counters import COUNTERS, Counters
 from exporter.procevents import ProcessEvents
-from exporter.procfs import ProcessView
 from remediator.alertmanager import (
     FIRING,
     INHIBITED,
@@ -33,7 +31,8 @@ from remediator.alertmanager import (
     Confirmation,
 )
 from remediator.alerts import Alert, Notification
-from remediator.audit import FINAL, INTENT, AuditLog, iso_time
+from remediator.audit import INTENT, AuditLog, audit_record, iso_time
+from remediator.inspection import HolderSource, inspect_tree, protected_pids
 from remediator.ledger import Ledger, LedgerError, PendingItem
 from remediator.policy import (
     ACCEPT,
@@ -48,18 +47,11 @@ from remediator.policy import (
     PolicyState,
     TreeKey,
     decide,
+    policy_state,
     rate_budget,
     screen,
 )
-from remediator.reaper import (
-    KILL_CONFIRM_SECONDS,
-    HolderSource,
-    Reaper,
-    ReapPlan,
-    ReapResult,
-    SignalRecord,
-    inspect_tree,
-)
+from remediator.reaper import KILL_CONFIRM_SECONDS, Outcome, Reaper, ReapPlan, ReapResult
 
 log = logging.getLogger("gpuguard.remediator")
 
@@ -93,20 +85,6 @@ class Account:
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "fingerprint": self.fingerprint, "status": self.status,
                 "reason": self.reason, "detail": self.detail, "key": self.key}
-
-
-def protected_pids(view: ProcessView | None = None) -> frozenset[int]:
-    """PID 1, this process and every ancestor: never to be signalled, whatever the alert says."""
-    view = view if view is not None else ProcessView(counters=Counters())
-    pids = {1, os.getpid()}
-    pid = os.getpid()
-    for _ in range(256):
-        info = view.fresh_stat(pid)
-        if info is None or info.ppid <= 0:
-            break
-        pids.add(info.ppid)
-        pid = info.ppid
-    return frozenset(pids)
 
 
 class Companion(Protocol):
@@ -475,11 +453,11 @@ class Remediator:
                           key)
         if result is None:
             final = Decision(IGNORE, "internal-error", "the reap raised; see the log", key)
-        elif result.outcome == "aborted" and result.reason == "cancelled":
+        elif result.outcome == Outcome.ABORTED and result.reason == "cancelled":
             final = Decision(CANCEL, "resolved", result.detail, key)
-        elif result.outcome == "aborted" and result.reason in CANCELLED_BY_ALERTMANAGER:
+        elif result.outcome == Outcome.ABORTED and result.reason in CANCELLED_BY_ALERTMANAGER:
             final = Decision(CANCEL, result.reason, result.detail, key)
-        elif result.outcome == "aborted":
+        elif result.outcome == Outcome.ABORTED:
             final = Decision(IGNORE, result.reason, result.detail, key)
         else:
             final = decision
@@ -487,7 +465,7 @@ class Remediator:
             if result is not None:
                 self.reaped_processes += result.killed
                 self.reclaimed_bytes += result.reclaimed_bytes or 0
-            if result is None or result.outcome == "failed":
+            if result is None or result.outcome == Outcome.FAILED:
                 self.reap_failures += 1
             if final is not decision:
                 self._note(final, item.alert, item.group_key, source="worker")
@@ -588,74 +566,3 @@ def _with_pending(state: PolicyState, pending: set[TreeKey]) -> PolicyState:
     if pending == state.pending:
         return state
     return dataclasses.replace(state, pending=frozenset(pending))
-
-
-def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: float,
-                 protected: frozenset[int], *, exclude: TreeKey | None = None) -> PolicyState:
-    """What decide() needs to know about the past, from the ledger (None: a fresh start)."""
-    if ledger is None:
-        return PolicyState(policy=policy, hostname=hostname, now=now, protected_pids=protected)
-    return PolicyState(
-        policy=policy,
-        hostname=hostname,
-        now=now,
-        protected_pids=protected,
-        done=ledger.done_modes(),
-        pending=frozenset(k for k in ledger.pending() if k != exclude),
-        first_seen=ledger.first_seen(),
-        reap_times=ledger.reap_times(policy.mode),
-    )
-
-
-def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
-                 result: ReapResult | None, *, key: TreeKey, mode: str,
-                 item: PendingItem | None = None, fingerprint: str | None = None,
-                 phase: str = FINAL, members: tuple[Member, ...] | None = None,
-                 member_ids: list[tuple[int, int]] | None = None,
-                 signals: tuple[SignalRecord, ...] = (),
-                 reap_id: str | None = None) -> dict[str, Any]:
-    """One audit line; the worker and the manual `gpuguard reap` write the same shape.
-
-    `phase` intent/joined records name `members` before they are signalled; a final
-    record lists the reap's members and signals. `member_ids` and `signals` describe
-    a crash recovery, which knows members only as (pid, start_time).
-    """
-    if members is None:
-        members = result.members if result is not None else (live.members if live else ())
-    listed = [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time, "uid": m.uid,
-               "user": m.user, "comm": m.comm} for m in members]
-    listed += [{"pid": pid, "start_time": start} for pid, start in member_ids or ()]
-    record: dict[str, Any] = {
-        "time": iso_time(now),
-        "ts": now,
-        "phase": phase,
-        "reap_id": reap_id,
-        "hostname": hostname,
-        "key": {"hostname": key.hostname, "root_pid": key.root_pid,
-                "root_start_time": key.root_start_time},
-        "alert": {
-            "fingerprint": item.alert.fingerprint if item else (fingerprint or ""),
-            "group_key": item.group_key if item else "",
-            "alertname": item.alert.label("alertname") if item else None,
-            "starts_at": item.alert.starts_at if item else None,
-        },
-        "decision": decision.to_json(),
-        "mode": mode,
-        "tree": {
-            "verdict": live.verdict if live else None,
-            "reason": live.reason if live else None,
-            "gpu_bytes": live.gpu_bytes if live else None,
-            "members": listed,
-        },
-        "kill_path": result.kill_path if result else None,
-        "outcome": result.outcome if result else None,
-        "signals": [s.to_json() for s in (result.signals if result else signals)],
-    }
-    if result is not None:
-        record.update(survivors=list(result.survivors),
-                      gpu_bytes_after=result.gpu_bytes_after,
-                      reclaimed_bytes=result.reclaimed_bytes,
-                      duration_seconds=round(result.duration_seconds, 6),
-                      confirmed_ms=(round(result.confirmed_ms, 3)
-                                    if result.confirmed_ms is not None else None))
-    return record

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 from tests.fakenvml import FakeGpuWorld, build_library
-from tests.proctree import Trees, alive, become_subreaper
+from tests.proctree import CHAIN, Trees, alive, become_subreaper
 from tests.promstack import missing_binaries, start_loop
 from tests.servers import child_env
-from tests.test_e2e import CHAIN
 
 HOST = "demo-node"
 

@@ -22,8 +22,9 @@ from exporter.config import Remediate, UserFilter
 from exporter.counters import Counters
 from exporter.nvml import Nvml
 from exporter.procfs import ProcessView
+from remediator.inspection import member_of
 from remediator.policy import TreeKey
-from remediator.reaper import Reaper, ReapPlan, member_of
+from remediator.reaper import Reaper, ReapPlan
 from tests.proctree import reap_zombie_children
 
 POLICY = Remediate(mode="enforce", term_timeout_seconds=1.0, allow_root_owned=True,

@@ -19,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 HOLDER = Path(__file__).with_name("holder.py")
+#: A tree for `Trees.spawn`: bash (session leader) -> sh -> python GPU holder; sh writes
+#: its pid to DIR/sh, the holder to DIR/worker.
+CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
 PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -7,6 +7,7 @@ and age thresholds); the expressions, labels and annotations are the shipped one
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -14,10 +15,12 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 import yaml
 
@@ -39,6 +42,15 @@ def missing_binaries() -> str | None:
         return ("prometheus/alertmanager binaries not found: "
                 "apt-get install prometheus prometheus-alertmanager")
     return None
+
+
+def require_binaries() -> None:
+    """Skip without Prometheus and Alertmanager; under CI (which installs them), fail."""
+    why = missing_binaries()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the real Prometheus/Alertmanager are required under CI: {why}")
+        pytest.skip(why)
 
 
 def free_port() -> int:
@@ -114,9 +126,9 @@ class Alertmanager(_Proc):
                 if all(a["labels"].get(k) == v for k, v in filters.items())]
 
     def silence(self, matchers: dict[str, str], *, minutes: int = 30) -> str:
-        from datetime import datetime, timedelta, timezone
+        from datetime import datetime, timedelta
 
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         body = {
             "matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True}
                          for k, v in matchers.items()],
@@ -131,9 +143,9 @@ class Alertmanager(_Proc):
 
     def post_alert(self, labels: dict[str, str], *, minutes: int = 30) -> None:
         """An alert straight into Alertmanager, as another Prometheus rule would send it."""
-        from datetime import datetime, timedelta, timezone
+        from datetime import datetime, timedelta
 
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         body = [{"labels": labels, "startsAt": now.isoformat(),
                  "endsAt": (now + timedelta(minutes=minutes)).isoformat()}]
         requests.post(f"{self.url}/api/v2/alerts", json=body, timeout=5).raise_for_status()
@@ -145,7 +157,9 @@ class Alertmanager(_Proc):
 
 class Prometheus(_Proc):
     def __init__(self, workdir: Path, *, targets: dict[str, str], rules_text: str,
-                 alertmanager_url: str | None) -> None:
+                 alertmanager_url: str | None,
+                 scrape: Mapping[str, Any] | None = None) -> None:
+        """`scrape`: keys added to every scrape job (scheme, tls_config, basic_auth)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -155,7 +169,7 @@ class Prometheus(_Proc):
                        "scrape_timeout": "900ms"},
             "rule_files": [str(workdir / "rules.yml")],
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}]}
+                {"job_name": job, "static_configs": [{"targets": [target]}], **(scrape or {})}
                 for job, target in targets.items()
             ],
         }
@@ -227,8 +241,25 @@ class WebhookRecorder:
         self.server.server_close()
 
 
+@dataclass(frozen=True)
+class LoopTls:
+    """Both daemons behind `web_config`; Prometheus and Alertmanager trust `ca_file` and
+    present `cert_file`/`key_file`; Prometheus scrapes as `username`/`password_file`."""
+
+    web_config: str
+    ca_file: str
+    cert_file: str
+    key_file: str
+    username: str
+    password_file: str
+
+    def tls_config(self) -> dict[str, str]:
+        return {"ca_file": self.ca_file, "cert_file": self.cert_file, "key_file": self.key_file}
+
+
 def shipped_alertmanager_config(*, remediator_url: str | None, recorder_url: str,
-                                token_file: Path, repeat_interval: str | None = None) -> dict:
+                                token_file: Path, repeat_interval: str | None = None,
+                                tls: LoopTls | None = None) -> dict:
     """alerts/alertmanager.yml with local URLs, the token path and 1 s group timings.
 
     `remediator_url=None`: the remediator's receiver has no webhook (pull mode: it asks).
@@ -255,6 +286,8 @@ def shipped_alertmanager_config(*, remediator_url: str | None, recorder_url: str
             if receiver["name"] == "gpuguard-remediator":
                 hook["url"] = f"{remediator_url}/alerts"
                 hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+                if tls is not None:
+                    hook["http_config"]["tls_config"] = tls.tls_config()
             else:
                 hook["url"] = recorder_url
     return config
@@ -282,7 +315,8 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
                before_prometheus: Callable[[Alertmanager], None] = lambda am: None,
                remediate: Mapping[str, Any] | None = None, confirm: bool = False,
                pull: bool = False, repeat_interval: str | None = None,
-               inhibit_rules: list[dict[str, Any]] | None = None) -> Loop:
+               inhibit_rules: list[dict[str, Any]] | None = None,
+               tls: LoopTls | None = None) -> Loop:
     """Start the whole loop with the remediator in enforce mode; stop what started on error.
 
     `before_prometheus` runs once Alertmanager is up and before any alert can fire
@@ -310,17 +344,21 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
                                       "pull_interval_seconds": 1, "timeout_seconds": 2}
         policy.update(remediate or {})
         config.write_text(yaml.safe_dump({"remediate": policy}))
-        exporter = Exporter(env=env, args=["--hostname", hostname], scan_interval=scan_interval)
+        web = ["--web-config-file", tls.web_config] if tls is not None else []
+        exporter = Exporter(env=env, args=["--hostname", hostname, *web],
+                            scan_interval=scan_interval)
         started.append(exporter)
         remediator = ServerProcess("remediator", [
             "--config", str(config), "--token-file", str(token), "--hostname", hostname,
-            "--allow-pid-namespace"], env=env)  # the fake NVML reports this namespace's pids
+            "--allow-pid-namespace", *web], env=env)  # the fake NVML reports our pids
         started.append(remediator)
+        if tls is not None:
+            remediator.url = remediator.url.replace("http://", "https://")
         recorder = WebhookRecorder()
         started.append(recorder)
         am_config = shipped_alertmanager_config(
             remediator_url=None if pull else remediator.url, recorder_url=recorder.url,
-            token_file=token, repeat_interval=repeat_interval)
+            token_file=token, repeat_interval=repeat_interval, tls=tls)
         am_config["inhibit_rules"] = am_config.get("inhibit_rules", []) + (inhibit_rules or [])
         alertmanager = Alertmanager(base / "am", am_config, port=am_port)
         started.append(alertmanager)
@@ -332,6 +370,9 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
             rules_text=rules_with_durations(for_seconds=for_seconds,
                                             orphan_age_seconds=orphan_age_seconds),
             alertmanager_url=alertmanager.url,
+            scrape=None if tls is None else {
+                "scheme": "https", "tls_config": tls.tls_config(),
+                "basic_auth": {"username": tls.username, "password_file": tls.password_file}},
         )
         started.append(prometheus)
     except BaseException:

@@ -1,4 +1,8 @@
-"""Shared pieces of the remediator tests: configs, webhook payloads, orphan trees."""
+"""Shared pieces of the remediator and console tests: configs, webhook payloads, orphan trees.
+
+A pytest plugin (see conftest.py): the in-process remediator `harness` and the
+`gpuguard` console as a subprocess, both over the fake GPU world.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import itertools
 import os
 import pwd
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,11 +24,13 @@ from flask.testing import FlaskClient
 from exporter.config import load_config
 from exporter.counters import Counters
 from exporter.nvml import Nvml
-from remediator.app import create_app, remediator_of
+from remediator.app import create_app
 from remediator.reaper import Reaper
+from remediator.service import build_remediator
 from remediator.worker import Remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, stat_fields
+from tests.servers import REPO, child_env
 
 HOST = "gpu-test-1"
 TOKEN = "remediator-test-token"
@@ -42,6 +49,13 @@ _fingerprints = itertools.count(1)
 
 def me() -> str:
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def start_time_of(pid: int) -> int:
+    """The process's start time (clock ticks since boot), as the alerts' label carries it."""
+    fields = stat_fields(pid)
+    assert fields is not None, f"pid {pid} is gone"
+    return int(fields["start_time"])  # type: ignore[call-overload]
 
 
 def remediate_section(tmp: Path, **overrides: Any) -> dict[str, Any]:
@@ -142,9 +156,24 @@ def spawn_orphan(trees: Trees, world: FakeGpuWorld, script: str = SH_CHAIN, *,
     world.add_process(0, holder, gpu_bytes)
     if orphan:
         tree.kill_launcher()
-    root_fields = stat_fields(root)
-    assert root_fields is not None
-    return Orphan(tree, root, int(root_fields["start_time"]), holder)  # type: ignore[arg-type]
+    return Orphan(tree, root, start_time_of(root), holder)
+
+
+# -- the console: `python -m remediator.console ARGS` over the fake NVML -------------
+
+Run = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def gpuguard(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> Run:
+    """Run `python -m remediator.console ARGS` against the fake GPU world."""
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "remediator.console", *args], cwd=REPO,
+                              env=env, input=stdin, capture_output=True, text=True, timeout=60)
+
+    return run
 
 
 # -- the in-process remediator: Flask test client, real worker, fake NVML -----------
@@ -187,9 +216,11 @@ def harness(tmp_path: Path, fake_gpu: FakeGpuWorld) -> Iterator[Callable[..., Ha
         nvml = Nvml(counters=counters)
         reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic, **reaper_kw) \
             if reaper_kw is not None else None
-        app = create_app(config, token=lambda: TOKEN.encode(), hostname=HOST, clock=clock,
-                         monotonic=monotonic, nvml=nvml, counters=counters, reaper=reaper)
-        h = Harness(app.test_client(), remediator_of(app), nvml, fake_gpu,
+        service = build_remediator(config, hostname=HOST, clock=clock, monotonic=monotonic,
+                                   nvml=nvml, counters=counters, reaper=reaper)
+        app = create_app(service, token=lambda: TOKEN.encode())
+        service.start()
+        h = Harness(app.test_client(), service, nvml, fake_gpu,
                     Path(config.remediate.audit_log))
         made.append(h)
         return h

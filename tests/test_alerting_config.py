@@ -2,8 +2,8 @@
 
 promtool/amtool checks need Debian's `prometheus` and `prometheus-alertmanager`
 packages; without them these tests skip, except under CI=true where they fail.
-The pure-Python checks always run. `dashboard_exprs()` is imported by the e2e
-test that runs every panel query against a live Prometheus.
+The pure-Python checks always run. The dashboard's queries come from
+tests/dashboard.py, shared with the e2e test that runs them against Prometheus.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.dashboard import dashboard_exprs, load_dashboard, walk_panels
+
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "alerts" / "rules.yml"
 RULES_TEST = REPO / "alerts" / "rules.test.yml"
 ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
-DASHBOARD = REPO / "grafana" / "dashboard.json"
 
 RUNBOOK_BASE = "https://github.com/gpuguard/gpuguard/blob/main/README.md"
 REMEDIATOR_RECEIVER = "gpuguard-remediator"
@@ -99,28 +100,6 @@ def alert_rules() -> list[dict]:
     return [
         rule for group in _load_yaml(RULES)["groups"] for rule in group["rules"] if "alert" in rule
     ]
-
-
-def _walk_panels(panels: list[dict]):
-    for panel in panels:
-        yield panel
-        yield from _walk_panels(panel.get("panels", []))
-
-
-def _load_dashboard() -> dict:
-    with DASHBOARD.open(encoding="utf-8") as fh:
-        return json.load(fh)
-
-
-def dashboard_exprs() -> list[str]:
-    """Every panel target's PromQL, with the `instance` variable set to match everything."""
-    exprs = []
-    for panel in _walk_panels(_load_dashboard()["panels"]):
-        for target in panel.get("targets", []):
-            expr = target.get("expr", "")
-            if expr.strip():
-                exprs.append(expr.replace("${instance}", ".*").replace("$instance", ".*"))
-    return exprs
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -372,7 +351,7 @@ def test_metric_names_extractor():
 
 
 def test_dashboard_identity_and_variables():
-    dashboard = _load_dashboard()
+    dashboard = load_dashboard()
     assert dashboard["uid"] == "gpuguard"
     assert dashboard["title"] == "gpuguard"
     assert dashboard["schemaVersion"] >= 36
@@ -390,7 +369,7 @@ def test_dashboard_identity_and_variables():
 
 
 def test_every_panel_has_a_query_on_the_selected_datasource():
-    panels = [p for p in _walk_panels(_load_dashboard()["panels"]) if p.get("type") != "row"]
+    panels = [p for p in walk_panels(load_dashboard()["panels"]) if p.get("type") != "row"]
     assert panels
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "duplicate panel ids"

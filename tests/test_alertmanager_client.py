@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def tree(hostname: str, root_pid: str = "4242", root_start_time: str = "987654") -> dict:

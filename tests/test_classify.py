@@ -544,12 +544,12 @@ def test_custom_protect_patterns(rules, comm, expected):
 @pytest.mark.parametrize(
     "rules, comm, expected",
     [
-        (Rules(reapers=("supervisor",)), "supervisor", (UNKNOWN, "adoption-uncertain", 420,
+        (Rules(adopters=("supervisor",)), "supervisor", (UNKNOWN, "adoption-uncertain", 420,
                                                         "6")),
         (Rules(), "supervisor", (NORMAL, "detached", 400, "7")),
-        (Rules(reapers=("containerd-shim-runc-v2",)), "containerd-shim-runc-v2",
+        (Rules(adopters=("containerd-shim-runc-v2",)), "containerd-shim-runc-v2",
          (UNKNOWN, "adoption-uncertain", 420, "6")),
-        (Rules(reapers=()), "tini", (NORMAL, "detached", 400, "7")),
+        (Rules(adopters=()), "tini", (NORMAL, "detached", 400, "7")),
     ],
     ids=["custom-reaper", "not-a-default-reaper", "reaper-name-cut-like-comm", "no-reapers"],
 )

@@ -12,7 +12,7 @@ from exporter.config import AlertmanagerConfig, ConfigError, load_config, parse_
 FULL = """
 classify:
   protect: [jupyter, 'my-.*-notebook']
-  reapers: [systemd, tini]
+  adopters: [systemd, tini]
   max_depth: 32
 remediate:
   mode: enforce
@@ -199,3 +199,12 @@ def test_aliases_are_walked_once() -> None:
         with pytest.raises(ConfigError):
             parse_config(text, source="t.yml")
         assert time.monotonic() - started < 2.0
+
+
+def test_adopters_keeps_its_old_name_reapers() -> None:
+    assert parse_config("classify:\n  adopters: [tini]").classify.adopters == ("tini",)
+    assert parse_config("classify:\n  reapers: [tini]").classify.adopters == ("tini",)
+    with pytest.raises(ConfigError) as err:
+        parse_config("classify:\n  adopters: [tini]\n  reapers: [tini]", source="t.yml")
+    assert str(err.value) == ("t.yml: classify.reapers: is the old name of adopters: "
+                              "give one of the two")

@@ -7,21 +7,26 @@ import json
 import os
 import shlex
 import socket
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.proctree import Trees, alive, descendants_of, stat_fields, wait_for
-from tests.servers import REPO, child_env
+from tests.remediator_helpers import (
+    GIB,
+    HOST,
+    Run,
+    alert,
+    payload,
+    spawn_orphan,
+    start_time_of,
+    write_config,
+)
 
-GIB = 2**30
-
-# bash (session leader, killed) -> sh -> python holder; sh writes its pid to DIR/sh.
-CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
 ATTACHED = "{holder} --pidfile {dir}/worker & wait"
 NOHUP = "nohup {holder} --pidfile {dir}/worker >/dev/null 2>&1 & wait"
 JUPYTER = "{holder} --pidfile {dir}/worker jupyter-kernel & wait"
@@ -30,30 +35,10 @@ ZOMBIE = (f"{shlex.quote(sys.executable)} -c \"import os, sys, time; p = os.fork
           f"p or os._exit(0); open(sys.argv[1], 'w').write(str(p)); time.sleep(3600)\" "
           "{dir}/worker & wait")
 
-Run = Callable[..., subprocess.CompletedProcess]
-
-
-@pytest.fixture
-def gpuguard(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> Run:
-    """Run `python -m remediator.console ARGS` against the fake GPU world."""
-    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
-
-    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "remediator.console", *args], cwd=REPO,
-                              env=env, input=stdin, capture_output=True, text=True, timeout=60)
-
-    return run
-
-
-def orphan_tree(trees: Trees, fake_gpu: FakeGpuWorld, used: int = 3 * GIB) -> tuple[int, int]:
-    """(sh, worker) of a session-ended orphan: the launching bash is dead."""
-    tree = trees.spawn(CHAIN)
-    worker, sh = tree.pid("worker"), tree.pid("sh")
-    fake_gpu.add_process(0, worker, used)
-    tree.kill_launcher()
-    wait_for(lambda: (f := stat_fields(sh)) and f["ppid"] != tree.launcher.pid,
-             what="sh to be adopted")
-    return sh, worker
+def orphan_tree(trees: Trees, fake_gpu: FakeGpuWorld) -> tuple[int, int]:
+    """(sh, worker) of a session-ended orphan holding 3 GiB: the launching bash is dead."""
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=3 * GIB)
+    return orphan.root, orphan.holder
 
 
 def held_tree(trees: Trees, fake_gpu: FakeGpuWorld, script: str, *, kill_launcher: bool,
@@ -217,38 +202,18 @@ def test_bad_config_is_one_line_and_exit_2(tmp_path: Path, gpuguard: Run) -> Non
 # -- policy check ---------------------------------------------------------------------------
 
 
-def write_config(tmp_path: Path, **remediate: object) -> Path:
-    """A config whose guards let the test's own (maybe root-owned) trees through."""
-    settings: dict[str, object] = {
-        "mode": "dry-run", "min_age_seconds": 0, "allow_root_owned": True,
-        "users": {"allow": ["*"], "deny": []},
-        "state_dir": str(tmp_path / "state"), "audit_log": str(tmp_path / "audit.jsonl"),
-        "term_timeout_seconds": 2,
-    }
-    settings.update(remediate)
-    path = tmp_path / f"gpuguard-{len(list(tmp_path.glob('gpuguard-*.yml')))}.yml"
-    path.write_text(json.dumps({"remediate": settings}))  # JSON is YAML
-    return path
+def dry_run_config(tmp_path: Path, **remediate: Any) -> Path:
+    """The shared test policy in dry-run mode (a manual --apply reaps regardless)."""
+    return write_config(tmp_path, **{"mode": "dry-run", **remediate})
 
 
-def alert(root_pid: int, *, status: str = "firing", alertname: str = "GPUOrphanTree",
-          hostname: str | None = None, start_time: int | None = None) -> dict:
-    fields = stat_fields(root_pid)
-    start = start_time if start_time is not None else (fields or {}).get("start_time", 1)
-    return {"status": status, "fingerprint": f"{alertname}-{root_pid}-{status}",
-            "startsAt": "2025-01-01T00:00:00Z",
-            "labels": {"alertname": alertname, "hostname": hostname or socket.gethostname(),
-                       "root_pid": str(root_pid), "root_start_time": str(start),
-                       "comm": "sh", "user": "root", "reason": "session-ended"}}
-
-
-def payload(*alerts: dict) -> str:
-    return json.dumps({"version": "4", "status": "firing", "receiver": "gpuguard",
-                       "groupKey": "{}", "alerts": list(alerts)})
+def body(*alerts: dict[str, Any]) -> str:
+    return json.dumps(payload(*alerts))
 
 
 def policy_check(gpuguard: Run, config: Path, body: str) -> dict:
-    proc = gpuguard("policy", "check", "--config", str(config), "--json", "-", stdin=body)
+    proc = gpuguard("policy", "check", "--config", str(config), "--json", "--hostname", HOST,
+                    "-", stdin=body)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "gpuguard.policy-check/v1"
@@ -259,8 +224,8 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
                                                           fake_gpu: FakeGpuWorld,
                                                           gpuguard: Run) -> None:
     sh, worker = orphan_tree(trees, fake_gpu)
-    body = payload(alert(sh))
-    doc = policy_check(gpuguard, write_config(tmp_path), body)
+    delivery = body(alert(sh, start_time_of(sh)))
+    doc = policy_check(gpuguard, dry_run_config(tmp_path), delivery)
     checked, = doc["alerts"]
     assert checked["intake"]["action"] == "accept"
     assert checked["decision"] == {"action": "dry-run", "reason": "session-ended",
@@ -268,14 +233,14 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
     assert checked["live"]["verdict"] == "orphan"
     assert [m["pid"] for m in checked["live"]["members"]] == [sh, worker]
     assert checked["then"] is None
-    enforce = policy_check(gpuguard, write_config(tmp_path, mode="enforce"), body)
+    enforce = policy_check(gpuguard, dry_run_config(tmp_path, mode="enforce"), delivery)
     assert enforce["alerts"][0]["decision"]["action"] == "reap"
     # The shipped default min age: defer now, and the re-check would reap.
-    young = policy_check(gpuguard, write_config(tmp_path, min_age_seconds=300), body)
+    young = policy_check(gpuguard, dry_run_config(tmp_path, min_age_seconds=300), delivery)
     assert young["alerts"][0]["decision"]["action"] == "defer"
     assert young["alerts"][0]["then"]["action"] == "dry-run"
-    text = gpuguard("policy", "check", "--config", str(write_config(tmp_path)), "-",
-                    stdin=body).stdout
+    text = gpuguard("policy", "check", "--config", str(dry_run_config(tmp_path)), "--hostname",
+                    HOST, "-", stdin=delivery).stdout
     assert "decision dry-run (session-ended)" in text
     for pid in (sh, worker):
         assert stat_fields(pid)["state"] in ("S", "R")  # alive and never stopped
@@ -286,14 +251,15 @@ def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees:
                                                           gpuguard: Run) -> None:
     sh, _ = orphan_tree(trees, fake_gpu)
     protected = held_tree(trees, fake_gpu, NOHUP, kill_launcher=True)
-    body = payload(
-        alert(sh, status="resolved"),
-        alert(sh, hostname="some-other-node"),
-        alert(sh, alertname="GPUHot"),
-        alert(sh, start_time=1),  # same pid, another process: pid reuse
-        alert(protected),  # the live check disagrees: protected, not an orphan
+    sh_start = start_time_of(sh)
+    delivery = body(
+        alert(sh, sh_start, status="resolved"),
+        alert(sh, sh_start, hostname="some-other-node"),
+        alert(sh, sh_start, alertname="GPUHot"),
+        alert(sh, 1),  # same pid, another process: pid reuse
+        alert(protected, start_time_of(protected)),  # the live check disagrees: protected
     )
-    doc = policy_check(gpuguard, write_config(tmp_path), body)
+    doc = policy_check(gpuguard, dry_run_config(tmp_path), delivery)
     got = [(a["decision"] or a["intake"])["reason"] for a in doc["alerts"]]
     assert got == ["not-firing", "other-host", "alertname-not-listed", "root-replaced",
                    "not-orphan:protected"]
@@ -302,7 +268,7 @@ def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees:
 
 
 @pytest.mark.parametrize(
-    ("body", "needle"),
+    ("text", "needle"),
     [
         ("{not json", "not JSON"),
         (json.dumps({"version": "3", "alerts": []}), 'version: must be "4"'),
@@ -311,9 +277,10 @@ def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees:
     ],
     ids=["not-json", "wrong-version", "bad-status"],
 )
-def test_policy_check_malformed_payload_exits_5(tmp_path: Path, gpuguard: Run, body: str,
+def test_policy_check_malformed_payload_exits_5(tmp_path: Path, gpuguard: Run, text: str,
                                                 needle: str) -> None:
-    proc = gpuguard("policy", "check", "--config", str(write_config(tmp_path)), "-", stdin=body)
+    proc = gpuguard("policy", "check", "--config", str(dry_run_config(tmp_path)), "-",
+                    stdin=text)
     assert proc.returncode == 5
     line, = proc.stderr.splitlines()
     assert line.startswith("gpuguard: malformed payload: stdin: ") and needle in line
@@ -322,7 +289,7 @@ def test_policy_check_malformed_payload_exits_5(tmp_path: Path, gpuguard: Run, b
 def test_policy_check_invalid_config_exits_2(tmp_path: Path, gpuguard: Run) -> None:
     bad = tmp_path / "bad.yml"
     bad.write_text("remediate:\n  reasons: [whatever]\n")
-    proc = gpuguard("policy", "check", "--config", str(bad), "-", stdin=payload())
+    proc = gpuguard("policy", "check", "--config", str(bad), "-", stdin=body())
     assert proc.returncode == 2
     assert proc.stderr == (f"gpuguard: config error: {bad}: remediate.reasons: 'whatever' is "
                            "not one of launcher-killed, session-ended, launcher-exited, "
@@ -336,7 +303,7 @@ CHAIN_KIDS = ("sh -c '{holder} --pidfile {dir}/worker --children 2 & echo $$ > {
 
 
 def audit_records(config: Path) -> list[dict]:
-    path = Path(json.loads(config.read_text())["remediate"]["audit_log"])
+    path = Path(yaml.safe_load(config.read_text())["remediate"]["audit_log"])
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -357,7 +324,7 @@ def test_reap_dry_run_then_apply(tmp_path: Path, trees: Trees, fake_gpu: FakeGpu
     tree.kill_launcher()
     members = [sh, *descendants_of(sh)]
     assert len(members) == 4  # sh, the holder and its two children
-    config = write_config(tmp_path)  # mode dry-run: --apply reaps regardless
+    config = dry_run_config(tmp_path)  # --apply reaps regardless
 
     code, doc, _ = reap(gpuguard, sh, config)
     assert code == 0 and doc["outcome"] == "dry-run" and doc["signals"] == []
@@ -384,7 +351,7 @@ def test_reap_dry_run_then_apply(tmp_path: Path, trees: Trees, fake_gpu: FakeGpu
 def test_reap_refuses_a_non_orphan_unless_forced(tmp_path: Path, trees: Trees,
                                                  fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
     protected = held_tree(trees, fake_gpu, NOHUP, kill_launcher=True)  # root = the holder
-    config = write_config(tmp_path)
+    config = dry_run_config(tmp_path)
     code, doc, _ = reap(gpuguard, protected, config, "--apply")
     assert code == 6 and doc["outcome"] == "refused"
     assert doc["reason"] == "not-orphan:protected" and alive(protected)
@@ -397,10 +364,10 @@ def test_reap_refuses_a_non_orphan_unless_forced(tmp_path: Path, trees: Trees,
 def test_reap_guards_and_identity(tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld,
                                   gpuguard: Run) -> None:
     sh, worker = orphan_tree(trees, fake_gpu)
-    denied = write_config(tmp_path, users={"allow": ["*"], "deny": [getpass.getuser()]})
+    denied = dry_run_config(tmp_path, users={"allow": ["*"], "deny": [getpass.getuser()]})
     code, doc, _ = reap(gpuguard, sh, denied, "--apply", "--force")
     assert code == 6 and doc["outcome"] == "aborted" and doc["reason"] == "user-denied"
-    config = write_config(tmp_path)
+    config = dry_run_config(tmp_path)
     code, doc, _ = reap(gpuguard, sh, config, "--apply", "--start-time", "1")
     assert code == 6 and doc["reason"] == "root-replaced"
     assert alive(sh) and alive(worker)
@@ -409,12 +376,6 @@ def test_reap_guards_and_identity(tmp_path: Path, trees: Trees, fake_gpu: FakeGp
 
 
 # -- Alertmanager's word (remediate.alertmanager) --------------------------------------------
-
-
-def start_time(pid: int) -> int:
-    fields = stat_fields(pid)
-    assert fields is not None
-    return int(fields["start_time"])  # type: ignore[call-overload]
 
 
 def test_reap_apply_refuses_a_silenced_tree_unless_forced(
@@ -430,10 +391,10 @@ def test_reap_apply_refuses_a_silenced_tree_unless_forced(
     try:
         sh, worker = orphan_tree(trees, fake_gpu)
         labels = {"alertname": "GPUOrphanTree", "hostname": socket.gethostname(),
-                  "root_pid": str(sh), "root_start_time": str(start_time(sh))}
+                  "root_pid": str(sh), "root_start_time": str(start_time_of(sh))}
         am.post_alert({**labels, "remediate": "true"})
         sid = am.silence(labels)
-        config = write_config(tmp_path, alertmanager={"url": am.url})
+        config = dry_run_config(tmp_path, alertmanager={"url": am.url})
 
         status = json.loads(gpuguard("status", "--json", "--config", str(config)).stdout)
         (tree,) = [t for t in status["trees"] if t["root_pid"] == sh]
@@ -451,3 +412,30 @@ def test_reap_apply_refuses_a_silenced_tree_unless_forced(
         assert not alive(sh) and not alive(worker)
     finally:
         am.stop()
+
+
+# -- the contract and the shared verification, without processes ----------------------------
+
+
+def test_every_exit_code_is_listed_once_in_the_help() -> None:
+    from remediator.console import contract
+
+    codes = {v for k, v in vars(contract).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    listed = [int(line.split()[0]) for line in contract.EXIT_TABLE.splitlines()[1:-1]]
+    assert sorted(listed) == sorted(codes) and len(listed) == len(set(listed))
+
+
+def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
+    from remediator.console.reap import refusal
+    from remediator.policy import LiveTree, Member, TreeKey, verify_live
+
+    key = TreeKey(HOST, 4242, 99)
+    root = Member(pid=4242, ppid=1, start_time=99, uid=1000, user="alice", comm="sh")
+    guarded = LiveTree(root=root, tree_found=True, verdict="protected",
+                       reason="member-protected", detail="4243 ignores SIGHUP", members=(root,))
+    refused = refusal(key, guarded, force=False)
+    assert refused is not None and refused.reason == "member-protected"
+    assert refused.detail == f"{verify_live(key, guarded).detail}; pass --force to reap it anyway"
+    assert refusal(key, guarded, force=True) is None
+    gone = refusal(key, LiveTree(root=root), force=True)
+    assert gone is not None and gone.reason == "tree-not-found" and "status` lists" in gone.detail

@@ -8,7 +8,6 @@ token path and group timings replaced.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,23 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.dashboard import dashboard_exprs
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Tree, Trees, alive, descendants_of, stat_fields, wait_for
+from tests.proctree import CHAIN, Tree, Trees, alive, descendants_of, stat_fields, wait_for
 from tests.promstack import (
     Alertmanager,
     Prometheus,
     WebhookRecorder,
-    missing_binaries,
+    require_binaries,
     start_loop,
 )
 from tests.servers import Exporter, ServerProcess, child_env
-from tests.test_alerting_config import dashboard_exprs
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HOST = "e2e-node"
 GIB = 2**30
-CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
 
 
 @dataclass
@@ -63,11 +61,7 @@ def start_time(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    why = missing_binaries()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"e2e tests need the binaries under CI: {why}")
-        pytest.skip(why)
+    require_binaries()
     base = tmp_path_factory.mktemp("e2e")
     world = FakeGpuWorld(base / "nvml-state.txt")
     world.add_gpu(0)

@@ -14,7 +14,6 @@ Three loops (exporter -> Prometheus -> Alertmanager -> remediator, all real):
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,15 +25,14 @@ import pytest
 import requests
 
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Tree, Trees, alive, stat_fields, wait_for
-from tests.promstack import Loop, missing_binaries, start_loop
+from tests.proctree import CHAIN, Tree, Trees, alive, stat_fields, wait_for
+from tests.promstack import Loop, require_binaries, start_loop
 from tests.servers import child_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HOST = "e2e-am-node"
 GIB = 2**30
-CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
 TOKEN = "loop-secret-token"
 MIN_AGE = 8
 
@@ -79,11 +77,7 @@ class World:
 
 @pytest.fixture
 def world(fake_nvml_lib: Path, tmp_path: Path) -> Iterator[World]:
-    why = missing_binaries()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"e2e tests need the binaries under CI: {why}")
-        pytest.skip(why)
+    require_binaries()
     gpu = FakeGpuWorld(tmp_path / "nvml-state.txt")
     gpu.add_gpu(0)
     trees = Trees(tmp_path / "trees")

@@ -13,13 +13,12 @@ import requests
 
 from exporter.procfs import in_host_pid_namespace
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
-from tests.proctree import Trees, wait_for
+from tests.proctree import CHAIN, Trees, wait_for
 from tests.servers import REPO, Exporter, child_env, find
 
 GIB = 2**30
 
 # bash (session leader) -> sh -> python holder; sh writes its pid to DIR/sh.
-CHAIN = "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & wait"
 # The same, with the session leader kept alive after sh exits.
 CHAIN_LEADER_STAYS = (
     "sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' & sleep 3600 & wait"

@@ -34,9 +34,11 @@ from tests.remediator_helpers import (
     FakeClock,
     Harness,
     Orphan,
+    Run,
     account,
     payload,
     spawn_orphan,
+    write_config,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,18 +223,12 @@ def test_no_signal_without_an_audit_record_and_the_remediator_says_so(
 
 
 def test_manual_reap_refuses_when_the_audit_log_cannot_be_written(
-        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path,
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
         full_disk: Path) -> None:
-    from tests.remediator_helpers import write_config
-    from tests.servers import child_env
-
     orphan = spawn_orphan(trees, fake_gpu)
     config = write_config(tmp_path, audit_log=str(full_disk / "audit.jsonl"))
-    done = subprocess.run(
-        [sys.executable, "-m", "remediator.console", "reap", str(orphan.root), "--apply",
-         "--allow-pid-namespace", "--config", str(config), "--json"],
-        cwd=REPO, env=fake_gpu.subprocess_env(fake_nvml_lib, child_env()),
-        capture_output=True, text=True, timeout=60, check=False)
+    done = gpuguard("reap", str(orphan.root), "--apply", "--allow-pid-namespace", "--config",
+                    str(config), "--json")
     assert done.returncode == 6, (done.stdout, done.stderr)
     assert '"reason": "audit-failed"' in done.stdout
     assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)

@@ -60,10 +60,37 @@ def test_orphan_age_counts_from_first_sighting_and_labels_are_bounded(
     # No label carries a command line: the holder's argv includes its pid file path.
     text = generate_latest(registry).decode()
     assert "--pidfile" not in text and str(tree.dir) not in text
-    # Every metric has HELP text.
-    helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP")}
-    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
-    assert types <= helps
+    assert undocumented(text) == []
+
+
+def meaningless(name: str, doc: str) -> bool:
+    """Help text that says nothing: empty, a single word, or the metric's own name."""
+    words = doc.strip().rstrip(".").split()
+    return len(words) < 2 or doc.strip() in (name, name.removesuffix("_total"))
+
+
+def undocumented(text: str) -> list[str]:
+    """Families in an exposition whose `# HELP name text` line is missing or meaningless.
+
+    generate_latest writes a `# HELP` line for every family, empty documentation or not,
+    so the line's presence proves nothing: its text is what is checked.
+    """
+    helps: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            _, _, name, *doc = line.split(" ", 3)
+            helps[name] = doc[0] if doc else ""
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert types, "no families in the exposition"
+    return [name for name in types if meaningless(name, helps.get(name, ""))]
+
+
+def test_every_family_the_collector_can_yield_is_documented(fake_gpu: FakeGpuWorld) -> None:
+    """describe() lists every family, those of an empty scan included."""
+    scanner, _ = make()
+    families = list(GpuguardCollector(scanner, hostname="n").describe())
+    assert len(families) > 20
+    assert [f.name for f in families if meaningless(f.name, f.documentation)] == []
 
 
 def test_a_tree_that_stops_being_orphan_restarts_its_clock(

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pynvml
@@ -277,8 +277,10 @@ def test_state_change_between_reads_is_visible(fake_gpu: FakeGpuWorld, nvml: Nvm
 
 
 def test_reads_from_several_threads_are_serialised(
-    fake_gpu: FakeGpuWorld, counters: Counters
+    fake_gpu: FakeGpuWorld, counters: Counters, nvml_max_in_flight: Callable[[], int]
 ) -> None:
+    """No two NVML calls overlap: the fake's own mutex does not count, its probe spans
+    each whole call (the injected delay included), so only our lock keeps it at 1."""
     fake_gpu.add_process(0, 100, GiB)
     fake_gpu.set_delay_ms(1)
     readers = [Nvml(counters=counters) for _ in range(4)]
@@ -297,6 +299,7 @@ def test_reads_from_several_threads_are_serialised(
     for r in readers:
         r.close()
     assert results == [True] * 12
+    assert nvml_max_in_flight() == 1, f"{nvml_max_in_flight()} NVML calls ran at once"
 
 
 def test_fake_rejects_a_wrong_memory_struct_version(fake_gpu: FakeGpuWorld) -> None:

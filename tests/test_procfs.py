@@ -131,3 +131,15 @@ def test_member_walk_drops_children_of_a_pid_that_was_reused() -> None:
     reused = ProcInfo(20, 1, 20, 20, start_time=300, state="S", uid=0, comm="other")
     assert walk(reused) == [10, 20]  # pid 20 names another process now: 30 is not ours
     assert walk(None) == [10, 20]
+
+
+def test_own_pid_namespace_depth_is_read_once_through_the_counted_reader(tmp_path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text("Name:\tpython\nNSpid:\t4242\t17\n")
+    counters = Counters()
+    view = ProcessView(proc_root=str(tmp_path), counters=counters)
+    assert view.own_nspid_depth() == 2 and view.own_nspid_depth() == 2
+    assert counters.snapshot()["proc_status"].proc_reads == 1
+    # Unreadable: depth 1, so a holder in any PID namespace reads `container` (normal).
+    missing = ProcessView(proc_root=str(tmp_path / "nowhere"), counters=Counters())
+    assert missing.own_nspid_depth() == 1

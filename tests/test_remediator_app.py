@@ -14,9 +14,10 @@ import pytest
 from exporter.config import load_config
 from exporter.counters import Counters
 from exporter.nvml import Nvml
-from remediator.app import MAX_BODY_BYTES, create_app, remediator_of
+from remediator.app import MAX_BODY_BYTES, create_app
 from remediator.ledger import Ledger
 from remediator.policy import TreeKey
+from remediator.service import build_remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for
 from tests.promstack import free_port
@@ -302,8 +303,8 @@ def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWo
     config = load_config(write_config(tmp_path))
     counters = Counters()
     nvml = Nvml(counters=counters)
-    app = create_app(config, token=TokenFile(str(path)), hostname=HOST, nvml=nvml,
-                     counters=counters)
+    service = build_remediator(config, hostname=HOST, nvml=nvml, counters=counters)
+    app = create_app(service, token=TokenFile(str(path)))
     try:
         client = app.test_client()
 
@@ -318,7 +319,7 @@ def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWo
         path.write_text("")
         assert status("second-token") == 401 and status("") == 401
     finally:
-        remediator_of(app).stop()
+        service.stop()
         nvml.close()
 
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import json
-from datetime import datetime, timezone
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import remediator.policy
 from exporter.config import RateLimit, Remediate, UserFilter
 from exporter.nvml import Holder
 from remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
@@ -206,7 +214,7 @@ def test_too_young_defers_until_min_age_counted_locally() -> None:
     assert (decision.action, decision.reason) == (DEFER, "too-young")
     assert decision.first_seen == NOW and decision.recheck_at == NOW + 300
     # A startsAt later than our own first sighting wins (the alert restarted).
-    recent = make_alert(starts_at=datetime.fromtimestamp(NOW - 100, tz=timezone.utc).isoformat())
+    recent = make_alert(starts_at=datetime.fromtimestamp(NOW - 100, tz=UTC).isoformat())
     decision = decide(recent, orphan(), state())
     assert decision.action == DEFER and decision.recheck_at == pytest.approx(NOW + 200)
 
@@ -225,9 +233,92 @@ def test_rate_limit_is_a_sliding_window_per_mode() -> None:
     assert decide(make_alert(), orphan(), state(off)).reason == "rate-limited"
 
 
-def test_decide_is_pure() -> None:
-    args = (make_alert(), orphan(), state())
-    assert decide(*args) == decide(*args)
+#: Audit events that mean a file, process, socket or sleep (sys.addaudithook names).
+_IO_EVENTS = ("open", "os.", "socket.", "subprocess.", "shutil.", "urllib.", "http.", "ctypes.",
+              "glob.", "time.sleep")
+_CLOCKS = ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
+           "process_time", "thread_time")
+_watched: set[int] = set()  # threads inside decide() under test
+_touched: list[str] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if threading.get_ident() in _watched and event.startswith(_IO_EVENTS):
+        _touched.append(f"{event}{args!r}"[:200])
+        raise AssertionError(f"decide() did I/O: {event}")
+
+
+sys.addaudithook(_audit)  # for good (hooks cannot be removed), idle outside `sealed()`
+
+
+class _NoEnviron(dict[str, str]):
+    def _refuse(self, *_: Any) -> Any:
+        _touched.append("os.environ")
+        raise AssertionError("decide() read the environment")
+
+    __getitem__ = get = __contains__ = __iter__ = __len__ = keys = items = values = _refuse
+
+
+@contextlib.contextmanager
+def sealed() -> Iterator[None]:
+    """No clock, environment, stat, file, process or socket: each one raises and is recorded."""
+    def forbid(what: str) -> Callable[..., Any]:
+        def refuse(*_: Any, **__: Any) -> Any:
+            _touched.append(what)
+            raise AssertionError(f"decide() called {what}")
+        return refuse
+
+    places = [(time, n) for n in _CLOCKS] + [
+        (os, "stat"), (os, "lstat"), (os, "getpid"), (os, "getenv"), (os.path, "exists")]
+    banned = {getattr(module, n): f"{module.__name__}.{n}" for module, n in places}
+    with pytest.MonkeyPatch.context() as mp:
+        for module, name in places:
+            mp.setattr(module, name, forbid(f"{module.__name__}.{name}"))
+        for name, value in vars(remediator.policy).items():  # `from time import time` too
+            if callable(value) and value in banned:
+                mp.setattr(remediator.policy, name, forbid(banned[value]))
+        mp.setattr(os, "environ", _NoEnviron())
+        _watched.add(threading.get_ident())
+        try:
+            yield
+        finally:
+            _watched.discard(threading.get_ident())
+
+
+def fixed() -> Alert:
+    return make_alert(fingerprint="00000000000000f1")  # the helpers number the others
+
+
+#: One case per kind of answer; each builds its inputs afresh on every call.
+PURE_CASES: dict[str, Callable[[], tuple[Alert, LiveTree | None, PolicyState]]] = {
+    "reap": lambda: (fixed(), orphan(), state()),
+    "dry-run": lambda: (fixed(), orphan(), state(Remediate(min_age_seconds=0))),
+    "defer": lambda: (fixed(), orphan(), state(first_seen={})),
+    "rate-limited": lambda: (fixed(), orphan(), state(
+        dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=1, per_seconds=60)),
+        reap_times=(NOW - 5,))),
+    "root-replaced": lambda: (fixed(), LiveTree(root=member(KEY.root_pid, start=1)),
+                              state()),
+    "duplicate": lambda: (fixed(), orphan(), state(done={KEY: "enforce"})),
+}
+
+
+@pytest.mark.parametrize("case", PURE_CASES)
+def test_decide_is_pure(case: str) -> None:
+    """Same answer for equal inputs built apart, inputs untouched, and nothing read besides
+    them: no clock (the answer's times come from state.now), environment, file or process."""
+    inputs, twin = PURE_CASES[case](), PURE_CASES[case]()
+    assert inputs == twin and inputs[2] is not twin[2]
+    before = copy.deepcopy(inputs)
+    _touched.clear()
+    with sealed():
+        got = decide(*inputs)
+    assert _touched == [], f"decide() reached outside its arguments: {_touched}"
+    assert inputs == before, "decide() mutated its inputs"
+    assert got == decide(*twin)
+    assert got.action == case or got.reason == case
+    if got.action == DEFER:
+        assert got.first_seen == NOW and got.recheck_at == NOW + ENFORCE.min_age_seconds
 
 
 # -- ledger and audit -----------------------------------------------------------------

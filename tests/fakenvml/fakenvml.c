@@ -20,6 +20,12 @@
  *                                        compute graphics
  *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available)
  *
+ * Concurrency probe: every entry point counts itself in flight from entry until it
+ * returns (the injected delay included); fakenvml_max_in_flight() answers the most
+ * calls seen in flight at once since fakenvml_reset_in_flight(). The library's own
+ * mutex only guards its state, so a caller that does not serialise its NVML calls
+ * shows up here as a maximum above 1 (try it with a delay_ms).
+ *
  * Build: gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 \
  *        fakenvml.c -lpthread
  */
@@ -200,11 +206,28 @@ static void sleep_ms(long ms) {
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
 }
 
-/* Every entry point: lock, re-read, answer, unlock, then sleep the injected delay. */
-#define ENTER long delay_; nvmlReturn_t ret_; pthread_mutex_lock(&lock); load_state(); \
-    delay_ = st.delay_ms;
+static int in_flight, max_in_flight;
+
+static void call_begins(void) {
+    int now = __atomic_add_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+    int seen = __atomic_load_n(&max_in_flight, __ATOMIC_SEQ_CST);
+    while (now > seen &&
+           !__atomic_compare_exchange_n(&max_in_flight, &seen, now, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST)) {}
+}
+
+static void call_ends(void) { __atomic_sub_fetch(&in_flight, 1, __ATOMIC_SEQ_CST); }
+
+/* Test hooks (not NVML): the concurrency probe described at the top. */
+int fakenvml_max_in_flight(void) { return __atomic_load_n(&max_in_flight, __ATOMIC_SEQ_CST); }
+void fakenvml_reset_in_flight(void) { __atomic_store_n(&max_in_flight, 0, __ATOMIC_SEQ_CST); }
+
+/* Every entry point: count in, lock, re-read, answer, unlock, sleep the injected delay,
+ * count out. */
+#define ENTER long delay_; nvmlReturn_t ret_; call_begins(); pthread_mutex_lock(&lock); \
+    load_state(); delay_ = st.delay_ms;
 #define LEAVE(code) do { ret_ = (code); goto out_; } while (0)
-#define EXIT out_: pthread_mutex_unlock(&lock); sleep_ms(delay_); return ret_;
+#define EXIT out_: pthread_mutex_unlock(&lock); sleep_ms(delay_); call_ends(); return ret_;
 
 /* Common checks for calls made after init. Caller holds `lock`. */
 static nvmlReturn_t runtime_check(void) {
@@ -249,10 +272,12 @@ nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 
 nvmlReturn_t nvmlShutdown(void) {
     nvmlReturn_t r = NVML_SUCCESS;
+    call_begins();
     pthread_mutex_lock(&lock);
     if (init_refcount == 0) r = NVML_ERROR_UNINITIALIZED;
     else init_refcount--;
     pthread_mutex_unlock(&lock);
+    call_ends();
     return r;
 }
 

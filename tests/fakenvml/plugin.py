@@ -8,12 +8,14 @@
 - `fake_gpu` (function): a `FakeGpuWorld` on a fresh state file, with
   FAKE_NVML_STATE pointing at it. It starts with ONE GPU (index 0, default
   uuid/name, 80 GiB, no processes); call `remove_gpu(0)` for a GPU-less host.
+- `nvml_max_in_flight` (function): zeroes the fake library's concurrency probe and
+  returns a callable answering the most NVML calls seen in flight at once since.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pynvml
@@ -48,3 +50,12 @@ def fake_gpu(
     world.add_gpu(0)
     monkeypatch.setenv(STATE_ENV, str(world.path))
     yield world
+
+
+@pytest.fixture
+def nvml_max_in_flight(fake_nvml_lib: Path) -> Callable[[], int]:
+    """Zero the fake library's concurrency probe; the callable reads its maximum since."""
+    lib = _loaded[-1]
+    lib.fakenvml_reset_in_flight()
+    max_in_flight: Callable[[], int] = lib.fakenvml_max_in_flight
+    return max_in_flight

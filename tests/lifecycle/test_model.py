@@ -26,7 +26,7 @@ RULES = Rules()
 def test_program_labels_agree_with_the_default_rules(program):
     assert program.protected == (RULES.protects(program.kernel_comm)
                                  or RULES.protects(program.cmdline))
-    assert program.reaper == RULES.is_reaper(program.kernel_comm)
+    assert program.reaper == RULES.is_adopter(program.kernel_comm)
 
 
 @pytest.mark.parametrize("cgroup", CGROUPS, ids=lambda c: c.path)

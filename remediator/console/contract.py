@@ -1,0 +1,139 @@
+"""What scripts may rely on: exit codes, JSON schema ids, and the --help text that states them.
+
+Each code and each schema id is defined here once; the epilogs `gpuguard ... --help`
+prints are generated from the same constants the commands return and print.
+"""
+
+from __future__ import annotations
+
+PROG = "gpuguard"
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_NVML_DOWN = 3
+EXIT_NO_PROCESS = 4
+EXIT_BAD_PAYLOAD = 5
+EXIT_REFUSED = 6
+EXIT_REAP_FAILED = 7
+EXIT_NOT_AUDITED = 8
+EXIT_INTERRUPTED = 130
+
+#: Exit codes (stable), as `gpuguard --help` lists them.
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "ok: status shown, pid explained, payload checked, reap done or dry-run ok"),
+    (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr)"),
+    (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
+                 "PROBLEM)"),
+    (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected"),
+    (EXIT_NO_PROCESS, "explain, reap: no such process"),
+    (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),
+    (EXIT_REFUSED, "reap: refused (not an orphan without --force, identity changed, a guard "
+                   "said no)"),
+    (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record)"),
+    (EXIT_NOT_AUDITED, "reap --apply: the final audit record could not be written (the intent "
+                       "record was)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C"),
+)
+#: Failures that print one line on stderr (`gpuguard: ...`) and no JSON.
+ONE_LINE_EXITS = (EXIT_USAGE, EXIT_NO_PROCESS, EXIT_BAD_PAYLOAD)
+
+EXIT_TABLE = (
+    "exit codes:\n"
+    + "".join(f"  {code:<4} {meaning}\n" for code, meaning in EXIT_CODES)
+    + f"exits {ONE_LINE_EXITS[0]}, {ONE_LINE_EXITS[1]} and {ONE_LINE_EXITS[2]} print one line "
+      "on stderr and no JSON; all others print their --json.\n"
+)
+
+STATUS_SCHEMA = "gpuguard.status/v1"
+EXPLAIN_SCHEMA = "gpuguard.explain/v1"
+POLICY_SCHEMA = "gpuguard.policy-check/v1"
+REAP_SCHEMA = "gpuguard.reap/v1"
+
+#: `reap --json`'s outcome when the tree was refused before the reaper planned anything
+#: (the reaper's own outcomes are remediator.reaper.Outcome).
+REFUSED = "refused"
+
+# status: "taken_at" is Unix seconds at the end of the scan; "rule" is DESIGN.md's rule;
+# "processes" counts an orphan's root and all its descendants; "members" are the processes
+# classify() walked.
+STATUS_EPILOG = f"""\
+--json prints one document, schema {STATUS_SCHEMA} (keys are only ever added):
+  {{"schema": "{STATUS_SCHEMA}", "hostname": str, "taken_at": float,
+   "nvml": {{"up": bool, "driver_version": str|null, "errors": [{{"stage", "message"}}]}},
+   "errors": [{{"stage": str, "message": str}}],
+   "gpus": [{{"index", "uuid", "name", "memory_total_bytes", "memory_used_bytes",
+             "utilization_ratio", "temperature_celsius", "power_watts"}}],
+   "trees": [{{"root_pid": int, "root_start_time": int|null, "root_comm", "root_user",
+              "root_age_seconds": float|null, "orphan_since": null,
+              "verdict": normal|orphan|protected|unknown, "reason": str, "rule": "1".."7",
+              "evidence": {{"rule", "detail", "pids": [int]}}, "gpu_bytes": int,
+              "processes": int|null,
+              "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind"}}],
+              "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
+                           "user", "comm"}}]}}]}}
+  members: holder(s) up to the root, root first. orphan_since is always null: only a
+  process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
+  how long it has been orphaned. With --watch and --json, one document per line per scan.
+
+""" + EXIT_TABLE
+
+EXPLAIN_EPILOG = f"""\
+A pid that holds no GPU memory per NVML (or with NVML down) is explained as if it
+were a holder, and the output says so.
+--json prints {EXPLAIN_SCHEMA}:
+  {{"schema", "pid", "start_time", "gpu_holder": bool, "note": str|null,
+   "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind"}}],
+   "nvml": {{"up", "driver_version", "errors"}}, "verdict", "reason", "rule",
+   "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
+   "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
+              "start_time", "state", "uid", "user", "comm", "age_seconds"}}],
+   "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}]}}
+
+""" + EXIT_TABLE
+
+POLICY_EPILOG = f"""\
+The remediator's ledger (state_dir/remediator-state.json) is read through a private copy
+when it exists, so dedupe, first-seen ages and the rate-limit window count as they would.
+A decision that defers (too young) also shows what the re-check would decide.
+--json prints {POLICY_SCHEMA}:
+  {{"schema", "config", "hostname", "ledger": str,
+   "remediate": {{"mode", "alerts", "reasons", "min_age_seconds"}},
+   "alerts": [{{"index", "fingerprint", "alertname", "status", "key": str|null,
+               "intake": {{"action", "reason", "detail"?}},
+               "decision": {{"action", "reason", "detail"?, "recheck_at"?}}|null,
+               "then": {{...}}|null,
+               "live": {{"root", "tree_found", "verdict", "reason", "gpu_bytes",
+                        "nvml_error", "members": [...]}}|null}}]}}
+  actions: accept, reap, dry-run, defer, cancel, ignore (remediator.policy).
+
+""" + EXIT_TABLE
+
+REAP_EPILOG = f"""\
+Goes through the remediator's own checks: the root's identity (pid + start_time, held
+by pidfd), a fresh NVML + classify() that must call the tree an orphan (--force skips
+only this), and the reaper's guards, which nothing skips: never PID 1, this command or
+its ancestors, kernel threads, root-owned processes (unless remediate.allow_root_owned)
+or users outside remediate.users. --apply reaps whatever remediate.mode says (the mode
+governs alert-driven reaps only); without it nothing is signalled. Every run, refused or
+not, appends the remediator's audit record to remediate.audit_log with
+"manual": {{"by": $SUDO_USER or the login name, ...}}; --apply refuses when the log cannot
+be written.
+--json prints {REAP_SCHEMA}:
+  {{"schema", "exit_code", "key": {{"hostname", "root_pid", "root_start_time"}}, "apply",
+   "forced", "decision": {{"action", "reason", "detail"?}}, "live": {{...}},
+   "outcome": reaped|failed|dry-run|aborted|{REFUSED}, "reason", "detail", "kill_path",
+   "members": [{{"pid", "start_time", "user", "comm"}}],
+   "signals": [{{"pid", "signal", "result", "at_ms"}}], "survivors": [int],
+   "reclaimed_bytes", "audit_log", "audit_error"}}
+
+""" + EXIT_TABLE
+
+
+class Failure(Exception):
+    """A handled failure: print `message` as one line and exit with `code`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

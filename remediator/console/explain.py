@@ -1,0 +1,131 @@
+"""`gpuguard explain PID`: why the classifier says what it says, with the rule and evidence."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
+from exporter.config import Config
+from exporter.nvml import Holder, Nvml, NvmlReading
+from exporter.procfs import ProcessView, ProcInfo
+from remediator.console.common import (
+    alert_state,
+    chain_roles,
+    holder_json,
+    load,
+    member_json,
+    nvml_json,
+    process_age,
+)
+from remediator.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
+from remediator.console.render import RULE_NAMES, explain_renderable, make_console, print_json
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One pid's verdict with everything `explain` shows, gathered once."""
+
+    info: ProcInfo
+    reading: NvmlReading
+    holdings: tuple[Holder, ...]
+    verdict: HolderVerdict
+    note: str | None
+    tree: Tree | None = None  # the tree it belongs to, members judged too
+    alert: dict[str, Any] | None = None  # Alertmanager's state of its alert, if configured
+    sessions: list[dict[str, Any]] = field(default_factory=list)  # see session_states()
+
+
+def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
+    """classify_holder() on the pid, as NVML names it or as a stand-in holder."""
+    view = ProcessView()
+    nvml = Nvml()
+    try:
+        reading = nvml.read()
+    finally:
+        nvml.close()
+    view.begin_scan()
+    info = view.stat(pid)
+    if info is None:
+        raise Failure(EXIT_NO_PROCESS, f"no such process: {pid}")
+    holdings = tuple(h for h in reading.holders if h.pid == pid)
+    note = None
+    if holdings:
+        holder = holdings[0]
+    else:
+        holder = Holder(pid=pid, gpu_uuid="", gpu_index=-1, used_bytes=None, kind="")
+        if reading.up:
+            note = f"pid {pid} holds no GPU memory per NVML; explained as if it were a holder"
+        else:
+            note = (f"NVML unavailable ({'; '.join(m for _, m in reading.errors)}); "
+                    f"pid {pid} explained as if it were a holder")
+    hv = classify_holder(holder, view, config.classify)
+    # The tree's verdict also judges every member below the root (a nohup'd sibling):
+    # what the exporter publishes and a reap would respect.
+    tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
+                 if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
+    alert = None
+    if tree is not None and tree.verdict == ORPHAN and tree.root is not None:
+        alert = alert_state(config, hostname, tree.root.pid, tree.root.start_time)
+    return Explanation(info, reading, holdings, hv, note, tree, alert,
+                       session_states(info, hv))
+
+
+def session_states(info: ProcInfo, hv: HolderVerdict) -> list[dict[str, Any]]:
+    """Whether each session leader in the chain is alive: rule 6's session-ended evidence."""
+    view = ProcessView()
+    out = []
+    for sid in dict.fromkeys(m.sid for m in hv.chain or (info,)):
+        if sid <= 0:
+            continue
+        leader = view.stat(sid)
+        state = "gone" if leader is None else ("zombie" if leader.is_zombie else "alive")
+        out.append({"sid": sid, "leader": state,
+                    "comm": leader.comm if leader is not None else None})
+    return out
+
+
+def explain_json(ex: Explanation) -> dict[str, Any]:
+    hv = ex.verdict
+    chain = []
+    for role, info in chain_roles(hv):
+        chain.append({"role": role, **member_json(info),
+                      "age_seconds": process_age(info.start_time)})
+    return {
+        "schema": EXPLAIN_SCHEMA,
+        "pid": ex.info.pid,
+        "start_time": ex.info.start_time,
+        "gpu_holder": bool(ex.holdings),
+        "note": ex.note,
+        "holdings": [holder_json(h) for h in ex.holdings],
+        "nvml": nvml_json(ex.reading),
+        "verdict": hv.verdict,
+        "reason": hv.reason,
+        "rule": hv.evidence.rule,
+        "rule_name": RULE_NAMES.get(hv.evidence.rule, ""),
+        "evidence": {"rule": hv.evidence.rule, "detail": hv.evidence.detail,
+                     "pids": list(hv.evidence.pids)},
+        "root_pid": hv.root.pid if hv.root is not None else None,
+        "root_start_time": hv.root.start_time if hv.root is not None else None,
+        "chain": chain,
+        "sessions": ex.sessions,
+        "tree": None if ex.tree is None else {
+            "root_pid": ex.tree.root_pid, "verdict": ex.tree.verdict, "reason": ex.tree.reason,
+            "evidence": {"rule": ex.tree.evidence.rule, "detail": ex.tree.evidence.detail,
+                         "pids": list(ex.tree.evidence.pids)},
+            "processes": len(ex.tree.members) or None},
+        "alert": ex.alert,
+    }
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Why the classifier says what it says about one pid, with the rule and its evidence."""
+    config = load(args.config)
+    ex = explain_pid(args.pid, config, args.hostname)
+    if args.json:
+        print_json(explain_json(ex))
+    else:
+        make_console().print(explain_renderable(ex))
+    return EXIT_OK
+

@@ -1,0 +1,126 @@
+"""`gpuguard policy check`: what the remediator would decide for a payload, without doing it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from exporter.config import Config
+from exporter.nvml import Nvml
+from remediator.alerts import Alert, Notification, PayloadError, parse_notification
+from remediator.console.common import live_json, load
+from remediator.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from remediator.console.render import make_console, policy_renderable, print_json
+from remediator.inspection import inspect_tree, protected_pids
+from remediator.ledger import FILE_NAME as LEDGER_FILE
+from remediator.ledger import Ledger, LedgerError
+from remediator.policy import ACCEPT, DEFER, PolicyState, TreeKey, decide, policy_state, screen
+
+
+def read_payload(path: str) -> Notification:
+    """The webhook body from a file or stdin, parsed exactly as POST /alerts parses it."""
+    where = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: not UTF-8: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: not JSON: {exc}") from None
+    try:
+        return parse_notification(data)
+    except PayloadError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: {exc}") from None
+
+
+def ledger_copy(state_dir: str, scratch: str) -> tuple[Ledger | None, str]:
+    """The remediator's ledger, read through a private copy so the real file is never written."""
+    source = os.path.join(state_dir, LEDGER_FILE)
+    try:
+        shutil.copyfile(source, os.path.join(scratch, LEDGER_FILE))
+    except FileNotFoundError:
+        return None, f"none at {source}: decided as a freshly started remediator"
+    except OSError as exc:
+        return None, f"{source} unreadable ({exc.strerror}): decided as a fresh remediator"
+    try:
+        return Ledger(scratch), f"read from {source}"
+    except LedgerError as exc:
+        return None, f"{source} unusable ({exc}): decided as a fresh remediator"
+
+
+def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nvml: Nvml,
+                pending: set[TreeKey]) -> dict[str, Any]:
+    """Intake screening as POST /alerts does it, then the worker's live check and decide()."""
+    intake_state = dataclasses.replace(state, pending=frozenset(pending))
+    intake = screen(alert, intake_state)
+    out: dict[str, Any] = {
+        "index": index,
+        "fingerprint": alert.fingerprint,
+        "alertname": alert.label("alertname"),
+        "status": alert.status,
+        "key": str(intake.key) if intake.key is not None else None,
+        "intake": intake.to_json(),
+        "decision": None,
+        "then": None,
+        "live": None,
+    }
+    if intake.action != ACCEPT or intake.key is None:
+        return out
+    key = intake.key
+    pending.add(key)
+    live = inspect_tree(key, nvml=nvml, rules=config.classify)
+    worker_state = dataclasses.replace(state, pending=frozenset(state.pending - {key}))
+    decision = decide(alert, live, worker_state)
+    out["decision"] = decision.to_json()
+    out["live"] = live_json(live)
+    if decision.action == DEFER and decision.recheck_at is not None:
+        # What the worker's re-check would say once the tree is old enough, if nothing changes.
+        first_seen = dict(worker_state.first_seen)
+        first_seen[key] = decision.first_seen if decision.first_seen is not None else state.now
+        later = dataclasses.replace(worker_state, now=decision.recheck_at, first_seen=first_seen)
+        out["then"] = decide(alert, live, later).to_json()
+    return out
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    """What the remediator would do with a payload, without doing it: no signal, no ledger write."""
+    config = load(args.config)
+    notification = read_payload(args.payload)
+    nvml = Nvml()
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
+            ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)
+            state = policy_state(config.remediate, args.hostname, ledger, time.time(),
+                                 protected_pids())
+            pending = set(state.pending)
+            results = [check_alert(i, alert, state, config, nvml, pending)
+                       for i, alert in enumerate(notification.alerts)]
+    finally:
+        nvml.close()
+    rem = config.remediate
+    doc = {
+        "schema": POLICY_SCHEMA,
+        "config": config.source,
+        "hostname": args.hostname,
+        "ledger": ledger_note,
+        "remediate": {"mode": rem.mode, "alerts": list(rem.alerts), "reasons": list(rem.reasons),
+                      "min_age_seconds": rem.min_age_seconds},
+        "alerts": results,
+    }
+    if args.json:
+        print_json(doc)
+    else:
+        make_console().print(policy_renderable(doc))
+    return EXIT_OK
+

@@ -1,0 +1,209 @@
+"""`gpuguard reap ROOT_PID`: the remediator's verification and reaper, driven by a person.
+
+`reap --apply` signals whatever `remediate.mode` says: the mode governs the
+alert-driven path; a person typing --apply has decided. It still goes through the
+same live verification as policy.decide(), the reaper's guards, and writes the
+remediator's audit record, marked `manual`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+
+from exporter.classify import ORPHAN
+from exporter.nvml import Nvml
+from exporter.procfs import ProcessView, in_host_pid_namespace
+from remediator.alertmanager import SILENCED, UNREACHABLE
+from remediator.audit import AuditLog, audit_record
+from remediator.console.common import alert_line, alert_state, live_json, load, operator
+from remediator.console.contract import (
+    EXIT_NO_PROCESS,
+    EXIT_NOT_AUDITED,
+    EXIT_OK,
+    EXIT_REAP_FAILED,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    PROG,
+    REAP_SCHEMA,
+    REFUSED,
+    Failure,
+)
+from remediator.console.render import make_console, print_json, reap_renderable
+from remediator.inspection import inspect_tree, protected_pids
+from remediator.policy import (
+    DRY_RUN,
+    IGNORE,
+    REAP,
+    Decision,
+    LiveTree,
+    Member,
+    TreeKey,
+    verify_live,
+)
+from remediator.reaper import Outcome, Reaper, ReapPlan, ReapResult
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """Everything `reap` prints, for people or as gpuguard.reap/v1."""
+
+    key: TreeKey
+    live: LiveTree
+    decision: Decision
+    result: ReapResult | None
+    apply: bool
+    forced: bool
+    audited: str | None  # the audit file, or None with `audit_error`
+    audit_error: str | None
+    alert: dict[str, Any] | None = None  # Alertmanager's state of the tree's alert
+
+    def to_json(self, code: int) -> dict[str, Any]:
+        res = self.result
+        return {
+            "schema": REAP_SCHEMA,
+            "exit_code": code,
+            "key": {"hostname": self.key.hostname, "root_pid": self.key.root_pid,
+                    "root_start_time": self.key.root_start_time},
+            "apply": self.apply,
+            "forced": self.forced,
+            "decision": self.decision.to_json(),
+            "live": live_json(self.live),
+            "outcome": res.outcome if res is not None else REFUSED,
+            "reason": res.reason if res is not None else self.decision.reason,
+            "detail": res.detail if res is not None else self.decision.detail,
+            "kill_path": res.kill_path if res is not None else None,
+            "members": [{"pid": m.pid, "start_time": m.start_time, "user": m.user,
+                         "comm": m.comm} for m in (res.members if res else self.live.members)],
+            "signals": [s.to_json() for s in res.signals] if res is not None else [],
+            "survivors": list(res.survivors) if res is not None else [],
+            "reclaimed_bytes": res.reclaimed_bytes if res is not None else None,
+            "audit_log": self.audited,
+            "audit_error": self.audit_error,
+            "alert": self.alert,
+        }
+
+
+def reap_exit_code(report: ReapReport) -> int:
+    res = report.result
+    if res is None or res.outcome == Outcome.ABORTED:
+        return EXIT_REFUSED
+    if report.audit_error is not None and res.signalled:
+        return EXIT_NOT_AUDITED
+    if res.outcome == Outcome.FAILED:
+        return EXIT_REAP_FAILED
+    return EXIT_OK
+
+
+def refusal(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
+    """Why the manual path will not even plan this reap (None: go on to the reaper).
+
+    decide()'s own live verification; --force lifts only its orphan-verdict check.
+    The detail says what a person can do about it.
+    """
+    refused = verify_live(key, live, named_by=f"{PROG} reap", require_orphan=not force)
+    if refused is None:
+        return None
+    hint = ("pass --force to reap it anyway" if live.tree_found  # only the verdict is left
+            else f"`{PROG} status` lists the roots" if refused.reason == "tree-not-found"
+            else "")
+    return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    """The remediator's verification and reaper, driven by a person instead of an alert."""
+    config = load(args.config)
+    hostname = args.hostname
+    if args.apply and not in_host_pid_namespace() and not args.allow_pid_namespace:
+        raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
+                      "reports host pids; pass --allow-pid-namespace only if NVML reports "
+                      "this namespace's pids")
+    info = ProcessView().fresh_stat(args.root_pid)
+    if info is None or info.is_zombie:
+        raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
+    start_time = args.start_time if args.start_time is not None else info.start_time
+    key = TreeKey(hostname, args.root_pid, start_time)
+    nvml = Nvml()
+    err = make_console(stderr=True)
+    manual = {"by": operator(), "command": f"{PROG} reap", "apply": args.apply,
+              "force": args.force}
+    mode = "enforce" if args.apply else "dry-run"
+    try:
+        live = inspect_tree(key, nvml=nvml, rules=config.classify)
+        manual["verdict"] = live.verdict or None
+        refused = refusal(key, live, args.force)
+        result: ReapResult | None = None
+        if refused is not None:
+            decision = refused
+        else:
+            if live.verdict != ORPHAN:
+                err.print(Text(f"WARNING: --force: pid {key.root_pid} is NOT an orphan: verdict "
+                               f"{live.verdict} ({live.reason}). "
+                               + ("Reaping it anyway." if args.apply
+                                  else "Dry run only; --apply would reap it."),
+                               style="bold red"))
+            decision = Decision(REAP if args.apply else DRY_RUN, live.reason or "forced",
+                                f"manual reap by {operator()}"
+                                + (f" (--force over verdict {live.verdict})"
+                                   if live.verdict != ORPHAN else ""), key)
+        audit = AuditLog(config.remediate.audit_log)
+
+        reap_id = uuid.uuid4().hex
+
+        def journal(phase: str, members: tuple[Member, ...]) -> None:
+            audit.append(audit_record(hostname, time.time(), decision, live, None, key=key,
+                                      mode=mode, phase=phase, members=members,
+                                      reap_id=reap_id, manual=manual))
+
+        alert: dict[str, Any] | None = None
+
+        def confirm() -> tuple[str, str] | None:
+            """A silenced tree (or an Alertmanager that cannot say) needs --force."""
+            nonlocal alert
+            alert = alert_state(config, hostname, key.root_pid, key.root_start_time)
+            if alert is None or args.force or alert["state"] not in (SILENCED, UNREACHABLE):
+                return None
+            reason = "silenced" if alert["state"] == SILENCED else "alertmanager-unreachable"
+            return reason, f"{alert_line(alert)}; pass --force to reap it anyway"
+
+        if refused is None:
+            plan = ReapPlan(key=key, members=live.members, holders=live.holders,
+                            gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus)
+            deadline = time.monotonic() + config.remediate.worker_timeout_seconds
+            # --force overrides the classifier (verdict and member protections), never
+            # the policy's guards: pid 1, kernel threads, root-owned, remediate.users.
+            result = Reaper(nvml=nvml).reap(
+                plan, policy=config.remediate, rules=config.classify,
+                protected_pids=protected_pids(), deadline=deadline,
+                journal=journal if args.apply else None, force=args.force, confirm=confirm)
+            if result.outcome == Outcome.ABORTED:
+                decision = Decision(IGNORE, result.reason, result.detail, key)
+        audit_error = None
+        try:
+            record = audit_record(hostname, time.time(), decision, live, result, key=key,
+                                  mode=mode, reap_id=reap_id, manual=manual)
+            if alert is not None:
+                record["alertmanager"] = alert
+            audit.append(record)
+            audited: str | None = str(audit.path)
+        except OSError as exc:
+            audited, audit_error = None, f"{audit.path}: {exc.strerror}"
+    finally:
+        nvml.close()
+    report = ReapReport(key, live, decision, result, args.apply, args.force, audited, audit_error,
+                        alert)
+    code = reap_exit_code(report)
+    if args.json:
+        print_json(report.to_json(code))
+    else:
+        make_console().print(reap_renderable(report))
+    if audit_error is not None:
+        err.print(Text(f"error: not audited: {audit_error}", style="bold red"))
+    return code
+

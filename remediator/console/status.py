@@ -1,0 +1,136 @@
+"""`gpuguard status`: one scan (or a refreshing view of scans), as the exporter would see it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.spinner import Spinner
+from rich.text import Text
+
+from exporter.classify import Tree
+from exporter.config import Config
+from exporter.nvml import Nvml
+from exporter.procfs import ProcessView
+from exporter.scanner import Scanner, Snapshot, user_name
+from remediator.console.common import (
+    alert_line,
+    gpu_json,
+    holder_json,
+    load,
+    member_json,
+    nvml_json,
+    orphan_alerts,
+    process_age,
+    tree_members,
+)
+from remediator.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
+from remediator.console.render import make_console, nvml_down_line, print_json, status_renderable
+
+
+def tree_json(tree: Tree, snap: Snapshot,
+              alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    root = tree.root
+    orphan = snap.orphans.get(root.identity) if root is not None else None
+    return {
+        "root_pid": tree.root_pid,
+        "root_start_time": tree.root_start_time,
+        "root_comm": root.comm if root is not None else None,
+        "root_user": user_name(root.uid) if root is not None else None,
+        "root_age_seconds": process_age(tree.root_start_time),
+        "orphan_since": None,
+        "verdict": tree.verdict,
+        "reason": tree.reason,
+        "rule": tree.evidence.rule,
+        "evidence": {
+            "rule": tree.evidence.rule,
+            "detail": tree.evidence.detail,
+            "pids": list(tree.evidence.pids),
+        },
+        "gpu_bytes": tree.gpu_bytes,
+        "processes": orphan.processes if orphan is not None else None,
+        "holders": [holder_json(h) for h in tree.holders],
+        "members": [member_json(m) for m in tree_members(tree)],
+        "alert": alerts.get(tree.root_pid) if alerts else None,
+    }
+
+
+def status_json(snap: Snapshot, hostname: str,
+                alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "schema": STATUS_SCHEMA,
+        "hostname": hostname,
+        "taken_at": snap.taken_at,
+        "nvml": nvml_json(snap.reading),
+        "errors": [{"stage": s, "message": m} for s, m in snap.errors],
+        "gpus": [gpu_json(g) for g in snap.reading.gpus],
+        "trees": [tree_json(t, snap, alerts) for t in snap.trees],
+    }
+
+
+def new_scanner(config: Config) -> Scanner:
+    return Scanner(rules=config.classify, nvml=Nvml(), view=ProcessView())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One scan, or a refreshing view of scans: what the exporter would publish, for people."""
+    config = load(args.config)
+    scanner = new_scanner(config)
+    hostname = args.hostname
+    try:
+        if args.watch is None:
+            snap = scanner.scan_once()
+            alerts = orphan_alerts(config, hostname, snap)
+            if args.json:
+                print_json(status_json(snap, hostname, alerts))
+            elif not snap.reading.up:
+                print(f"{PROG}: {nvml_down_line(snap.reading)}")
+            else:
+                console = make_console()
+                console.print(status_renderable(snap, hostname, lambda _t: None))
+                for root_pid, alert in sorted(alerts.items()):
+                    console.print(Text(f"alert for root {root_pid}: {alert_line(alert)}"))
+            return EXIT_OK if snap.reading.up else EXIT_NVML_DOWN
+        return watch(scanner, hostname, args.watch, as_json=args.json)
+    finally:
+        scanner.nvml.close()
+
+
+def watch(scanner: Scanner, hostname: str, interval: float, *, as_json: bool) -> int:
+    """Rescan every `interval` seconds until Ctrl-C, which is the normal way out (exit 0)."""
+    from rich.live import Live
+
+    def watched_for(tree: Tree) -> float | None:
+        snap = scanner.latest
+        if snap is None or tree.root is None or scanner.scans_total < 2:
+            return None
+        info = snap.orphans.get(tree.root.identity)
+        return info.age_seconds if info is not None else None
+
+    try:
+        if as_json:
+            while True:
+                print_json(status_json(scanner.scan_once(), hostname))
+                time.sleep(interval)
+        console = make_console()
+        spinner = Spinner("dots", text="scanning", style="cyan")
+        snap = scanner.scan_once()
+        with Live(console=console, refresh_per_second=8, transient=False) as live:
+            while True:
+                body = status_renderable(snap, hostname, watched_for)
+                deadline = time.monotonic() + interval
+                while (left := deadline - time.monotonic()) > 0:
+                    spinner.update(text=Text(
+                        f"every {interval:g}s, next scan in {left:.0f}s, "
+                        f"last took {snap.duration_seconds * 1000:.0f} ms (Ctrl-C to quit)",
+                        style="dim"))
+                    live.update(Group(spinner, body))
+                    time.sleep(min(0.25, left))
+                spinner.update(text=Text("scanning", style="dim"))
+                live.update(Group(spinner, body), refresh=True)
+                snap = scanner.scan_once()
+    except KeyboardInterrupt:
+        return EXIT_OK
+
