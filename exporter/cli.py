@@ -23,6 +23,7 @@ from exporter.serving import (
     positive_float,
     serve_until_signalled,
 )
+from exporter.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.exporter")
 
@@ -40,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML config (only its classify: section is used here)")
     p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
                    metavar="HOST:PORT", help=f"where to serve /metrics (default {DEFAULT_LISTEN})")
+    p.add_argument("--web-config-file", metavar="FILE",
+                   help="exporter-toolkit web config: TLS, client certificates, bcrypt basic "
+                        "auth, headers (re-read when it or its certificates change); "
+                        "/healthz stays open for probes")
     p.add_argument("--scan-interval", type=positive_float, default=5.0, metavar="SECONDS",
                    help="seconds between scans (default 5)")
     p.add_argument("--hostname", default=socket.gethostname(),
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
+        web = WebConfigSource(args.web_config_file) if args.web_config_file else None
     except ConfigError as exc:
         print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
         return 2
@@ -92,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     host, port = args.listen
     try:
         server = create_server(make_app(scanner, registry), host=host, port=port, threads=4,
-                               ident="gpuguard-exporter")
+                               ident="gpuguard-exporter", web=web,
+                               open_paths=lambda path: path == "/healthz")
     except OSError as exc:
         print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
               file=sys.stderr)

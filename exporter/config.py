@@ -365,3 +365,4 @@ def load_config(path: str | Path | None) -> Config:
 #: The validators, for the other files in this format family (the web config).
 section = _section
 str_list = _str_list
+bool_value = _bool

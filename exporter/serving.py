@@ -16,9 +16,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from typing import Any
+
+from exporter.tlsfront import TlsFront
+from exporter.webauth import protect
+from exporter.webconfig import WebConfigSource
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
 IDLE_TIMEOUT_SECONDS = 10
@@ -29,16 +36,58 @@ CLEANUP_INTERVAL_SECONDS = 2
 
 
 def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
-                  idle_timeout: float = IDLE_TIMEOUT_SECONDS, **options: Any) -> Any:
-    """A waitress server for `app` with the limits above (raises OSError if it cannot bind)."""
+                  idle_timeout: float = IDLE_TIMEOUT_SECONDS,
+                  web: WebConfigSource | None = None,
+                  open_paths: Callable[[str], bool] = lambda path: False,
+                  **options: Any) -> Any:
+    """A waitress server for `app` with the limits above (raises OSError if it cannot bind).
+
+    With a web config, `app` sits behind its basic auth (except `open_paths`) and
+    headers, and with TLS configured the public port is a TlsFront relaying to waitress
+    on a Unix socket in a private directory."""
     from waitress import create_server as waitress_server
 
-    server = waitress_server(app, host=host, port=port, threads=threads, ident=ident,
-                             channel_timeout=idle_timeout, connection_limit=CONNECTION_LIMIT,
-                             cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout),
-                             **options)
-    server.channel_class = _bounded_channel()
-    return server
+    limits: dict[str, Any] = dict(
+        threads=threads, ident=ident, channel_timeout=idle_timeout,
+        connection_limit=CONNECTION_LIMIT,
+        cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout), **options)
+    if web is None:
+        server = waitress_server(app, host=host, port=port, **limits)
+        server.channel_class = _bounded_channel()
+        return server
+    app = protect(app, lambda: web.current()[0], exempt=open_paths)
+    if web.current()[1] is None:
+        server = waitress_server(app, host=host, port=port, **limits)
+        server.channel_class = _bounded_channel()
+        return server
+    private = tempfile.mkdtemp(prefix="gpuguard-http-")  # mode 0700
+    backend = os.path.join(private, "http.sock")
+    try:
+        front = TlsFront(host=host, port=port, backend=backend,
+                         context=lambda: web.current()[1], connection_limit=CONNECTION_LIMIT)
+    except OSError:
+        os.rmdir(private)
+        raise
+    inner = waitress_server(app, unix_socket=backend, unix_socket_perms="600", **limits)
+    inner.channel_class = _bounded_channel()
+    return TlsServer(inner, front, private)
+
+
+class TlsServer:
+    """waitress behind a TlsFront, run and closed as one server."""
+
+    def __init__(self, inner: Any, front: TlsFront, private: str) -> None:
+        self.inner, self.front, self.private = inner, front, private
+        self.effective_port = front.port
+
+    def run(self) -> None:
+        self.front.start()
+        self.inner.run()
+
+    def close(self) -> None:
+        self.front.close()
+        self.inner.close()
+        shutil.rmtree(self.private, ignore_errors=True)
 
 
 def _bounded_channel() -> type:

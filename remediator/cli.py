@@ -20,6 +20,7 @@ from exporter.config import ConfigError, load_config
 from exporter.procevents import ProcessEvents
 from exporter.procfs import in_host_pid_namespace
 from exporter.serving import create_server, listen_address, serve_until_signalled
+from exporter.webconfig import WebConfigSource
 from remediator.audit import UnsafePathError
 from remediator.ledger import LedgerError
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
                    metavar="HOST:PORT", help=f"where to serve (default {DEFAULT_LISTEN}; "
                    "port 0 picks a free port)")
+    p.add_argument("--web-config-file", metavar="FILE",
+                   help="exporter-toolkit web config: TLS, client certificates, basic auth "
+                        "(for every path but /alerts, which keeps its bearer token, and "
+                        "/healthz), headers; re-read when it or its certificates change")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"bearer token Alertmanager must send (or env {TOKEN_ENV}); "
                         "re-read when it changes")
@@ -85,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
+        web = WebConfigSource(args.web_config_file) if args.web_config_file else None
     except ConfigError as exc:
         return _fail(f"config error: {exc}")
 
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(service, token=token)
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
-                               ident=PROG, max_request_body_size=WAITRESS_MAX_BODY)
+                               ident=PROG, max_request_body_size=WAITRESS_MAX_BODY, web=web,
+                               open_paths=lambda path: path in ("/alerts", "/healthz"))
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     service.start()

@@ -1,0 +1,342 @@
+"""The exporter-toolkit web configuration file (`--web-config-file`), for both daemons.
+
+The format every widely used Prometheus exporter reads (node_exporter, dcgm-exporter):
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths: to this file's directory
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert
+      client_ca_file: ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2b$12$...         # bcrypt hashes
+
+Everything the toolkit documents is either honoured or refused at start-up with one
+line naming the file and key: Python's `ssl` cannot request a client certificate
+without verifying it (`RequestClientCert`, `RequireAnyClientCert`), choose curves,
+serve HTTP/2, or restrict TLS 1.3 suites, so those are errors, never silently ignored.
+
+`WebConfigSource` re-reads the file, and the certificate files it names, when any of
+them changes (checked at most once a second, per connection), so certificate
+rotation and user changes need no restart; a broken edit keeps the last good
+configuration and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporter.config import ConfigError, bool_value, parse_yaml, section, str_list
+
+log = logging.getLogger("gpuguard.webconfig")
+
+#: client_auth_type values (Go's tls.ClientAuthType names) -> what Python's ssl can do.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+CLIENT_AUTH_UNSUPPORTED = ("RequestClientCert", "RequireAnyClientCert",
+                           "RequireClientCert")  # the toolkit's old name of RequireAny...
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+#: Go's TLS 1.2 cipher suite names -> OpenSSL's. (Go, like Python, does not let TLS 1.3
+#: suites be chosen.)
+CIPHER_SUITES = {
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+}
+#: The response headers the toolkit lets a web config set.
+HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options",
+           "X-XSS-Protection", "Strict-Transport-Security")
+#: A bcrypt hash's form (checked without running bcrypt: a reload must stay cheap).
+BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+#: Seconds between checks of the files' identities (a stat of each, per connection).
+RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert_file: str
+    key_file: str
+    client_auth: ssl.VerifyMode = ssl.CERT_NONE
+    client_ca_file: str | None = None
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion | None = None
+    ciphers: tuple[str, ...] = ()
+
+    def files(self) -> tuple[str, ...]:
+        return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
+
+    def context(self) -> ssl.SSLContext:
+        """A server context; raises ssl.SSLError or OSError for unusable files."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = self.min_version
+        if self.max_version is not None:
+            ctx.maximum_version = self.max_version
+        if self.ciphers:
+            ctx.set_ciphers(":".join(self.ciphers))
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        ctx.verify_mode = self.client_auth
+        if self.client_ca_file:
+            ctx.load_verify_locations(cafile=self.client_ca_file)
+        return ctx
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One reading of the file: TLS (or None), bcrypt users (or none), extra headers."""
+
+    source: str
+    tls: TlsConfig | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _file(base: Path) -> Callable[[str, str, Any], str]:
+    def check(path: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(path, key, "must be a file name")
+        full = (base / value) if not os.path.isabs(value) else Path(value)
+        try:
+            with open(full, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(path, key, f"cannot read {full}: {exc.strerror}") from None
+        return str(full)
+
+    return check
+
+
+def _unsupported(why: str) -> Callable[[str, str, Any], None]:
+    def check(path: str, key: str, value: Any) -> None:
+        raise ConfigError(path, key, f"not supported: {why}")
+
+    return check
+
+
+def _tls(base: Path) -> Callable[[str, str, Any], TlsConfig]:
+    def check(path: str, key: str, value: Any) -> TlsConfig:
+        got = section(path, key, value, {
+            "cert_file": _file(base),
+            "key_file": _file(base),
+            "client_auth_type": _client_auth,
+            "client_ca_file": _file(base),
+            "min_version": _version,
+            "max_version": _version,
+            "cipher_suites": _ciphers,
+            "prefer_server_cipher_suites": bool_value,  # OpenSSL servers always prefer theirs
+            "cert": _unsupported("inline certificates; use cert_file"),
+            "key": _unsupported("inline keys; use key_file"),
+            "curve_preferences": _unsupported("Python's ssl cannot choose curves"),
+            "client_allowed_sans": _unsupported("use a dedicated client CA instead"),
+        })
+        for required in ("cert_file", "key_file"):
+            if required not in got:
+                raise ConfigError(path, f"{key}.{required}", "is required for TLS")
+        low, high = got.get("min_version"), got.get("max_version")
+        if low is not None and high is not None and high < low:
+            raise ConfigError(path, f"{key}.max_version", "is below min_version: no "
+                              "handshake could succeed")
+        auth = got.get("client_auth_type", ssl.CERT_NONE)
+        if auth != ssl.CERT_NONE and "client_ca_file" not in got:
+            raise ConfigError(path, f"{key}.client_ca_file",
+                              "is required to verify client certificates")
+        if "client_ca_file" in got and auth == ssl.CERT_NONE:
+            raise ConfigError(path, f"{key}.client_auth_type", "client_ca_file is set but "
+                              "client_auth_type is NoClientCert: say how to use it")
+        tls = TlsConfig(
+            cert_file=got["cert_file"], key_file=got["key_file"], client_auth=auth,
+            client_ca_file=got.get("client_ca_file"),
+            min_version=got.get("min_version", ssl.TLSVersion.TLSv1_2),
+            max_version=got.get("max_version"), ciphers=got.get("cipher_suites", ()),
+        )
+        try:
+            tls.context()
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(path, key, f"unusable certificate, key or CA: {exc}") from None
+        return tls
+
+    return check
+
+
+def _client_auth(path: str, key: str, value: Any) -> ssl.VerifyMode:
+    if value in CLIENT_AUTH_UNSUPPORTED:
+        raise ConfigError(path, key, f"{value} is not supported: Python's ssl verifies every "
+                          "client certificate it asks for; use VerifyClientCertIfGiven or "
+                          "RequireAndVerifyClientCert")
+    if value not in CLIENT_AUTH:
+        raise ConfigError(path, key, f"must be one of {', '.join(CLIENT_AUTH)}, got {value!r}")
+    return CLIENT_AUTH[value]
+
+
+def _version(path: str, key: str, value: Any) -> ssl.TLSVersion:
+    if value not in TLS_VERSIONS:
+        raise ConfigError(path, key, f"must be one of {', '.join(TLS_VERSIONS)}, got {value!r}")
+    return TLS_VERSIONS[value]
+
+
+def _ciphers(path: str, key: str, value: Any) -> tuple[str, ...]:
+    names = str_list(path, key, value)
+    unknown = [n for n in names if n not in CIPHER_SUITES]
+    if unknown:
+        raise ConfigError(path, key, f"{unknown[0]!r} is not a TLS 1.2 suite this server "
+                          "can offer (TLS 1.3 suites cannot be chosen)")
+    return tuple(CIPHER_SUITES[n] for n in names)
+
+
+def _http(path: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    got = section(path, key, value, {
+        "headers": _headers,
+        "http2": lambda p, k, v: _no_http2(p, k, v),
+    })
+    return got.get("headers", ())
+
+
+def _no_http2(path: str, key: str, value: Any) -> None:
+    if value is not False:
+        raise ConfigError(path, key, "HTTP/2 is not supported: set false or leave it out")
+
+
+def _headers(path: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ConfigError(path, key, "must be a mapping of header to value")
+    out = []
+    for name, text in value.items():
+        if name not in HEADERS:
+            raise ConfigError(path, f"{key}.{name}", f"must be one of {', '.join(HEADERS)}")
+        if not isinstance(text, str) or "\n" in text or "\r" in text:
+            raise ConfigError(path, f"{key}.{name}", "must be a one-line string")
+        out.append((name, text))
+    return tuple(out)
+
+
+def _users(path: str, key: str, value: Any) -> dict[str, bytes]:
+    if not isinstance(value, dict):
+        raise ConfigError(path, key, "must be a mapping of user name to bcrypt hash")
+    out = {}
+    for user, hashed in value.items():
+        where = f"{key}.{user}"
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(path, where, "a user name must be a non-empty string without ':'")
+        if not isinstance(hashed, str):
+            raise ConfigError(path, where, "must be a bcrypt hash")
+        if not BCRYPT_HASH.fullmatch(hashed):
+            raise ConfigError(path, where, "is not a bcrypt hash ($2a$/$2b$/$2y$, cost, "
+                              "53 characters of salt and hash)")
+        out[user] = hashed.encode()
+    return out
+
+
+def parse_web_config(text: str, *, source: str) -> WebConfig:
+    base = Path(source).resolve().parent
+    got = section(source, "", parse_yaml(text, source=source) or {}, {
+        "tls_server_config": _tls(base),
+        "http_server_config": _http,
+        "basic_auth_users": _users,
+    })
+    return WebConfig(source=source, tls=got.get("tls_server_config"),
+                     users=got.get("basic_auth_users", {}),
+                     headers=got.get("http_server_config", ()))
+
+
+def load_web_config(path: str) -> WebConfig:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(path, "(file)", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(path, "(file)", f"cannot read: {exc}") from None
+    return parse_web_config(text, source=path)
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+class WebConfigSource:
+    """The current web config and TLS context, re-read when a file they come from changes.
+
+    `current()` is called per connection (TLS) and per request (auth); it stats the
+    files at most once per RECHECK_SECONDS. A re-read that fails keeps what was last
+    good: a half-written certificate during rotation must not take the endpoint down.
+    """
+
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._config = load_web_config(path)
+        self._context = self._config.tls.context() if self._config.tls else None
+        self._seen = self._identities(self._config)
+        self._checked = clock()
+        self._failed: tuple[object, ...] | None = None
+
+    def _identities(self, config: WebConfig) -> tuple[object, ...]:
+        files = (self.path, *(config.tls.files() if config.tls else ()))
+        return tuple(_identity(f) for f in files)
+
+    def current(self) -> tuple[WebConfig, ssl.SSLContext | None]:
+        with self._lock:
+            now = self._clock()
+            if now - self._checked >= RECHECK_SECONDS:
+                self._checked = now
+                self._refresh()
+            return self._config, self._context
+
+    def _refresh(self) -> None:
+        seen = self._identities(self._config)
+        if seen == self._seen or seen == self._failed:
+            return
+        try:
+            config = load_web_config(self.path)
+            context = config.tls.context() if config.tls else None
+        except (ConfigError, ssl.SSLError, OSError) as exc:
+            self._failed = seen
+            log.error("web config %s: keeping the last good one: %s", self.path, exc)
+            return
+        after = self._identities(config)
+        if after[0] != seen[0]:
+            return  # the file changed while it was read: read it again at the next check
+        problem = None
+        if (config.tls is None) != (self._config.tls is None):
+            problem = "TLS cannot be switched on or off without a restart"
+        elif self._config.users and not config.users:
+            # Also what a file caught half-written looks like: never fail open.
+            problem = "basic auth cannot be switched off without a restart"
+        if problem is not None:
+            self._failed = seen
+            log.error("web config %s: %s; keeping the last good one", self.path, problem)
+            return
+        self._config, self._context = config, context
+        self._seen, self._failed = after, None
+        log.info("web config %s reloaded", self.path)
