@@ -69,6 +69,9 @@ class Reason(enum.StrEnum):
     LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a script finishing)
     SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
     PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
+    #: The holder's session lives, but a process above it (that created it, or adopted
+    #: it) lost its own launcher: alerted, reaped only where the policy names it.
+    SESSION_ORPHANED = "session-orphaned"
     #: Rule 6's unknown: the evidence fits an adoption and a fork alike.
     ADOPTION_UNCERTAIN = "adoption-uncertain"
     ATTACHED = "attached"
@@ -210,6 +213,7 @@ LAUNCHER_EXITED = Reason.LAUNCHER_EXITED
 SESSION_ENDED = Reason.SESSION_ENDED
 PARENT_EXITED = Reason.PARENT_EXITED
 ADOPTION_UNCERTAIN = Reason.ADOPTION_UNCERTAIN
+SESSION_ORPHANED = Reason.SESSION_ORPHANED
 
 
 class ExitEvent(Protocol):
@@ -295,6 +299,19 @@ class Adoption:
 
     why: str
     certain: bool
+
+
+def _leader_gone(x: ProcInfo, view: ProcSource) -> str | None:
+    """How X's session leader is gone (gone, a zombie, or its pid names a process newer
+    than X), or None while it lives."""
+    leader = view.stat(x.sid)
+    if leader is None:
+        return "gone"
+    if leader.is_zombie:
+        return "a zombie"
+    if leader.start_time > x.start_time:
+        return f"replaced by a newer process ({leader.comm})"
+    return None
 
 
 def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> Adoption | None:
@@ -462,6 +479,19 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
         if adoption is not None:
             adopted = x
             break
+    # Nothing in the holder's session: a process above it whose own launcher is gone
+    # (torchrun's workers lead sessions of their own; so do an agent's shells) roots a
+    # tree of reason session-orphaned, which people see and the default policy leaves.
+    above = False
+    for i in range(len(chain) - 1, -1, -1) if adopted is None else ():
+        x = chain[i]
+        y = chain[i + 1] if i + 1 < len(chain) else init
+        if y is None or x.sid == info.sid:
+            continue
+        adoption = _adopted(x, y, view, rules)
+        if adoption is not None and _leader_gone(x, view) is not None:
+            adopted, above = x, True
+            break
     candidate = adopted if adopted is not None else chain[-1]
     upto = chain[: chain.index(candidate) + 1]
 
@@ -511,19 +541,20 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             return verdict(NORMAL, Reason.DAEMON, Rule.ADOPTION,
                            f"{adopted.pid} detached on purpose (cwd /, stdin /dev/null)",
                            [adopted.pid])
-        leader = view.stat(adopted.sid)
-        # Gone, a zombie, or its pid names a process newer than X: not X's leader any more.
-        gone = (leader is None or leader.is_zombie
-                or leader.start_time > adopted.start_time)
+        state = _leader_gone(adopted, view)
         # Rule 4's keep marker: read environ only for what would otherwise be an orphan.
         if view.keep_marker(adopted):
             return verdict(PROTECTED, Reason.KEEP_MARKER, Rule.DETACH,
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
         assert adoption is not None
         adopted_why = adoption.why
-        if gone:
-            state = ("gone" if leader is None else "a zombie" if leader.is_zombie
-                     else f"replaced by a newer process ({leader.comm})")
+        if above:
+            assert state is not None
+            return verdict(ORPHAN, Reason.SESSION_ORPHANED, Rule.ADOPTION,
+                           f"{adopted_why}; its session leader {adopted.sid} is {state}; the "
+                           f"holder's own session {info.sid} below it was created on purpose "
+                           "and its leader lives", [adopted.pid, ppid, adopted.sid, info.sid])
+        if state is not None:
             pids = [adopted.pid, ppid, adopted.sid]
             # How it died, when the kernel's process events saw it (after X started).
             died = view.launcher_exit(adopted.sid, adopted.start_time)

@@ -27,8 +27,10 @@ from exporter.classify import (
 
 MODES = ("dry-run", "enforce")
 #: Orphan reasons (classify rule 6): the launcher killed by a signal, exited by itself,
-#: or gone with no event seen (gpuguard started later); or only a parent in between died.
-REASONS = ("launcher-killed", "session-ended", "launcher-exited", "parent-exited")
+#: or gone with no event seen (gpuguard started later); or only a parent in between died;
+#: or the holder's own session lives under a process whose launcher is gone.
+REASONS = ("launcher-killed", "session-ended", "launcher-exited", "parent-exited",
+           "session-orphaned")
 
 
 class ConfigError(Exception):

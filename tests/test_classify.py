@@ -179,14 +179,17 @@ def test_e1_under_a_process_that_leads_no_session_is_proof():
     check(tree, ORPHAN, "parent-exited", 200, "6")
 
 
-def test_live_session_below_an_adopted_process_is_not_judged_by_it():
-    # bash -> agent -> setsid shell -> job; bash killed, the agent adopted by PID 1. The
-    # job's own session leader (the shell) lives in its ancestry: rule 6 stops there.
+def test_live_session_below_an_adopted_process_is_session_orphaned():
+    # bash -> agent -> setsid shell -> job; bash (55) killed, the agent adopted by PID 1.
+    # The job's own session lives; the agent above it lost its launcher.
     table = [init(), proc(60, ppid=1, sid=55, comm="agent"),
              leader(70, ppid=60, comm="bash"), proc(80, ppid=70, sid=70, comm="python")]
     tree = one_tree(SyntheticView(table), holder(80))
-    check(tree, NORMAL, "attached", 60, "7")
-    assert "session leader 70" in tree.evidence.detail
+    check(tree, ORPHAN, "session-orphaned", 60, "6")
+    assert "the holder's own session 70" in tree.evidence.detail
+    # While the agent's own launcher lives, nothing above the job's session counts.
+    view = SyntheticView(table + [leader(55, ppid=1, comm="bash")])
+    check(one_tree(view, holder(80)), NORMAL, "attached", 60, "7")
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from exporter.classify import (
     MEMBER_PROTECTED,
     NORMAL,
     ORPHAN,
+    SESSION_ORPHANED,
     UNKNOWN,
     HolderVerdict,
     Rules,
@@ -89,13 +90,18 @@ def check_holder(world: World, listener: str, truth: HolderTruth, hv: HolderVerd
     if not truth.decidable:
         kinds = truth.kinds()
         if hv.verdict == ORPHAN:
-            fail("a" if truth.root is None else "b",
-                 "orphan where /proc cannot tell: the safe side was due")
+            # The safe side is due; session-orphaned (never reaped by default) is allowed
+            # where a process above the holder's session really lost its launcher.
+            outer = truth.outer_root
+            if (hv.reason != SESSION_ORPHANED or outer is None
+                    or hv.root.identity != outer.identity):
+                fail("a" if truth.root is None else "b",
+                     "orphan where /proc cannot tell: the safe side was due")
         DEVIATIONS[(",".join(sorted(kinds)) + ("" if truth.root is None else "/orphan"),
                     hv.verdict, hv.reason if hv.verdict == ORPHAN else "-")] += 1
         return
 
-    if truth.root is None:
+    if truth.root is None and truth.outer_root is None:
         # (a) never orphan while every launcher lives; (c) protected exactly by rules 3-4.
         if hv.verdict == ORPHAN:
             fail("a", "orphan while every launcher is alive")
@@ -113,8 +119,10 @@ def check_holder(world: World, listener: str, truth: HolderTruth, hv: HolderVerd
     assert expected is not None
     if (hv.verdict, hv.reason) != expected:
         fail("b" if expected[0] == ORPHAN else "c", f"expected {expected[0]}/{expected[1]}")
-    if hv.root.identity != truth.root.identity:
-        fail("b", f"expected the root {truth.root.label()}")
+    want_root = truth.root if truth.root is not None else truth.outer_root
+    assert want_root is not None
+    if hv.root.identity != want_root.identity:
+        fail("b", f"expected the root {want_root.label()}")
     STATS[f"checked {listener} {expected[0]}/{expected[1]}"] += 1
 
 
@@ -163,7 +171,7 @@ def check_trees(world: World, listener: str, view, trees, truths: dict[int, Hold
         # Every holder of an orphan tree: its truth says orphan (or a known deviation).
         for hv in tree.holder_verdicts:
             truth = truths[hv.holder.pid]
-            if truth.decidable and truth.root is None:
+            if truth.decidable and truth.root is None and truth.outer_root is None:
                 _fail("a", "an orphan tree holds a holder whose launchers all live",
                       world, listener, truth, hv)
         STATS["orphan trees"] += 1

@@ -12,10 +12,10 @@ import pytest
 from exporter.classify import (
     ADOPTION_UNCERTAIN,
     LAUNCHER_KILLED,
-    NORMAL,
     ORPHAN,
     PARENT_EXITED,
     SESSION_ENDED,
+    SESSION_ORPHANED,
     UNKNOWN,
     classify,
 )
@@ -47,12 +47,12 @@ def verdicts(world: World, p: Proc, listener: str):
 
 
 @pytest.mark.parametrize("listener", ["every", "none"])
-def test_live_session_under_an_adopted_agent_is_not_orphan(listener):
+def test_live_session_under_an_adopted_agent_is_session_orphaned(listener):
     # An agent started from a login shell opens its own shell sessions (fork + setsid) and
     # runs a GPU job in one. The login shell is killed; the agent survives (disowned) and
     # is adopted by PID 1. The job, its shell and the agent are all alive. Rule 6 used to
-    # root an orphan tree at the agent (launcher-killed: reaped by default); it now stops
-    # at the job's own session leader, alive in its ancestry.
+    # root an orphan tree at the agent as launcher-killed (reaped by default); the job's
+    # own session lives, so it is session-orphaned: alerted, not reaped by default.
     world = World()
     bash = login(world)["bash"]
     agent = spawn(world, bash)
@@ -64,9 +64,36 @@ def test_live_session_under_an_adopted_agent_is_not_orphan(listener):
     world.kill(bash, SIGKILL)
     truth = holder_truth(job)
     assert truth.launchers_alive and truth.chain == [job, shell] and truth.decidable
+    assert truth.outer_root is agent
     tree = verdicts(world, job, listener)
-    assert (tree.verdict, tree.reason) == (NORMAL, "attached"), tree.evidence
-    assert f"session leader {shell.pid}" in tree.evidence.detail
+    assert (tree.verdict, tree.reason, tree.root_pid) == (ORPHAN, SESSION_ORPHANED,
+                                                          agent.pid), tree.evidence
+    check_moment(world, listener)
+
+
+@pytest.mark.parametrize("listener", ["every", "none"])
+def test_torchrun_workers_in_sessions_of_their_own_are_session_orphaned(listener):
+    # torchrun starts its workers with start_new_session=True: each GPU holder leads its
+    # own session. The shell that ran torchrun is killed: torchrun's tree (both workers)
+    # is one session-orphaned tree rooted at torchrun. (Found by review: the holder's
+    # session alone showed nothing, and the job was called normal.)
+    world = World()
+    bash = login(world)["bash"]
+    torchrun = spawn(world, bash, PROGRAMS[4])
+    workers = []
+    for _ in range(2):
+        worker = world.fork(torchrun)
+        assert worker is not None and world.setsid(worker)
+        world.exec(worker, PYTHON)
+        world.gpu(worker)
+        workers.append(worker)
+    world.kill(bash, SIGKILL)
+    trees = classify([holder(w.pid) for w in workers], world.view(listener), RULES)
+    assert len(trees) == 1
+    (tree,) = trees
+    assert (tree.verdict, tree.reason, tree.root_pid) == (ORPHAN, SESSION_ORPHANED,
+                                                          torchrun.pid), tree.evidence
+    assert {m.pid for m in tree.members} == {torchrun.pid, *(w.pid for w in workers)}
     check_moment(world, listener)
 
 

@@ -52,6 +52,7 @@ from exporter.classify import (
     PARENT_EXITED,
     PROTECTED,
     SESSION_ENDED,
+    SESSION_ORPHANED,
 )
 from tests.lifecycle.model import IGNORE, Proc
 
@@ -91,6 +92,11 @@ class HolderTruth:
     ancestry: list[Proc]  # holder first, PID 1 last (current parents)
     launchers_alive: bool
     root: Proc | None = None  # the orphan root (None while every launcher lives)
+    #: The topmost process above the root (or the session's creator) whose own session's
+    #: creator died (torchrun over its workers' sessions), else None. It decides only
+    #: while every launcher lives (`session-orphaned`), or where /proc cannot show the
+    #: launch chain's own break.
+    outer_root: Proc | None = None
     lost_parent: Proc | None = None  # the root's forker, dead
     rules: list[Rule] = field(default_factory=list)  # in DESIGN's order of precedence
     tags: list[Tag] = field(default_factory=list)
@@ -104,6 +110,8 @@ class HolderTruth:
         """Rule 3's root candidate: the orphan root, else the top of the ancestry."""
         if self.root is not None:
             return self.root
+        if self.outer_root is not None:
+            return self.outer_root
         return self.ancestry[-2] if len(self.ancestry) > 1 else self.ancestry[0]
 
     @property
@@ -132,11 +140,14 @@ class HolderTruth:
         return LAUNCHER_KILLED if death.signal else LAUNCHER_EXITED
 
     def expected(self, listener: str) -> tuple[str, str] | None:
-        """(verdict, reason) for a decidable orphan; None when launchers all live."""
-        if self.root is None:
+        """(verdict, reason) for a decidable orphan (or session-orphaned holder); None when
+        every launcher lives and nothing above the session lost its own."""
+        if self.root is None and self.outer_root is None:
             return None
         if self.rules:
             return self.rules[0].verdict, self.rules[0].reason
+        if self.root is None:
+            return ORPHAN, SESSION_ORPHANED
         return ORPHAN, self.expected_reason(listener)
 
     def describe(self) -> str:
@@ -191,6 +202,11 @@ def holder_truth(holder: Proc) -> HolderTruth:
                 break
         assert truth.root is not None, "the holder is alive, so some member lost its parent"
     top = ancestry.index(truth.root) if truth.root is not None else ancestry.index(chain[-1])
+    for x in reversed(ancestry[top + 1:-1]):  # top-down, PID 1 excluded
+        if (x.sid != 0 and x.session is not holder.session and x.session is not None
+                and not x.session.alive):
+            truth.outer_root = x
+            break
 
     # What /proc shows of each (x, parent) pair, against what really happened.
     for i, x in enumerate(ancestry[:-1]):
@@ -237,7 +253,7 @@ def _rules(truth: HolderTruth) -> list[Rule]:
         if m.sighup == IGNORE:
             out.append(Rule(PROTECTED, "ignores-sighup", m))
             break
-    if truth.root is None:
+    if truth.root is None and truth.outer_root is None:
         return out
     for m in way:
         if m.cgroup.managed:
