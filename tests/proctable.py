@@ -71,6 +71,8 @@ class FakeProc:
     keep: bool = False
     daemon_io: bool = False
     kernel_thread: bool = False
+    #: Other threads still run after the main one exited (stat then shows Z).
+    threads_alive: bool = False
 
     def __post_init__(self) -> None:
         if self.pgid is None:
@@ -324,6 +326,14 @@ class SyntheticView:
         self.exit(pid)
 
     # -- descendants, as ProcessView walks them ---------------------------------------
+
+    def thread_states(self, pid: int) -> tuple[str, ...] | None:
+        """The main thread's state, and "S" for the others when `threads_alive`."""
+        self.calls.append(("thread_states", pid))
+        p = self._procs.get(pid)
+        if p is None:
+            return None
+        return (p.state, *(("S",) if p.threads_alive else ()))
 
     def children(self, pid: int) -> tuple[int, ...] | None:
         """Pids whose ppid is `pid`, or None when `pid` is gone."""

@@ -740,3 +740,14 @@ def test_a_leaders_pid_reused_by_a_newer_process_still_reads_as_ended():
     tree = one_tree(view)
     check(tree, ORPHAN, "session-ended", 200, "6")
     assert "replaced by a newer process" in tree.evidence.detail
+
+
+def test_zombie_leader_whose_other_threads_run_is_alive():
+    # The session leader's main thread called pthread_exit(): /proc/100/stat shows Z while
+    # the process runs on. Its session has not ended: not session-ended (reaped by
+    # default), but parent-exited (only 200's own parent died).
+    view = leader_killed()
+    view.add(leader(100, ppid=95, comm="bash", state="Z", threads_alive=True))
+    check(one_tree(view), ORPHAN, "parent-exited", 200, "6")
+    view.update(100, threads_alive=False)  # the whole thread group is gone now
+    check(one_tree(view), ORPHAN, "session-ended", 200, "6")
