@@ -59,7 +59,7 @@ MIX: dict[str, tuple[int, int]] = {
     "tree alert (repeated)": (1000, 200),
     "HA-peer duplicate": (300, 200),
     "other host": (100, 200),
-    "bad JSON": (150, 415),
+    "bad JSON": (150, 400),  # the media type is right: 400 (remediator/app.py)
     "wrong shape": (150, 400),
     "wrong Content-Type": (100, 415),
     "no token": (100, 401),

@@ -34,6 +34,10 @@ HTTP_THREADS = 4
 WAITRESS_MAX_BODY = 16 * 1024 * 1024
 
 
+#: Paths the web config's basic auth leaves alone: they carry the bearer token (one
+#: Authorization header cannot carry both), or are probes.
+OWN_AUTH_PATHS = ("/alerts", "/state", "/healthz")
+
 parse_listen = listen_address("127.0.0.1")
 
 
@@ -50,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "port 0 picks a free port)")
     p.add_argument("--web-config-file", metavar="FILE",
                    help="exporter-toolkit web config: TLS, client certificates, basic auth "
-                        "(for every path but /alerts, which keeps its bearer token, and "
-                        "/healthz), headers; re-read when it or its certificates change")
+                        "(for /metrics: /alerts and /state keep their bearer token, "
+                        "/healthz stays open), headers; re-read when it or its "
+                        "certificates change")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"bearer token Alertmanager must send (or env {TOKEN_ENV}); "
                         "re-read when it changes")
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, max_request_body_size=WAITRESS_MAX_BODY, web=web,
-                               open_paths=lambda path: path in ("/alerts", "/healthz"))
+                               open_paths=lambda path: path in OWN_AUTH_PATHS)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     service.start()

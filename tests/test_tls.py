@@ -177,6 +177,16 @@ def test_whole_loop_over_tls_reaps(fake_nvml_lib: Path, tmp_path: Path, certs: C
             wait_for(lambda job=job: [r for r in prom.query(f'up{{job="{job}"}}')
                                       if r["value"][1] == "1"],
                      timeout=30, what=f"Prometheus scraping {job} over TLS")
+        # The remediator: /metrics behind basic auth, /state behind its bearer token only.
+        url = loop.remediator.url
+        kw = dict(verify=certs.path("ca.crt"), timeout=10,
+                  cert=(certs.path("client.crt"), certs.path("client.key")))
+        assert requests.get(f"{url}/metrics", **kw).status_code == 401
+        assert requests.get(f"{url}/metrics", auth=("prometheus", PASSWORD),
+                            **kw).status_code == 200
+        state = requests.get(f"{url}/state", headers={
+            "Authorization": "Bearer loop-secret-token"}, **kw)
+        assert state.status_code == 200, state.text
         try:
             wait_for(lambda: not any(alive(p) for p in members), timeout=90,
                      what="the orphan tree to be reaped over TLS")
