@@ -90,15 +90,23 @@ VERDICTS = tuple(Verdict)
 
 #: Tree verdict when its holders disagree: the safest one wins.
 _SAFETY_ORDER = {PROTECTED: 0, NORMAL: 1, UNKNOWN: 2, ORPHAN: 3}
+#: Orphan holders of one tree that disagree on the reason: the least reapable wins (a
+#: setsid'd job's session-orphaned must not ride on its sibling's launcher-killed).
+_REAP_ORDER = {Reason.SESSION_ORPHANED: 0, Reason.PARENT_EXITED: 1,
+               Reason.LAUNCHER_EXITED: 2, Reason.SESSION_ENDED: 3, Reason.LAUNCHER_KILLED: 4}
 
 DEFAULT_PROTECT = (
     "jupyter",
     "ipykernel",
     "tmux",
     "screen",
-    "code-server",
+    "code-server",  # also matches VS Code's ~/.vscode-server
+    "cursor-server",
+    "vscodium-server",
+    "windsurf-server",
     "slurmstepd",
     "raylet",
+    "containerd-shim",
 )
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
@@ -311,7 +319,7 @@ def _leader_gone(x: ProcInfo, view: ProcSource) -> str | None:
     if leader.is_zombie:
         # A main thread that called pthread_exit() shows Z while its process runs on.
         states = view.thread_states(leader.pid)
-        if states is not None and any(state not in "ZX" for state in states):
+        if states is not None and any(state not in "ZXx" for state in states):
             return None
         return "a zombie"
     if leader.start_time > x.start_time:
@@ -343,6 +351,7 @@ def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> Adopti
 _MANAGED = re.compile(
     r"(?:^|/)(?!user@)[^/]+\.service(?:/|$)"  # a systemd service (not the user manager)
     r"|(?:^|/)(?:docker|libpod)-[^/]*"  # docker and podman scopes
+    r"|(?:^|/)docker/"  # docker's cgroupfs driver
     r"|kubepods"
     r"|(?:^|/)slurm(?:/|_)|/job_\d+"
 )
@@ -487,15 +496,16 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
     # Nothing in the holder's session: a process above it whose own launcher is gone
     # (torchrun's workers lead sessions of their own; so do an agent's shells) roots a
     # tree of reason session-orphaned, which people see and the default policy leaves.
-    above = False
+    above: str | None = None  # how the session leader of the member above is gone
     for i in range(len(chain) - 1, -1, -1) if adopted is None else ():
         x = chain[i]
         y = chain[i + 1] if i + 1 < len(chain) else init
         if y is None or x.sid == info.sid:
             continue
         adoption = _adopted(x, y, view, rules)
-        if adoption is not None and _leader_gone(x, view) is not None:
-            adopted, above = x, True
+        above = _leader_gone(x, view) if adoption is not None else None
+        if above is not None:
+            adopted = x
             break
     candidate = adopted if adopted is not None else chain[-1]
     upto = chain[: chain.index(candidate) + 1]
@@ -553,10 +563,9 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
         assert adoption is not None
         adopted_why = adoption.why
-        if above:
-            assert state is not None
+        if above is not None:
             return verdict(ORPHAN, Reason.SESSION_ORPHANED, Rule.ADOPTION,
-                           f"{adopted_why}; its session leader {adopted.sid} is {state}; the "
+                           f"{adopted_why}; its session leader {adopted.sid} is {above}; the "
                            f"holder's own session {info.sid} below it was created on purpose "
                            "and its leader lives", [adopted.pid, ppid, adopted.sid, info.sid])
         if state is not None:
@@ -610,7 +619,8 @@ def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[
         groups.setdefault(key, []).append(hv)
     trees = []
     for hvs in groups.values():
-        decisive = min(hvs, key=lambda h: _SAFETY_ORDER[h.verdict])
+        decisive = min(hvs, key=lambda h: (_SAFETY_ORDER[h.verdict],
+                                           _REAP_ORDER.get(h.reason, 0)))
         members: dict[int, ProcInfo] = {}
         for hv in hvs:
             # The tree is its root and below: never the adopter or anything above the root.

@@ -135,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
     app = create_app(service, token=token)
+    # Without a token (--insecure-no-auth) /state has no credentials of its own.
+    own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, max_request_body_size=WAITRESS_MAX_BODY, web=web,
-                               open_paths=lambda path: path in OWN_AUTH_PATHS)
+                               open_paths=lambda path: path in own_auth)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
     service.start()

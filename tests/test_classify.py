@@ -333,6 +333,7 @@ def test_protect_pattern_above_root_candidate_does_not_protect():
         "/system.slice/foo.service",
         "/user.slice/user-1000.slice/user@1000.service/app.slice/foo.service",
         "/system.slice/docker-0123456789ab.scope",
+        "/docker/0123456789ab",
         "/machine.slice/libpod-0123456789ab.scope/container",
         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-abc.scope",
         "/system.slice/slurmstepd.scope/job_42/step_0",
@@ -751,3 +752,27 @@ def test_zombie_leader_whose_other_threads_run_is_alive():
     check(one_tree(view), ORPHAN, "parent-exited", 200, "6")
     view.update(100, threads_alive=False)  # the whole thread group is gone now
     check(one_tree(view), ORPHAN, "session-ended", 200, "6")
+
+
+@pytest.mark.parametrize("holders", [(300, 400), (400, 300)], ids=["300-first", "400-first"])
+def test_holders_of_one_tree_disagreeing_on_the_reason_give_the_least_reapable(holders):
+    # bash (100) ran `bash train.sh` (200), which runs train.py (300) and a setsid'd
+    # serve.py (400, its own session). bash is killed: 300 is session-ended, 400
+    # session-orphaned, both rooted at 200. Whichever NVML lists first, the tree is
+    # session-orphaned: the deliberately detached job must not ride on its sibling's
+    # default-reaped reason.
+    view = leader_killed(leader(400, ppid=200, cmdline="python serve.py"))
+    trees = classify([holder(p) for p in holders], view, RULES)
+    assert [(t.verdict, t.reason, t.root_pid) for t in trees] == [
+        (ORPHAN, "session-orphaned", 200)]
+
+
+@pytest.mark.parametrize("server", ["/home/a/.cursor-server/bin/x/node",
+                                    "/home/a/.vscodium-server/bin/x/node",
+                                    "/home/a/.vscode-server/bin/x/node"])
+def test_remote_ide_servers_are_protected(server):
+    # A remote IDE's server, left behind by the ssh login that started it, runs a
+    # terminal (a session of its own) with a GPU job.
+    table = [init(), proc(500, ppid=1, sid=480, comm="node", cmdline=f"{server} server.js"),
+             leader(520, ppid=500, comm="bash"), proc(530, ppid=520, sid=520)]
+    check(one_tree(SyntheticView(table), holder(530)), PROTECTED, "protect-pattern", 500, "3")

@@ -20,7 +20,7 @@ from tests.certs import Certs, make_certs
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import CHAIN, Trees, alive, wait_for
 from tests.promstack import LoopTls, require_binaries, start_loop
-from tests.servers import REPO, Exporter, child_env
+from tests.servers import REPO, Exporter, ServerProcess, child_env
 
 PASSWORD = "scrape-secret"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
@@ -228,3 +228,24 @@ def test_shipped_examples_are_valid(tmp_path: Path, certs: Certs) -> None:
     done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_without_a_token_state_falls_under_basic_auth(tmp_path: Path, certs: Certs) -> None:
+    # --insecure-no-auth (loopback only): /state has no bearer token of its own, so a
+    # web config's basic auth guards it; /healthz stays open.
+    (tmp_path / "gpuguard.yml").write_text(
+        f"remediate:\n  state_dir: {tmp_path / 'state'}\n"
+        f"  audit_log: {tmp_path / 'state' / 'audit.jsonl'}\n")
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{HASH}'\n")
+    remediator = ServerProcess("remediator", [
+        "--config", str(tmp_path / "gpuguard.yml"), "--insecure-no-auth",
+        "--allow-pid-namespace", "--web-config-file", str(web)], env=child_env())
+    try:
+        url = remediator.url
+        assert requests.get(f"{url}/state", timeout=10).status_code == 401
+        assert requests.get(f"{url}/state", auth=("prometheus", PASSWORD),
+                            timeout=10).status_code == 200
+        assert requests.get(f"{url}/healthz", timeout=10).status_code in (200, 503)
+    finally:
+        remediator.stop()

@@ -88,7 +88,8 @@ PROGRAMS = (
     Program("torchrun", "torchrun --nproc-per-node 2 train.py"),
     Program("tini", "tini -s -- ./run.sh", reaper=True),
     Program("tmux: server", "tmux new-session -d -s jobs", protected=True),
-    Program("containerd-shim-runc-v2", "containerd-shim-runc-v2 -id 0123", reaper=True),
+    Program("containerd-shim-runc-v2", "containerd-shim-runc-v2 -id 0123", protected=True,
+            reaper=True),
     BASH,
 )
 

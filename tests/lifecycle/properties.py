@@ -168,6 +168,13 @@ def check_trees(world: World, listener: str, view, trees, truths: dict[int, Hold
             if judged is not None:
                 _fail("k", f"member {m.pid} of orphan tree fails judge_member: "
                       f"{judged.evidence.detail}", world, listener)
+        # A holder whose truth is session-orphaned makes the whole tree so: a reason the
+        # default policy reaps must not cover a session created on purpose.
+        if tree.reason != SESSION_ORPHANED and any(
+                truths[hv.holder.pid].expected(listener) == (ORPHAN, SESSION_ORPHANED)
+                for hv in tree.holder_verdicts):
+            _fail("k", f"tree {root.label()} is {tree.reason} though a holder in it is "
+                  "session-orphaned", world, listener)
         # Every holder of an orphan tree: its truth says orphan (or a known deviation).
         for hv in tree.holder_verdicts:
             truth = truths[hv.holder.pid]
