@@ -95,7 +95,7 @@ class Config:
     source: str = "<defaults>"
 
 
-def _str_list(path: str, key: str, value: Any) -> tuple[str, ...]:
+def str_list(path: str, key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(path, key, f"must be a list of strings, got {_describe(value)}")
     return tuple(value)
@@ -123,7 +123,7 @@ def _int(path: str, key: str, value: Any, *, minimum: int = 0) -> int:
     return value
 
 
-def _bool(path: str, key: str, value: Any) -> bool:
+def bool_value(path: str, key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(path, key, f"must be true or false, got {_describe(value)}")
     return value
@@ -141,7 +141,7 @@ def _describe(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _section(path: str, key: str, value: Any, allowed: dict[str, Callable[..., Any]]) -> dict:
+def section(path: str, key: str, value: Any, allowed: dict[str, Callable[..., Any]]) -> dict:
     """Check a mapping's keys against `allowed` and convert each value."""
     if value is None:
         return {}
@@ -158,7 +158,7 @@ def _section(path: str, key: str, value: Any, allowed: dict[str, Callable[..., A
 
 
 def _patterns(path: str, key: str, value: Any) -> tuple[str, ...]:
-    patterns = _str_list(path, key, value)
+    patterns = str_list(path, key, value)
     for i, pattern in enumerate(patterns):
         try:
             compile_protect(pattern)
@@ -180,7 +180,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str, Any], str]:
 
 def _choices(choices: tuple[str, ...]) -> Callable[[str, str, Any], tuple[str, ...]]:
     def check(path: str, key: str, value: Any) -> tuple[str, ...]:
-        items = _str_list(path, key, value)
+        items = str_list(path, key, value)
         for item in items:
             if item not in choices:
                 raise ConfigError(path, key, f"{item!r} is not one of {', '.join(choices)}")
@@ -190,10 +190,10 @@ def _choices(choices: tuple[str, ...]) -> Callable[[str, str, Any], tuple[str, .
 
 
 def _classify(path: str, key: str, value: Any) -> Rules:
-    got = _section(path, key, value, {
+    got = section(path, key, value, {
         "protect": _patterns,
-        "adopters": _str_list,
-        "reapers": _str_list,  # the old name of `adopters`, still accepted
+        "adopters": str_list,
+        "reapers": str_list,  # the old name of `adopters`, still accepted
         "max_depth": lambda p, k, v: _int(p, k, v, minimum=1),
     })
     if "adopters" in got and "reapers" in got:
@@ -207,12 +207,12 @@ def _classify(path: str, key: str, value: Any) -> Rules:
 
 
 def _users(path: str, key: str, value: Any) -> UserFilter:
-    got = _section(path, key, value, {"allow": _str_list, "deny": _str_list})
+    got = section(path, key, value, {"allow": str_list, "deny": str_list})
     return UserFilter(**got)
 
 
 def _rate_limit(path: str, key: str, value: Any) -> RateLimit:
-    got = _section(path, key, value, {
+    got = section(path, key, value, {
         "max_reaps": lambda p, k, v: _int(p, k, v, minimum=0),
         "per_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
     })
@@ -249,11 +249,11 @@ def _alertmanager_urls(path: str, key: str, value: Any) -> tuple[str, ...]:
 
 
 def _alertmanager(path: str, key: str, value: Any) -> AlertmanagerConfig:
-    got = _section(path, key, value, {
+    got = section(path, key, value, {
         "url": _alertmanager_urls,
         "credentials_file": _str,
         "timeout_seconds": lambda p, k, v: _number(p, k, v, above=0),
-        "pull": _bool,
+        "pull": bool_value,
         "pull_interval_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
     })
     if "url" not in got:
@@ -262,9 +262,9 @@ def _alertmanager(path: str, key: str, value: Any) -> AlertmanagerConfig:
 
 
 def _remediate(path: str, key: str, value: Any) -> Remediate:
-    got = _section(path, key, value, {
+    got = section(path, key, value, {
         "mode": _choice(MODES),
-        "alerts": _str_list,
+        "alerts": str_list,
         "reasons": _choices(REASONS),
         "min_age_seconds": _number,
         "users": _users,
@@ -272,8 +272,8 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
         "term_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=0.1),
         "worker_timeout_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
         "max_pending": lambda p, k, v: _int(p, k, v, minimum=1),
-        "allow_root_owned": _bool,
-        "allow_without_pidfd": _bool,
+        "allow_root_owned": bool_value,
+        "allow_without_pidfd": bool_value,
         "state_dir": _str,
         "audit_log": _str,
         "alertmanager": _alertmanager,
@@ -343,7 +343,7 @@ def parse_yaml(text: str, *, source: str) -> Any:
 
 def parse_config(text: str, *, source: str = "<string>") -> Config:
     data = parse_yaml(text, source=source)
-    got = _section(source, "", data, {"classify": _classify, "remediate": _remediate})
+    got = section(source, "", data, {"classify": _classify, "remediate": _remediate})
     return Config(
         classify=got.get("classify", Rules()),
         remediate=got.get("remediate", Remediate()),
@@ -362,9 +362,3 @@ def load_config(path: str | Path | None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), "(file)", f"cannot read: {exc}") from None
     return parse_config(text, source=str(path))
-
-
-#: The validators, for the other files in this format family (the web config).
-section = _section
-str_list = _str_list
-bool_value = _bool

@@ -47,19 +47,19 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     on a Unix socket in a private directory."""
     from waitress import create_server as waitress_server
 
-    limits: dict[str, Any] = dict(
-        threads=threads, ident=ident, channel_timeout=idle_timeout,
-        connection_limit=CONNECTION_LIMIT,
-        cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout), **options)
-    if web is None:
-        server = waitress_server(app, host=host, port=port, **limits)
+    def bounded(wsgi: Any, **where: Any) -> Any:
+        server = waitress_server(
+            wsgi, threads=threads, ident=ident, channel_timeout=idle_timeout,
+            connection_limit=CONNECTION_LIMIT,
+            cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout), **where, **options)
         server.channel_class = _bounded_channel()
         return server
+
+    if web is None:
+        return bounded(app, host=host, port=port)
     app = protect(app, lambda: web.current()[0], exempt=open_paths)
     if web.current()[1] is None:
-        server = waitress_server(app, host=host, port=port, **limits)
-        server.channel_class = _bounded_channel()
-        return server
+        return bounded(app, host=host, port=port)
     private = tempfile.mkdtemp(prefix="gpuguard-http-")  # mode 0700
     backend = os.path.join(private, "http.sock")
     try:
@@ -68,9 +68,8 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     except OSError:
         os.rmdir(private)
         raise
-    inner = waitress_server(app, unix_socket=backend, unix_socket_perms="600", **limits)
-    inner.channel_class = _bounded_channel()
-    return TlsServer(inner, front, private)
+    return TlsServer(bounded(app, unix_socket=backend, unix_socket_perms="600"), front,
+                     private)
 
 
 class TlsServer:
