@@ -248,7 +248,7 @@ def body(result: Result, tmp: Path) -> None:
         for pids in holders:
             ppid = int(stat_fields(pids[0])["ppid"])  # type: ignore[index,arg-type]
             roots.append((ppid, int(stat_fields(ppid)["start_time"])))  # type: ignore[index,arg-type]
-        server = ServerProcess("remediator", ["--config", str(config), "--token-file",
+        server = ServerProcess("gpuguard.remediator", ["--config", str(config), "--token-file",
                                               str(token_file), "--hostname", HOST,
                                               "--log-level", "WARNING"], env=fake.env())
         url = f"{server.url}/alerts"

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from exporter.cli import main
+from gpuguard.exporter.cli import main
 
 sys.exit(main())

@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import re2
 
-from exporter.counters import COUNTERS
-from exporter.nvml import Holder
-from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
+from gpuguard.exporter.counters import COUNTERS
+from gpuguard.exporter.nvml import Holder
+from gpuguard.exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
 
 
 class Verdict(enum.StrEnum):

@@ -11,19 +11,19 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporter.config import ConfigError, load_config
-from exporter.metrics import GpuguardCollector
-from exporter.nvml import Nvml
-from exporter.procevents import ProcessEvents
-from exporter.procfs import ProcessView
-from exporter.scanner import Scanner
-from exporter.serving import (
+from gpuguard.exporter.config import ConfigError, load_config
+from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.scanner import Scanner
+from gpuguard.exporter.serving import (
     create_server,
     listen_address,
     positive_float,
     serve_until_signalled,
 )
-from exporter.webconfig import WebConfigSource
+from gpuguard.exporter.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.exporter")
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.classify import (
+from gpuguard.exporter.classify import (
     DEFAULT_ADOPTERS,
     DEFAULT_MAX_DEPTH,
     DEFAULT_PROTECT,

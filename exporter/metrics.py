@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.classify import ORPHAN
-from exporter.counters import CALLSITES, Counters
-from exporter.nvml import NvmlReading
-from exporter.procevents import KINDS, ProcessEvents
-from exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.exporter.classify import ORPHAN
+from gpuguard.exporter.counters import CALLSITES, Counters
+from gpuguard.exporter.nvml import NvmlReading
+from gpuguard.exporter.procevents import KINDS, ProcessEvents
+from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 
 
 def _version() -> str:

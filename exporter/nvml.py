@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.counters import COUNTERS, Counters
 
 log = logging.getLogger(__name__)
 

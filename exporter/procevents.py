@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from exporter.procfs import in_host_pid_namespace
+from gpuguard.exporter.procfs import in_host_pid_namespace
 
 log = logging.getLogger(__name__)
 

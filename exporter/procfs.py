@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.counters import COUNTERS, Counters
 
 PROC = "/proc"
 #: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.

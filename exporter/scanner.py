@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
-from exporter.counters import COUNTERS, Counters
-from exporter.nvml import Nvml, NvmlReading
-from exporter.periodic import Periodic
-from exporter.procfs import ProcessView
+from gpuguard.exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
+from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.nvml import Nvml, NvmlReading
+from gpuguard.exporter.periodic import Periodic
+from gpuguard.exporter.procfs import ProcessView
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from exporter.tlsfront import TlsFront
-from exporter.webauth import protect
-from exporter.webconfig import WebConfigSource
+from gpuguard.exporter.tlsfront import TlsFront
+from gpuguard.exporter.webauth import protect
+from gpuguard.exporter.webconfig import WebConfigSource
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
 IDLE_TIMEOUT_SECONDS = 10

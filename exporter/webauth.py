@@ -21,7 +21,7 @@ from typing import Any
 
 import bcrypt
 
-from exporter.webconfig import WebConfig
+from gpuguard.exporter.webconfig import WebConfig
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 CACHE_SIZE = 256

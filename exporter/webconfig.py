@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.config import ConfigError, bool_value, parse_yaml, section, str_list
+from gpuguard.exporter.config import ConfigError, bool_value, parse_yaml, section, str_list
 
 log = logging.getLogger("gpuguard.webconfig")
 

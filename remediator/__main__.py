@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from remediator.cli import main
+from gpuguard.remediator.cli import main
 
 sys.exit(main())

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-from exporter.config import AlertmanagerConfig
+from gpuguard.exporter.config import AlertmanagerConfig
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")
 
@@ -235,7 +235,7 @@ class AlertmanagerClient:
             # Imported here, not at the top: remediator.app imports the worker and the
             # rest of the service, so a top-level import would become a cycle as soon as
             # any of those imports this module.
-            from remediator.app import TokenFile
+            from gpuguard.remediator.app import TokenFile
 
             self._token = TokenFile(config.credentials_file)
         # No proxy from the environment (the path to Alertmanager is what is configured)

@@ -25,12 +25,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from exporter.counters import Counters
-from exporter.metrics import event_metrics, inspector_metrics
-from remediator.alertmanager import RESULTS
-from remediator.alerts import PayloadError, parse_notification
-from remediator.ledger import LedgerError
-from remediator.worker import Remediator
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.metrics import event_metrics, inspector_metrics
+from gpuguard.remediator.alertmanager import RESULTS
+from gpuguard.remediator.alerts import PayloadError, parse_notification
+from gpuguard.remediator.ledger import LedgerError
+from gpuguard.remediator.worker import Remediator
 
 log = logging.getLogger("gpuguard.remediator.http")
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: these modules import this one
-    from remediator.ledger import PendingItem
-    from remediator.policy import Decision, LiveTree, Member, TreeKey
-    from remediator.reaper import ReapResult, SignalRecord
+    from gpuguard.remediator.ledger import PendingItem
+    from gpuguard.remediator.policy import Decision, LiveTree, Member, TreeKey
+    from gpuguard.remediator.reaper import ReapResult, SignalRecord
 
 #: Record phases: written before signals (intent, joined) and after the reap (final).
 INTENT = "intent"

@@ -16,13 +16,13 @@ import os
 import socket
 import sys
 
-from exporter.config import ConfigError, load_config
-from exporter.procevents import ProcessEvents
-from exporter.procfs import in_host_pid_namespace
-from exporter.serving import create_server, listen_address, serve_until_signalled
-from exporter.webconfig import WebConfigSource
-from remediator.audit import UnsafePathError
-from remediator.ledger import LedgerError
+from gpuguard.exporter.config import ConfigError, load_config
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.exporter.serving import create_server, listen_address, serve_until_signalled
+from gpuguard.exporter.webconfig import WebConfigSource
+from gpuguard.remediator.audit import UnsafePathError
+from gpuguard.remediator.ledger import LedgerError
 
 log = logging.getLogger("gpuguard.remediator")
 
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from remediator.app import TokenFile, create_app
-    from remediator.service import build_remediator
+    from gpuguard.remediator.app import TokenFile, create_app
+    from gpuguard.remediator.service import build_remediator
 
     token = None
     if token_path is not None:

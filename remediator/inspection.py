@@ -10,12 +10,12 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
-from exporter.classify import Rules, classify
-from exporter.counters import COUNTERS, Counters
-from exporter.nvml import NvmlReading
-from exporter.procfs import ExitSource, ProcessView, ProcInfo
-from exporter.scanner import user_name
-from remediator.policy import LiveTree, Member, TreeKey
+from gpuguard.exporter.classify import Rules, classify
+from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.nvml import NvmlReading
+from gpuguard.exporter.procfs import ExitSource, ProcessView, ProcInfo
+from gpuguard.exporter.scanner import user_name
+from gpuguard.remediator.policy import LiveTree, Member, TreeKey
 
 
 class HolderSource(Protocol):

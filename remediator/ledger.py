@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remediator.alerts import Alert
-from remediator.audit import UnsafePathError, check_private_dir
-from remediator.policy import TreeKey
+from gpuguard.remediator.alerts import Alert
+from gpuguard.remediator.audit import UnsafePathError, check_private_dir
+from gpuguard.remediator.policy import TreeKey
 
 FILE_NAME = "remediator-state.json"
 FORMAT_VERSION = 2

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.classify import ORPHAN
-from exporter.config import Remediate, UserFilter
-from exporter.nvml import Holder
-from remediator.alerts import Alert
+from gpuguard.exporter.classify import ORPHAN
+from gpuguard.exporter.config import Remediate, UserFilter
+from gpuguard.exporter.nvml import Holder
+from gpuguard.remediator.alerts import Alert
 
 if TYPE_CHECKING:
-    from remediator.ledger import Ledger
+    from gpuguard.remediator.ledger import Ledger
 
 
 class Action(enum.StrEnum):

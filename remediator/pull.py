@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from exporter.periodic import Periodic
-from remediator.alertmanager import AlertmanagerClient
-from remediator.alerts import PayloadError, parse_notification
-from remediator.worker import Remediator
+from gpuguard.exporter.periodic import Periodic
+from gpuguard.remediator.alertmanager import AlertmanagerClient
+from gpuguard.remediator.alerts import PayloadError, parse_notification
+from gpuguard.remediator.worker import Remediator
 
 log = logging.getLogger("gpuguard.remediator.pull")
 

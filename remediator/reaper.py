@@ -23,14 +23,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
-from exporter.config import Remediate
-from exporter.counters import COUNTERS, Counters
-from exporter.nvml import Holder, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
-from remediator.audit import INTENT, JOINED
-from remediator.inspection import HolderSource, member_of, nvml_problem
-from remediator.policy import Member, TreeKey, member_refusal
+from gpuguard.exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
+from gpuguard.exporter.config import Remediate
+from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.nvml import Holder, NvmlReading
+from gpuguard.exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
+from gpuguard.remediator.audit import INTENT, JOINED
+from gpuguard.remediator.inspection import HolderSource, member_of, nvml_problem
+from gpuguard.remediator.policy import Member, TreeKey, member_refusal
 
 log = logging.getLogger("gpuguard.remediator.reaper")
 

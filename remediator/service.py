@@ -13,16 +13,16 @@ import socket
 import time
 from collections.abc import Callable
 
-from exporter.config import Config
-from exporter.counters import Counters
-from exporter.procevents import ProcessEvents
-from remediator.alertmanager import AlertmanagerClient
-from remediator.audit import AuditLog
-from remediator.inspection import HolderSource
-from remediator.ledger import Ledger
-from remediator.pull import Puller
-from remediator.reaper import Reaper
-from remediator.worker import Remediator
+from gpuguard.exporter.config import Config
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.remediator.alertmanager import AlertmanagerClient
+from gpuguard.remediator.audit import AuditLog
+from gpuguard.remediator.inspection import HolderSource
+from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.worker import Remediator
 
 
 def build_remediator(
@@ -44,7 +44,7 @@ def build_remediator(
     """
     counters = counters if counters is not None else Counters()
     if nvml is None:
-        from exporter.nvml import Nvml
+        from gpuguard.exporter.nvml import Nvml
 
         nvml = Nvml(counters=counters)
     policy = config.remediate

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from exporter.config import Config
-from exporter.counters import COUNTERS, Counters
-from exporter.procevents import ProcessEvents
-from remediator.alertmanager import (
+from gpuguard.exporter.config import Config
+from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,
     NOT_FIRING,
@@ -30,11 +30,11 @@ from remediator.alertmanager import (
     AlertmanagerClient,
     Confirmation,
 )
-from remediator.alerts import Alert, Notification
-from remediator.audit import INTENT, AuditLog, audit_record, iso_time
-from remediator.inspection import HolderSource, inspect_tree, protected_pids
-from remediator.ledger import Ledger, LedgerError, PendingItem
-from remediator.policy import (
+from gpuguard.remediator.alerts import Alert, Notification
+from gpuguard.remediator.audit import INTENT, AuditLog, audit_record, iso_time
+from gpuguard.remediator.inspection import HolderSource, inspect_tree, protected_pids
+from gpuguard.remediator.ledger import Ledger, LedgerError, PendingItem
+from gpuguard.remediator.policy import (
     ACCEPT,
     CANCEL,
     DEFER,
@@ -51,7 +51,7 @@ from remediator.policy import (
     rate_budget,
     screen,
 )
-from remediator.reaper import KILL_CONFIRM_SECONDS, Outcome, Reaper, ReapPlan, ReapResult
+from gpuguard.remediator.reaper import KILL_CONFIRM_SECONDS, Outcome, Reaper, ReapPlan, ReapResult
 
 log = logging.getLogger("gpuguard.remediator")
 

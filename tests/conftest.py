@@ -26,10 +26,10 @@ def check_own_ancestry() -> None:
     that has exited), every tree the tests build would be rooted there instead of
     where the tests expect, and the remediator would rightly refuse to touch it.
     """
-    from exporter.classify import ORPHAN, Rules, classify_holder
-    from exporter.counters import Counters
-    from exporter.nvml import Holder
-    from exporter.procfs import ProcessView
+    from gpuguard.exporter.classify import ORPHAN, Rules, classify_holder
+    from gpuguard.exporter.counters import Counters
+    from gpuguard.exporter.nvml import Holder
+    from gpuguard.exporter.procfs import ProcessView
 
     me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
     verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())

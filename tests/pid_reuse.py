@@ -17,14 +17,14 @@ import signal
 import subprocess
 import time
 
-from exporter.classify import Rules
-from exporter.config import Remediate, UserFilter
-from exporter.counters import Counters
-from exporter.nvml import Nvml
-from exporter.procfs import ProcessView
-from remediator.inspection import member_of
-from remediator.policy import TreeKey
-from remediator.reaper import Reaper, ReapPlan
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.config import Remediate, UserFilter
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.remediator.inspection import member_of
+from gpuguard.remediator.policy import TreeKey
+from gpuguard.remediator.reaper import Reaper, ReapPlan
 from tests.proctree import reap_zombie_children
 
 POLICY = Remediate(mode="enforce", term_timeout_seconds=1.0, allow_root_owned=True,

@@ -38,8 +38,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from exporter.nvml import Holder
-from exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+from gpuguard.exporter.nvml import Holder
+from gpuguard.exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
 
 SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
 INIT_SCOPE = "/init.scope"

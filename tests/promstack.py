@@ -348,7 +348,7 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         exporter = Exporter(env=env, args=["--hostname", hostname, *web],
                             scan_interval=scan_interval)
         started.append(exporter)
-        remediator = ServerProcess("remediator", [
+        remediator = ServerProcess("gpuguard.remediator", [
             "--config", str(config), "--token-file", str(token), "--hostname", hostname,
             "--allow-pid-namespace", *web], env=env)  # the fake NVML reports our pids
         started.append(remediator)

@@ -21,13 +21,13 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
-from exporter.config import load_config
-from exporter.counters import Counters
-from exporter.nvml import Nvml
-from remediator.app import create_app
-from remediator.reaper import Reaper
-from remediator.service import build_remediator
-from remediator.worker import Remediator
+from gpuguard.exporter.config import load_config
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.remediator.app import create_app
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.service import build_remediator
+from gpuguard.remediator.worker import Remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, stat_fields
 from tests.servers import REPO, child_env
@@ -170,8 +170,9 @@ def gpuguard(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> Run:
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "remediator.console", *args], cwd=REPO,
-                              env=env, input=stdin, capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, "-m", "gpuguard.remediator.console", *args],
+                              cwd=REPO, env=env, input=stdin, capture_output=True, text=True,
+                              timeout=60)
 
     return run
 

@@ -19,15 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class ServerProcess:
-    """A `python -m MODULE ... --listen 127.0.0.1:0` child; waits for its `listening on` line."""
+    """A `python -m MODULE ... --listen 127.0.0.1:0` child; waits for its `listening on` line.
+
+    `command` replaces `python -m MODULE` (an installed console script, say), run in `cwd`.
+    """
 
     def __init__(self, module: str, args: Sequence[str], *, env: Mapping[str, str],
-                 timeout: float = 20.0) -> None:
+                 timeout: float = 20.0, command: Sequence[str] | None = None,
+                 cwd: Path = REPO) -> None:
         self.module = module
         self.stderr_lines: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--listen", "127.0.0.1:0", *args],
-            cwd=REPO, env=dict(env), stdin=subprocess.DEVNULL,
+            [*(command or (sys.executable, "-m", module)), "--listen", "127.0.0.1:0", *args],
+            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         lines: queue.Queue[str | None] = queue.Queue()
@@ -77,7 +81,8 @@ class ServerProcess:
 class Exporter(ServerProcess):
     def __init__(self, *, env: Mapping[str, str], args: Sequence[str] = (),
                  scan_interval: float = 0.2) -> None:
-        super().__init__("exporter", ["--scan-interval", str(scan_interval), *args], env=env)
+        super().__init__("gpuguard.exporter", ["--scan-interval", str(scan_interval), *args],
+                         env=env)
 
     def scrape(self, timeout: float = 5.0) -> dict[tuple[str, frozenset], float]:
         """All samples of one scrape, keyed by (name, frozenset(labels.items()))."""

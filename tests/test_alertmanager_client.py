@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.config import AlertmanagerConfig
-from remediator.alertmanager import (
+from gpuguard.exporter.config import AlertmanagerConfig
+from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,
     NOT_FIRING,
@@ -32,7 +32,7 @@ from remediator.alertmanager import (
     Confirmation,
     matcher,
 )
-from remediator.alerts import parse_notification
+from gpuguard.remediator.alerts import parse_notification
 from tests.proctree import wait_for
 from tests.promstack import ALERTMANAGER, Alertmanager, free_port
 

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from exporter.classify import (
+from gpuguard.exporter.classify import (
     NORMAL,
     ORPHAN,
     PROTECTED,
@@ -659,7 +659,7 @@ def test_proctable_defaults_make_parents_older_and_record_calls():
 
 
 def test_proctable_unreadable_and_vanishing():
-    from exporter.procfs import ProcUnreadable
+    from gpuguard.exporter.procfs import ProcUnreadable
 
     view = SyntheticView(interactive(), unreadable={100}, vanish_after_reads={200: 1})
     with pytest.raises(ProcUnreadable):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from exporter.classify import DEFAULT_PROTECT
-from exporter.config import AlertmanagerConfig, ConfigError, load_config, parse_config
+from gpuguard.exporter.classify import DEFAULT_PROTECT
+from gpuguard.exporter.config import AlertmanagerConfig, ConfigError, load_config, parse_config
 
 FULL = """
 classify:

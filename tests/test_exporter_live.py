@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from exporter.procfs import in_host_pid_namespace
+from gpuguard.exporter.procfs import in_host_pid_namespace
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.proctree import CHAIN, Trees, wait_for
 from tests.servers import REPO, Exporter, child_env, find
@@ -164,7 +164,7 @@ def test_no_driver_then_driver_appears(fake_gpu: FakeGpuWorld, exporter_for) -> 
     wait_for(lambda: find(exp.scrape(), "gpuguard_scan_errors_total", stage="nvml_init")[0][1] >= 2,
              what="init errors counted")
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
-    warnings = [line for line in exp.stderr_lines if "WARNING exporter.nvml" in line]
+    warnings = [line for line in exp.stderr_lines if "WARNING gpuguard.exporter.nvml" in line]
     assert len(warnings) == 1, warnings  # one clear warning, not one per scan
     fake_gpu.set_init_error(None)
     wait_for(lambda: find(exp.scrape(), "gpuguard_nvml_up") == [({}, 1.0)], what="driver pickup")
@@ -243,7 +243,7 @@ def test_concurrent_scrapes_see_complete_snapshots(trees: Trees, fake_gpu: FakeG
 def test_bad_config_exits_with_one_line(tmp_path, config: str, needle: str) -> None:
     path = tmp_path / "gpuguard.yml"
     path.write_text(config)
-    proc = subprocess.run([sys.executable, "-m", "exporter", "--config", str(path),
+    proc = subprocess.run([sys.executable, "-m", "gpuguard.exporter", "--config", str(path),
                            "--listen", "127.0.0.1:0"], cwd=REPO, env=child_env(),
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
@@ -254,7 +254,7 @@ def test_bad_config_exits_with_one_line(tmp_path, config: str, needle: str) -> N
 
 def test_missing_config_file_is_named(tmp_path) -> None:
     missing = tmp_path / "nope.yml"
-    proc = subprocess.run([sys.executable, "-m", "exporter", "--config", str(missing)],
+    proc = subprocess.run([sys.executable, "-m", "gpuguard.exporter", "--config", str(missing)],
                           cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     expected = f"gpuguard-exporter: config error: {missing}: (file): no such file"

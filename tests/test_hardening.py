@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.classify import Rules
-from exporter.config import ConfigError, parse_config
-from remediator.ledger import FILE_NAME
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.config import ConfigError, parse_config
+from gpuguard.remediator.ledger import FILE_NAME
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
 from tests.remediator_helpers import (
@@ -109,7 +109,7 @@ def dry_run_remediator(tmp_path: Path, env: dict[str, str]) -> ServerProcess:
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
-    return ServerProcess("remediator", [
+    return ServerProcess("gpuguard.remediator", [
         "--config", str(write_config(tmp_path, mode="dry-run")), "--token-file", str(token),
         "--hostname", HOST, "--allow-pid-namespace"], env=env)
 
@@ -229,7 +229,7 @@ def test_webhook_latency_while_the_queue_floods(
 
 
 def run_remediator(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "remediator", "--allow-pid-namespace",
+    return subprocess.run([sys.executable, "-m", "gpuguard.remediator", "--allow-pid-namespace",
                            "--insecure-no-auth", *args], cwd=REPO, env=child_env(),
                           capture_output=True, text=True, timeout=30, check=False)
 
@@ -289,7 +289,7 @@ def test_a_request_trickling_in_is_closed_like_an_idle_one() -> None:
     """One header line every 0.3 s would keep waitress's own idle timer young forever."""
     import threading
 
-    from exporter.serving import create_server
+    from gpuguard.exporter.serving import create_server
 
     def app(environ: Any, start_response: Any) -> list[bytes]:
         start_response("200 OK", [("Content-Type", "text/plain")])

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from exporter.classify import MEMBER_PROTECTED, ORPHAN, Rules, classify
-from exporter.counters import Counters
-from exporter.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
-from remediator.ledger import Ledger
-from remediator.policy import TreeKey
+from gpuguard.exporter.classify import MEMBER_PROTECTED, ORPHAN, Rules, classify
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
+from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.policy import TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import (
@@ -295,7 +295,7 @@ def test_the_remediator_refuses_to_start_outside_the_host_pid_namespace(
 
     config = write_config(tmp_path)
     argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
-            "-m", "remediator",
+            "-m", "gpuguard.remediator",
             "--config", str(config), "--insecure-no-auth", "--listen", "127.0.0.1:0"]
     if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
                       capture_output=True, check=False).returncode != 0:

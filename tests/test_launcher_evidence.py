@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.classify import Rules
-from exporter.counters import Counters
-from exporter.nvml import Nvml
-from exporter.procevents import ProcessEvents
-from exporter.procfs import ProcessView, in_host_pid_namespace
-from exporter.scanner import Scanner
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.exporter.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.exporter.scanner import Scanner
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
 

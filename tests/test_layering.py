@@ -23,10 +23,12 @@ IO_MODULES = frozenset({
     "pynvml", "ctypes", "mmap", "fcntl", "pwd", "grp", "resource", "multiprocessing",
     "threading", "asyncio", "importlib", "logging", "json", "yaml", "sqlite3", "psutil",
     # this project's own I/O layers
-    "exporter.procfs", "exporter.scanner", "exporter.serving", "exporter.cli",
-    "exporter.procevents", "exporter.periodic", "exporter.metrics", "remediator.worker",
-    "remediator.reaper", "remediator.ledger", "remediator.audit", "remediator.app",
-    "remediator.cli", "remediator.pull", "remediator.alertmanager", "remediator.console",
+    "gpuguard.exporter.procfs", "gpuguard.exporter.scanner", "gpuguard.exporter.serving",
+    "gpuguard.exporter.cli", "gpuguard.exporter.procevents", "gpuguard.exporter.periodic",
+    "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.reaper",
+    "gpuguard.remediator.ledger", "gpuguard.remediator.audit", "gpuguard.remediator.app",
+    "gpuguard.remediator.cli", "gpuguard.remediator.pull", "gpuguard.remediator.alertmanager",
+    "gpuguard.remediator.console",
 })
 
 #: exporter/classify.py: each module it may import, with the names it may take from it
@@ -45,15 +47,16 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "signal": None,
     "time": None,
     "typing": None,
-    "exporter.counters": frozenset({"COUNTERS"}),
-    "exporter.nvml": frozenset({"Holder"}),
-    "exporter.procfs": frozenset(
+    "gpuguard.exporter.counters": frozenset({"COUNTERS"}),
+    "gpuguard.exporter.nvml": frozenset({"Holder"}),
+    "gpuguard.exporter.procfs": frozenset(
         {"ProcInfo", "ProcStatus", "ProcUnreadable", "still_same", "walk_members"}),
 }
 
 
 def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(REPO).with_suffix("").parts)
+    """The installed name: exporter/ and remediator/ are gpuguard.exporter and .remediator."""
+    return ".".join(("gpuguard", *path.relative_to(REPO).with_suffix("").parts))
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -109,10 +112,11 @@ def test_the_parser_sees_every_kind_of_import(tmp_path: Path) -> None:
     src.write_text("import os.path\nfrom . import scanner\nfrom ..remediator.policy import x\n"
                    "def f():\n    import remediator\n    __import__('remediator.app')\n"
                    "if TYPE_CHECKING:\n    import remediator.ledger\n")
-    every = [(1, "os.path", None), (2, "exporter", "scanner"), (3, "remediator.policy", "x"),
-             (5, "remediator", None), (6, "remediator.app", None), (8, "remediator.ledger", None)]
-    assert sorted(imports(src, "exporter.probe")) == every
-    assert sorted(imports(src, "exporter.probe", with_typing_only=False)) == every[:-1]
+    every = [(1, "os.path", None), (2, "gpuguard.exporter", "scanner"),
+             (3, "gpuguard.remediator.policy", "x"), (5, "remediator", None),
+             (6, "remediator.app", None), (8, "remediator.ledger", None)]
+    assert sorted(imports(src, "gpuguard.exporter.probe")) == every
+    assert sorted(imports(src, "gpuguard.exporter.probe", with_typing_only=False)) == every[:-1]
 
 
 def test_nothing_in_exporter_imports_remediator() -> None:
@@ -120,7 +124,7 @@ def test_nothing_in_exporter_imports_remediator() -> None:
     assert len(files) > 5
     bad = [f"{path.relative_to(REPO)}:{line}: {module}" + (f".{name}" if name else "")
            for path in files for line, module, name in imports(path)
-           if under(f"{module}.{name}" if name else module, {"remediator"})]
+           if under(f"{module}.{name}" if name else module, {"gpuguard.remediator"})]
     assert bad == [], "the exporter must not import the remediator:\n" + "\n".join(bad)
 
 
@@ -133,7 +137,7 @@ def test_classify_imports_only_its_allow_list() -> None:
             bad.append(f"classify.py:{line}: {module}" + (f" ({name})" if name else ""))
     assert bad == [], "exporter/classify.py is pure; not allowed:\n" + "\n".join(bad)
     # The one I/O module on the list gives named types and pure helpers only.
-    assert set(CLASSIFY_ALLOWED) & IO_MODULES == {"exporter.procfs"}
+    assert set(CLASSIFY_ALLOWED) & IO_MODULES == {"gpuguard.exporter.procfs"}
 
 
 @pytest.mark.parametrize("pure", ["exporter/classify.py", "remediator/policy.py"])
@@ -144,3 +148,14 @@ def test_pure_modules_import_no_io(pure: str) -> None:
            and not (pure == "exporter/classify.py"
                     and name in (CLASSIFY_ALLOWED.get(module) or ()))]
     assert bad == [], f"{pure} must not do I/O; it imports:\n" + "\n".join(bad)
+
+
+def test_every_own_import_is_under_the_gpuguard_namespace() -> None:
+    """The wheel installs one top-level package, gpuguard: a bare `import exporter` works in
+    the checkout (its folder is on sys.path) and fails, or finds someone else's, installed."""
+    files = [p for top in ("exporter", "remediator", "gpuguard", "tests", "benchmarks")
+             for p in sorted((REPO / top).rglob("*.py"))]
+    bad = [f"{path.relative_to(REPO)}:{line}: {module}"
+           for path in files for line, module, _name in imports(path)
+           if under(module, {"exporter", "remediator"})]
+    assert bad == [], "import gpuguard.exporter / gpuguard.remediator instead:\n" + "\n".join(bad)

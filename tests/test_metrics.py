@@ -6,12 +6,12 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.classify import Rules
-from exporter.counters import Counters
-from exporter.metrics import GpuguardCollector
-from exporter.nvml import Holder, Nvml, NvmlReading
-from exporter.procfs import ProcessView
-from exporter.scanner import Scanner, user_name
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.nvml import Holder, Nvml, NvmlReading
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.scanner import Scanner, user_name
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees
 
@@ -140,7 +140,7 @@ def call(app, path: str) -> tuple[str, bytes]:
 
 
 def test_healthz_follows_the_scan_thread(fake_gpu: FakeGpuWorld) -> None:
-    from exporter.cli import make_app
+    from gpuguard.exporter.cli import make_app
 
     scanner, registry = make()
     app = make_app(scanner, registry)

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import procevents
-from exporter.procevents import (
+from gpuguard.exporter import procevents
+from gpuguard.exporter.procevents import (
     KINDS,
     PROC_EVENT_EXIT,
     PROC_EVENT_NONE,
@@ -159,11 +159,11 @@ def test_unavailable_connector_warns_once_and_answers_none(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: True)
     monkeypatch.setattr(procevents.socket, "socket", refused)
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="exporter.procevents"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.exporter.procevents"):
         events.start()  # never raises
     assert not events.available and not events.alive()
     assert "EPROTONOSUPPORT" in events.unavailable_reason
-    assert len([r for r in caplog.records if r.name == "exporter.procevents"]) == 1
+    assert len([r for r in caplog.records if r.name == "gpuguard.exporter.procevents"]) == 1
     assert events.exit_of(os.getpid(), after=0) is None and events.records() == []
     assert events.counts() == dict.fromkeys(KINDS, 0)
     events.stop()
@@ -175,7 +175,7 @@ def test_child_pid_namespace_is_refused_unless_allowed(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: False)
     monkeypatch.setattr(procevents.socket, "socket", lambda *a: opened.append(a))
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="exporter.procevents"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.exporter.procevents"):
         events.start()
     assert not events.available and "PID namespace" in events.unavailable_reason
     assert opened == []  # refused before touching the kernel
@@ -319,7 +319,7 @@ def test_overrun_is_counted_and_logged_never_silent(
         trees: Trees, caplog: pytest.LogCaptureFixture) -> None:
     listener = start_or_skip(receive_buffer=4096)
     try:
-        with caplog.at_level(logging.WARNING, logger="exporter.procevents"):
+        with caplog.at_level(logging.WARNING, logger="gpuguard.exporter.procevents"):
             # Stall the reader on the store while a burst fills the small socket buffer.
             with listener._store._lock:
                 shell = spawn_shell(trees, "for i in $(seq 300); do /bin/true; done")

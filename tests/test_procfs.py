@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from exporter.counters import Counters
-from exporter.procfs import (
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.procfs import (
     ProcessView,
     ProcInfo,
     ProcUnreadable,

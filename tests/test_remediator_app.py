@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from exporter.config import load_config
-from exporter.counters import Counters
-from exporter.nvml import Nvml
-from remediator.app import MAX_BODY_BYTES, create_app
-from remediator.ledger import Ledger
-from remediator.policy import TreeKey
-from remediator.service import build_remediator
+from gpuguard.exporter.config import load_config
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
+from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.policy import TreeKey
+from gpuguard.remediator.service import build_remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for
 from tests.promstack import free_port
@@ -296,7 +296,7 @@ def test_state_and_metrics(harness: Callable[..., Harness]) -> None:
 
 
 def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWorld) -> None:
-    from remediator.app import TokenFile
+    from gpuguard.remediator.app import TokenFile
 
     path = tmp_path / "token"
     path.write_text("first-token\n")

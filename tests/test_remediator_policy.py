@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-import remediator.policy
-from exporter.config import RateLimit, Remediate, UserFilter
-from exporter.nvml import Holder
-from remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from remediator.audit import AuditLog
-from remediator.ledger import Ledger, LedgerError, PendingItem
-from remediator.policy import (
+import gpuguard.remediator.policy
+from gpuguard.exporter.config import RateLimit, Remediate, UserFilter
+from gpuguard.exporter.nvml import Holder
+from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
+from gpuguard.remediator.audit import AuditLog
+from gpuguard.remediator.ledger import Ledger, LedgerError, PendingItem
+from gpuguard.remediator.policy import (
     ACCEPT,
     CANCEL,
     DEFER,
@@ -274,9 +274,10 @@ def sealed() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         for module, name in places:
             mp.setattr(module, name, forbid(f"{module.__name__}.{name}"))
-        for name, value in vars(remediator.policy).items():  # `from time import time` too
+        # `from time import time` too
+        for name, value in vars(gpuguard.remediator.policy).items():
             if callable(value) and value in banned:
-                mp.setattr(remediator.policy, name, forbid(banned[value]))
+                mp.setattr(gpuguard.remediator.policy, name, forbid(banned[value]))
         mp.setattr(os, "environ", _NoEnviron())
         _watched.add(threading.get_ident())
         try:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.classify import Rules
-from exporter.config import Remediate, UserFilter
-from exporter.counters import Counters
-from exporter.nvml import Nvml, NvmlReading
-from remediator.inspection import inspect_tree
-from remediator.policy import Member, TreeKey
-from remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.config import Remediate, UserFilter
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml, NvmlReading
+from gpuguard.remediator.inspection import inspect_tree
+from gpuguard.remediator.policy import Member, TreeKey
+from gpuguard.remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import GIB, HOST, STUBBORN, Orphan, spawn_orphan

@@ -40,7 +40,7 @@ class Remediator:
         self.server: ServerProcess | None = None
 
     def start(self) -> Remediator:
-        self.server = ServerProcess("remediator", [
+        self.server = ServerProcess("gpuguard.remediator", [
             "--allow-pid-namespace", "--config", str(self.config), "--token-file", str(self.token),
             "--hostname", HOST, "--log-level", "DEBUG"], env=self.env)
         return self
@@ -223,8 +223,8 @@ def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Co
     env = env if env is not None else child_env()
     env.pop("GPUGUARD_TOKEN_FILE", None) if env is not None else None
     # Each test is about one refusal; the PID-namespace one has its own (test_kill_safety).
-    return subprocess.run([sys.executable, "-m", "remediator", "--allow-pid-namespace", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run([sys.executable, "-m", "gpuguard.remediator", "--allow-pid-namespace",
+                           *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
 
 
 @pytest.mark.parametrize(("remediate", "key", "problem"), [
@@ -270,7 +270,7 @@ def test_token_file_from_the_environment(tmp_path: Path, fake_gpu: FakeGpuWorld,
     token = tmp_path / "token"
     token.write_text(TOKEN)
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(GPUGUARD_TOKEN_FILE=str(token)))
-    server = ServerProcess("remediator", ["--config", str(write_config(tmp_path)),
+    server = ServerProcess("gpuguard.remediator", ["--config", str(write_config(tmp_path)),
                                           "--hostname", HOST, "--allow-pid-namespace"], env=env)
     try:
         assert requests.get(f"{server.url}/state", timeout=5).status_code == 401

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from exporter.classify import Rules
-from exporter.counters import CALLSITES, Counters
-from exporter.metrics import GpuguardCollector
-from exporter.nvml import Nvml
-from exporter.procfs import ProcessView
-from exporter.scanner import Scanner
+from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.counters import CALLSITES, Counters
+from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.scanner import Scanner
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, chain_lower_bound, children_of, descendants_of, wait_for
 
@@ -77,7 +77,7 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
                                                        fake_gpu: FakeGpuWorld) -> None:
     """5,000 short processes exit while the listener runs: its record grows, the scan's
     /proc reads do not (the evidence is a lookup in memory)."""
-    from exporter.procevents import ProcessEvents
+    from gpuguard.exporter.procevents import ProcessEvents
 
     events = ProcessEvents()
     events.start()  # off in a child PID namespace: then this checks the plain path

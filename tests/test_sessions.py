@@ -32,12 +32,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.classify import Rules, Tree
-from exporter.counters import Counters
-from exporter.nvml import Nvml
-from exporter.procevents import ProcessEvents
-from exporter.procfs import ProcessView
-from exporter.scanner import Scanner
+from gpuguard.exporter.classify import Rules, Tree
+from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.scanner import Scanner
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import (
     HOLDER,

@@ -208,7 +208,7 @@ def test_shipped_examples_are_valid(tmp_path: Path, certs: Certs) -> None:
                      ("ca.crt", "clients-ca.crt")):
         shutil.copy(certs.path(src), tmp_path / "tls" / dst)
     shutil.copy(REPO / "deploy" / "web-config.yml", tmp_path / "web-config.yml")
-    from exporter.webconfig import load_web_config
+    from gpuguard.exporter.webconfig import load_web_config
     web = load_web_config(str(tmp_path / "web-config.yml"))
     assert web.tls is not None and web.tls.client_auth == ssl.CERT_REQUIRED
     assert bcrypt.checkpw(b"change-me", web.users["prometheus"])
@@ -238,7 +238,7 @@ def test_without_a_token_state_falls_under_basic_auth(tmp_path: Path, certs: Cer
         f"  audit_log: {tmp_path / 'state' / 'audit.jsonl'}\n")
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  prometheus: '{HASH}'\n")
-    remediator = ServerProcess("remediator", [
+    remediator = ServerProcess("gpuguard.remediator", [
         "--config", str(tmp_path / "gpuguard.yml"), "--insecure-no-auth",
         "--allow-pid-namespace", "--web-config-file", str(web)], env=child_env())
     try:

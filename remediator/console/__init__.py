@@ -9,13 +9,14 @@ remediator's own live re-inspection (`remediator.inspection`) fed to
 own, so the console can never disagree with the daemons about what is an orphan
 or what may be killed.
 
-Subcommands, one module each (status, explain, policy_check, reap)::
+Subcommands, one module each (status, explain, policy_check, reap, assets)::
 
     gpuguard status  [--json] [--watch SECONDS] [--config FILE] [--hostname NAME]
     gpuguard explain PID [--json] [--config FILE] [--hostname NAME]
     gpuguard policy check --config FILE [--json] [--hostname NAME] ALERT.json|-
     gpuguard reap ROOT_PID [--apply] [--force] [--start-time TICKS] [--json] [--config FILE]
                   [--hostname NAME] [--allow-pid-namespace]
+    gpuguard assets  [DIR] [--print NAME] [--force]
 
 Exit codes and the JSON schemas (`gpuguard.status/v1`, ...) are stable; they are
 defined once, in contract.py, which also writes the `--help` text that lists them.
@@ -29,8 +30,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from exporter.serving import positive_float
-from remediator.console.contract import (
+from gpuguard.exporter.serving import positive_float
+from gpuguard.remediator.console.assets import cmd_assets
+from gpuguard.remediator.console.contract import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TABLE,
@@ -41,10 +43,10 @@ from remediator.console.contract import (
     STATUS_EPILOG,
     Failure,
 )
-from remediator.console.explain import cmd_explain
-from remediator.console.policy_check import cmd_policy_check
-from remediator.console.reap import cmd_reap
-from remediator.console.status import cmd_status
+from gpuguard.remediator.console.explain import cmd_explain
+from gpuguard.remediator.console.policy_check import cmd_policy_check
+from gpuguard.remediator.console.reap import cmd_reap
+from gpuguard.remediator.console.status import cmd_status
 
 
 def pid_arg(value: str) -> int:
@@ -116,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "this namespace's pids)")
     common(p)
     p.set_defaults(func=cmd_reap)
+
+    p = sub.add_parser("assets", help="the alert rules and Grafana dashboard shipped in the "
+                                      "package: list, print one, or write them all to DIR",
+                       description="Without arguments, list the shipped files. With DIR, write "
+                                   "them all under DIR (alerts/..., grafana/...); an existing "
+                                   "file with other content stops the write unless --force.")
+    p.add_argument("dir", nargs="?", metavar="DIR", help="folder to write into")
+    p.add_argument("--print", dest="print_name", metavar="NAME",
+                   help="write one file (a listed name) to stdout")
+    p.add_argument("--force", action="store_true", help="overwrite files that differ")
+    p.set_defaults(func=cmd_assets)
     return parser
 
 
@@ -124,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     # NVML trouble is reported by the command itself, once, not by the library's logger.
-    logging.getLogger("exporter.nvml").setLevel(logging.ERROR)
+    logging.getLogger("gpuguard.exporter.nvml").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from remediator.console import main
+from gpuguard.remediator.console import main
 
 sys.exit(main())

@@ -7,12 +7,12 @@ import os
 import time
 from typing import Any
 
-from exporter.classify import ORPHAN, HolderVerdict, Tree
-from exporter.config import Config, ConfigError, load_config
-from exporter.nvml import GpuSample, Holder, NvmlReading
-from exporter.procfs import ProcInfo
-from exporter.scanner import Snapshot, user_name
-from remediator.alertmanager import (
+from gpuguard.exporter.classify import ORPHAN, HolderVerdict, Tree
+from gpuguard.exporter.config import Config, ConfigError, load_config
+from gpuguard.exporter.nvml import GpuSample, Holder, NvmlReading
+from gpuguard.exporter.procfs import ProcInfo
+from gpuguard.exporter.scanner import Snapshot, user_name
+from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,
     NOT_FIRING,
@@ -20,8 +20,8 @@ from remediator.alertmanager import (
     UNREACHABLE,
     AlertmanagerClient,
 )
-from remediator.console.contract import EXIT_USAGE, Failure
-from remediator.policy import LiveTree
+from gpuguard.remediator.console.contract import EXIT_USAGE, Failure
+from gpuguard.remediator.policy import LiveTree
 
 
 def load(path: str | None) -> Config:

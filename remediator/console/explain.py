@@ -6,11 +6,11 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
-from exporter.config import Config
-from exporter.nvml import Holder, Nvml, NvmlReading
-from exporter.procfs import ProcessView, ProcInfo
-from remediator.console.common import (
+from gpuguard.exporter.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
+from gpuguard.exporter.config import Config
+from gpuguard.exporter.nvml import Holder, Nvml, NvmlReading
+from gpuguard.exporter.procfs import ProcessView, ProcInfo
+from gpuguard.remediator.console.common import (
     alert_state,
     chain_roles,
     holder_json,
@@ -19,8 +19,13 @@ from remediator.console.common import (
     nvml_json,
     process_age,
 )
-from remediator.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
-from remediator.console.render import RULE_NAMES, explain_renderable, make_console, print_json
+from gpuguard.remediator.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
+from gpuguard.remediator.console.render import (
+    RULE_NAMES,
+    explain_renderable,
+    make_console,
+    print_json,
+)
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporter.config import Config
-from exporter.nvml import Nvml
-from remediator.alerts import Alert, Notification, PayloadError, parse_notification
-from remediator.console.common import live_json, load
-from remediator.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
-from remediator.console.render import make_console, policy_renderable, print_json
-from remediator.inspection import inspect_tree, protected_pids
-from remediator.ledger import FILE_NAME as LEDGER_FILE
-from remediator.ledger import Ledger, LedgerError
-from remediator.policy import ACCEPT, DEFER, PolicyState, TreeKey, decide, policy_state, screen
+from gpuguard.exporter.config import Config
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_notification
+from gpuguard.remediator.console.common import live_json, load
+from gpuguard.remediator.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from gpuguard.remediator.console.render import make_console, policy_renderable, print_json
+from gpuguard.remediator.inspection import inspect_tree, protected_pids
+from gpuguard.remediator.ledger import FILE_NAME as LEDGER_FILE
+from gpuguard.remediator.ledger import Ledger, LedgerError
+from gpuguard.remediator.policy import (
+    ACCEPT,
+    DEFER,
+    PolicyState,
+    TreeKey,
+    decide,
+    policy_state,
+    screen,
+)
 
 
 def read_payload(path: str) -> Notification:

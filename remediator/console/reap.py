@@ -17,13 +17,13 @@ from typing import Any
 
 from rich.text import Text
 
-from exporter.classify import ORPHAN
-from exporter.nvml import Nvml
-from exporter.procfs import ProcessView, in_host_pid_namespace
-from remediator.alertmanager import SILENCED, UNREACHABLE
-from remediator.audit import AuditLog, audit_record
-from remediator.console.common import alert_line, alert_state, live_json, load, operator
-from remediator.console.contract import (
+from gpuguard.exporter.classify import ORPHAN
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.remediator.alertmanager import SILENCED, UNREACHABLE
+from gpuguard.remediator.audit import AuditLog, audit_record
+from gpuguard.remediator.console.common import alert_line, alert_state, live_json, load, operator
+from gpuguard.remediator.console.contract import (
     EXIT_NO_PROCESS,
     EXIT_NOT_AUDITED,
     EXIT_OK,
@@ -35,9 +35,9 @@ from remediator.console.contract import (
     REFUSED,
     Failure,
 )
-from remediator.console.render import make_console, print_json, reap_renderable
-from remediator.inspection import inspect_tree, protected_pids
-from remediator.policy import (
+from gpuguard.remediator.console.render import make_console, print_json, reap_renderable
+from gpuguard.remediator.inspection import inspect_tree, protected_pids
+from gpuguard.remediator.policy import (
     DRY_RUN,
     IGNORE,
     REAP,
@@ -47,7 +47,7 @@ from remediator.policy import (
     TreeKey,
     verify_live,
 )
-from remediator.reaper import Outcome, Reaper, ReapPlan, ReapResult
+from gpuguard.remediator.reaper import Outcome, Reaper, ReapPlan, ReapResult
 
 
 @dataclass(frozen=True)

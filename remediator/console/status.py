@@ -10,12 +10,12 @@ from rich.console import Group
 from rich.spinner import Spinner
 from rich.text import Text
 
-from exporter.classify import Tree
-from exporter.config import Config
-from exporter.nvml import Nvml
-from exporter.procfs import ProcessView
-from exporter.scanner import Scanner, Snapshot, user_name
-from remediator.console.common import (
+from gpuguard.exporter.classify import Tree
+from gpuguard.exporter.config import Config
+from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.remediator.console.common import (
     alert_line,
     gpu_json,
     holder_json,
@@ -26,8 +26,13 @@ from remediator.console.common import (
     process_age,
     tree_members,
 )
-from remediator.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
-from remediator.console.render import make_console, nvml_down_line, print_json, status_renderable
+from gpuguard.remediator.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
+from gpuguard.remediator.console.render import (
+    make_console,
+    nvml_down_line,
+    print_json,
+    status_renderable,
+)
 
 
 def tree_json(tree: Tree, snap: Snapshot,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.classify import (
+from gpuguard.exporter.classify import (
     ADOPTION_UNCERTAIN,
     LAUNCHER_KILLED,
     ORPHAN,

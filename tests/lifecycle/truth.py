@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exporter.classify import (
+from gpuguard.exporter.classify import (
     LAUNCHER_EXITED,
     LAUNCHER_KILLED,
     NORMAL,

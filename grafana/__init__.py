@@ -1,0 +1,2 @@
+"""The Grafana dashboard and its provisioning files: package data, written out by
+`gpuguard assets DIR` (gpuguard.assets)."""

@@ -1,0 +1,28 @@
+"""`gpuguard assets [DIR] [--print NAME] [--force]`: the rules and dashboard from the wheel."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpuguard import assets
+from gpuguard.remediator.console.contract import EXIT_OK, EXIT_USAGE, Failure
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    try:
+        if args.print_name is not None:
+            sys.stdout.buffer.write(assets.read(args.print_name))
+            return EXIT_OK
+        if args.dir is None:
+            print("\n".join(assets.ASSETS))
+            return EXIT_OK
+        written = assets.write_all(Path(args.dir), force=args.force)
+    except (assets.AssetError, OSError) as exc:
+        raise Failure(EXIT_USAGE, f"assets: {exc}") from None
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} written, {len(assets.ASSETS) - len(written)} already up to date "
+          f"under {args.dir}")
+    return EXIT_OK
