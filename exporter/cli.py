@@ -15,7 +15,7 @@ from gpuguard.exporter.config import ConfigError, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.nvml import Nvml
 from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.procfs import ProcessView, other_users_problem
 from gpuguard.exporter.scanner import Scanner
 from gpuguard.exporter.serving import (
     create_server,
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuguard-exporter",
         description="Export GPU gauges and orphaned GPU process trees to Prometheus.",
     )
-    p.add_argument("--config", help="YAML config (only its classify: section is used here)")
+    p.add_argument("--config", help="YAML config (its classify:, quotas: and audit: sections "
+                                    "are used here)")
     p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
                    metavar="HOST:PORT", help=f"where to serve /metrics (default {DEFAULT_LISTEN})")
     p.add_argument("--web-config-file", metavar="FILE",
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events = ProcessEvents()
     scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
-                      view=ProcessView(events=events))
+                      view=ProcessView(events=events), quotas=config.quotas, audit=config.audit)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events))
     host, port = args.listen
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
               file=sys.stderr)
         return 2
+    if (problem := other_users_problem()) is not None:
+        log.warning("%s", problem)  # a non-root exporter without its capabilities
     events.start()
     scanner.start()
     log.info("serving /metrics on http://%s:%s (scan every %gs)",

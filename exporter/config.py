@@ -16,6 +16,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpuguard.exporter.accounting import (
+    EVERYONE,
+    Audit,
+    Quotas,
+    SizeError,
+    SustainedUtilization,
+    parse_size,
+)
 from gpuguard.exporter.classify import (
     DEFAULT_ADOPTERS,
     DEFAULT_MAX_DEPTH,
@@ -92,6 +100,8 @@ class Remediate:
 class Config:
     classify: Rules = field(default_factory=Rules)
     remediate: Remediate = field(default_factory=Remediate)
+    quotas: Quotas = field(default_factory=Quotas)  # read by the exporter (and `status`)
+    audit: Audit = field(default_factory=Audit)  # read by the exporter (and `status`)
     source: str = "<defaults>"
 
 
@@ -158,13 +168,14 @@ def section(path: str, key: str, value: Any, allowed: dict[str, Callable[..., An
 
 
 def _patterns(path: str, key: str, value: Any) -> tuple[str, ...]:
+    """Patterns for the bounded matcher (RE2): protect patterns and suspect patterns alike."""
     patterns = str_list(path, key, value)
     for i, pattern in enumerate(patterns):
         try:
             compile_protect(pattern)
         except ProtectPatternError as exc:
             raise ConfigError(path, f"{key}[{i}]", f"bad regex {pattern!r}: {exc} (protect "
-                              "patterns use RE2 syntax: no back-references or "
+                              "and suspect patterns use RE2 syntax: no back-references or "
                               "look-arounds)") from None
     return patterns
 
@@ -281,6 +292,59 @@ def _remediate(path: str, key: str, value: Any) -> Remediate:
     return Remediate(**got)
 
 
+def _sizes(path: str, key: str, value: Any, *, everyone: bool) -> tuple[tuple[str, int], ...]:
+    """A mapping of names to sizes (bytes, or strings such as "10GiB")."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ConfigError(path, key, f"must be a mapping of names to sizes, got {_describe(value)}")
+    out = []
+    for name, raw in value.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(path, f"{key}.{name}", "names must be non-empty strings (quote "
+                              "numeric names)")
+        if name == EVERYONE and not everyone:
+            raise ConfigError(path, f"{key}.{name}", f"the default quota is users.{EVERYONE!r}")
+        try:
+            out.append((name, parse_size(raw)))
+        except SizeError as exc:
+            raise ConfigError(path, f"{key}.{name}", str(exc)) from None
+    return tuple(out)
+
+
+def _quotas(path: str, key: str, value: Any) -> Quotas:
+    got = section(path, key, value, {
+        "users": lambda p, k, v: _sizes(p, k, v, everyone=True),
+        "groups": lambda p, k, v: _sizes(p, k, v, everyone=False),
+    })
+    return Quotas(**got)
+
+
+def _ratio(path: str, key: str, value: Any) -> float:
+    ratio = _number(path, key, value, above=0)
+    if ratio > 1:
+        raise ConfigError(path, key, f"must be a ratio in (0, 1], got {value}")
+    return ratio
+
+
+def _sustained(path: str, key: str, value: Any) -> SustainedUtilization | None:
+    if value is None:
+        return None  # `sustained_utilization:` with nothing after it: off
+    got = section(path, key, value, {
+        "ratio": _ratio,
+        "for_seconds": lambda p, k, v: _number(p, k, v, minimum=1),
+    })
+    return SustainedUtilization(**got)
+
+
+def _audit(path: str, key: str, value: Any) -> Audit:
+    got = section(path, key, value, {
+        "suspect_patterns": _patterns,
+        "sustained_utilization": _sustained,
+    })
+    return Audit(**got)
+
+
 def _duplicate_key(node: yaml.Node | None, path: str = "",
                    visited: set[int] | None = None) -> tuple[str, int, int] | None:
     """The first key given twice in one mapping, at any depth: (dotted key, line, line).
@@ -343,10 +407,13 @@ def parse_yaml(text: str, *, source: str) -> Any:
 
 def parse_config(text: str, *, source: str = "<string>") -> Config:
     data = parse_yaml(text, source=source)
-    got = section(source, "", data, {"classify": _classify, "remediate": _remediate})
+    got = section(source, "", data, {"classify": _classify, "remediate": _remediate,
+                                     "quotas": _quotas, "audit": _audit})
     return Config(
         classify=got.get("classify", Rules()),
         remediate=got.get("remediate", Remediate()),
+        quotas=got.get("quotas", Quotas()),
+        audit=got.get("audit", Audit()),
         source=source,
     )
 

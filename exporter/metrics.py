@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.classify import ORPHAN
 from gpuguard.exporter.counters import CALLSITES, Counters
 from gpuguard.exporter.nvml import NvmlReading
@@ -60,6 +61,7 @@ class GpuguardCollector(Collector):
         if snap is not None:
             yield from self._gpu_metrics(snap)
             yield from self._tree_metrics(snap)
+            yield from self._accounting_metrics(snap)
             yield GaugeMetricFamily("gpuguard_scan_duration_seconds",
                                     "Wall time of the last completed scan.",
                                     value=snap.duration_seconds)
@@ -109,8 +111,10 @@ class GpuguardCollector(Collector):
         pinfo = GaugeMetricFamily(
             "gpuguard_gpu_process_info",
             "One series per GPU-holding process: its own verdict, reason and root (its "
-            "tree's when a member of the tree is what refuses a reap).",
-            labels=["pid", "start_time", "user", "comm", "verdict", "reason", "root_pid"])
+            "tree's when a member of the tree is what refuses a reap), and its container and "
+            "Kubernetes pod from its cgroup (empty when none).",
+            labels=["pid", "start_time", "user", "comm", "verdict", "reason", "root_pid",
+                    "container_id", "pod_uid"])
         age = GaugeMetricFamily("gpuguard_orphan_tree_age_seconds",
                                 "Seconds since a scan first saw this tree orphaned.",
                                 labels=TREE_LABELS)
@@ -130,6 +134,7 @@ class GpuguardCollector(Collector):
                 # The holder's own verdict (two users' jobs grouped under one root each keep
                 # theirs), unless a member of its tree is what makes it unreapable.
                 tree_decides = hv.verdict == ORPHAN and tree.verdict != ORPHAN
+                where = snap.accounting.attribution.get(pid, NO_CONTAINER)
                 pinfo.add_metric([
                     str(pid),
                     str(me.start_time) if me else "",
@@ -138,6 +143,8 @@ class GpuguardCollector(Collector):
                     tree.verdict if tree_decides else hv.verdict,
                     tree.reason if tree_decides else hv.reason,
                     str(hv.root.pid if hv.root is not None else tree.root_pid),
+                    where.container_id,
+                    where.pod_uid,
                 ], 1)
             if tree.root is None or tree.root.identity not in snap.orphans:
                 continue
@@ -153,6 +160,40 @@ class GpuguardCollector(Collector):
         yield procs
         yield GaugeMetricFamily("gpuguard_orphan_trees", "Orphan trees in the last scan.",
                                 value=len(snap.orphans))
+
+    def _accounting_metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        """Per-user memory and quotas, suspects, unattributed memory: for people, never
+        for the remediator (no reap follows from any of them)."""
+        acc = snap.accounting
+        used = GaugeMetricFamily("gpuguard_user_gpu_memory_bytes",
+                                 "GPU memory held by one user's processes, all GPUs together.",
+                                 labels=["user"])
+        quota = GaugeMetricFamily("gpuguard_user_gpu_memory_quota_bytes",
+                                  "The quotas: section's GPU memory quota for a user who holds "
+                                  "GPU memory (absent when none applies).", labels=["user"])
+        for usage in acc.users:
+            used.add_metric([usage.user], usage.used_bytes)
+            if usage.quota_bytes is not None:
+                quota.add_metric([usage.user], usage.quota_bytes)
+        suspect = GaugeMetricFamily(
+            "gpuguard_suspect_process_info",
+            "A GPU-holding process that looks like a miner: why is comm-pattern, "
+            "cmdline-pattern or sustained-utilization.",
+            labels=["pid", "start_time", "user", "comm", "why"])
+        for s in acc.suspects:
+            suspect.add_metric([str(s.pid), str(s.start_time), s.user, s.comm, s.why], 1)
+        unattributed = GaugeMetricFamily(
+            "gpuguard_gpu_memory_unattributed_bytes",
+            "GPU memory in use (without the driver's reserved memory) that no listed process "
+            "accounts for; absent when a process's usage is unavailable.",
+            labels=["gpu", "uuid"])
+        for gpu in acc.gpus:
+            if gpu.unattributed_bytes is not None:
+                unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
+        yield used
+        yield quota
+        yield suspect
+        yield unattributed
 
     def _counter_metrics(self) -> Iterator[Metric]:
         scans, errors = self.scanner.counts()

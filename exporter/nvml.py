@@ -64,6 +64,9 @@ class GpuSample:
     utilization_ratio: float | None
     temperature_celsius: float | None
     power_watts: float | None
+    #: False when the driver would not list this GPU's processes: then no holder on it
+    #: is known, and "used minus what processes hold" would be a guess.
+    processes_listed: bool = True
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ class Nvml:
             errors,
             lambda: self._call("nvml_device", pynvml.nvmlDeviceGetPowerUsage, handle),
         )
+        holders = self._holders(index, uuid, handle, errors)
         gpu = GpuSample(
             index=index,
             uuid=uuid,
@@ -222,8 +226,9 @@ class Nvml:
             utilization_ratio=None if util is None else util.gpu / 100,
             temperature_celsius=None if temp is None else float(temp),
             power_watts=None if power_mw is None else power_mw / 1000,
+            processes_listed=holders is not None,
         )
-        return gpu, self._holders(index, uuid, handle, errors)
+        return gpu, holders or []
 
     def _field(
         self, index: int, what: str, errors: list[tuple[str, str]], get: Callable[[], T]
@@ -239,7 +244,8 @@ class Nvml:
             return None
 
     def _memory(self, handle: Any) -> Any:
-        # _v2 reports "used" without the driver's reserved memory, like nvidia-smi.
+        # _v2 reports "used" without the driver's reserved memory, like nvidia-smi (and
+        # the unattributed-memory arithmetic needs exactly that); _v1's includes it.
         if self._memory_v2:
             try:
                 return self._call(
@@ -274,8 +280,8 @@ class Nvml:
 
     def _holders(
         self, index: int, uuid: str, handle: Any, errors: list[tuple[str, str]]
-    ) -> list[Holder]:
-        """Compute and graphics processes; on error none, since half a list misleads."""
+    ) -> list[Holder] | None:
+        """Compute and graphics processes; on error None, since half a list misleads."""
         try:
             compute = self._call(
                 "nvml_processes", pynvml.nvmlDeviceGetComputeRunningProcesses_v3, handle
@@ -286,7 +292,7 @@ class Nvml:
         except pynvml.NVMLError as err:
             self._raise_if_gone(index, "nvml_processes", err)
             errors.append(("nvml_processes", f"GPU {index}: {err}"))
-            return []
+            return None
         return _merge_holders(index, uuid, compute, graphics)
 
     @staticmethod

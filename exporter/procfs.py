@@ -346,6 +346,56 @@ def in_host_pid_namespace() -> bool | None:
         return None
 
 
+#: Capability bits (linux/capability.h). Another user's /proc/PID/environ (mode 0400) and
+#: fd/ (0500) need a DAC bypass and ptrace read access; signalling them needs CAP_KILL.
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_KILL, CAP_SYS_PTRACE = 1, 2, 5, 19
+
+
+def effective_capabilities() -> int | None:
+    """This process's effective capability set (CapEff), or None when unreadable."""
+    try:
+        with open(f"{PROC}/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def other_users_problem(*, signal: bool = False) -> str | None:
+    """What this process lacks to inspect (with `signal`: to signal) other users' processes.
+
+    The kernel's rules, read off CapEff: another user's /proc/PID/environ and fd/ need
+    CAP_SYS_PTRACE (ptrace read access) and CAP_DAC_READ_SEARCH or CAP_DAC_OVERRIDE
+    (modes 0400 and 0500); a signal needs CAP_KILL. Root without them (capabilities
+    dropped) is no better off. Otherwise a daemon short of them shows it only as every
+    foreign tree reading unknown, or as reaps that abort.
+    """
+    caps = effective_capabilities()
+    if caps is None:
+        return None
+
+    def has(bit: int) -> bool:
+        return bool(caps >> bit & 1)
+
+    missing = [name for name, ok in (
+        ("CAP_SYS_PTRACE", has(CAP_SYS_PTRACE)),
+        ("CAP_DAC_READ_SEARCH", has(CAP_DAC_READ_SEARCH) or has(CAP_DAC_OVERRIDE)),
+    ) if not ok]
+    problems = []
+    if missing:
+        problems.append(f"cannot read other users' /proc/PID/environ (missing "
+                        f"{' and '.join(missing)}): their GPU trees read unknown "
+                        "(member-unknown) and are never reaped")
+    if signal and not has(CAP_KILL):
+        problems.append("cannot signal other users' processes (missing CAP_KILL): a reap of "
+                        "their trees aborts (signal-failed)")
+    if not problems:
+        return None
+    return "; ".join(problems) + "; run as root or with the capabilities of deploy/systemd/"
+
+
 def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
                  stat: Callable[[int], ProcInfo | None],
                  stat_now: Callable[[int], ProcInfo | None], *,

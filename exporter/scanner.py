@@ -6,13 +6,17 @@ replaced atomically (one reference assignment) when a scan finishes.
 
 from __future__ import annotations
 
+import grp
 import logging
+import os
 import pwd
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas, account
+from gpuguard.exporter.attribution import attribute
 from gpuguard.exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
 from gpuguard.exporter.counters import COUNTERS, Counters
 from gpuguard.exporter.nvml import Nvml, NvmlReading
@@ -43,6 +47,7 @@ class Snapshot:
     orphans: dict[tuple[int, int], OrphanInfo] = field(default_factory=dict)
     proc_reads: int = 0  # /proc reads made by this scan
     errors: tuple[tuple[str, str], ...] = ()
+    accounting: Accounting = field(default_factory=Accounting)
 
 
 def user_name(uid: int | None, _cache: dict[int, str] = {}) -> str:  # noqa: B006
@@ -57,6 +62,60 @@ def user_name(uid: int | None, _cache: dict[int, str] = {}) -> str:  # noqa: B00
     return _cache[uid]
 
 
+class GroupCache:
+    """A user's group names (primary and supplementary), from NSS (/etc/group), cached.
+
+    Asked only for users who hold GPU memory, have no quota of their own and when some
+    group has one; an answer is kept for `ttl` seconds, so a membership change shows
+    within that time without a lookup per scan.
+    """
+
+    def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+        self.lookups = 0
+
+    def __call__(self, user: str) -> frozenset[str]:
+        now = self._clock()
+        hit = self._cache.get(user)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        self.lookups += 1
+        names: set[str] = set()
+        try:
+            entry = pwd.getpwnam(user)
+            gids = os.getgrouplist(user, entry.pw_gid)
+        except (KeyError, OSError):
+            gids = []  # a uid without a passwd entry: no groups, only the default applies
+        for gid in gids:
+            try:
+                names.add(grp.getgrgid(gid).gr_name)
+            except KeyError:
+                continue
+        groups = frozenset(names)
+        self._cache[user] = (now, groups)
+        return groups
+
+
+def holder_facts(trees: Sequence[Tree], view: ProcessView) -> dict[int, HolderFacts]:
+    """Each visible holder's comm, command line and container, from the identity cache.
+
+    classify() has read the command line and cgroup of most holders already (rules 3
+    and 5); a holder decided earlier (protected by its comm, say) costs one read of each
+    the first time it is seen, and nothing after: no process but a holder is read.
+    """
+    facts: dict[int, HolderFacts] = {}
+    for tree in trees:
+        for hv in tree.holder_verdicts:
+            me = hv.chain[0] if hv.chain else None
+            if me is None or me.pid in facts:
+                continue
+            facts[me.pid] = HolderFacts(me.pid, me.start_time, user_name(me.uid), me.comm,
+                                        view.cmdline(me), attribute(view.cgroup(me)))
+    return facts
+
+
 class Scanner:
     """Runs scans; keeps the orphan first-seen clock and cumulative scan counters."""
 
@@ -69,8 +128,14 @@ class Scanner:
         counters: Counters = COUNTERS,
         interval: float = 5.0,
         clock: Callable[[], float] = time.time,
+        quotas: Quotas | None = None,
+        audit: Audit | None = None,
+        groups: Callable[[str], frozenset[str]] | None = None,
     ) -> None:
         self.rules = rules
+        self.quotas = quotas if quotas is not None else Quotas()
+        self.audit = audit if audit is not None else Audit()
+        self.groups = groups if groups is not None else GroupCache()
         self.nvml = nvml
         self.counters = counters
         self.view = view if view is not None else ProcessView(counters=counters)
@@ -99,6 +164,7 @@ class Scanner:
         errors.extend(reading.errors)
         trees: list[Tree] = []
         orphans: dict[tuple[int, int], OrphanInfo] = {}
+        accounting = Accounting()
         now = self._clock()
         try:
             self.view.begin_scan()
@@ -115,6 +181,10 @@ class Scanner:
                 first = self._first_seen.setdefault(key, now)
                 orphans[key] = OrphanInfo(first, max(0.0, now - first), len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
+            previous = self._latest.accounting.hot if self._latest is not None else {}
+            accounting = account(reading.gpus, reading.holders, holder_facts(trees, self.view),
+                                 quotas=self.quotas, audit=self.audit, groups=self.groups,
+                                 hot=previous, now=now)
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
             log.exception("scan failed")
             errors.append(("scan", f"{type(exc).__name__}: {exc}"))
@@ -126,6 +196,7 @@ class Scanner:
             orphans=orphans,
             proc_reads=self.counters.proc_reads() - reads_before,
             errors=tuple(errors),
+            accounting=accounting,
         )
         with self._lock:
             self.scans_total += 1

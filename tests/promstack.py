@@ -316,13 +316,16 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
                remediate: Mapping[str, Any] | None = None, confirm: bool = False,
                pull: bool = False, repeat_interval: str | None = None,
                inhibit_rules: list[dict[str, Any]] | None = None,
-               tls: LoopTls | None = None) -> Loop:
+               tls: LoopTls | None = None,
+               exporter_config: Mapping[str, Any] | None = None) -> Loop:
     """Start the whole loop with the remediator in enforce mode; stop what started on error.
 
     `before_prometheus` runs once Alertmanager is up and before any alert can fire
     (on-call's silences go there). `remediate` overrides keys of the remediator's
     policy; `confirm` gives it `remediate.alertmanager` (kill-time confirmation),
     `pull` also makes it poll (and removes the webhook from Alertmanager's config).
+    `exporter_config`: sections (quotas:, audit:) added to the one config file, which the
+    exporter reads too.
     """
     started: list = []
     try:
@@ -343,10 +346,10 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
             policy["alertmanager"] = {"url": f"http://127.0.0.1:{am_port}", "pull": pull,
                                       "pull_interval_seconds": 1, "timeout_seconds": 2}
         policy.update(remediate or {})
-        config.write_text(yaml.safe_dump({"remediate": policy}))
+        config.write_text(yaml.safe_dump({"remediate": policy, **(exporter_config or {})}))
         web = ["--web-config-file", tls.web_config] if tls is not None else []
-        exporter = Exporter(env=env, args=["--hostname", hostname, *web],
-                            scan_interval=scan_interval)
+        exporter = Exporter(env=env, args=["--hostname", hostname, "--config", str(config),
+                                           *web], scan_interval=scan_interval)
         started.append(exporter)
         remediator = ServerProcess("gpuguard.remediator", [
             "--config", str(config), "--token-file", str(token), "--hostname", hostname,

@@ -53,6 +53,11 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_inspector_proc_reads_total",
         "gpuguard_nvml_up",
         "gpuguard_host_info",
+        # accounting (issue 15): for people, never for the remediator
+        "gpuguard_user_gpu_memory_bytes",
+        "gpuguard_user_gpu_memory_quota_bytes",
+        "gpuguard_suspect_process_info",
+        "gpuguard_gpu_memory_unattributed_bytes",
     }
 )
 REMEDIATOR_METRICS = frozenset(
@@ -300,6 +305,13 @@ def test_runbook_urls_use_readme_runbook_anchors():
         assert base == RUNBOOK_BASE, url
         assert re.fullmatch(r"runbook-[a-z0-9-]+", anchor), url
         assert anchor == f"runbook-{rule['alert'].lower()}", url
+
+
+def test_every_rule_has_its_runbook_section_in_the_readme():
+    headings = set(re.findall(r"^### Runbook: (\S+)$", (REPO / "README.md").read_text(),
+                              re.MULTILINE))
+    missing = {rule["alert"] for rule in alert_rules()} - headings
+    assert not missing, f"README.md lacks '### Runbook: NAME' for {sorted(missing)}"
 
 
 def test_only_the_orphan_rule_can_remediate():

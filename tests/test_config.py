@@ -208,3 +208,70 @@ def test_adopters_keeps_its_old_name_reapers() -> None:
         parse_config("classify:\n  adopters: [tini]\n  reapers: [tini]", source="t.yml")
     assert str(err.value) == ("t.yml: classify.reapers: is the old name of adopters: "
                               "give one of the two")
+
+
+ACCOUNTING = """
+quotas:
+  users: {alice: 10GiB, "*": "8 GB", bob: 1073741824}
+  groups: {students: 12GiB}
+audit:
+  suspect_patterns: [xmrig, '^cryptonight']
+  sustained_utilization: {ratio: 0.9, for_seconds: 1800}
+"""
+
+
+def test_quotas_and_audit_sections() -> None:
+    cfg = parse_config(ACCOUNTING, source="t.yml")
+    assert dict(cfg.quotas.users) == {"alice": 10 * 2**30, "*": 8 * 10**9, "bob": 2**30}
+    assert dict(cfg.quotas.groups) == {"students": 12 * 2**30}
+    assert cfg.audit.suspect_patterns == ("xmrig", "^cryptonight")
+    assert cfg.audit.suspect("bash", "cryptonight -t 4") is not None
+    rule = cfg.audit.sustained_utilization
+    assert rule is not None and (rule.ratio, rule.for_seconds) == (0.9, 1800)
+
+
+def test_accounting_defaults_no_quota_miner_patterns_heuristic_off() -> None:
+    cfg = parse_config("audit:\n  sustained_utilization:\n", source="t.yml")
+    assert cfg.quotas.users == () and cfg.quotas.groups == ()
+    assert "xmrig" in cfg.audit.suspect_patterns and cfg.audit.sustained_utilization is None
+    on = parse_config("audit:\n  sustained_utilization: {}\n").audit.sustained_utilization
+    assert on is not None and (on.ratio, on.for_seconds) == (0.95, 3600)
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        ("quotas: [a]", "quotas", "must be a mapping"),
+        ("quotas:\n  people: {a: 1GiB}", "quotas.people", "unknown key"),
+        ("quotas:\n  users: [alice]", "quotas.users", "must be a mapping of names to sizes"),
+        ("quotas:\n  users: {alice: 10G}", "quotas.users.alice", "unknown unit 'G'"),
+        ("quotas:\n  users: {alice: 10 gb}", "quotas.users.alice", "unknown unit 'gb'"),
+        ("quotas:\n  users: {alice: '10'}", "quotas.users.alice", "is not a size"),
+        ("quotas:\n  users: {alice: 1.5}", "quotas.users.alice",
+         "must be an integer number of bytes"),
+        ("quotas:\n  users: {alice: -1}", "quotas.users.alice", "must be >= 0"),
+        ("quotas:\n  users: {1000: 1GiB}", "quotas.users.1000", "quote numeric names"),
+        ("quotas:\n  groups: {'*': 1GiB}", "quotas.groups.*", "the default quota is users."),
+        ("quotas:\n  users: {alice: 1GiB, alice: 2GiB}", "quotas.users.alice",
+         "duplicate key"),
+        ("audit:\n  suspect_patterns: xmrig", "audit.suspect_patterns",
+         "must be a list of strings"),
+        ("audit:\n  suspect_patterns: ['(x)\\1']", "audit.suspect_patterns[0]",
+         "bad regex"),  # a back-reference: RE2 has none
+        ("audit:\n  sustained_utilization: {ratio: 95}", "audit.sustained_utilization.ratio",
+         "must be a ratio in (0, 1]"),
+        ("audit:\n  sustained_utilization: {ratio: 0}", "audit.sustained_utilization.ratio",
+         "must be > 0"),
+        ("audit:\n  sustained_utilization: {for_seconds: .inf}",
+         "audit.sustained_utilization.for_seconds", "must be a finite number"),
+        ("audit:\n  sustained_utilization: {window: 3}", "audit.sustained_utilization.window",
+         "unknown key"),
+        ("audit:\n  miners: [x]", "audit.miners", "unknown key"),
+    ],
+)
+def test_accounting_errors_name_file_key_problem(text: str, key: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    message = str(err.value)
+    assert message.startswith(f"/etc/gpuguard.yml: {key}: "), message
+    assert problem in message, message

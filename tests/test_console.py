@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.exporter.attribution import attribute, cgroup_paths
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.proctree import Trees, alive, descendants_of, stat_fields, wait_for
 from tests.remediator_helpers import (
@@ -77,7 +78,12 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
         assert set(tree["evidence"]) == {"rule", "detail", "pids"}
         assert all(isinstance(p, int) for p in tree["evidence"]["pids"])
         for holder in tree["holders"]:
-            assert set(holder) == {"pid", "gpu", "uuid", "used_bytes", "kind"}
+            assert set(holder) == {"pid", "gpu", "uuid", "used_bytes", "kind", "container_id",
+                                   "pod_uid", "suspect"}
+            # Where the test runner runs (a container under some CI), and no miner.
+            where = attribute(cgroup_paths(Path(f"/proc/{holder['pid']}/cgroup").read_text()))
+            assert (holder["container_id"], holder["pod_uid"], holder["suspect"]) == (
+                where.container_id or None, where.pod_uid or None, None)
         for member in tree["members"]:
             assert set(member) == {"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
                                    "user", "comm"}
@@ -439,3 +445,46 @@ def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
     assert refusal(key, guarded, force=True) is None
     gone = refusal(key, LiveTree(root=root), force=True)
     assert gone is not None and gone.reason == "tree-not-found" and "status` lists" in gone.detail
+
+
+# -- status: accounting ---------------------------------------------------------------------
+
+
+def test_status_marks_suspects_and_reconciles_each_gpu(tmp_path: Path, trees: Trees,
+                                                       fake_gpu: FakeGpuWorld,
+                                                       gpuguard: Run) -> None:
+    fake_gpu.update_gpu(0, memory_used=6 * GIB, memory_reserved=GIB)
+    fake_gpu.add_gpu(1, memory_used=2 * GIB)
+    miner = held_tree(trees, fake_gpu, "exec -a xmrig {holder} --pidfile {dir}/worker & wait",
+                      kill_launcher=False, used=2 * GIB)
+    worker = held_tree(trees, fake_gpu, ATTACHED, kill_launcher=False, used=GIB)
+    fake_gpu.add_process(1, worker, None)  # cannot be sized on GPU 1
+    config = tmp_path / "gpuguard.yml"
+    config.write_text('quotas:\n  users: {"*": 2GiB}\n')
+
+    proc = gpuguard("status", "--config", str(config))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    row, = (line for line in lines if line.lstrip().startswith(f"{miner} "))
+    assert "[suspect: cmdline-pattern]" in row
+    assert not any("suspect" in line for line in lines if line.lstrip().startswith(f"{worker} "))
+    assert any(f"suspect: pid {miner}" in line and "'xmrig'" in line for line in lines)
+    # GPU 0: 6 GiB used (the reserved GiB apart), 3 GiB held by two processes; GPU 1 unknown.
+    gpu0, = (line.split() for line in lines if line.split()[:2] == ["0", "6.0"])
+    assert gpu0 == ["0", "6.0", "GiB", "3.0", "GiB", "(2", "proc)", "3.0", "GiB"]
+    gpu1, = (line for line in lines if line.split()[:2] == ["1", "2.0"])
+    assert f"? (usage of pid {worker} unavailable)" in gpu1
+    assert any("GPU memory by user:" in line and "quota 2.0 GiB, over" in line
+               for line in lines)
+
+    doc = json.loads(gpuguard("status", "--json", "--config", str(config)).stdout)
+    acc = doc["accounting"]
+    assert [(s["pid"], s["why"]) for s in acc["suspects"]] == [(miner, "cmdline-pattern")]
+    assert [(g["index"], g["unattributed_bytes"]) for g in acc["gpus"]] == [(0, 3 * GIB),
+                                                                           (1, None)]
+    assert acc["gpus"][1]["why_unknown"] == f"usage of pid {worker} unavailable"
+    (user,) = acc["users"]
+    assert (user["used_bytes"], user["quota_bytes"]) == (3 * GIB, 2 * GIB)
+    holders = {h["pid"]: h for t in doc["trees"] for h in t["holders"]}
+    assert holders[miner]["suspect"]["why"] == "cmdline-pattern"
+    assert holders[worker]["suspect"] is None

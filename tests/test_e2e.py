@@ -50,6 +50,7 @@ class Stack:
     silenced_root: int
     protected: Tree
     protected_worker: int
+    suspect_worker: int
     started: float
 
 
@@ -71,7 +72,9 @@ def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         reaped = trees.spawn(CHAIN)
         silenced = trees.spawn(CHAIN)
         protected = trees.spawn("nohup {holder} --pidfile {dir}/worker >/dev/null 2>&1 & wait")
-        for tree in (reaped, silenced, protected):
+        # A healthy holder whose argv[0] names a miner: the accounting panels' suspect.
+        suspect = trees.spawn("exec -a xmrig {holder} --pidfile {dir}/worker & wait")
+        for tree in (reaped, silenced, protected, suspect):
             world.add_process(0, tree.pid("worker"), 2 * GIB)
         reaped_root, silenced_root = reaped.pid("sh"), silenced.pid("sh")
         reaped_members = [reaped_root, reaped.pid("worker")]
@@ -89,12 +92,13 @@ def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         started = time.monotonic()
         loop = start_loop(base, env, hostname=HOST, scan_interval=0.5, for_seconds=1,
                           orphan_age_seconds=1, term_timeout_seconds=2,
-                          before_prometheus=silence_one)
+                          before_prometheus=silence_one,
+                          exporter_config={"quotas": {"users": {"*": "64GiB"}}})
         stopped.append(loop)
         yield Stack(world, trees, loop.exporter, loop.remediator, loop.alertmanager,
                     loop.prometheus, loop.recorder, loop.audit_log, reaped, reaped_root,
                     reaped_members, silenced, silenced_root, protected, protected.pid("worker"),
-                    started)
+                    suspect.pid("worker"), started)
     finally:
         for thing in reversed(stopped):
             thing.stop()
@@ -165,6 +169,23 @@ def test_protected_tree_never_alerts(stack: Stack) -> None:
     roots = {series["metric"]["root_pid"] for series in ever}
     assert roots <= {str(stack.reaped_root), str(stack.silenced_root)}, roots
     assert alive(stack.protected_worker)
+
+
+def test_a_suspect_alerts_people_and_is_never_reaped(stack: Stack) -> None:
+    prom = stack.prometheus
+    pid = str(stack.suspect_worker)
+    wait_for(lambda: prom.firing("GPUSuspectProcess", pid=pid), timeout=60,
+             what="GPUSuspectProcess firing in Prometheus")
+    (alert,) = prom.firing("GPUSuspectProcess", pid=pid)
+    labels = alert["labels"]
+    assert (labels["why"], labels["hostname"], labels["severity"]) == ("cmdline-pattern", HOST,
+                                                                       "page")
+    assert "remediate" not in labels
+    wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
+             what="the other tree's reap")
+    assert alive(stack.suspect_worker)
+    if stack.audit_log.exists():
+        assert f'"root_pid": {pid}' not in stack.audit_log.read_text()
 
 
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
 from gpuguard.exporter.procfs import in_host_pid_namespace
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
-from tests.proctree import CHAIN, Trees, wait_for
+from tests.proctree import CHAIN, HOLDER, Trees, stat_fields, wait_for
 from tests.servers import REPO, Exporter, child_env, find
 
 GIB = 2**30
@@ -274,3 +277,154 @@ def test_sigterm_stops_the_exporter(fake_gpu: FakeGpuWorld, exporter_for) -> Non
     exp = exporter_for()
     exp.proc.send_signal(signal.SIGTERM)
     assert exp.proc.wait(timeout=10) == 0
+
+
+# -- accounting: quotas, suspects, unattributed memory, containers --------------------------
+
+
+def write_config(tmp_path, text: str) -> str:
+    path = tmp_path / "gpuguard.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def series(exp: Exporter, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    return find(exp.scrape(), name, **labels)
+
+
+def test_miners_by_command_line_and_by_comm_are_suspects(trees: Trees, fake_gpu: FakeGpuWorld,
+                                                         exporter_for) -> None:
+    """Two real GPU holders: one started with argv[0] "xmrig" (`exec -a`), one whose
+    executable is a link named t-rex (the kernel takes comm from the file name)."""
+    renamed = trees.spawn("exec -a xmrig {holder} --pidfile {dir}/worker & wait").pid("worker")
+    t_rex = trees.spawn(f"ln -s {shlex.quote(sys.executable)} {{dir}}/t-rex && "
+                        f"{{dir}}/t-rex {shlex.quote(str(HOLDER))} --pidfile {{dir}}/worker "
+                        "& wait").pid("worker")
+    honest = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    for pid in (renamed, t_rex, honest):
+        fake_gpu.add_process(0, pid, GIB)
+    exp = exporter_for()
+    by_cmdline = wait_for(lambda: series(exp, "gpuguard_suspect_process_info", pid=str(renamed)),
+                          what="the xmrig suspect")
+    (labels, _), = by_cmdline
+    assert labels["why"] == "cmdline-pattern" and labels["comm"].startswith("python")
+    assert labels["start_time"] == str(stat_fields(renamed)["start_time"])
+    (labels, _), = wait_for(lambda: series(exp, "gpuguard_suspect_process_info",
+                                           pid=str(t_rex)), what="the t-rex suspect")
+    assert (labels["why"], labels["comm"]) == ("comm-pattern", "t-rex")
+    assert series(exp, "gpuguard_suspect_process_info", pid=str(honest)) == []
+    # A suspect is reported, never reaped: its own verdict is untouched.
+    assert process_info(exp, renamed)["verdict"] == "normal"
+
+
+def test_sustained_utilization_makes_the_sole_holder_a_suspect(
+        trees: Trees, fake_gpu: FakeGpuWorld, exporter_for, tmp_path) -> None:
+    config = write_config(tmp_path, "audit:\n  suspect_patterns: []\n"
+                          "  sustained_utilization: {ratio: 0.9, for_seconds: 1}\n")
+    fake_gpu.update_gpu(0, util_gpu=99)
+    busy = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.add_process(0, busy, GIB)
+    exp = exporter_for("--config", config, scan_interval=0.1)
+    (labels, _), = wait_for(lambda: series(exp, "gpuguard_suspect_process_info", pid=str(busy)),
+                            what="the sustained-utilization suspect")
+    assert labels["why"] == "sustained-utilization"
+    other = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.add_process(0, other, GIB)  # two holders: the GPU's load is no one's alone
+    wait_for(lambda: not series(exp, "gpuguard_suspect_process_info"),
+             what="the suspect to clear with a second holder")
+
+
+def test_quota_and_unattributed_memory_live(trees: Trees, fake_gpu: FakeGpuWorld,
+                                            exporter_for, tmp_path) -> None:
+    from gpuguard.exporter.scanner import user_name
+
+    me = user_name(os.getuid())
+    config = write_config(tmp_path, 'quotas:\n  users: {"*": 1GiB}\n')
+    fake_gpu.update_gpu(0, memory_used=5 * GIB, memory_reserved=2 * GIB)
+    worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.add_process(0, worker, 3 * GIB)
+    exp = exporter_for("--config", config)
+    wait_for(lambda: series(exp, "gpuguard_user_gpu_memory_bytes", user=me), what="user memory")
+    samples = exp.scrape()
+    assert find(samples, "gpuguard_user_gpu_memory_bytes", user=me)[0][1] == 3 * GIB
+    assert find(samples, "gpuguard_user_gpu_memory_quota_bytes", user=me)[0][1] == GIB
+    # 5 GiB used without the 2 GiB reserved: 2 GiB no listed process accounts for.
+    assert find(samples, "gpuguard_gpu_memory_unattributed_bytes", gpu="0")[0][1] == 2 * GIB
+    fake_gpu.add_process(0, 4_000_001, None)  # a holder whose usage the driver cannot give
+    wait_for(lambda: not series(exp, "gpuguard_gpu_memory_unattributed_bytes"),
+             what="unattributed memory to become absent (not zero)")
+
+
+def _writable_cgroup_root() -> Path | None:
+    """A cgroup hierarchy this process may create groups in (cgroup v2 first), or None."""
+    roots: list[Path] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if fstype == "cgroup2":
+            roots.insert(0, Path(fields[4]))
+        elif fstype == "cgroup":
+            roots.append(Path(fields[4]))
+    for root in roots:
+        probe = root / f"gpuguard-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            probe.rmdir()
+        except OSError:
+            continue
+        return root
+    return None
+
+
+@pytest.fixture
+def cgroup_at():
+    """Make a real cgroup at a path a runtime would use; move processes into it. At
+    teardown its processes go back to the hierarchy's root and the groups are removed."""
+    root = _writable_cgroup_root()
+    if root is None:
+        pytest.skip("no writable cgroup hierarchy here (needs root and a writable cgroupfs)")
+    made: list[Path] = []
+
+    def make(relative: str, *pids: int) -> str:
+        path = root
+        for part in relative.strip("/").split("/"):
+            path = path / part
+            if not path.exists():
+                path.mkdir()
+                made.append(path)
+        for pid in pids:
+            (path / "cgroup.procs").write_text(str(pid))
+        return relative
+
+    yield make
+    for path in reversed(made):
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # exited meanwhile
+        path.rmdir()
+
+
+CONTAINER_ID = "4f1c2d9e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"
+POD_UID = "8a3c9b2e-1f4d-4c7a-9b6e-2d5f8c1a0e37"
+
+
+@pytest.mark.parametrize("relative", [
+    f"/kubepods/burstable/pod{POD_UID}/{CONTAINER_ID}",  # kubelet cgroupfs, containerd
+    ("/kubepods.slice/kubepods-burstable.slice/"  # kubelet systemd driver, containerd
+     f"kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice/"
+     f"cri-containerd-{CONTAINER_ID}.scope"),
+], ids=["cgroupfs", "systemd"])
+def test_a_holder_in_a_pod_cgroup_carries_container_and_pod(
+        trees: Trees, fake_gpu: FakeGpuWorld, exporter_for, cgroup_at, relative: str) -> None:
+    worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    outside = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    cgroup_at(relative, worker)
+    assert CONTAINER_ID in Path(f"/proc/{worker}/cgroup").read_text()
+    for pid in (worker, outside):
+        fake_gpu.add_process(0, pid, GIB)
+    exp = exporter_for()
+    labels = process_info(exp, worker, container_id=CONTAINER_ID, pod_uid=POD_UID)
+    assert labels["verdict"] == "normal"  # a kubepods cgroup is managed (rule 5)
+    assert process_info(exp, outside)["pod_uid"] != POD_UID  # the runner's own, if any

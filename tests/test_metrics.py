@@ -6,6 +6,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.exporter.accounting import Quotas
 from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.metrics import GpuguardCollector
@@ -204,3 +205,104 @@ def test_a_name_filtered_scrape_finds_the_collectors_families(fake_gpu: FakeGpuW
     only = registry.restricted_registry(["gpuguard_host_info", "gpuguard_nvml_up"])
     names = {s.name for metric in only.collect() for s in metric.samples}
     assert names == {"gpuguard_host_info", "gpuguard_nvml_up"}
+
+
+def samples_of(registry: CollectorRegistry, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(s.labels), s.value) for metric in registry.collect() for s in metric.samples
+            if s.name == name]
+
+
+def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """GPU 0 has 1 GiB reserved by the driver; a process on GPU 1 cannot be sized."""
+    me = user_name(os.getuid())
+    fake_gpu.update_gpu(0, memory_used=10 * GIB, memory_reserved=GIB)
+    fake_gpu.add_gpu(1, memory_used=6 * GIB)
+    a, b, c = (trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+               for _ in range(3))
+    fake_gpu.add_process(0, a, 4 * GIB)
+    fake_gpu.add_process(1, a, 2 * GIB)
+    fake_gpu.add_process(0, b, 3 * GIB)
+    fake_gpu.add_process(1, c, None)  # NVML_VALUE_NOT_AVAILABLE
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
+                      view=ProcessView(counters=counters),
+                      quotas=Quotas(users=((me, 5 * GIB),)))
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1"))
+    scanner.scan_once()
+
+    # Used memory is _v2's (without the reserved GiB): 10 GiB used, 7 GiB held by processes.
+    assert registry.get_sample_value("gpuguard_gpu_memory_used_bytes", {"gpu": "0", "uuid":
+                                     fake_gpu.gpus[0].uuid}) == 10 * GIB
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == [
+        ({"gpu": "0", "uuid": fake_gpu.gpus[0].uuid}, 3 * GIB)]  # GPU 1: absent, not 0
+    # Every holding of the user's processes, both GPUs; the unsized one counts 0.
+    assert registry.get_sample_value("gpuguard_user_gpu_memory_bytes", {"user": me}) == 9 * GIB
+    assert registry.get_sample_value("gpuguard_user_gpu_memory_quota_bytes",
+                                     {"user": me}) == 5 * GIB
+    info = [labels for labels, _ in samples_of(registry, "gpuguard_gpu_process_info")]
+    assert sorted(int(labels["pid"]) for labels in info) == sorted([a, b, c])
+    assert all(labels["container_id"] == "" and labels["pod_uid"] == "" for labels in info)
+    assert samples_of(registry, "gpuguard_suspect_process_info") == []
+
+    fake_gpu.remove_process(c)  # now every process on GPU 1 is sized: 6 - 2 GiB unattributed
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes",
+                                     {"gpu": "1", "uuid": fake_gpu.gpus[1].uuid}) == 4 * GIB
+
+
+def test_no_quota_no_quota_series(trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.add_process(0, worker, GIB)
+    scanner, registry = make()
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_user_gpu_memory_bytes") == [
+        ({"user": user_name(os.getuid())}, GIB)]
+    assert samples_of(registry, "gpuguard_user_gpu_memory_quota_bytes") == []
+
+
+def test_a_gpu_whose_process_list_fails_has_no_unattributed_figure(
+        fake_gpu: FakeGpuWorld) -> None:
+    fake_gpu.update_gpu(0, memory_used=5 * GIB)
+    fake_gpu.set_field_error(0, "compute", 999)
+    scanner, registry = make()
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == []
+    fake_gpu.set_field_error(0, "compute", None)
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes")[0][1] == 5 * GIB
+
+
+def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
+                                                      fake_gpu: FakeGpuWorld) -> None:
+    """Every family, the accounting ones with samples, linted by Prometheus's own tool."""
+    import subprocess
+
+    from tests.promstack import PROMTOOL, require_binaries
+
+    require_binaries()
+    assert PROMTOOL is not None
+    me = user_name(os.getuid())
+    tree = trees.spawn("sh -c '{holder} --pidfile {dir}/w & echo $$ > {dir}/sh; wait' & wait")
+    suspect = trees.spawn("exec -a xmrig {holder} --pidfile {dir}/worker & wait")
+    fake_gpu.update_gpu(0, memory_used=8 * GIB)
+    fake_gpu.add_process(0, tree.pid("w"), 2 * GIB)
+    fake_gpu.add_process(0, suspect.pid("worker"), GIB)
+    tree.pid("sh")
+    tree.kill_launcher()
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
+                      view=ProcessView(counters=counters), quotas=Quotas(users=((me, GIB),)))
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1"))
+    scanner.scan_once()
+    text = generate_latest(registry).decode()
+    for name in ("gpuguard_user_gpu_memory_bytes{", "gpuguard_user_gpu_memory_quota_bytes{",
+                 "gpuguard_suspect_process_info{", "gpuguard_gpu_memory_unattributed_bytes{",
+                 "gpuguard_orphan_tree_age_seconds{"):
+        assert name in text, name
+    lint = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", (
+        lint.stdout + lint.stderr)
+    assert undocumented(text) == []

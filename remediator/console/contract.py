@@ -6,6 +6,8 @@ prints are generated from the same constants the commands return and print.
 
 from __future__ import annotations
 
+import signal
+
 PROG = "gpuguard"
 
 EXIT_OK = 0
@@ -17,6 +19,8 @@ EXIT_BAD_PAYLOAD = 5
 EXIT_REFUSED = 6
 EXIT_REAP_FAILED = 7
 EXIT_NOT_AUDITED = 8
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 
 #: Exit codes (stable), as `gpuguard --help` lists them.
@@ -33,16 +37,20 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record)"),
     (EXIT_NOT_AUDITED, "reap --apply: the final audit record could not be written (the intent "
                        "record was)"),
+    (EXIT_CANNOT_EXECUTE, "run: CMD could not be executed (permission denied, not a program)"),
+    (EXIT_NOT_FOUND, "run: CMD not found"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C"),
 )
 #: Failures that print one line on stderr (`gpuguard: ...`) and no JSON.
-ONE_LINE_EXITS = (EXIT_USAGE, EXIT_NO_PROCESS, EXIT_BAD_PAYLOAD)
+ONE_LINE_EXITS = (EXIT_USAGE, EXIT_NO_PROCESS, EXIT_BAD_PAYLOAD, EXIT_CANNOT_EXECUTE,
+                  EXIT_NOT_FOUND)
 
 EXIT_TABLE = (
     "exit codes:\n"
     + "".join(f"  {code:<4} {meaning}\n" for code, meaning in EXIT_CODES)
-    + f"exits {ONE_LINE_EXITS[0]}, {ONE_LINE_EXITS[1]} and {ONE_LINE_EXITS[2]} print one line "
-      "on stderr and no JSON; all others print their --json.\n"
+    + f"exits {', '.join(str(c) for c in ONE_LINE_EXITS[:-1])} and {ONE_LINE_EXITS[-1]} print "
+      "one line on stderr and no JSON; all others print their --json, except `run`, which "
+      "exits with CMD's own status (see `run --help`).\n"
 )
 
 STATUS_SCHEMA = "gpuguard.status/v1"
@@ -69,10 +77,19 @@ STATUS_EPILOG = f"""\
               "verdict": normal|orphan|protected|unknown, "reason": str, "rule": "1".."7",
               "evidence": {{"rule", "detail", "pids": [int]}}, "gpu_bytes": int,
               "processes": int|null,
-              "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind"}}],
+              "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind",
+                           "container_id": str|null, "pod_uid": str|null,
+                           "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
-                           "user", "comm"}}]}}]}}
-  members: holder(s) up to the root, root first. orphan_since is always null: only a
+                           "user", "comm"}}]}}],
+   "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null}}],
+     "suspects": [{{"pid", "start_time", "user", "comm",
+                   "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
+     "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
+               "unattributed_bytes": int|null, "why_unknown": str|null}}]}}}}
+  members: holder(s) up to the root, root first. accounting.gpus: used memory against the
+  sum of the listed processes' usage; unattributed_bytes is null (why_unknown says why)
+  when a figure is missing. orphan_since is always null: only a
   process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
   how long it has been orphaned. With --watch and --json, one document per line per scan.
 
@@ -128,6 +145,34 @@ be written.
    "reclaimed_bytes", "audit_log", "audit_error"}}
 
 """ + EXIT_TABLE
+
+#: `run`'s own statuses, around CMD's (CMD may itself exit 2, 126, 127 or 130: these mean
+#: the launcher's when its one-line message is on stderr).
+RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
+    ("CMD's", "CMD exited by itself: its exit status, 128+N if signal N killed it"),
+    (str(128 + signal.SIGHUP), "the launcher's parent died, or SIGHUP; the tree was reaped"),
+    (str(128 + signal.SIGINT), "SIGINT; the tree was reaped"),
+    (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped"),
+    (str(EXIT_USAGE), "usage error (no CMD, bad --grace); nothing started"),
+    (str(EXIT_CANNOT_EXECUTE), "CMD could not be executed; nothing started"),
+    (str(EXIT_NOT_FOUND), "CMD not found; nothing started"),
+)
+
+RUN_EPILOG = """\
+CMD runs in the launcher's process group, with its environment and open files. The
+launcher becomes a child subreaper (a descendant that loses its parent is adopted by it,
+not by PID 1), asks for a signal when its own parent dies, and gives CMD a parent-death
+SIGKILL (so a SIGKILLed launcher takes CMD down). It reaps every descendant with the
+remediator's reaper (identity by pidfd, freeze, SIGTERM, --grace, SIGKILL, confirm):
+  - when its parent dies, or on SIGHUP or SIGTERM;
+  - on SIGINT it first forwards the SIGINT to CMD (unless a terminal's Ctrl-C reached
+    CMD already), then reaps on a second SIGINT, when CMD exits, or --grace seconds later;
+  - when CMD exits by itself, what CMD left running (unless --keep-leftovers: then it is
+    left to the next subreaper or PID 1).
+A reap prints one line on stderr naming what it killed. An ignored SIGHUP or SIGINT
+(nohup, a script's background job) stays ignored. The launcher writes no audit log.
+exit codes of run:
+""" + "".join(f"  {code:<6} {meaning}\n" for code, meaning in RUN_EXIT_CODES)
 
 
 class Failure(Exception):

@@ -16,6 +16,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.classify import NORMAL, ORPHAN, PROTECTED, UNKNOWN, Tree
 from gpuguard.exporter.nvml import Holder, NvmlReading
 from gpuguard.exporter.procfs import ProcInfo
@@ -112,6 +113,36 @@ def gpu_table(reading: NvmlReading) -> Table:
     return table
 
 
+def balance_table(acc: Accounting) -> Table:
+    """Per GPU: used memory, what the listed processes hold, and the difference."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("GPU", "USED", "HELD BY PROCESSES", "UNATTRIBUTED"):
+        table.add_column(name, justify="right")
+    for g in acc.gpus:
+        if g.unattributed_bytes is None:
+            rest = Text(f"? ({g.why_unknown})", style="dim")
+        else:
+            rest = Text(fmt_bytes(g.unattributed_bytes),
+                        style="bold yellow" if g.unattributed_bytes else "")
+        table.add_row(str(g.index), fmt_bytes(g.used_bytes),
+                      f"{fmt_bytes(g.processes_bytes)} ({g.processes} proc)", rest)
+    return table
+
+
+def users_line(acc: Accounting) -> Text:
+    """GPU memory per user, with the quota where one applies."""
+    parts: list[str | tuple[str, str]] = ["GPU memory by user: "]
+    for i, u in enumerate(acc.users):
+        if i:
+            parts.append(", ")
+        parts.append(f"{u.user} {fmt_bytes(u.used_bytes)}")
+        if u.quota_bytes is not None:
+            over = u.used_bytes > u.quota_bytes
+            parts.append((f" (quota {fmt_bytes(u.quota_bytes)}{', over' if over else ''})",
+                          "bold red" if over else "dim"))
+    return Text.assemble(*parts)
+
+
 def _tree_order(tree: Tree) -> list[tuple[ProcInfo, int]]:
     """(member, depth) depth-first from the root along the walked chains."""
     members = tree_members(tree)
@@ -163,6 +194,7 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
             is_root = member.pid == tree.root_pid
             hs = held.get(member.pid, [])
             name = ("└─ " if depth else "") + member.comm
+            suspect = snap.accounting.suspect_of(member.pid) if hs else None
             pid_style = VERDICT_STYLE[ORPHAN] if is_root and tree.verdict == ORPHAN else ""
             reason = ""
             if is_root:
@@ -176,7 +208,9 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
             table.add_row(
                 Text(str(member.pid), style=pid_style),
                 user_name(member.uid),
-                Text("   " * max(0, depth - 1) + name, style="bold" if is_root else ""),
+                Text.assemble(
+                    ("   " * max(0, depth - 1) + name, "bold" if is_root else ""),
+                    (f" [suspect: {suspect.why}]" if suspect else "", "bold red")),
                 ",".join(str(h.gpu_index) for h in hs),
                 fmt_bytes(sum(h.used_bytes or 0 for h in hs)) if hs else "",
                 verdict_text(tree.verdict) if is_root else Text(""),
@@ -197,6 +231,12 @@ def status_renderable(snap: Snapshot, hostname: str,
     )
     parts: list[RenderableType] = [head, Text(""), Text("GPUs", style="bold underline"),
                                    gpu_table(reading), Text("")]
+    acc = snap.accounting
+    if acc.gpus:
+        parts += [Text("GPU memory: used vs held by listed processes", style="bold underline"),
+                  balance_table(acc), Text("")]
+    if acc.users:
+        parts += [users_line(acc), Text("")]
     if snap.trees:
         orphans = sum(1 for t in snap.trees if t.verdict == ORPHAN)
         parts.append(Text(f"Trees holding GPU memory: {len(snap.trees)}, {orphans} orphan",
@@ -204,6 +244,9 @@ def status_renderable(snap: Snapshot, hostname: str,
         parts.append(trees_table(snap, watched_for))
         parts.append(Text("AGE: each process's own age. Orphaned for how long: the exporter's "
                           "gpuguard_orphan_tree_age_seconds.", style="dim"))
+        for s in acc.suspects:
+            parts.append(Text(f"suspect: pid {s.pid} ({s.comm}, user {s.user}): {s.why}: "
+                              f"{s.detail}", style="bold red"))
     else:
         parts.append(Text("No process holds GPU memory."))
     for stage, message in snap.errors:

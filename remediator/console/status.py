@@ -10,9 +10,11 @@ from rich.console import Group
 from rich.spinner import Spinner
 from rich.text import Text
 
+from gpuguard.exporter.accounting import Accounting
+from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.classify import Tree
 from gpuguard.exporter.config import Config
-from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.nvml import Holder, Nvml
 from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 from gpuguard.remediator.console.common import (
@@ -33,6 +35,31 @@ from gpuguard.remediator.console.render import (
     print_json,
     status_renderable,
 )
+
+
+def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:
+    """A holder with its container, pod and suspicion (keys added to holder_json's)."""
+    where = acc.attribution.get(holder.pid, NO_CONTAINER)
+    suspect = acc.suspect_of(holder.pid)
+    return {
+        **holder_json(holder),
+        "container_id": where.container_id or None,
+        "pod_uid": where.pod_uid or None,
+        "suspect": None if suspect is None else {"why": suspect.why, "detail": suspect.detail},
+    }
+
+
+def accounting_json(acc: Accounting) -> dict[str, Any]:
+    return {
+        "users": [{"user": u.user, "used_bytes": u.used_bytes, "quota_bytes": u.quota_bytes}
+                  for u in acc.users],
+        "suspects": [{"pid": s.pid, "start_time": s.start_time, "user": s.user, "comm": s.comm,
+                      "why": s.why, "detail": s.detail} for s in acc.suspects],
+        "gpus": [{"index": g.index, "uuid": g.uuid, "used_bytes": g.used_bytes,
+                  "processes_bytes": g.processes_bytes, "processes": g.processes,
+                  "unattributed_bytes": g.unattributed_bytes, "why_unknown": g.why_unknown}
+                 for g in acc.gpus],
+    }
 
 
 def tree_json(tree: Tree, snap: Snapshot,
@@ -56,7 +83,7 @@ def tree_json(tree: Tree, snap: Snapshot,
         },
         "gpu_bytes": tree.gpu_bytes,
         "processes": orphan.processes if orphan is not None else None,
-        "holders": [holder_json(h) for h in tree.holders],
+        "holders": [holder_accounting_json(h, snap.accounting) for h in tree.holders],
         "members": [member_json(m) for m in tree_members(tree)],
         "alert": alerts.get(tree.root_pid) if alerts else None,
     }
@@ -72,11 +99,13 @@ def status_json(snap: Snapshot, hostname: str,
         "errors": [{"stage": s, "message": m} for s, m in snap.errors],
         "gpus": [gpu_json(g) for g in snap.reading.gpus],
         "trees": [tree_json(t, snap, alerts) for t in snap.trees],
+        "accounting": accounting_json(snap.accounting),
     }
 
 
 def new_scanner(config: Config) -> Scanner:
-    return Scanner(rules=config.classify, nvml=Nvml(), view=ProcessView())
+    return Scanner(rules=config.classify, nvml=Nvml(), view=ProcessView(), quotas=config.quotas,
+                   audit=config.audit)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

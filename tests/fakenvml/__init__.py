@@ -76,6 +76,7 @@ class FakeGpu:
     util_mem: int = 0
     temp: int = 40
     power_mw: int = 100_000
+    memory_reserved: int = 0  # the driver's own: outside _v2's used, inside _v1's
     lost: bool = False
     field_errors: dict[str, int] = field(default_factory=dict)
 
@@ -121,6 +122,7 @@ class FakeGpuWorld:
         util_mem: int = 0,
         temp: int = 40,
         power_mw: int = 100_000,
+        memory_reserved: int = 0,
     ) -> FakeGpu:
         """Add (or replace) GPU `index`; the default uuid is derived from the index."""
         gpu = FakeGpu(
@@ -133,6 +135,7 @@ class FakeGpuWorld:
             util_mem=util_mem,
             temp=temp,
             power_mw=power_mw,
+            memory_reserved=memory_reserved,
         )
         self.gpus[index] = gpu
         self.save()
@@ -246,6 +249,8 @@ class FakeGpuWorld:
                 f"gpu {g.index} {g.uuid} {g.memory_total} {g.memory_used} {g.util_gpu}"
                 f" {g.util_mem} {g.temp} {g.power_mw} {g.name}"
             )
+            if g.memory_reserved:
+                lines.append(f"reserved {g.index} {g.memory_reserved}")
             if g.lost:
                 lines.append(f"lost {g.index}")
             for name, code in sorted(g.field_errors.items()):

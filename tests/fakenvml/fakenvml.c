@@ -14,6 +14,10 @@
  *   delay_ms MS                          every call sleeps MS milliseconds
  *   gpu IDX UUID TOTAL USED UTILGPU UTILMEM TEMPC POWERMW NAME...
  *                                        one GPU; NAME is the rest of the line
+ *   reserved IDX BYTES                   GPU IDX's driver-reserved memory (default 0): the
+ *                                        memory _v2 answers total, reserved, USED and
+ *                                        free = total - USED - reserved; _v1 (which has
+ *                                        no reserved field) answers used = USED + reserved
  *   lost IDX                             every call on GPU IDX answers 15 (GPU is lost)
  *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
  *                                        name uuid memory utilization temperature power
@@ -68,7 +72,7 @@ struct gpu {
     int lost;
     char uuid[UUID_LEN];
     char name[NAME_LEN];
-    unsigned long long total, used;
+    unsigned long long total, used, reserved;
     unsigned int util_gpu, util_mem, temp_c, power_mw;
     int field_error[F_COUNT];
 };
@@ -167,9 +171,15 @@ static void load_state(void) {
             snprintf(g.name, sizeof g.name, "%s", rest + n);
             g.present = 1;
             g.lost = st.gpus[idx].lost; /* keep directives that came before */
+            g.reserved = st.gpus[idx].reserved;
             memcpy(g.field_error, st.gpus[idx].field_error, sizeof g.field_error);
             if (!st.gpus[idx].present) st.gpu_count++;
             st.gpus[idx] = g;
+        } else if (strcmp(word, "reserved") == 0) {
+            unsigned long long bytes;
+            if (sscanf(rest, "%d %llu", &idx, &bytes) != 2 || idx < 0 || idx >= MAX_GPUS)
+                bad_line(lineno, line);
+            else st.gpus[idx].reserved = bytes;
         } else if (strcmp(word, "lost") == 0) {
             if (sscanf(rest, "%d", &idx) != 1 || idx < 0 || idx >= MAX_GPUS) bad_line(lineno, line);
             else st.gpus[idx].lost = 1;
@@ -375,9 +385,10 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     nvmlReturn_t r = device_check(device, F_MEMORY, &g);
     if (r != NVML_SUCCESS) LEAVE(r);
     if (memory == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long taken = g->used + g->reserved;
     memory->total = g->total;
-    memory->used = g->used;
-    memory->free = g->total > g->used ? g->total - g->used : 0;
+    memory->used = taken; /* _v1 counts the reserved memory as used */
+    memory->free = g->total > taken ? g->total - taken : 0;
     LEAVE(NVML_SUCCESS);
     EXIT
 }
@@ -389,10 +400,11 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     if (r != NVML_SUCCESS) LEAVE(r);
     if (memory == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != NVML_MEMORY_V2) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned long long taken = g->used + g->reserved;
     memory->total = g->total;
-    memory->reserved = 0;
+    memory->reserved = g->reserved;
     memory->used = g->used;
-    memory->free = g->total > g->used ? g->total - g->used : 0;
+    memory->free = g->total > taken ? g->total - taken : 0;
     LEAVE(NVML_SUCCESS);
     EXIT
 }

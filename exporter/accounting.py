@@ -1,0 +1,319 @@
+"""GPU accounting beyond orphans: per-user sums and quotas, suspect processes, and the
+memory no listed process accounts for. Pure: the scanner gathers the facts (NVML's
+reading, each holder's comm, command line and cgroup from the identity cache) and
+these functions turn them into what the exporter publishes. Nothing here leads to a
+reap: the remediator never reads any of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from gpuguard.exporter.attribution import Attribution
+from gpuguard.exporter.classify import compile_protect
+from gpuguard.exporter.counters import COUNTERS
+from gpuguard.exporter.nvml import GpuSample, Holder
+
+#: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
+UNITS: dict[str, int] = {
+    "B": 1,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}
+_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]+)\s*$")
+
+#: The `users:` key that holds everyone's default quota.
+EVERYONE = "*"
+
+#: Well-known GPU miners, matched on comm and command line like protect patterns.
+DEFAULT_SUSPECT_PATTERNS = ("xmrig", "ethminer", "t-rex", "nbminer", "lolminer",
+                            "phoenixminer", "gminer")
+
+#: gpuguard_suspect_process_info's `why`: a fixed set, so alerts can route on it.
+WHY_COMM = "comm-pattern"
+WHY_CMDLINE = "cmdline-pattern"
+WHY_UTILIZATION = "sustained-utilization"
+
+
+class SizeError(ValueError):
+    """A quota that is not a byte count or a number with one of UNITS."""
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an integer or a string such as "10GiB" or "10 GB" (units: UNITS)."""
+    if isinstance(value, bool):
+        raise SizeError(f"must be a byte count or a size such as '10GiB', got {value}")
+    if isinstance(value, int):
+        if value < 0:
+            raise SizeError(f"must be >= 0, got {value}")
+        return value
+    if not isinstance(value, str):
+        raise SizeError("must be an integer number of bytes or a string with a unit "
+                        f"such as '10GiB', got {type(value).__name__} {value!r}")
+    match = _SIZE.match(value)
+    units = ", ".join(UNITS)
+    if match is None:
+        raise SizeError(f"{value!r} is not a size: give a number and one of {units}")
+    unit = match.group("unit")
+    if unit not in UNITS:
+        raise SizeError(f"{value!r}: unknown unit {unit!r} (units: {units}; KiB/MiB/GiB/TiB "
+                        "are powers of 1024, KB/MB/GB/TB powers of 1000)")
+    try:
+        exact = Decimal(match.group("number")) * UNITS[unit]
+    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
+        raise SizeError(f"{value!r} is not a size") from None
+    if exact != exact.to_integral_value():
+        raise SizeError(f"{value!r} is not a whole number of bytes")
+    return int(exact)
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The `quotas:` section: GPU memory per user, per group, and `users: {"*": ...}`."""
+
+    users: tuple[tuple[str, int], ...] = ()
+    groups: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.users or self.groups)
+
+
+def resolve_quota(user: str, groups: Callable[[str], Iterable[str]], quotas: Quotas) -> int | None:
+    """One user's quota: their own entry, else the largest of their groups', else "*".
+
+    A named user's entry wins even when smaller than a group's (naming a person is the
+    most specific thing a config can say). Among groups the largest wins: a quota grants
+    memory, so belonging to one more group never takes any away. `groups` is asked only
+    when some group has a quota and the user has no entry of their own.
+    """
+    by_user = dict(quotas.users)
+    if user in by_user:
+        return by_user[user]
+    if quotas.groups:
+        by_group = dict(quotas.groups)
+        granted = [by_group[g] for g in groups(user) if g in by_group]
+        if granted:
+            return max(granted)
+    return by_user.get(EVERYONE)
+
+
+@dataclass(frozen=True)
+class SustainedUtilization:
+    """`audit.sustained_utilization`: the sole holder of a GPU busy at >= ratio for long."""
+
+    ratio: float = 0.95
+    for_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Audit:
+    """The `audit:` section: what makes a GPU holder a suspect."""
+
+    suspect_patterns: tuple[str, ...] = DEFAULT_SUSPECT_PATTERNS
+    sustained_utilization: SustainedUtilization | None = None  # off unless configured
+    _compiled: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        compiled = tuple((p, compile_protect(p)) for p in self.suspect_patterns)
+        object.__setattr__(self, "_compiled", compiled)
+
+    def suspect(self, comm: str, cmdline: str | None) -> tuple[str, str] | None:
+        """(why, pattern) for the first pattern matching comm, then the command line."""
+        for why, text in ((WHY_COMM, comm), (WHY_CMDLINE, cmdline)):
+            if not text:
+                continue
+            for pattern, compiled in self._compiled:
+                if _suspect_hit(compiled, text):
+                    return why, pattern
+        return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _suspect_hit(pattern: Any, text: str) -> bool:
+    """The protect patterns' matcher (RE2, linear time), cached by text like theirs; its
+    time shows under the same callsite."""
+    with COUNTERS.track("protect_match"):
+        return pattern.search(text) is not None
+
+
+@dataclass(frozen=True)
+class HolderFacts:
+    """What the scan knows of one GPU-holding process (from the identity cache)."""
+
+    pid: int
+    start_time: int
+    user: str
+    comm: str
+    cmdline: str | None  # None when unreadable
+    attribution: Attribution = Attribution()
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        return (self.pid, self.start_time)
+
+
+@dataclass(frozen=True)
+class UserUsage:
+    user: str
+    used_bytes: int  # every holding of the user's processes on every GPU (unknown ones as 0)
+    quota_bytes: int | None  # None: no quota applies
+
+
+@dataclass(frozen=True)
+class Suspect:
+    pid: int
+    start_time: int
+    user: str
+    comm: str
+    why: str  # WHY_COMM, WHY_CMDLINE or WHY_UTILIZATION
+    detail: str
+
+
+@dataclass(frozen=True)
+class GpuBalance:
+    """One GPU's reconciliation: used memory against what its listed processes hold."""
+
+    index: int
+    uuid: str
+    used_bytes: int | None  # the driver's figure without reserved memory (v2) where it has it
+    processes_bytes: int  # sum of the figures the driver gave per process
+    processes: int
+    unattributed_bytes: int | None  # None: cannot be computed (why_unknown says why)
+    why_unknown: str | None = None
+
+
+@dataclass(frozen=True)
+class HotGpu:
+    """A GPU seen at >= the sustained ratio on every scan since `since`, one holder."""
+
+    holder: tuple[int, int]  # (pid, start_time) of its only holder
+    since: float
+
+
+@dataclass(frozen=True)
+class Accounting:
+    users: tuple[UserUsage, ...] = ()
+    suspects: tuple[Suspect, ...] = ()
+    gpus: tuple[GpuBalance, ...] = ()
+    attribution: Mapping[int, Attribution] = field(default_factory=dict)  # by holder pid
+    hot: Mapping[str, HotGpu] = field(default_factory=dict)  # by GPU uuid, for the next scan
+
+    def suspect_of(self, pid: int) -> Suspect | None:
+        return next((s for s in self.suspects if s.pid == pid), None)
+
+
+def user_usage(holders: Sequence[Holder], facts: Mapping[int, HolderFacts],
+               quotas: Quotas, groups: Callable[[str], Iterable[str]]) -> tuple[UserUsage, ...]:
+    """Per user, the sum over their processes' holdings; holders not in /proc count for
+    nobody. A holding the driver cannot size counts 0 (the sum is then a lower bound)."""
+    totals: dict[str, int] = {}
+    for holder in holders:
+        fact = facts.get(holder.pid)
+        if fact is None or not fact.user:
+            continue
+        totals[fact.user] = totals.get(fact.user, 0) + (holder.used_bytes or 0)
+    return tuple(UserUsage(user, used, resolve_quota(user, groups, quotas) if
+                           quotas.configured else None)
+                 for user, used in sorted(totals.items()))
+
+
+def balance(gpus: Sequence[GpuSample], holders: Sequence[Holder]) -> tuple[GpuBalance, ...]:
+    """Used memory minus what the listed processes hold, per GPU.
+
+    Unknown (None), never 0, when the figure would be a guess: used memory unavailable,
+    the process list unavailable, or one process whose usage the driver cannot give
+    (its share is unknown, so the rest is too). Below zero reads 0: the per-process
+    figures can add up to more than used (MIG, the driver's own rounding), and memory
+    that no process holds cannot be negative.
+    """
+    out = []
+    for gpu in gpus:
+        mine = [h for h in holders if h.gpu_uuid == gpu.uuid]
+        known = sum(h.used_bytes or 0 for h in mine)
+        blind = [h.pid for h in mine if h.used_bytes is None]
+        why: str | None = None
+        if gpu.memory_used_bytes is None:
+            why = "used memory unavailable"
+        elif not gpu.processes_listed:
+            why = "process list unavailable"
+        elif blind:
+            why = f"usage of pid {blind[0]} unavailable"
+        unattributed = None if why else max(0, (gpu.memory_used_bytes or 0) - known)
+        out.append(GpuBalance(gpu.index, gpu.uuid, gpu.memory_used_bytes, known,
+                              len({h.pid for h in mine}), unattributed, why))
+    return tuple(out)
+
+
+def track_hot(previous: Mapping[str, HotGpu], gpus: Sequence[GpuSample],
+              holders: Sequence[Holder], facts: Mapping[int, HolderFacts],
+              rule: SustainedUtilization | None, now: float) -> dict[str, HotGpu]:
+    """GPUs busy at >= rule.ratio on this scan with one holder, and since when.
+
+    The clock restarts when a scan sees the GPU below the ratio, with no holder or more
+    than one, or with a different process as its holder. Utilisation is sampled once per
+    scan: a dip between two scans is not seen.
+    """
+    if rule is None:
+        return {}
+    out: dict[str, HotGpu] = {}
+    for gpu in gpus:
+        if gpu.utilization_ratio is None or gpu.utilization_ratio < rule.ratio:
+            continue
+        pids = {h.pid for h in holders if h.gpu_uuid == gpu.uuid}
+        if len(pids) != 1:
+            continue
+        fact = facts.get(next(iter(pids)))
+        if fact is None:
+            continue
+        before = previous.get(gpu.uuid)
+        since = before.since if before is not None and before.holder == fact.identity else now
+        out[gpu.uuid] = HotGpu(fact.identity, since)
+    return out
+
+
+def suspects(facts: Mapping[int, HolderFacts], audit: Audit, hot: Mapping[str, HotGpu],
+             gpus: Sequence[GpuSample], now: float) -> tuple[Suspect, ...]:
+    """Holders whose comm or command line matches a suspect pattern, then sole holders of
+    a GPU kept busy for the sustained window; one entry per process, first reason wins."""
+    found: dict[int, Suspect] = {}
+    for fact in sorted(facts.values(), key=lambda f: f.pid):
+        hit = audit.suspect(fact.comm, fact.cmdline)
+        if hit is not None:
+            why, pattern = hit
+            what = f"comm {fact.comm!r}" if why == WHY_COMM else "command line"
+            found[fact.pid] = Suspect(fact.pid, fact.start_time, fact.user, fact.comm, why,
+                                      f"{what} matches suspect pattern {pattern!r}")
+    rule = audit.sustained_utilization
+    by_identity = {f.identity: f for f in facts.values()}
+    index = {g.uuid: g.index for g in gpus}
+    for uuid, state in sorted(hot.items()):
+        busy = by_identity.get(state.holder)
+        if rule is None or busy is None or busy.pid in found:
+            continue
+        if now - state.since >= rule.for_seconds:
+            found[busy.pid] = Suspect(
+                busy.pid, busy.start_time, busy.user, busy.comm, WHY_UTILIZATION,
+                f"only holder of GPU {index.get(uuid, '?')}, at >= {rule.ratio:.0%} "
+                f"utilization on every scan for {now - state.since:.0f}s")
+    return tuple(found[pid] for pid in sorted(found))
+
+
+def account(gpus: Sequence[GpuSample], holders: Sequence[Holder],
+            facts: Mapping[int, HolderFacts], *, quotas: Quotas, audit: Audit,
+            groups: Callable[[str], Iterable[str]], hot: Mapping[str, HotGpu],
+            now: float) -> Accounting:
+    """Everything the accounting series say, from one scan's facts."""
+    hot_now = track_hot(hot, gpus, holders, facts, audit.sustained_utilization, now)
+    return Accounting(
+        users=user_usage(holders, facts, quotas, groups),
+        suspects=suspects(facts, audit, hot_now, gpus, now),
+        gpus=balance(gpus, holders),
+        attribution={pid: fact.attribution for pid, fact in facts.items()},
+        hot=hot_now,
+    )
