@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(VENV)/bin/gpuguard-exporter $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check gpuguard/*.py exporter remediator alerts grafana tests benchmarks
+	$(VENV)/bin/ruff check gpuguard/*.py exporter remediator alerts grafana tests benchmarks deploy
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -18,7 +18,7 @@ import sys
 
 from gpuguard.exporter.config import ConfigError, load_config
 from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.exporter.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.exporter.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.exporter.webconfig import WebConfigSource
 from gpuguard.remediator.audit import UnsafePathError
@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"token file {token_path} is missing, unreadable or empty")
     else:
         log.warning("--insecure-no-auth: POST /alerts accepts requests without a token")
+
+    if (problem := other_users_problem(signal=True)) is not None:
+        log.warning("%s", problem)  # a non-root remediator without its capabilities
 
     try:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a

@@ -334,13 +334,27 @@ class Reaper:
         """
         for target in list(run.targets.values()):
             self._stop(run, target)
+        self._refused_stop(run)
         while True:
             self._wait_stopped(run, min(deadline, self._monotonic() + FREEZE_CONFIRM_SECONDS))
             if not self._collect(run, stop=True):
                 break
+            self._refused_stop(run)
             if self._monotonic() > deadline:
                 raise _Abort("worker-timeout", "the tree kept growing while being frozen")
         self._check(cancelled, deadline)
+
+    @staticmethod
+    def _refused_stop(run: _Run) -> None:
+        """A SIGSTOP the kernel refused (EPERM: another user's process, and no CAP_KILL)
+        ends the reap before any SIGTERM, so the tree is left as it was found rather than
+        signalled in part and reported as survivors of a SIGKILL that was never sent."""
+        for record in run.signals:
+            if record.signal == "SIGSTOP" and record.result.startswith("error"):
+                raise _Abort("signal-failed", f"SIGSTOP to {record.pid} failed "
+                             f"({record.result.removeprefix('error: ')}): the remediator may "
+                             "not signal this tree (another user's processes need root or "
+                             "CAP_KILL); nothing was terminated")
 
     def _rejudge(self, run: _Run, targets: list[_Target], *, refuse: bool) -> list[_Target]:
         """Every rule again, on facts read now from a new view, for stopped targets.
