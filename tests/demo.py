@@ -103,6 +103,9 @@ def main() -> int:
     except KeyboardInterrupt:
         say("stopping everything the demo started")
     finally:
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short (and leave servers).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for thing in reversed(running):
             thing.stop()
         trees.cleanup()

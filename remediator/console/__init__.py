@@ -9,7 +9,7 @@ remediator's own live re-inspection (`remediator.inspection`) fed to
 own, so the console can never disagree with the daemons about what is an orphan
 or what may be killed.
 
-Subcommands, one module each (status, explain, policy_check, reap, assets)::
+Subcommands, one module each (status, explain, policy_check, reap, assets, run)::
 
     gpuguard status  [--json] [--watch SECONDS] [--config FILE] [--hostname NAME]
     gpuguard explain PID [--json] [--config FILE] [--hostname NAME]
@@ -17,6 +17,7 @@ Subcommands, one module each (status, explain, policy_check, reap, assets)::
     gpuguard reap ROOT_PID [--apply] [--force] [--start-time TICKS] [--json] [--config FILE]
                   [--hostname NAME] [--allow-pid-namespace]
     gpuguard assets  [DIR] [--print NAME] [--force]
+    gpuguard run     [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]
 
 Exit codes and the JSON schemas (`gpuguard.status/v1`, ...) are stable; they are
 defined once, in contract.py, which also writes the `--help` text that lists them.
@@ -40,12 +41,14 @@ from gpuguard.remediator.console.contract import (
     POLICY_EPILOG,
     PROG,
     REAP_EPILOG,
+    RUN_EPILOG,
     STATUS_EPILOG,
     Failure,
 )
 from gpuguard.remediator.console.explain import cmd_explain
 from gpuguard.remediator.console.policy_check import cmd_policy_check
 from gpuguard.remediator.console.reap import cmd_reap
+from gpuguard.remediator.console.run import DEFAULT_GRACE_SECONDS, cmd_run
 from gpuguard.remediator.console.status import cmd_status
 
 
@@ -129,6 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write one file (a listed name) to stdout")
     p.add_argument("--force", action="store_true", help="overwrite files that differ")
     p.set_defaults(func=cmd_assets)
+
+    p = sub.add_parser("run", formatter_class=raw, epilog=RUN_EPILOG,
+                       usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]",
+                       help="run CMD so that its whole process tree dies with this launcher",
+                       description="Run CMD as a child subreaper that reaps CMD's whole process "
+                                   "tree, double forks and setsid daemons included, when its "
+                                   "own parent dies, on SIGHUP, SIGTERM or SIGINT, and (the "
+                                   "leftovers) when CMD exits.")
+    p.add_argument("--grace", type=positive_float, default=DEFAULT_GRACE_SECONDS,
+                   metavar="SECONDS",
+                   help="how long SIGTERMed processes (and CMD after a forwarded SIGINT) get "
+                        "before SIGKILL (default: %(default)g)")
+    p.add_argument("--keep-leftovers", action="store_true",
+                   help="when CMD exits by itself, leave what it left running")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]",
+                   help="the command to run, after --")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

@@ -1,0 +1,39 @@
+"""`gpuguard run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]`: parse and hand off.
+
+The launcher itself is remediator/launcher.py; this module turns the command line
+into its Options and its start-up failures into the console's one-line exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuguard.remediator.console.contract import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    Failure,
+)
+from gpuguard.remediator.launcher import DEFAULT_GRACE_SECONDS, CannotStart, Options, run
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "cmd_run"]
+
+USAGE = "run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]"
+
+
+def command_of(words: list[str]) -> list[str]:
+    """argparse.REMAINDER keeps the `--` that ends the launcher's own options."""
+    return words[1:] if words[:1] == ["--"] else words
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = command_of(args.command)
+    if not command:
+        raise Failure(EXIT_USAGE, f"run: no CMD given; usage: gpuguard {USAGE}")
+    options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers)
+    try:
+        return run(command, options)
+    except CannotStart as exc:
+        code = EXIT_NOT_FOUND if isinstance(exc.error, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+        why = "command not found" if code == EXIT_NOT_FOUND else exc.error.strerror
+        raise Failure(code, f"run: {command[0]}: {why}") from None
