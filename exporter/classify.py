@@ -64,6 +64,9 @@ class Reason(enum.StrEnum):
     MANAGED = "managed"
     CONTAINER = "container"
     DAEMON = "daemon"
+    #: Adopted by the live `gpuguard run` launcher that started it, which reaps the tree
+    #: when it ends: attached to a live launcher, not orphaned.
+    RUN_LAUNCHER = "run-launcher"
     #: Orphan reasons of rule 6: how the session leader (the launcher) went away.
     LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell)
     LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a script finishing)
@@ -125,6 +128,7 @@ class ProcSource(Protocol):
     def cgroup(self, info: ProcInfo) -> tuple[str, ...] | None: ...
     def status(self, info: ProcInfo) -> ProcStatus | None: ...
     def keep_marker(self, info: ProcInfo) -> bool | None: ...
+    def run_launcher(self, info: ProcInfo) -> tuple[int, int] | None: ...
     def daemon_io(self, info: ProcInfo) -> bool | None: ...
     def own_nspid_depth(self) -> int: ...
     def launcher_exit(self, pid: int, after_start_time: int) -> ExitEvent | None: ...
@@ -556,8 +560,18 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             return verdict(NORMAL, Reason.DAEMON, Rule.ADOPTION,
                            f"{adopted.pid} detached on purpose (cwd /, stdin /dev/null)",
                            [adopted.pid])
+        # Read environ only for what would otherwise be an orphan (one read, two markers).
+        # Adopted by the `gpuguard run` that started it, alive: the launcher's identity
+        # (pid and start time) in X's environment equals X's parent's, so the marker
+        # names this very process, not a later one at its pid.
+        if (parent is not None and not parent.is_zombie
+                and view.run_launcher(adopted) == (parent.pid, parent.start_time)):
+            return verdict(NORMAL, Reason.RUN_LAUNCHER, Rule.ADOPTION,
+                           f"{adopted.pid} was adopted by its `gpuguard run` launcher "
+                           f"{parent.pid}, which lives and reaps the tree when it ends",
+                           [adopted.pid, parent.pid])
         state = _leader_gone(adopted, view)
-        # Rule 4's keep marker: read environ only for what would otherwise be an orphan.
+        # Rule 4's keep marker.
         if view.keep_marker(adopted):
             return verdict(PROTECTED, Reason.KEEP_MARKER, Rule.DETACH,
                            f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])

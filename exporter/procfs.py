@@ -72,6 +72,33 @@ class ProcStatus:
     kernel_thread: bool
 
 
+#: The environment variable `gpuguard run` gives CMD: "LAUNCHER_PID:START_TIME".
+RUN_MARKER = "GPUGUARD_RUN"
+
+
+@dataclass(frozen=True)
+class EnvironMarkers:
+    """What gpuguard reads in a process's environment."""
+
+    keep: bool  # GPUGUARD_KEEP=1: keep this tree (README "What a reap may signal")
+    run: tuple[int, int] | None  # GPUGUARD_RUN's (pid, start_time) of a `gpuguard run`
+
+
+def parse_environ_markers(raw: bytes) -> EnvironMarkers:
+    """The markers in /proc/PID/environ's NUL-separated bytes (malformed: no run marker)."""
+    keep = False
+    run: bytes | None = None
+    prefix = RUN_MARKER.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry == b"GPUGUARD_KEEP=1":
+            keep = True
+        elif entry.startswith(prefix) and run is None:  # the first, as getenv() reads it
+            run = entry[len(prefix):]
+    pid, sep, start = (run or b"").partition(b":")
+    ok = sep and pid.isdigit() and start.isdigit()
+    return EnvironMarkers(keep=keep, run=(int(pid), int(start)) if ok else None)
+
+
 def parse_stat(text: str, *, uid: int) -> ProcInfo:
     """Parse /proc/PID/stat; comm may hold spaces and parentheses, so split after the last ')'."""
     open_paren = text.index("(")
@@ -235,14 +262,25 @@ class ProcessView:
 
         return self._extra(info, "status", "proc_status", read)  # type: ignore[return-value]
 
+    def _markers(self, info: ProcInfo) -> EnvironMarkers | None:
+        """gpuguard's markers in the environment (one read serves both); None: unreadable."""
+
+        def read() -> EnvironMarkers:
+            with open(f"{self._root}/{info.pid}/environ", "rb") as fh:
+                return parse_environ_markers(fh.read())
+
+        return self._extra(info, "environ", "proc_environ", read)  # type: ignore[return-value]
+
     def keep_marker(self, info: ProcInfo) -> bool | None:
         """True when the environment holds GPUGUARD_KEEP=1; None when unreadable."""
+        markers = self._markers(info)
+        return None if markers is None else markers.keep
 
-        def read() -> bool:
-            with open(f"{self._root}/{info.pid}/environ", "rb") as fh:
-                return b"GPUGUARD_KEEP=1" in fh.read().split(b"\0")
-
-        return self._extra(info, "keep", "proc_environ", read)  # type: ignore[return-value]
+    def run_launcher(self, info: ProcInfo) -> tuple[int, int] | None:
+        """(pid, start_time) of the `gpuguard run` launcher named by GPUGUARD_RUN in the
+        environment; None when absent, malformed or unreadable."""
+        markers = self._markers(info)
+        return None if markers is None else markers.run
 
     def daemon_io(self, info: ProcInfo) -> bool | None:
         """True when cwd is / and stdin is /dev/null (the detach-on-purpose recipe)."""

@@ -48,7 +48,7 @@ from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procfs import ProcessView, ProcInfo, is_child_of, walk_members
+from gpuguard.exporter.procfs import RUN_MARKER, ProcessView, ProcInfo, is_child_of, walk_members
 from gpuguard.remediator.inspection import member_of, protected_pids
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import Outcome, Reaper, ReapPlan, ReapResult
@@ -311,9 +311,15 @@ def spawn(argv: Sequence[str], mask: set[int], *,
             signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
+    # GPUGUARD_RUN names this launcher by pid and start time: the classifier then reads a
+    # process this launcher adopted (a double-forked daemon) as attached to a live
+    # launcher (run-launcher), not as an orphan the remediator may reap under it.
+    me = ProcessView(counters=Counters()).fresh_stat(launcher)
+    assert me is not None
+    env = {**os.environ, RUN_MARKER: f"{launcher}:{me.start_time}"}
     # close_fds=False: CMD gets exactly what the launcher was given (Python's own fds
     # are close-on-exec); a jobserver or `3>file` passes through the launcher.
-    return subprocess.Popen(list(argv), preexec_fn=in_child, close_fds=False)
+    return subprocess.Popen(list(argv), preexec_fn=in_child, close_fds=False, env=env)
 
 
 def say(line: str) -> None:

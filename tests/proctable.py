@@ -69,6 +69,8 @@ class FakeProc:
     sighup_ignored: bool = False
     nspid: tuple[int, ...] | None = None  # None: (pid,)
     keep: bool = False
+    #: GPUGUARD_RUN in the environment: the (pid, start_time) of a `gpuguard run`.
+    run: tuple[int, int] | None = None
     daemon_io: bool = False
     kernel_thread: bool = False
     #: Other threads still run after the main one exited (stat then shows Z).
@@ -198,8 +200,8 @@ class SyntheticView:
     - `vanish_after_reads={pid: n}`: the first n `stat(pid)` calls see the
       process; on the next one it is gone (removed, its children keep their
       now-stale ppid: the race a mid-walk exit produces). n=0: gone at once.
-    - extras (`cmdline`, `cgroup`, `status`, `keep_marker`, `daemon_io`) answer
-      None when the pid is unreadable, gone, or now holds a different process
+    - extras (`cmdline`, `cgroup`, `status`, `keep_marker`, `run_launcher`, `daemon_io`)
+      answer None when the pid is unreadable, gone, or now holds a different process
       (start_time differs from the `ProcInfo` asked about).
     """
 
@@ -305,6 +307,10 @@ class SyntheticView:
     def keep_marker(self, info: ProcInfo) -> bool | None:
         p = self._current("keep_marker", info)
         return p.keep if p is not None else None
+
+    def run_launcher(self, info: ProcInfo) -> tuple[int, int] | None:
+        p = self._current("run_launcher", info)
+        return p.run if p is not None else None
 
     def daemon_io(self, info: ProcInfo) -> bool | None:
         p = self._current("daemon_io", info)

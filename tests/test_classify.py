@@ -294,6 +294,47 @@ def test_environ_is_not_read_unless_the_tree_would_be_an_orphan(scenario):
     assert view.calls_to("keep_marker") == []
 
 
+def under_run_launcher(marker_of=None, **daemon_kw) -> SyntheticView:
+    """bash (100) -> agent (200) -> `gpuguard run` (250, a subreaper) -> CMD (260); CMD
+    double-forked a `setsid` daemon (300, the holder) whose middle process (280) exited,
+    so 300 is in the dead session 280 and was adopted by the launcher. `marker_of`: the
+    (pid, start_time) its GPUGUARD_RUN names; default the launcher's own."""
+    view = SyntheticView(ssh_host() + [
+        leader(100, ppid=95, comm="bash", cmdline="-bash"),
+        proc(200, ppid=100, sid=100, cmdline="python agent.py"),
+        proc(250, ppid=200, sid=100, comm="gpuguard", cmdline="python gpuguard run -- x"),
+        proc(260, ppid=250, sid=100, cmdline="python x"),
+        proc(300, ppid=250, sid=280, pgid=280, start_time=9_000, **daemon_kw),
+    ])
+    view.update(300, run=marker_of or (250, view[250].start_time))
+    return view
+
+
+def test_a_process_adopted_by_its_live_run_launcher_is_attached():
+    view = under_run_launcher()
+    tree = one_tree(view)
+    check(tree, NORMAL, "run-launcher", 300, "6")
+    assert tree.evidence.pids == (300, 250)
+    assert view.calls_to("keep_marker") == []  # decided before the keep marker
+
+
+@pytest.mark.parametrize("marker", ["reused-pid", "not-the-parent", "absent"])
+def test_a_run_marker_that_does_not_name_the_live_parent_changes_nothing(marker):
+    view = under_run_launcher()
+    wrong = {"reused-pid": (250, view[250].start_time + 1),  # another process at 250
+             "not-the-parent": (200, view[200].start_time),  # a live ancestor, not the parent
+             "absent": None}[marker]
+    view.update(300, run=wrong)
+    check(one_tree(view), ORPHAN, "session-ended", 300, "6")
+
+
+def test_after_the_launcher_is_killed_its_adoptee_is_an_ordinary_orphan():
+    view = under_run_launcher()
+    view.exit(260)
+    view.exit(250)  # the daemon goes to PID 1; its marker names a launcher that is gone
+    check(one_tree(view), ORPHAN, "session-ended", 300, "6")
+
+
 # -- rule 3: protect patterns -------------------------------------------------------
 
 

@@ -8,14 +8,16 @@ import pytest
 
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.procfs import (
+    EnvironMarkers,
     ProcessView,
     ProcInfo,
     ProcUnreadable,
+    parse_environ_markers,
     parse_stat,
     parse_status,
     walk_members,
 )
-from tests.proctree import Trees
+from tests.proctree import Trees, children_of, wait_for
 
 
 def test_parse_stat_survives_hostile_comm() -> None:
@@ -143,3 +145,32 @@ def test_own_pid_namespace_depth_is_read_once_through_the_counted_reader(tmp_pat
     # Unreadable: depth 1, so a holder in any PID namespace reads `container` (normal).
     missing = ProcessView(proc_root=str(tmp_path / "nowhere"), counters=Counters())
     assert missing.own_nspid_depth() == 1
+
+
+@pytest.mark.parametrize(("raw", "keep", "run"), [
+    (b"A=1\0GPUGUARD_RUN=4242:987654\0B=2\0", False, (4242, 987654)),
+    (b"GPUGUARD_KEEP=1\0GPUGUARD_RUN=7:8\0", True, (7, 8)),
+    (b"GPUGUARD_RUN=7:8\0GPUGUARD_RUN=9:10\0", False, (7, 8)),  # the first, as getenv()
+    (b"GPUGUARD_RUN=7\0", False, None),
+    (b"GPUGUARD_RUN=7:8x\0", False, None),
+    (b"GPUGUARD_RUN=-7:8\0", False, None),
+    (b"GPUGUARD_RUN=\0GPUGUARD_KEEP=10\0", False, None),
+    (b"XGPUGUARD_RUN=7:8\0", False, None),
+])
+def test_environ_markers_are_parsed_strictly(raw: bytes, keep: bool, run) -> None:
+    assert parse_environ_markers(raw) == EnvironMarkers(keep=keep, run=run)
+
+
+def test_both_environ_markers_come_from_one_read(trees: Trees) -> None:
+    tree = trees.spawn("GPUGUARD_KEEP=1 GPUGUARD_RUN=11:22 sleep 3600 & wait")
+    counters = Counters()
+    view = ProcessView(counters=counters)
+
+    def exec_done() -> ProcInfo | None:  # the environment is the one exec gave it
+        infos = [view.fresh_stat(pid) for pid in children_of(tree.launcher.pid)]
+        return next((i for i in infos if i is not None and i.comm == "sleep"), None)
+
+    info = wait_for(exec_done, what="the child to exec sleep")
+    assert isinstance(info, ProcInfo)
+    assert view.keep_marker(info) is True and view.run_launcher(info) == (11, 22)
+    assert counters.snapshot()["proc_environ"].proc_reads == 1

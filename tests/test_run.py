@@ -431,28 +431,49 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
 # -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
 
 
+def tree_of(gpuguard: Run, pid: int) -> dict:
+    """The tree holding `pid`, from `gpuguard status --json` (the exporter's scan)."""
+    proc = gpuguard("status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (tree,) = [t for t in json.loads(proc.stdout)["trees"]
+               if pid in [h["pid"] for h in t["holders"]]]
+    return tree
+
+
 def test_launcher_sigkilled_cmd_dies_and_the_survivor_is_an_orphan_tree(
         trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
     run = Launch(trees, rundir, [f"holder={HOLDER}"])
     holder = run.pid("holder")
     fake_gpu.add_process(0, holder, GIB)
 
-    def tree_of(pid: int) -> dict:
-        proc = gpuguard("status", "--json")
-        assert proc.returncode == 0, proc.stderr
-        (tree,) = [t for t in json.loads(proc.stdout)["trees"]
-                   if pid in [h["pid"] for h in t["holders"]]]
-        return tree
-
-    live = tree_of(holder)  # under a live launcher: an ordinary attached tree
+    live = tree_of(gpuguard, holder)  # under a live launcher: an ordinary attached tree
     assert live["verdict"] == "normal", live
     assert run.launcher in [m["pid"] for m in live["members"]]
     os.kill(run.launcher, signal.SIGKILL)
     gone_within([run.launcher, run.cmd], 1.0)  # CMD died by its parent-death SIGKILL
     assert alive(holder)
-    orphan = tree_of(holder)
+    orphan = tree_of(gpuguard, holder)
     assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", holder), orphan
     assert orphan["reason"] in ("parent-exited", "session-ended")
+
+
+def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """A double-forked `setsid` daemon's session is gone, which under PID 1 reads orphan
+    (session-ended, reaped by default): under its live launcher it is attached
+    (GPUGUARD_RUN names the launcher), and once the launcher is gone, orphaned again."""
+    run = Launch(trees, rundir, ["daemon"])
+    daemon = run.pid("daemon")
+    assert (stat_fields(daemon) or {}).get("ppid") == run.launcher  # adopted by it
+    fake_gpu.add_process(0, daemon, GIB)
+    live = tree_of(gpuguard, daemon)
+    assert (live["verdict"], live["reason"], live["rule"]) == ("normal", "run-launcher", "6")
+    assert live["evidence"]["pids"] == [daemon, run.launcher]
+    os.kill(run.launcher, signal.SIGKILL)
+    gone_within([run.launcher, run.cmd], 1.0)
+    orphan = tree_of(gpuguard, daemon)  # now adopted by this test process (a subreaper)
+    assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", daemon), orphan
+    assert orphan["reason"] in ("session-ended", "launcher-killed")
 
 
 # -- pid reuse: an unrelated process at a former member's pid ---------------------------------
