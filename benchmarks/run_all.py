@@ -46,6 +46,11 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                      "malformed Alertmanager payloads at the remediator (dry-run). Targets: "
                      "no 5xx; p99 < 100 ms; exactly one decision per tree; RSS back to "
                      "within 10% of baseline."),
+    "run_teardown": (120.0,
+                     "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
+                     "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "
+                     "Targets: every descendant gone within 1 s; launcher CPU < 0.1% of one "
+                     "core while CMD runs."),
 }
 
 

@@ -8,7 +8,8 @@ Teardown, ten runs: a `bash` parent (a session leader, as an agent's shell) star
 background child and a double-forked `setsid` daemon (adopted by the launcher). Once
 all five descendants run, a pidfd is held on each, the parent is SIGKILLed, and the
 time from the parent's exit (its pidfd turning readable) to the last descendant's exit
-is taken from pidfd readiness, not from /proc polling.
+is taken from pidfd readiness, not from /proc polling. Every member dies on SIGTERM: a
+tree that ignores it takes --grace more per child of the launcher (README, Limits).
 
 Idle: `gpuguard run -- sleep 10`; the launcher's utime+stime (/proc/PID/stat) and
 VmRSS (/proc/PID/status) once CMD runs, and again 9 s later.

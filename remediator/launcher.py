@@ -28,6 +28,35 @@ Decisions (README "Prevention: gpuguard run" has the user's side):
   keep one thread.
 - Signals are blocked and taken with sigwaitinfo/sigtimedwait: the launcher sleeps in
   the kernel while CMD runs (no polling) and handles one event at a time.
+- Every other catchable signal (SIGUSR1, SIGQUIT, SIGWINCH, SIGALRM, real-time ones...)
+  is blocked too and forwarded to CMD, as tini and dumb-init do: unhandled, it would
+  kill the launcher without a teardown (a SLURM --signal checkpoint request would lose
+  the tree). One from the terminal (SI_KERNEL) reached CMD already and is not forwarded
+  again. Left alone: the job-control signals (SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT), so
+  that Ctrl-Z stops the launcher with CMD and the shell sees its job stop (a launcher
+  that blocked SIGTSTP would never report stopped, and `fg` would hang); the synchronous
+  faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT), which blocking
+  would make undefined. A signal ignored when the launcher starts stays ignored, for it
+  and for CMD (Python itself ignores SIGPIPE and SIGXFSZ: those are not passed on, and
+  CMD gets them at their default, as from any Python subprocess).
+- SIGCHLD is set to its default first: an ignored SIGCHLD (inherited from a caller that
+  does not want zombies) makes the kernel reap CMD itself, so its exit would go unseen
+  and its pid be free for reuse while the launcher still names CMD by it. CMD gets the
+  caller's disposition back in the preexec_fn.
+- A teardown caused by SIGINT, SIGTERM or SIGHUP ends with the launcher killing itself
+  with that signal (at its default), so a calling shell script stops as it would for a
+  plain command (bash goes on after a child that exits 130 and stops after one that
+  SIGINT killed). The parent's death is not a signal the caller sent: exit 129.
+- The parent the launcher checks against is read when the gpuguard package is first
+  imported (gpuguard/__init__.py, ~30 ms after exec), not after the console's imports
+  (~0.4 s): a parent dying in between is then noticed and CMD is not started.
+- A member whose SIGSTOP the kernel refuses (EPERM: a setuid-root program under an
+  unprivileged launcher) is released by the reaper (refused_stop="release"): left
+  untouched and named in the stderr line, while the rest of the tree is reaped. The
+  remediator aborts instead; the launcher must not keep the whole tree alive for it.
+- The launcher refuses to start CMD where it could not see or safely signal its tree:
+  no /proc/self/task/TID/children (a kernel without CONFIG_PROC_CHILDREN, or no /proc)
+  or no pidfd_open/pidfd_send_signal (an old kernel, a seccomp profile).
 """
 
 from __future__ import annotations
@@ -44,6 +73,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuguard import PARENT_AT_START
 from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
@@ -51,11 +81,14 @@ from gpuguard.exporter.nvml import NvmlReading
 from gpuguard.exporter.procfs import RUN_MARKER, ProcessView, ProcInfo, is_child_of, walk_members
 from gpuguard.remediator.inspection import member_of, protected_pids
 from gpuguard.remediator.policy import Member, TreeKey
-from gpuguard.remediator.reaper import Outcome, Reaper, ReapPlan, ReapResult
-
-#: The pid that started us, read at import: the start-up before the parent-death request
-#: is the window in which a parent's death would go unnoticed; this check narrows it.
-PARENT_AT_IMPORT = os.getppid()
+from gpuguard.remediator.reaper import (
+    PIDFD_OPEN,
+    PIDFD_SEND,
+    Outcome,
+    Reaper,
+    ReapPlan,
+    ReapResult,
+)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -76,6 +109,17 @@ MAX_ROUNDS = 5
 
 #: The signals that end a run (besides PDEATHSIG and CMD's exit, seen through SIGCHLD).
 TEARDOWN_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+#: Left at their defaults (see the module docstring): job control, synchronous faults,
+#: and what cannot be caught.
+JOB_CONTROL = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT)
+SYNCHRONOUS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP,
+               signal.SIGSYS, signal.SIGABRT)
+#: Bound on the signals dropped at the end (real-time signals queue, one by one).
+DRAIN_LIMIT = 4096
+#: The signals the launcher passes on to CMD: every other one it can catch.
+FORWARDED_SIGNALS = frozenset(signal.valid_signals()) - {
+    *TEARDOWN_SIGNALS, *JOB_CONTROL, *SYNCHRONOUS, signal.SIGCHLD, PDEATHSIG,
+    signal.SIGKILL, signal.SIGSTOP}
 
 
 # -- the pure part: which event leads to what ---------------------------------------------
@@ -120,6 +164,15 @@ class Step:
     code: int = 0  # the exit status, with FINISH
     reap: bool = True  # with FINISH: reap what is left of the tree first
     why: str = ""  # what the stderr line says happened
+    dies_of: int | None = None  # with FINISH: end by this signal instead of exit(code)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the launcher ends: exit(code), or killed by `dies_of` (a shell shows 128+N)."""
+
+    code: int
+    dies_of: int | None = None
 
 
 def exit_status(status: int) -> int:
@@ -133,21 +186,25 @@ def decide(event: Event, *, interrupted: bool, options: Options) -> Step:
     """What the launcher does on `event`; `interrupted`: a first SIGINT was seen."""
     if isinstance(event, CmdExited):
         if interrupted:
-            return Step(Next.FINISH, code=EXIT_SIGINT, why="CMD exited after SIGINT")
+            return Step(Next.FINISH, code=EXIT_SIGINT, why="CMD exited after SIGINT",
+                        dies_of=signal.SIGINT)
         return Step(Next.FINISH, code=exit_status(event.status), reap=not options.keep_leftovers,
                     why=f"CMD exited with status {exit_status(event.status)}")
     if isinstance(event, GraceOver):
         return Step(Next.FINISH, code=EXIT_SIGINT,
-                    why=f"CMD still ran {options.grace:g} s after SIGINT")
+                    why=f"CMD still ran {options.grace:g} s after SIGINT", dies_of=signal.SIGINT)
     if event.signo == PDEATHSIG:
         if not event.parent_changed:  # a thread of the parent exited; the parent lives
             return Step(Next.WAIT)
         return Step(Next.FINISH, code=EXIT_PARENT_DIED, why="the parent process died")
+    if event.signo not in TEARDOWN_SIGNALS:
+        # Passed on (a terminal's SIGQUIT or SIGWINCH reached CMD already).
+        return Step(Next.WAIT, forward=None if event.from_terminal else event.signo)
     name = signal.Signals(event.signo).name
     if event.signo != signal.SIGINT:
-        return Step(Next.FINISH, code=128 + event.signo, why=name)
+        return Step(Next.FINISH, code=128 + event.signo, why=name, dies_of=event.signo)
     if interrupted:
-        return Step(Next.FINISH, code=EXIT_SIGINT, why="a second SIGINT")
+        return Step(Next.FINISH, code=EXIT_SIGINT, why="a second SIGINT", dies_of=signal.SIGINT)
     # A terminal's Ctrl-C reached CMD with us: forwarding it would deliver it twice.
     return Step(Next.INTERRUPT, forward=None if event.from_terminal else signal.SIGINT)
 
@@ -157,30 +214,44 @@ class Teardown:
     """What the reaps of one teardown did, for the one stderr line."""
 
     killed: tuple[Member, ...] = ()
-    survivors: tuple[Member, ...] = ()
-    problems: tuple[str, ...] = ()  # reaps that refused or failed, and why
+    survivors: tuple[Member, ...] = ()  # survived SIGKILL
+    refused: tuple[Member, ...] = ()  # the kernel refused their SIGSTOP: left untouched
+    problems: tuple[str, ...] = ()  # reaps that refused or failed, and why; each once
+
+
+def launcher_words(detail: str) -> str:
+    """The reaper's details are written for the remediator; the launcher's line names
+    itself and its own deadline instead."""
+    return (detail.replace("remediate.worker_timeout_seconds",
+                           f"the launcher's {REAP_DEADLINE_SECONDS:g} s reap deadline")
+            .replace("the remediator", "the launcher"))
 
 
 def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo]) -> Teardown:
+    """`left`: children still below the launcher after the last round, not accounted for."""
     killed: list[Member] = []
     survivors: list[Member] = []
+    refused: list[Member] = []
     problems: list[str] = []
     for result in results:
+        refused += result.released
         if result.outcome in (Outcome.REAPED, Outcome.FAILED):
             gone = set(result.survivors)
             killed += [m for m in result.members if m.pid not in gone]
             survivors += [m for m in result.members if m.pid in gone]
         elif result.reason not in ("root-gone", "root-replaced"):  # exited by itself: fine
-            problems.append(f"{result.reason}: {result.detail}")
-    if left and not survivors:
+            problem = f"{result.reason}: {launcher_words(result.detail)}"
+            if problem not in problems:
+                problems.append(problem)
+    if left:
         problems.append(f"{len(left)} process(es) still below the launcher after "
                         f"{MAX_ROUNDS} rounds")
-    return Teardown(tuple(killed), tuple(survivors), tuple(problems))
+    return Teardown(tuple(killed), tuple(survivors), tuple(refused), tuple(problems))
 
 
 def teardown_line(why: str, teardown: Teardown) -> str | None:
     """The one stderr line a teardown writes; None when there was nothing to reap."""
-    if not (teardown.killed or teardown.survivors or teardown.problems):
+    if not (teardown.killed or teardown.survivors or teardown.refused or teardown.problems):
         return None
 
     def names(members: Sequence[Member]) -> str:
@@ -190,6 +261,10 @@ def teardown_line(why: str, teardown: Teardown) -> str | None:
              + (f": {names(teardown.killed)}" if teardown.killed else "")]
     if teardown.survivors:
         parts.append(f"{len(teardown.survivors)} survived SIGKILL: {names(teardown.survivors)}")
+    if teardown.refused:
+        parts.append(f"{len(teardown.refused)} survived, not signalled (the kernel refused "
+                     "the launcher's SIGSTOP: another user's process, such as a setuid-root "
+                     f"program; needs root or CAP_KILL): {names(teardown.refused)}")
     parts += teardown.problems
     return "; ".join(parts)
 
@@ -252,19 +327,23 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
     left, so whatever was handed over after a listing is caught by the next round.
     """
     counters = counters if counters is not None else Counters()
-    reaper = Reaper(nvml=_NoGpus(), counters=counters)
+    # A member whose SIGSTOP the kernel refuses (a setuid-root helper under an
+    # unprivileged launcher) is let go of; the rest of the tree is still reaped.
+    reaper = Reaper(nvml=_NoGpus(), counters=counters, refused_stop="release")
     policy = policy_for(options)
     guarded = protected_pids()
     hostname = socket.gethostname()
     results: list[ReapResult] = []
     left: list[ProcInfo] = []
-    survived: set[tuple[int, int]] = set()
-    for _ in range(MAX_ROUNDS):
+    # Processes a reap could not kill (survivors, released members, roots a reap refused):
+    # not tried again by the next rounds, and reported once.
+    done: set[tuple[int, int]] = set()
+    for round_ in range(MAX_ROUNDS + 1):
         view = ProcessView(counters=counters)
         me = view.fresh_stat(os.getpid())
         assert me is not None
-        left = [c for c in children(view, me) if c.identity not in survived]
-        if not left:
+        left = [c for c in children(view, me) if c.identity not in done]
+        if not left or round_ == MAX_ROUNDS:
             break
         for root in left:
             members = walk_members(root, view.children, view.stat, view.fresh_stat)
@@ -275,8 +354,10 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
                                  deadline=time.monotonic() + REAP_DEADLINE_SECONDS,
                                  journal=_no_audit, force=True)
             results.append(result)
-            survived |= {(m.pid, m.start_time) for m in result.members
-                         if m.pid in result.survivors}
+            done |= {(m.pid, m.start_time) for m in result.members if m.pid in result.survivors}
+            done |= {(m.pid, m.start_time) for m in result.released}
+            if result.outcome is Outcome.ABORTED:
+                done.add(root.identity)
         collect_zombies()
     return summarise(results, left)
 
@@ -296,9 +377,10 @@ def collect_zombies(cmd: int | None = None) -> int | None:
             status = got
 
 
-def spawn(argv: Sequence[str], mask: set[int], *,
-          sigint_default: bool) -> subprocess.Popen[bytes]:
-    """Start CMD with a parent-death SIGKILL, the caller's signal mask and fds."""
+def spawn(argv: Sequence[str], mask: set[int], *, sigint_default: bool,
+          sigchld_ignored: bool) -> subprocess.Popen[bytes]:
+    """Start CMD with a parent-death SIGKILL, the caller's signal mask, SIGCHLD disposition
+    and fds."""
     if threading.active_count() != 1:
         raise RuntimeError("the launcher must be single-threaded to fork with a preexec_fn")
     launcher = os.getpid()
@@ -309,6 +391,8 @@ def spawn(argv: Sequence[str], mask: set[int], *,
             os.kill(os.getpid(), signal.SIGKILL)
         if sigint_default:  # Python's KeyboardInterrupt handler must not run here
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if sigchld_ignored:  # as the caller gave it to the launcher
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     # GPUGUARD_RUN names this launcher by pid and start time: the classifier then reads a
@@ -337,14 +421,52 @@ class CannotStart(Exception):
         self.error = error
 
 
-def run(argv: Sequence[str], options: Options, *, parent: int = PARENT_AT_IMPORT) -> int:
-    """Run CMD as described in the module docstring; return the launcher's exit status."""
-    handled = {s for s in TEARDOWN_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+class Unsupported(Exception):
+    """The launcher could not see or safely signal its tree here; nothing was started."""
+
+
+def unsupported() -> str | None:
+    """Why this kernel (or sandbox) cannot carry the launcher, or None.
+
+    Without a children file the launcher could not find what was adopted below it;
+    without pidfds the reaper refuses to signal (a pid alone may name a reused pid).
+    Failing before CMD starts is the closed failure: a launcher that started CMD and
+    then could not reap it would leave the tree the user asked it to take down.
+    """
+    children_file = f"/proc/self/task/{os.getpid()}/children"
+    if not os.path.exists(children_file):
+        return (f"{children_file} does not exist (a kernel without CONFIG_PROC_CHILDREN, "
+                "or no /proc mounted): the launcher could not find the processes of its tree")
+    if PIDFD_OPEN is None or PIDFD_SEND is None:
+        return ("this Python has no pidfd_open/pidfd_send_signal: the launcher signals its "
+                "tree only through pidfds")
+    try:
+        fd = PIDFD_OPEN(os.getpid())
+        try:
+            PIDFD_SEND(fd, 0)  # signal 0: a permission check, nothing is sent
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return (f"pidfd_open/pidfd_send_signal failed ({exc.strerror}; a kernel before 5.3, "
+                "or a seccomp profile): the launcher signals its tree only through pidfds")
+    return None
+
+
+def run(argv: Sequence[str], options: Options, *, parent: int = PARENT_AT_START) -> Exit:
+    """Run CMD as described in the module docstring; say how the launcher must end
+    (`end()` does it)."""
+    why = unsupported()
+    if why is not None:
+        raise Unsupported(why)
     # An ignored SIGHUP (nohup) or SIGINT (a script's background job) stays ignored, for
-    # the launcher and for CMD: a blocked signal is queued even when ignored, so it must
-    # not be waited for either.
+    # the launcher and for CMD, as does any other: a blocked signal is queued even when
+    # ignored, so it must not be waited for either.
+    handled = {s for s in (*TEARDOWN_SIGNALS, *FORWARDED_SIGNALS)
+               if signal.getsignal(s) is not signal.SIG_IGN}
     waited = {*handled, signal.SIGCHLD, PDEATHSIG}
     sigint_default = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # SIGCHLD at its default before anything is started (see the module docstring).
+    sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -352,9 +474,10 @@ def run(argv: Sequence[str], options: Options, *, parent: int = PARENT_AT_IMPORT
         if os.getppid() != parent:
             say(f"gpuguard run: the parent process {parent} died before the launcher could "
                 "watch it; CMD not started")
-            return EXIT_PARENT_DIED
+            return Exit(EXIT_PARENT_DIED)
         try:
-            cmd = spawn(argv, mask, sigint_default=sigint_default)
+            cmd = spawn(argv, mask, sigint_default=sigint_default,
+                        sigchld_ignored=sigchld is signal.SIG_IGN)
         except OSError as exc:  # exec failed in the child: subprocess re-raises it here
             raise CannotStart(exc) from None
         step = supervise(cmd, waited, options, parent)
@@ -364,9 +487,33 @@ def run(argv: Sequence[str], options: Options, *, parent: int = PARENT_AT_IMPORT
             if line is not None:
                 say(line)
         collect_zombies()
-        return step.code
+        return Exit(step.code, step.dies_of)
     finally:
+        # What arrived during the teardown is dropped, not delivered at its default
+        # (a late SIGUSR1 would otherwise kill the launcher with the wrong status).
+        for _ in range(DRAIN_LIMIT):
+            if signal.sigtimedwait(waited, 0) is None:
+                break
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if sigchld is not None:
+            signal.signal(signal.SIGCHLD, sigchld)
+
+
+def end(how: Exit) -> int:
+    """Die of `how.dies_of` (reset to its default, unblocked), as a plain command killed
+    by it would, so that a calling shell script stops (bash goes on after a child that
+    exits 130 and stops after one that SIGINT killed); return the exit status where the
+    signal does not kill (PID 1 of a PID namespace ignores what it sends itself)."""
+    if how.dies_of is not None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        signal.signal(how.dies_of, signal.SIG_DFL)
+        os.kill(os.getpid(), how.dies_of)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {how.dies_of})
+    return how.code
 
 
 def supervise(cmd: subprocess.Popen[bytes], waited: set[int], options: Options,

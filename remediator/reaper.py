@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpuguard.exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
 from gpuguard.exporter.config import Remediate
@@ -94,6 +95,9 @@ class ReapResult:
     reclaimed_bytes: int | None = None
     duration_seconds: float = 0.0
     confirmed_ms: float | None = None  # when `confirm` answered, ms since the reap began
+    #: Members let go of because the kernel refused their SIGSTOP (only with
+    #: refused_stop="release"; never signalled again, never in `members`).
+    released: tuple[Member, ...] = ()
 
     @property
     def signalled(self) -> bool:
@@ -157,6 +161,7 @@ class _Run:
     signals: list[SignalRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     confirmed_ms: float | None = None
+    released: list[Member] = field(default_factory=list)
 
 
 PidfdOpen = Callable[[int], int]
@@ -165,6 +170,12 @@ PidfdSend = Callable[[int, int], None]
 #: The kernel's pidfd calls where this Python has them (3.9+ on Linux).
 PIDFD_OPEN: PidfdOpen | None = getattr(os, "pidfd_open", None)
 PIDFD_SEND: PidfdSend | None = getattr(signal, "pidfd_send_signal", None)
+
+#: What a reap does when the kernel refuses a member's SIGSTOP (EPERM): "abort" the whole
+#: reap before any SIGTERM (the remediator: a tree it may not signal whole is left as it
+#: was), or "release" that member (`gpuguard run`: its own tree must go even when one
+#: member, a setuid-root helper, is beyond an unprivileged launcher's reach).
+RefusedStop = Literal["abort", "release"]
 
 
 class Reaper:
@@ -182,8 +193,10 @@ class Reaper:
         pidfd_send: PidfdSend | None = PIDFD_SEND,
         kill: Callable[[int, int], None] = os.kill,
         monotonic: Callable[[], float] = time.monotonic,
+        refused_stop: RefusedStop = "abort",
     ) -> None:
         self.nvml = nvml
+        self._on_refused_stop = refused_stop
         self.counters = counters
         self._pidfd_open = pidfd_open if pidfd_send is not None else None
         self._pidfd_send = pidfd_send
@@ -344,13 +357,23 @@ class Reaper:
                 raise _Abort("worker-timeout", "the tree kept growing while being frozen")
         self._check(cancelled, deadline)
 
-    @staticmethod
-    def _refused_stop(run: _Run) -> None:
+    def _refused_stop(self, run: _Run) -> None:
         """A SIGSTOP the kernel refused (EPERM: another user's process, and no CAP_KILL)
         ends the reap before any SIGTERM, so the tree is left as it was found rather than
-        signalled in part and reported as survivors of a SIGKILL that was never sent."""
+        signalled in part and reported as survivors of a SIGKILL that was never sent.
+        With refused_stop="release" that member is let go of instead (never signalled
+        again, reported in `released`) and the reap of the others goes on."""
         for record in run.signals:
             if record.signal == "SIGSTOP" and record.result.startswith("error"):
+                if self._on_refused_stop == "release":
+                    target = run.targets.pop(record.pid, None)
+                    if target is not None:
+                        self._release(target)
+                        run.released.append(target.member)
+                        why = record.result.removeprefix("error: ")
+                        run.notes.append(f"left {record.pid} ({target.member.comm}) alone: "
+                                         f"SIGSTOP refused ({why})")
+                    continue
                 raise _Abort("signal-failed", f"SIGSTOP to {record.pid} failed "
                              f"({record.result.removeprefix('error: ')}): the remediator may "
                              "not signal this tree (another user's processes need root or "
@@ -428,6 +451,9 @@ class Reaper:
                 if not found:
                     break
                 joined += found
+            if self._on_refused_stop == "release":
+                self._refused_stop(run)
+                joined = [t for t in joined if run.targets.get(t.member.pid) is t]
             self._rejudge(run, joined, refuse=False)
             for target in list(run.targets.values()):
                 if not self._gone(run, target):
@@ -523,7 +549,7 @@ class Reaper:
             generation: list[_Target] = []
             for parent in frontier:
                 for child in run.view.children(parent.member.pid) or ():
-                    if child in run.targets:
+                    if child in run.targets or any(m.pid == child for m in run.released):
                         continue
                     target, why = self._open(run, child, None, parent=parent.info)
                     if target is None and why not in _NOT_OURS:
@@ -671,6 +697,9 @@ class Reaper:
         while True:
             if adopt:
                 joined = self._collect(run, stop=True, refuse=False)
+                if joined and self._on_refused_stop == "release":
+                    self._refused_stop(run)
+                    joined = [t for t in joined if run.targets.get(t.member.pid) is t]
                 for target in self._rejudge(run, joined, refuse=False) if joined else ():
                     self._send(run, target, signal.SIGTERM)
                     self._send(run, target, signal.SIGCONT)
@@ -737,4 +766,5 @@ class Reaper:
             reclaimed_bytes=reclaimed,
             duration_seconds=self._monotonic() - run.started,
             confirmed_ms=run.confirmed_ms,
+            released=tuple(run.released),
         )

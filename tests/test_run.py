@@ -39,6 +39,26 @@ UID = 64200
 #: Above PID_MAX_LIMIT (4194304): never a process.
 NO_PID = 4_194_305
 
+#: A setuid-root program (compiled by the test, chmod 4755 root): it becomes root in all
+#: three uids, so an unprivileged launcher may not signal it (EPERM), then writes its
+#: pid to argv[1] and waits. Stands in for sudo and its kind inside CMD.
+SETUID_HELPER = r"""
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    char tmp[4096];
+    FILE *f;
+    if (argc < 2 || setresuid(0, 0, 0) != 0) return 1;
+    snprintf(tmp, sizeof tmp, "%s.tmp", argv[1]);
+    if (!(f = fopen(tmp, "w"))) return 1;
+    fprintf(f, "%d\n", (int)getpid());
+    fclose(f);
+    if (rename(tmp, argv[1]) != 0) return 1;
+    for (;;) pause();
+}
+"""
+
 CMD = r'''
 """CMD for tests/test_run.py: DIR ACTION...; records signals in DIR/signals."""
 import os, signal, subprocess, sys
@@ -60,6 +80,10 @@ def record(signum, _frame):
         os._exit(128 + signum)
 
 
+def ignore_sigterm():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def double_fork(name, setsid):
     middle = os.fork()
     if middle == 0:
@@ -73,8 +97,8 @@ def double_fork(name, setsid):
     os.waitpid(middle, 0)
 
 
-signal.signal(signal.SIGINT, record)
-signal.signal(signal.SIGTERM, record)
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT):
+    signal.signal(signum, record)
 note("launcher", os.getppid())
 for action in actions:
     if action == "child":  # a background child that outlives CMD
@@ -86,6 +110,10 @@ for action in actions:
         double_fork("daemon", setsid=True)
     elif action == "stray":  # double fork, same session: adopted by the launcher
         double_fork("stray", setsid=False)
+    elif action == "stubborn":  # a background child that ignores SIGTERM
+        note("stubborn", subprocess.Popen(["sleep", "3600"], preexec_fn=ignore_sigterm).pid)
+    elif action.startswith("setuid="):  # a setuid-root program: DIR/setuid once it is root
+        subprocess.Popen([action[7:], os.path.join(d, "setuid")])
     elif action.startswith("holder="):  # a GPU holder below CMD
         subprocess.Popen([sys.executable, action[7:], "--pidfile", f"{d}/holder"])
     elif action.startswith("exit="):
@@ -187,23 +215,48 @@ def reaped_pids(line: str) -> set[int]:
 
 
 def wait_status(pid: int, timeout: float = 30.0) -> int:
-    """waitpid() an adopted launcher (this process is a subreaper); its shell exit status."""
+    """waitpid() an adopted launcher (this process is a subreaper); its raw wait status."""
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            return status
         if time.monotonic() > deadline:
             raise AssertionError(f"launcher {pid} did not exit within {timeout}s")
         time.sleep(0.01)
 
 
-def shared_pending(pid: int) -> int:
-    """Signals pending for the whole process (blocked ones included)."""
+def status_mask(pid: int, field: str) -> int:
+    """A signal mask from /proc/PID/status (ShdPnd: pending for the whole process, blocked
+    ones included; SigIgn: ignored)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("ShdPnd:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1], 16)
-    raise AssertionError(f"no ShdPnd for {pid}")
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def has(mask: int, signum: int) -> bool:
+    return bool(mask & (1 << (signum - 1)))
+
+
+def terminal_session(rundir: Path, argv: list[str],
+                     trees: Trees) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`argv` as the leader of a new session whose controlling terminal is a pty
+    (setsid --ctty): its process group is the foreground one. (process, pty master, slave)."""
+    setsid = shutil.which("setsid")
+    require(setsid, "setsid not installed: apt-get install util-linux")
+    master, slave = pty.openpty()
+    with open(rundir / "stderr", "w") as err:
+        proc = subprocess.Popen([str(setsid), "--ctty", *argv], stdin=slave, stdout=slave,
+                                stderr=err, env=child_env(), cwd=rundir)
+    trees.sessions.add(proc.pid)
+    trees.pids.append((proc.pid, stat_fields(proc.pid)))
+    return proc, master, slave
+
+
+def held_stopped(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: (stat_fields(pid) or {}).get("state") == "T", what=f"{pid} to stop")
 
 
 # -- the parent dies ------------------------------------------------------------------------
@@ -240,7 +293,8 @@ def test_parent_sigkilled_takes_the_whole_tree_within_a_second(
     run.tree.kill_launcher()  # SIGKILL the parent and reap it
     took = gone_within(tree, 1.0)
     assert took < 1.0, f"the tree took {took:.3f}s to go"
-    assert wait_status(run.launcher) == 128 + signal.SIGHUP
+    status = wait_status(run.launcher)  # an exit, not a signal: nobody sent the launcher one
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP, status
     (line,) = run.stderr()
     assert line.startswith("gpuguard run: the parent process died: reaped ")
     named = reaped_pids(line)
@@ -272,7 +326,7 @@ while True:
     trees.pids += [(p, stat_fields(p)) for p in (launcher, run_cmd)]
     wait_for(lambda: len(os.listdir(f"/proc/{tree.launcher.pid}/task")) == 1,
              what="the starting thread to exit")
-    wait_for(lambda: shared_pending(launcher) == 0, what="the launcher to take its signal")
+    wait_for(lambda: status_mask(launcher, "ShdPnd") == 0, what="the launcher to take its signal")
     assert alive(launcher) and alive(run_cmd)
     os.kill(launcher, signal.SIGTERM)
     gone_within([launcher, run_cmd], 10.0)
@@ -286,11 +340,105 @@ def test_a_parent_gone_before_the_launcher_watched_it_starts_nothing(rundir: Pat
     above the kernel's PID_MAX_LIMIT, never anybody's)."""
     marker = rundir / "started"
     code = ("import sys; from gpuguard.remediator.launcher import Options, run; "
-            f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}))")
+            f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}).code)")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 128 + signal.SIGHUP, done.stderr
     assert done.stderr.startswith(f"gpuguard run: the parent process {NO_PID} died before")
+    assert not marker.exists()
+
+
+#: Runs the console as `python -m` would, but stops itself (SIGSTOP) when the launcher
+#: module is about to be imported, after writing its pid: the test then kills the
+#: launcher's parent inside the start-up window the early parent read closes.
+STOP_AT_LAUNCHER_IMPORT = """
+import os, runpy, signal, sys
+pidfile = sys.argv.pop(1)
+def hook(event, args):
+    if event == "import" and args[0] == "gpuguard.remediator.launcher":
+        with open(pidfile, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(hook)
+runpy.run_module("gpuguard.remediator.console", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_parent_dying_while_the_console_imports_is_noticed(trees: Trees, rundir: Path) -> None:
+    """The parent is read as the package is first imported, before the console's ~0.3 s of
+    imports: a parent dying during them is noticed, not read as the launcher's parent."""
+    marker = rundir / "started"
+    argv = [sys.executable, "-c", STOP_AT_LAUNCHER_IMPORT, str(rundir / "launcher"), "run",
+            "--", "touch", str(marker)]
+    quoted = " ".join(shlex.quote(a) for a in argv)
+    tree = trees.spawn(f"{quoted} 2> {shlex.quote(str(rundir / 'stderr'))}; exit $?",
+                       env=child_env())
+    launcher = int(str(wait_for(lambda: (rundir / "launcher").exists()
+                                and (rundir / "launcher").read_text(), what="the launcher")))
+    trees.pids.append((launcher, stat_fields(launcher)))
+    wait_for(lambda: (stat_fields(launcher) or {}).get("state") == "T",
+             what="the launcher to stop in its imports")
+    tree.kill_launcher()  # the parent dies; this process (a subreaper) adopts the launcher
+    assert (stat_fields(launcher) or {}).get("ppid") == os.getpid()
+    os.kill(launcher, signal.SIGCONT)
+    status = wait_status(launcher)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP, status
+    assert not marker.exists()
+    assert (rundir / "stderr").read_text().startswith(
+        f"gpuguard run: the parent process {tree.launcher.pid} died before the launcher")
+
+
+#: Installs a seccomp filter that fails pidfd_open (434 on every architecture) with
+#: ENOSYS, as an old kernel or a container's seccomp profile does, then execs argv[1:].
+WITHOUT_PIDFD_OPEN = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+code = (Filter * 4)(Filter(0x20, 0, 0, 0),                           # ld [nr]
+                    Filter(0x15, 0, 1, 434),                         # jeq pidfd_open
+                    Filter(0x06, 0, 0, 0x00050000 | errno.ENOSYS),   # ret ERRNO(ENOSYS)
+                    Filter(0x06, 0, 0, 0x7FFF0000))                  # ret ALLOW
+program = Program(4, code)
+if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(program), 0, 0):
+    sys.exit(f"seccomp: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_without_pidfd_open_cmd_is_not_started(rundir: Path) -> None:
+    marker = rundir / "started"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PIDFD_OPEN, sys.executable, *LAUNCHER[1:],
+                           "--", "touch", str(marker)], env=child_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [
+        "gpuguard: run: CMD not started: pidfd_open/pidfd_send_signal failed (Function not "
+        "implemented; a kernel before 5.3, or a seccomp profile): the launcher signals its "
+        "tree only through pidfds"])
+    assert not marker.exists()
+
+
+def test_without_a_children_file_cmd_is_not_started(rundir: Path) -> None:
+    """A kernel without CONFIG_PROC_CHILDREN has no /proc/PID/task/TID/children: shown
+    here by an empty tmpfs over the launcher's /proc/PID/task, in a mount namespace."""
+    unshare = shutil.which("unshare")
+    require(unshare, "unshare not installed: apt-get install util-linux")
+    allowed = subprocess.run([str(unshare), "--mount", "true"], capture_output=True, check=False)
+    require(allowed.returncode == 0, "unshare --mount is not permitted here")
+    marker = rundir / "started"
+    launcher = " ".join(shlex.quote(a) for a in [*LAUNCHER, "--", "touch", str(marker)])
+    script = f"mount -t tmpfs none /proc/$$/task && exec {launcher}"
+    done = subprocess.run([str(unshare), "--mount", "--propagation", "private", "sh", "-c",
+                           script], env=child_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert re.fullmatch(r"gpuguard: run: CMD not started: /proc/self/task/\d+/children does not "
+                        r"exist \(a kernel without CONFIG_PROC_CHILDREN, or no /proc mounted\): "
+                        r"the launcher could not find the processes of its tree", line), line
     assert not marker.exists()
 
 
@@ -339,34 +487,72 @@ def test_cmd_exiting_on_sigint_ends_the_run_with_130_and_its_leftovers_reaped(
 def test_ctrl_c_at_a_terminal_reaches_cmd_once(trees: Trees, rundir: Path) -> None:
     """A terminal sends SIGINT to its whole foreground process group, CMD included: the
     launcher must not forward a second one."""
-    setsid = shutil.which("setsid")
-    require(setsid, "setsid not installed: apt-get install util-linux")
-    master, slave = pty.openpty()
+    proc, master, slave = terminal_session(rundir, [
+        *LAUNCHER, "--grace", "0.5", "--", sys.executable, str(rundir / "cmd.py"), str(rundir),
+        "child"], trees)
     try:
-        with open(rundir / "stderr", "w") as err:
-            # setsid --ctty: a new session whose controlling terminal is the pty; its
-            # foreground group is the launcher's, which CMD shares.
-            proc = subprocess.Popen(
-                [str(setsid), "--ctty", *LAUNCHER, "--grace", "0.5", "--", sys.executable,
-                 str(rundir / "cmd.py"), str(rundir), "child"],
-                stdin=slave, stdout=slave, stderr=err, env=child_env())
-        trees.sessions.add(proc.pid)
-        trees.pids.append((proc.pid, stat_fields(proc.pid)))
         wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
         cmd, child = (int((rundir / n).read_text()) for n in ("cmd", "child"))
         assert int((rundir / "launcher").read_text()) == proc.pid
         assert os.tcgetpgrp(master) == proc.pid == stat_fields(cmd)["pgid"]  # type: ignore[index]
         # The launcher is held stopped while CMD takes the terminal's SIGINT, so that a
         # second one forwarded by the launcher could not merge with it while pending.
-        os.kill(proc.pid, signal.SIGSTOP)
-        wait_for(lambda: stat_fields(proc.pid)["state"] == "T",  # type: ignore[index]
-                 what="the launcher to stop")
+        held_stopped(proc.pid)
         os.write(master, b"\x03")  # Ctrl-C
         wait_for(lambda: (rundir / "signals").exists(), what="CMD to get the SIGINT")
         os.kill(proc.pid, signal.SIGCONT)
-        assert proc.wait(timeout=30) == 128 + signal.SIGINT
+        # It ends by SIGINT itself, as a plain command would (a shell shows 130).
+        assert proc.wait(timeout=30) == -signal.SIGINT
         assert (rundir / "signals").read_text().split() == ["SIGINT", "SIGTERM"]
         assert not alive(cmd) and not alive(child)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_ctrl_c_stops_the_calling_shell_script_as_for_a_plain_command(trees: Trees,
+                                                                        rundir: Path) -> None:
+    """bash goes on after a child that *exits* 130 and stops after one that SIGINT killed
+    (when bash got the SIGINT too): the launcher must end like the latter."""
+    launch = " ".join(shlex.quote(a) for a in [
+        *LAUNCHER, "--grace", "5", "--", sys.executable, str(rundir / "cmd.py"), str(rundir),
+        "exit-on-int"])
+    after = rundir / "after"
+    proc, master, slave = terminal_session(
+        rundir, ["bash", "-c", f"{launch}; echo $? > {shlex.quote(str(after))}"], trees)
+    try:
+        launcher = int(str(wait_for(lambda: (rundir / "launcher").exists()
+                                    and (rundir / "launcher").read_text(), what="CMD")))
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        trees.pids.append((launcher, stat_fields(launcher)))
+        os.write(master, b"\x03")  # Ctrl-C: bash, the launcher and CMD all get SIGINT
+        assert proc.wait(timeout=30) == -signal.SIGINT  # the script stopped there
+        assert not after.exists(), after.read_text()
+        assert (rundir / "signals").read_text().split() == ["SIGINT"]  # once
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_terminals_sigquit_reaches_cmd_once_and_the_run_goes_on(trees: Trees,
+                                                                   rundir: Path) -> None:
+    """Ctrl-\\ sends SIGQUIT to the whole foreground group: CMD has it already, and the
+    launcher, which would otherwise die of it without a teardown, must not forward it."""
+    proc, master, slave = terminal_session(rundir, [
+        *LAUNCHER, "--", sys.executable, str(rundir / "cmd.py"), str(rundir)], trees)
+    try:
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        cmd = int((rundir / "cmd").read_text())
+        held_stopped(proc.pid)
+        os.write(master, b"\x1c")  # Ctrl-\\
+        wait_for(lambda: (rundir / "signals").exists(), what="CMD to get the SIGQUIT")
+        # SIGTERM queued behind the SIGQUIT (the lower number is taken first): a forwarded
+        # SIGQUIT would reach CMD before the teardown's SIGTERM.
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert (rundir / "signals").read_text().split() == ["SIGQUIT", "SIGTERM"]
+        assert not alive(cmd)
     finally:
         os.close(master)
         os.close(slave)
@@ -376,11 +562,63 @@ def test_an_ignored_sigint_stays_ignored(trees: Trees, rundir: Path) -> None:
     """`gpuguard run ... &` in a script: bash starts it with SIGINT ignored, like any
     background job; the launcher neither acts on SIGINT nor forwards it."""
     run = Launch(trees, rundir, [], background=True)
+    assert has(status_mask(run.launcher, "SigIgn"), signal.SIGINT)
+    assert not has(status_mask(run.launcher, "SigBlk"), signal.SIGINT)
+    # Ignored and not blocked, a signal is dropped when sent: kill() returns after it.
     os.kill(run.launcher, signal.SIGINT)
-    wait_for(lambda: shared_pending(run.launcher) == 0, what="the SIGINT to be taken")
+    # A SIGINT the launcher had queued would be taken before this SIGTERM (the lower
+    # number first) and forwarded ahead of the teardown's SIGTERM.
     os.kill(run.launcher, signal.SIGTERM)
     assert run.status() == 128 + signal.SIGTERM
     assert run.signals() == ["SIGTERM"]
+
+
+def test_other_signals_are_forwarded_to_cmd_and_the_run_goes_on(trees: Trees,
+                                                                 rundir: Path) -> None:
+    """SIGUSR1 (SLURM's --signal, a checkpoint request) goes to CMD; the launcher lives on
+    (unhandled, SIGUSR1 would kill it with no teardown)."""
+    run = Launch(trees, rundir, ["child"])
+    child = run.pid("child")
+    os.kill(run.launcher, signal.SIGUSR1)
+    wait_for(lambda: run.signals() == ["SIGUSR1"], what="CMD to get the forwarded SIGUSR1")
+    assert alive(run.launcher) and alive(run.cmd) and alive(child)
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert run.signals() == ["SIGUSR1", "SIGTERM"]
+    assert not alive(child)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+
+
+def test_sigterm_ends_the_launcher_by_sigterm(rundir: Path) -> None:
+    """After the teardown the launcher dies of the signal that caused it (a shell shows
+    143), as a plain command would."""
+    proc = subprocess.Popen([*LAUNCHER, "--", sys.executable, str(rundir / "cmd.py"),
+                             str(rundir)], env=child_env(), stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        cmd = int((rundir / "cmd").read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert not alive(cmd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_member_ignoring_sigterm_is_sigkilled_after_grace(trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["stubborn"], options=("--grace", "0.5"))
+    stubborn = run.pid("stubborn")
+    assert has(status_mask(stubborn, "SigIgn"), signal.SIGTERM)
+    start = time.monotonic()
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert time.monotonic() - start >= 0.5  # it had its --grace before the SIGKILL
+    assert not alive(stubborn) and not alive(run.cmd)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+    assert f"{stubborn} (sleep)" in line and "survived" not in line
 
 
 # -- CMD exits by itself ---------------------------------------------------------------------
@@ -405,6 +643,33 @@ def test_keep_leftovers_leaves_the_lingering_child(trees: Trees, rundir: Path) -
     gone_within([child], 1.0)
 
 
+#: Ignores SIGCHLD (a caller's "no zombies" idiom), then execs argv[1:]: the launcher
+#: inherits the ignored SIGCHLD.
+IGNORING_SIGCHLD = ("import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+                    "os.execv(sys.argv[1], sys.argv[1:])")
+#: CMD: records its ignored signals (SigIgn) in argv[1], exits 3.
+SIGIGN_THEN_EXIT_3 = ("import sys; sys.argv[1:] and open(sys.argv[1], 'w').write(next("
+                      "l.split()[1] for l in open('/proc/self/status') if l.startswith('SigIgn:')"
+                      ")); sys.exit(3)")
+
+
+def test_a_caller_ignoring_sigchld_still_gets_cmds_status(rundir: Path) -> None:
+    """An ignored SIGCHLD would make the kernel reap CMD itself: the launcher would never
+    see it exit (and its pid would be free while the launcher still names CMD by it).
+    CMD gets the caller's SIG_IGN back, as it would without the launcher."""
+    sigign = rundir / "sigign"
+    proc = subprocess.Popen([sys.executable, "-c", IGNORING_SIGCHLD, sys.executable,
+                             *LAUNCHER[1:], "--", sys.executable, "-c", SIGIGN_THEN_EXIT_3,
+                             str(sigign)], env=child_env())
+    try:
+        assert proc.wait(timeout=30) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert has(int(sigign.read_text(), 16), signal.SIGCHLD)
+
+
 @pytest.mark.parametrize(("script", "code"), [("exit 0", 0), ("kill -KILL $$", 137),
                                               ("kill -TERM $$", 143)])
 def test_cmd_status_in_shell_convention(script: str, code: int) -> None:
@@ -426,6 +691,61 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
         done = subprocess.run([*LAUNCHER, *args], env=child_env(), capture_output=True,
                               text=True, timeout=60, check=False)
         assert (done.returncode, done.stderr.splitlines()) == (code, [message])
+
+
+# -- a member the launcher may not signal ------------------------------------------------------
+
+
+def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
+        trees: Trees, rundir: Path) -> None:
+    """An unprivileged launcher cannot stop a setuid-root program (EPERM): that member is
+    left untouched and reported, and everything else in the tree is still reaped."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a setuid-root program for the unprivileged launcher")
+    prefix = unprivileged_prefix()
+    require(prefix, "setpriv not installed: apt-get install util-linux")
+    gcc = shutil.which("gcc")
+    require(gcc, "gcc not installed: apt-get install gcc libc6-dev")
+    # A folder on a mount that honours set-user-ID bits (/tmp is often nosuid), which
+    # the unprivileged user can reach.
+    suid_ok = [d for d in (tempfile.gettempdir(), "/var/tmp", str(REPO))
+               if os.path.isdir(d) and not os.statvfs(d).f_flag & os.ST_NOSUID
+               and all(os.stat(p).st_mode & 0o001 for p in (d, *Path(d).parents))]
+    require(suid_ok, "no folder on a mount without nosuid that uid 64200 can reach")
+    bindir = Path(tempfile.mkdtemp(prefix="gpuguard-test-setuid-", dir=suid_ok[0]))
+    try:
+        bindir.chmod(0o755)
+        helper = bindir / "setuid-root"
+        (bindir / "helper.c").write_text(SETUID_HELPER)
+        subprocess.run([str(gcc), "-o", str(helper), str(bindir / "helper.c")], check=True,
+                       capture_output=True, timeout=120)
+        helper.chmod(0o4755)  # owned by root: this process is root
+        setuid_member_left_alone(trees, rundir, prefix, helper)
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
+
+
+def setuid_member_left_alone(trees: Trees, rundir: Path, prefix: tuple[str, ...],
+                             helper: Path) -> None:
+    run = Launch(trees, rundir, [f"setuid={helper}", "child"], options=("--grace", "0.5"),
+                 prefix=prefix)
+    rootly, child = run.pid("setuid"), run.pid("child")
+    assert Path(f"/proc/{run.launcher}").stat().st_uid == UID
+    uids = [line.split()[1:] for line in Path(f"/proc/{rootly}/status").read_text().splitlines()
+            if line.startswith("Uid:")]
+    assert uids == [["0", "0", "0", "0"]]  # beyond the launcher's reach
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(run.cmd) and not alive(child)
+    assert (stat_fields(rootly) or {}).get("state") == "S"  # untouched: neither stopped nor gone
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+    assert reaped_pids(line) == {run.cmd, child, rootly}, line
+    assert line.count(f"{rootly} (") == 1, line  # said once, not once per round
+    assert line.endswith(f"1 survived, not signalled (the kernel refused the launcher's SIGSTOP: "
+                         "another user's process, such as a setuid-root program; needs root or "
+                         f"CAP_KILL): {rootly} (setuid-root)"), line
+    assert "remediator" not in line
 
 
 # -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
@@ -523,5 +843,5 @@ def test_an_unrelated_process_at_a_reused_pid_is_never_signalled(rundir: Path) -
     result = json.loads(done.stdout)
     assert result["adopted"] and result["q"] == result["daemon"], result  # the pid was reused
     assert result["q_alive"] and result["c_alive"], result
-    assert result["code"] == 128 + signal.SIGTERM and not result["cmd_alive"], result
+    assert result["code"] == -signal.SIGTERM and not result["cmd_alive"], result
     assert result["q"] not in reaped_pids(result["stderr"]), result

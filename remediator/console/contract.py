@@ -150,10 +150,11 @@ be written.
 #: the launcher's when its one-line message is on stderr).
 RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
     ("CMD's", "CMD exited by itself: its exit status, 128+N if signal N killed it"),
-    (str(128 + signal.SIGHUP), "the launcher's parent died, or SIGHUP; the tree was reaped"),
-    (str(128 + signal.SIGINT), "SIGINT; the tree was reaped"),
-    (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped"),
-    (str(EXIT_USAGE), "usage error (no CMD, bad --grace); nothing started"),
+    (str(128 + signal.SIGHUP), "its parent died (exit 129), or SIGHUP (dies of it); reaped"),
+    (str(128 + signal.SIGINT), "SIGINT; the tree was reaped, then it dies of SIGINT"),
+    (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped, then it dies of SIGTERM"),
+    (str(EXIT_USAGE), "usage error (no CMD, bad --grace), or no children file or pidfds "
+                      "here; nothing started"),
     (str(EXIT_CANNOT_EXECUTE), "CMD could not be executed; nothing started"),
     (str(EXIT_NOT_FOUND), "CMD not found; nothing started"),
 )
@@ -169,9 +170,15 @@ remediator's reaper (identity by pidfd, freeze, SIGTERM, --grace, SIGKILL, confi
     CMD already), then reaps on a second SIGINT, when CMD exits, or --grace seconds later;
   - when CMD exits by itself, what CMD left running (unless --keep-leftovers: then it is
     left to the next subreaper or PID 1).
-A reap prints one line on stderr naming what it killed. An ignored SIGHUP or SIGINT
-(nohup, a script's background job) stays ignored. The launcher writes no audit log.
-exit codes of run:
+Other signals (SIGUSR1, SIGQUIT, SIGWINCH, ...) are forwarded to CMD, unless they came
+from the terminal, which sent them to CMD too; Ctrl-Z stops the launcher with CMD. A
+signal ignored when the launcher starts (nohup, a script's background job) stays ignored.
+After SIGINT, SIGTERM or SIGHUP the launcher ends by that signal, so a calling script
+stops as for a plain command (a shell shows 128+N). A reap prints one line on stderr
+naming what it killed and what survived (a process of another user, such as a
+setuid-root program, cannot be signalled by an unprivileged launcher: it is left and
+named; the exit status is the same). The launcher writes no audit log.
+exit codes of run (a shell's view):
 """ + "".join(f"  {code:<6} {meaning}\n" for code, meaning in RUN_EXIT_CODES)
 
 

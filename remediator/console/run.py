@@ -14,7 +14,14 @@ from gpuguard.remediator.console.contract import (
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.remediator.launcher import DEFAULT_GRACE_SECONDS, CannotStart, Options, run
+from gpuguard.remediator.launcher import (
+    DEFAULT_GRACE_SECONDS,
+    CannotStart,
+    Options,
+    Unsupported,
+    end,
+    run,
+)
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "cmd_run"]
 
@@ -32,8 +39,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise Failure(EXIT_USAGE, f"run: no CMD given; usage: gpuguard {USAGE}")
     options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers)
     try:
-        return run(command, options)
+        how = run(command, options)
+    except Unsupported as exc:
+        raise Failure(EXIT_USAGE, f"run: CMD not started: {exc}") from None
     except CannotStart as exc:
         code = EXIT_NOT_FOUND if isinstance(exc.error, FileNotFoundError) else EXIT_CANNOT_EXECUTE
         why = "command not found" if code == EXIT_NOT_FOUND else exc.error.strerror
         raise Failure(code, f"run: {command[0]}: {why}") from None
+    return end(how)  # after SIGINT, SIGTERM or SIGHUP: dies of it, as a plain command would
