@@ -6,7 +6,8 @@ whose schemas it does not bundle, are checked for what makes them work: selector
 match, port names that exist, the job labels alerts/rules.yml asks for. The derived
 manifests equal their sources and are fresh; the config is accepted by the programs' own
 loader and the arguments by their own parsers; the capabilities the DaemonSet grants are
-exercised on this kernel, as uid 0 with exactly that set, against another user's process.
+exercised on this kernel, as uid 0 with exactly that set, against another user's process,
+and so is what daemonset.yaml says they also allow (writing the node's root-owned files).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from gpuguard.exporter import cli as exporter_cli
 from gpuguard.exporter.config import load_config
 from gpuguard.remediator import cli as remediator_cli
 from tests.ci import require
+from tests.staging import stage, staged_python
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "deploy" / "kubernetes"
@@ -397,33 +401,120 @@ def other_users_process():
         proc.wait(timeout=10)
 
 
-def _as_uid0_with(caps: set[str], pid: int) -> dict[str, Any]:
-    """Run the probe as uid 0 holding exactly `caps`, as the container runtime sets them."""
+def _uid0_with(caps: set[str]) -> list[str]:
+    """uid 0 holding exactly `caps`, as the container runtime sets them, no new privileges."""
     setpriv = shutil.which("setpriv")
     require(setpriv, "setpriv not installed: apt-get install util-linux")
     spec = ",".join(["-all", *(f"+{c.lower()}" for c in sorted(caps))])
-    result = subprocess.run(
-        [str(setpriv), "--inh-caps", spec, "--bounding-set", spec, "--no-new-privs",
-         sys.executable, "-c", PROBE, str(pid)],
-        capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+    return [str(setpriv), "--inh-caps", spec, "--bounding-set", spec, "--no-new-privs"]
+
+
+@pytest.fixture(scope="module")
+def staged() -> Iterator[tuple[str, dict[str, str]]]:
+    """(python, env) that uid 0 without any capability can run, gpuguard importable: a
+    copy outside the checkout, which may sit below a folder only its owner may enter."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to a capability set")
+    root = Path(tempfile.mkdtemp(prefix="gpuguard-kubernetes-"))
+    try:
+        root.chmod(0o755)
+        env = {"PATH": "/usr/bin:/bin", **stage(root)}
+        python, tried = staged_python(_uid0_with(set()), env, "gpuguard.exporter.procfs")
+        if python is None:
+            require(False, f"no Python that uid 0 without capabilities may run: {tried}")
+        assert python is not None
+        yield python, env
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _as_uid0_with(caps: set[str], staged: tuple[str, dict[str, str]], probe: str,
+                  *args: object) -> dict[str, Any]:
+    """Run `probe` as uid 0 holding exactly `caps`, from /, on the staged copy."""
+    python, env = staged
+    result = subprocess.run([*_uid0_with(caps), python, "-c", probe, *map(str, args)],
+                            env=env, capture_output=True, text=True, timeout=60, check=False,
+                            cwd="/")
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return dict(json.loads(result.stdout))
+
+
+def _declared(container: str) -> set[str]:
+    (declared,) = [set(c["securityContext"]["capabilities"]["add"])
+                   for c in _pod()["containers"] if c["name"] == container]
+    return declared
 
 
 @pytest.mark.parametrize("container", sorted(EXPECTED_ADD))
-def test_granted_capabilities_read_another_users_keep_marker(container, other_users_process):
-    (declared,) = [set(c["securityContext"]["capabilities"]["add"])
-                   for c in _pod()["containers"] if c["name"] == container]
-    got = _as_uid0_with(declared, other_users_process)
+def test_granted_capabilities_read_another_users_keep_marker(container, other_users_process,
+                                                            staged):
+    got = _as_uid0_with(_declared(container), staged, PROBE, other_users_process)
     assert got["keep"] is True and got["detached"] is True
     assert got["signal"] == ("sent" if container == "remediator" else "EPERM")
 
 
-def test_either_capability_alone_leaves_the_keep_marker_unreadable(other_users_process):
+def test_either_capability_alone_leaves_the_keep_marker_unreadable(other_users_process, staged):
     """Why both are in the set: SYS_PTRACE passes the ptrace check but not environ's 0400
     mode, DAC_READ_SEARCH the mode but not the check; either alone, the tree would read
     `unknown` (never alerted, never reaped)."""
-    got = _as_uid0_with({"SYS_PTRACE", "KILL"}, other_users_process)
+    got = _as_uid0_with({"SYS_PTRACE", "KILL"}, staged, PROBE, other_users_process)
     assert got["keep"] is None and got["detached"] is None
-    got = _as_uid0_with({"DAC_READ_SEARCH"}, other_users_process)
+    got = _as_uid0_with({"DAC_READ_SEARCH"}, staged, PROBE, other_users_process)
     assert got["keep"] is None
+
+
+#: Append to a file through another process's root, open its memory for writing.
+NODE_WRITE = """
+import errno, json, os, sys
+pid, path = sys.argv[1], sys.argv[2]
+def attempt(target, flags, data=b""):
+    try:
+        fd = os.open(target, flags)
+        os.write(fd, data)
+        os.close(fd)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(json.dumps({"file": attempt(f"/proc/{pid}/root{path}", os.O_WRONLY | os.O_APPEND,
+                                  b"written by the container\\n"),
+                  "mem": attempt(f"/proc/{pid}/mem", os.O_RDWR)}))
+"""
+
+
+@pytest.fixture
+def root_process_with_a_private_file(tmp_path):
+    """A root process in a mount namespace of its own, where a root-owned 0644 file lies on
+    a tmpfs nobody outside sees: a node's file, as a container's mount namespace would not."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) to make a mount namespace")
+    where = tmp_path / "node"
+    where.mkdir()
+    script = 'mount -t tmpfs node "$1" && echo root-owned > "$1/file" && chmod 644 "$1/file" ' \
+             '&& echo ready && exec cat'
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script, "sh", str(where)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        assert not (where / "file").exists()  # only inside its namespace
+        yield proc.pid, where / "file"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("container", sorted(EXPECTED_ADD))
+def test_granted_capabilities_write_the_nodes_root_owned_files(
+        container, root_process_with_a_private_file, staged):
+    """What daemonset.yaml says about uid 0 + SYS_PTRACE + hostPID, shown: through
+    /proc/PID/root a container writes a root-owned file in another mount namespace, and
+    opens a root process's memory for writing. No seccomp profile can refuse these
+    (open and write of a path). Without SYS_PTRACE both are refused: it is the door."""
+    pid, path = root_process_with_a_private_file
+    got = _as_uid0_with(_declared(container), staged, NODE_WRITE, pid, path)
+    assert got == {"file": "ok", "mem": "ok"}
+    assert Path(f"/proc/{pid}/root{path}").read_text() == \
+        "root-owned\nwritten by the container\n"
+    got = _as_uid0_with(_declared(container) - {"SYS_PTRACE"}, staged, NODE_WRITE, pid, path)
+    assert got == {"file": "EACCES", "mem": "EACCES"}

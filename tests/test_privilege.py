@@ -13,7 +13,10 @@ cwd and stdin) and the remediator reaps the orphan and audits it; without any on
 (each capability in turn), neither gives a wrong verdict: the trees read unknown or the
 reap is refused or aborted with the reason, the tree is left as it was, and the daemon
 names the missing capability at start. A capability whose removal changes nothing fails
-these tests: it is not needed.
+these tests: it is not needed. And what the capabilities would also allow, the units'
+filter refuses: with them alone the service uid writes another user's memory
+(process_vm_writev), traces it and takes its file descriptors; under the filter each call
+fails with EPERM.
 
 Not shown (no GPU here; a fake libnvidia-ml.so.1 stands in): that the units' DeviceAllow=
 reaches the NVIDIA device nodes. The other hardening (ProtectSystem=, ...) needs systemd.
@@ -24,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import functools
-import importlib.metadata
 import json
 import os
 import platform
@@ -32,7 +34,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,14 +43,14 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from packaging.requirements import Requirement
 
 from gpuguard.exporter.procfs import in_host_pid_namespace
 from tests.ci import require
 from tests.fakenvml import LIBRARY_NAME, STATE_ENV, FakeGpuWorld
 from tests.proctree import HOLDER, Tree, Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import HOST, alert, payload
-from tests.servers import REPO, ServerProcess, find, parse_samples
+from tests.servers import ServerProcess, find, parse_samples
+from tests.staging import stage, staged_python
 from tests.test_systemd_units import EXPORTER, REMEDIATOR, capabilities, settings
 
 SERVICE_UID = 64123  # the units' `gpuguard`
@@ -154,60 +155,6 @@ class Sandbox:
                 json.dumps(seccomp_spec(unit)), self.python, "-m", module]
 
 
-def _runtime_distributions(name: str = "gpuguard") -> set[str]:
-    """gpuguard's run-time dependencies, transitively (no extras): what the daemons import."""
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        dist = importlib.metadata.distribution(todo.pop())
-        key = dist.metadata["Name"].lower()
-        if key in seen:
-            continue
-        seen.add(key)
-        for text in dist.requires or ():
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    return seen - {name}
-
-
-def stage(root: Path) -> dict[str, str]:
-    """Copy gpuguard and its run-time dependencies under root, readable by any uid.
-
-    The checkout and this environment's packages may sit below a folder other uids may
-    not enter (a clone under /root); the staged copy makes the test independent of that.
-    """
-    shutil.copytree(REPO / "gpuguard", root / "src" / "gpuguard", symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    site = root / "site"
-    for name in _runtime_distributions():
-        dist = importlib.metadata.distribution(name)
-        for file in dist.files or ():
-            source = Path(str(dist.locate_file(file)))
-            if "__pycache__" in file.parts or not source.is_file():
-                continue
-            target = site / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    for path in (root / "src", site):
-        for folder, _dirs, files in os.walk(path):
-            os.chmod(folder, 0o755)
-            for f in files:
-                os.chmod(os.path.join(folder, f), 0o644 if not f.endswith(".so") else 0o755)
-    return {"PYTHONPATH": f"{root / 'src'}:{site}", "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def _interpreters() -> Iterator[str]:
-    """This test's own Python first; else the system's (an interpreter under /root, such
-    as pyenv's, is out of the service uid's reach). Same minor version: the staged
-    packages' compiled parts are built for it."""
-    yield sys.executable
-    system = shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}",
-                          path="/usr/bin:/bin")
-    if system and os.path.realpath(system) != os.path.realpath(sys.executable):
-        yield system
-
-
 @pytest.fixture(scope="module")
 def sandbox(fake_nvml_lib: Path) -> Iterator[Sandbox]:
     for tool in ("setpriv", "systemd-analyze"):
@@ -224,22 +171,13 @@ def sandbox(fake_nvml_lib: Path) -> Iterator[Sandbox]:
         (root / "lib").mkdir(mode=0o755)
         shutil.copy(fake_nvml_lib / LIBRARY_NAME, root / "lib" / LIBRARY_NAME)
         (root / "lib" / LIBRARY_NAME).chmod(0o755)
-        staged = stage(root)
-        tried = []
-        for python in _interpreters():
-            env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(root / "lib"), **staged}
-            # Through env: setpriv's own exec still runs with its capabilities, a second
-            # exec (the seccomp loader's) does not.
-            probe = subprocess.run(
-                [*setpriv(SERVICE_UID, frozenset()), "env", python, "-c",
-                 "import gpuguard.exporter.cli, gpuguard.remediator.cli"],
-                env=env, cwd="/", capture_output=True, text=True, timeout=60, check=False)
-            if probe.returncode == 0:
-                yield Sandbox(root, python, env)
-                return
-            tried.append(f"{python}: {probe.stderr.strip().splitlines()[-1:]}")
-        require(False, f"no Python that uid {SERVICE_UID} may run with gpuguard importable: "
-                       f"{tried}")
+        env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(root / "lib"), **stage(root)}
+        python, tried = staged_python(setpriv(SERVICE_UID, frozenset()), env)
+        if python is None:
+            require(False, f"no Python that uid {SERVICE_UID} may run with gpuguard "
+                           f"importable: {tried}")
+        assert python is not None
+        yield Sandbox(root, python, env)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -400,6 +338,122 @@ def test_seccomp_loader_enforces_the_units_filter(sandbox: Sandbox) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split() == ["setpriority", "EPERM", "packet", "EPERM",
                                    str(SERVICE_UID)], done.stderr
+
+
+#: What CAP_SYS_PTRACE opens beyond the /proc reads gpuguard needs: the calls containerd's
+#: and moby's default seccomp profiles allow only with it. The units refuse them all.
+PTRACE_CALLS = frozenset({"kcmp", "pidfd_getfd", "process_madvise", "process_vm_readv",
+                          "process_vm_writev", "ptrace"})
+
+#: Another user's process: a buffer at a known address, alive until its stdin closes.
+TARGET = """
+import ctypes, sys
+buf = ctypes.create_string_buffer(b"AAAAAAAA", 8)
+print(ctypes.addressof(buf), flush=True)
+sys.stdin.read()
+"""
+
+#: Each call of PTRACE_CALLS (but process_madvise, which also needs CAP_SYS_NICE) against
+#: argv[1]'s buffer at argv[2], and /proc/PID/mem opened both ways; prints {call: result}.
+PTRACE_PROBE = r"""
+import ctypes, errno, json, os, sys
+pid, addr, calls = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+seccomp = ctypes.CDLL("libseccomp.so.2")
+seccomp.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+class Iov(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+into, out = ctypes.create_string_buffer(8), ctypes.create_string_buffer(b"WRITTEN!", 8)
+read_to, write_from = Iov(ctypes.addressof(into), 8), Iov(ctypes.addressof(out), 8)
+remote = Iov(addr, 8)
+def call(name, *args):
+    nr = seccomp.seccomp_syscall_resolve_name(name.encode())
+    got = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return "ok" if got >= 0 else errno.errorcode[ctypes.get_errno()]
+def opened(flags):
+    try:
+        os.close(os.open(f"/proc/{pid}/mem", flags))
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+iov = lambda v: ctypes.addressof(v)
+run = {
+    "process_vm_readv": lambda: call("process_vm_readv", pid, iov(read_to), 1, iov(remote), 1,
+                                     0),
+    "process_vm_writev": lambda: call("process_vm_writev", pid, iov(write_from), 1, iov(remote),
+                                      1, 0),
+    "ptrace-seize": lambda: call("ptrace", 0x4206, pid, 0, 0),
+    "ptrace-attach": lambda: call("ptrace", 16, pid, 0, 0),
+    "kcmp": lambda: call("kcmp", os.getpid(), pid, 1, 0, 0),  # KCMP_VM
+    "pidfd_getfd": lambda: call("pidfd_getfd", os.pidfd_open(pid), 0, 0),
+    "mem-read": lambda: opened(os.O_RDONLY),
+    "mem-write": lambda: opened(os.O_RDWR),
+}
+print(json.dumps({name: run[name]() for name in calls}))
+"""
+
+
+@pytest.fixture
+def other_users_buffer(sandbox: Sandbox) -> Iterator[tuple[int, int]]:
+    """(pid, address) of 8 bytes b"AAAAAAAA" in a process of OWNER_UID."""
+    proc = subprocess.Popen([sandbox.python, "-c", TARGET], user=OWNER_UID, group=OWNER_UID,
+                            extra_groups=[], env=sandbox.env, cwd="/", stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        address = int(proc.stdout.readline())
+        assert os.stat(f"/proc/{proc.pid}").st_uid == OWNER_UID
+        yield proc.pid, address
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def peek(pid: int, address: int) -> bytes:
+    """8 bytes of another process's memory, read by the test (root)."""
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        mem.seek(address)
+        return mem.read(8)
+
+
+def ptrace_probe(command: list[str], box: Sandbox, target: tuple[int, int],
+                 calls: list[str]) -> dict[str, str]:
+    done = subprocess.run([*command, "-c", PTRACE_PROBE, str(target[0]), str(target[1]),
+                           ",".join(calls)], env=box.env, cwd="/", capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_units_refuse_every_call_cap_sys_ptrace_would_open() -> None:
+    """As systemd compiles SystemCallFilter= (groups expanded by systemd-analyze itself):
+    @system-service alone allows kcmp, process_madvise and process_vm_readv/writev."""
+    for unit in (EXPORTER, REMEDIATOR):
+        assert PTRACE_CALLS & set(seccomp_spec(unit)["allow"]) == set(), unit.name
+
+
+@pytest.mark.parametrize("unit", [EXPORTER, REMEDIATOR], ids=lambda u: u.stem)
+def test_unit_cannot_write_another_processes_memory(
+        sandbox: Sandbox, other_users_buffer: tuple[int, int], unit: Path) -> None:
+    """With the unit's capabilities alone, uid SERVICE_UID can read and WRITE another user's
+    memory (process_vm_writev; root's too), trace it and take its file descriptors; the
+    unit's filter refuses each call. /proc/PID/mem is readable either way (the unit header
+    says so) and never writable: the capabilities override no write permission."""
+    caps = capabilities(unit)
+    calls = ["process_vm_readv", "process_vm_writev", "ptrace-seize", "kcmp", "pidfd_getfd",
+             "mem-read", "mem-write"]
+    confined = ptrace_probe(sandbox.command(unit, caps, "unused")[:-2], sandbox,
+                            other_users_buffer, [*calls, "ptrace-attach"])
+    assert peek(*other_users_buffer) == b"AAAAAAAA"
+    assert confined == {**{call: "EPERM" for call in calls}, "ptrace-attach": "EPERM",
+                        "mem-read": "ok", "mem-write": "EACCES"}
+    # Without the filter the same uid and capabilities succeed: the EPERMs above are the
+    # filter's, not a missing privilege (else this test would prove nothing).
+    bare = ptrace_probe([*setpriv(SERVICE_UID, caps), sandbox.python], sandbox,
+                        other_users_buffer, calls)
+    assert bare == {**{call: "ok" for call in calls}, "mem-write": "EACCES"}
+    assert peek(*other_users_buffer) == b"WRITTEN!"
 
 
 def test_exporter_with_its_unit_classifies_another_users_trees(rig: Rig) -> None:
