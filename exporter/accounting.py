@@ -29,15 +29,30 @@ _SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]+)\s
 
 #: The `users:` key that holds everyone's default quota.
 EVERYONE = "*"
+#: What uid 0 is called: "root", or the bare uid where the exporter's passwd lacks it.
+#: The default quota never applies to it (see resolve_quota).
+SUPERUSER = frozenset({"root", "0"})
 
-#: Well-known GPU miners, matched on comm and command line like protect patterns.
-DEFAULT_SUSPECT_PATTERNS = ("xmrig", "ethminer", "t-rex", "nbminer", "lolminer",
-                            "phoenixminer", "gminer")
+#: Well-known GPU miners' executable names, compared (case-insensitively, whole name)
+#: with the name of the program a process runs, never searched for in its arguments:
+#: `python /home/alice/T-Rex/demo.py` runs demo.py, `python -m gminer_eval` runs python.
+DEFAULT_SUSPECT_NAMES = ("xmrig", "ethminer", "t-rex", "nbminer", "lolminer",
+                         "phoenixminer", "gminer")
+#: A mining pool's URL anywhere in comm or command line: stratum+tcp://, +ssl, +tls (and
+#: ethminer's stratum1+/stratum2+). Only miners and mining proxies are given one.
+DEFAULT_SUSPECT_PATTERNS = (r"stratum[12]?\+(tcp|ssl|tls)://",)
 
 #: gpuguard_suspect_process_info's `why`: a fixed set, so alerts can route on it.
 WHY_COMM = "comm-pattern"
 WHY_CMDLINE = "cmdline-pattern"
 WHY_UTILIZATION = "sustained-utilization"
+
+#: GpuBalance.why_unknown when the driver's used figure includes its reserved memory.
+WHY_V1_MEMORY = ("used memory includes the driver's reserved memory "
+                 "(driver without nvmlDeviceGetMemoryInfo_v2)")
+
+#: The kernel keeps a process's comm to 15 characters (TASK_COMM_LEN 16, with the NUL).
+COMM_LENGTH = 15
 
 
 class SizeError(ValueError):
@@ -85,12 +100,16 @@ class Quotas:
 
 
 def resolve_quota(user: str, groups: Callable[[str], Iterable[str]], quotas: Quotas) -> int | None:
-    """One user's quota: their own entry, else the largest of their groups', else "*".
+    """One user's quota: their own entry, else the largest of their groups', else "*"
+    (except for root).
 
     A named user's entry wins even when smaller than a group's (naming a person is the
     most specific thing a config can say). Among groups the largest wins: a quota grants
     memory, so belonging to one more group never takes any away. `groups` is asked only
-    when some group has a quota and the user has no entry of their own.
+    when some group has a quota and the user has no entry of their own. "*" is for
+    people: most GPU containers run as uid 0, so "root" sums every container on a node
+    and would be over any per-person default as soon as the node is busy; root has a
+    quota only where the config names it (or one of its groups).
     """
     by_user = dict(quotas.users)
     if user in by_user:
@@ -100,7 +119,7 @@ def resolve_quota(user: str, groups: Callable[[str], Iterable[str]], quotas: Quo
         granted = [by_group[g] for g in groups(user) if g in by_group]
         if granted:
             return max(granted)
-    return by_user.get(EVERYONE)
+    return None if user in SUPERUSER else by_user.get(EVERYONE)
 
 
 @dataclass(frozen=True)
@@ -113,25 +132,67 @@ class SustainedUtilization:
 
 @dataclass(frozen=True)
 class Audit:
-    """The `audit:` section: what makes a GPU holder a suspect."""
+    """The `audit:` section: what makes a GPU holder a suspect.
 
+    Names are compared with the program a process runs (program_names); patterns are
+    searched anywhere in comm and command line by the protect patterns' matcher.
+    """
+
+    suspect_names: tuple[str, ...] = DEFAULT_SUSPECT_NAMES
     suspect_patterns: tuple[str, ...] = DEFAULT_SUSPECT_PATTERNS
     sustained_utilization: SustainedUtilization | None = None  # off unless configured
     _compiled: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    _names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    _comms: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         compiled = tuple((p, compile_protect(p)) for p in self.suspect_patterns)
         object.__setattr__(self, "_compiled", compiled)
+        # First name wins when two fold to the same key; a comm is cut like the kernel's.
+        names: dict[str, str] = {}
+        comms: dict[str, str] = {}
+        for name in self.suspect_names:
+            names.setdefault(name.lower(), name)
+            comms.setdefault(name.lower()[:COMM_LENGTH], name)
+        object.__setattr__(self, "_names", names)
+        object.__setattr__(self, "_comms", comms)
 
     def suspect(self, comm: str, cmdline: str | None) -> tuple[str, str] | None:
-        """(why, pattern) for the first pattern matching comm, then the command line."""
+        """(why, what matched) for the first hit: a suspect name as comm, then as a
+        program the command line runs, then a pattern in comm, then in the command line."""
+        if comm and (name := self._comms.get(comm.lower())) is not None:
+            return WHY_COMM, f"suspect name {name!r}"
+        for program in program_names(cmdline):
+            if (name := self._names.get(program.lower())) is not None:
+                return WHY_CMDLINE, f"suspect name {name!r}"
         for why, text in ((WHY_COMM, comm), (WHY_CMDLINE, cmdline)):
             if not text:
                 continue
             for pattern, compiled in self._compiled:
                 if _suspect_hit(compiled, text):
-                    return why, pattern
+                    return why, f"suspect pattern {pattern!r}"
         return None
+
+
+def program_names(cmdline: str | None) -> tuple[str, ...]:
+    """The names of the programs a command line runs: argv[0]'s basename, and the
+    basename of the first word after it that is not an option, when that word is a path
+    (a loader or emulator running a program: `/lib64/ld-linux-x86-64.so.2 /tmp/xmrig`,
+    `box64 ./t-rex`). Later words are arguments, not programs: `--data /datasets/t-rex`
+    names a directory. Words are split at whitespace (the command line's NULs are spaces
+    by then), so an argv[0] with a space in it is cut there.
+    """
+    words = (cmdline or "").split()
+    if not words:
+        return ()
+    names = [words[0].rsplit("/", 1)[-1]]
+    for word in words[1:]:
+        if word.startswith("-"):
+            continue
+        if "/" in word:
+            names.append(word.rsplit("/", 1)[-1])
+        break
+    return tuple(n for n in names if n)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -181,7 +242,7 @@ class GpuBalance:
 
     index: int
     uuid: str
-    used_bytes: int | None  # the driver's figure without reserved memory (v2) where it has it
+    used_bytes: int | None  # the driver's figure; with reserved memory where it lacks _v2
     processes_bytes: int  # sum of the figures the driver gave per process
     processes: int
     unattributed_bytes: int | None  # None: cannot be computed (why_unknown says why)
@@ -226,9 +287,11 @@ def user_usage(holders: Sequence[Holder], facts: Mapping[int, HolderFacts],
 def balance(gpus: Sequence[GpuSample], holders: Sequence[Holder]) -> tuple[GpuBalance, ...]:
     """Used memory minus what the listed processes hold, per GPU.
 
-    Unknown (None), never 0, when the figure would be a guess: used memory unavailable,
-    the process list unavailable, or one process whose usage the driver cannot give
-    (its share is unknown, so the rest is too). Below zero reads 0: the per-process
+    Unknown (None), never 0, when the figure would be a guess: used memory unavailable
+    or including the driver's reserved memory (no _v2 call: reserved memory, which no
+    process holds, would read as unattributed), the process list unavailable, or one
+    process whose usage the driver cannot give (its share is unknown, so the rest is
+    too). Below zero reads 0: the per-process
     figures can add up to more than used (MIG, the driver's own rounding), and memory
     that no process holds cannot be negative.
     """
@@ -240,6 +303,8 @@ def balance(gpus: Sequence[GpuSample], holders: Sequence[Holder]) -> tuple[GpuBa
         why: str | None = None
         if gpu.memory_used_bytes is None:
             why = "used memory unavailable"
+        elif not gpu.used_excludes_reserved:
+            why = WHY_V1_MEMORY
         elif not gpu.processes_listed:
             why = "process list unavailable"
         elif blind:
@@ -279,16 +344,17 @@ def track_hot(previous: Mapping[str, HotGpu], gpus: Sequence[GpuSample],
 
 def suspects(facts: Mapping[int, HolderFacts], audit: Audit, hot: Mapping[str, HotGpu],
              gpus: Sequence[GpuSample], now: float) -> tuple[Suspect, ...]:
-    """Holders whose comm or command line matches a suspect pattern, then sole holders of
-    a GPU kept busy for the sustained window; one entry per process, first reason wins."""
+    """Holders whose comm or command line matches a suspect name or pattern, then sole
+    holders of a GPU kept busy for the sustained window; one entry per process, first
+    reason wins."""
     found: dict[int, Suspect] = {}
     for fact in sorted(facts.values(), key=lambda f: f.pid):
         hit = audit.suspect(fact.comm, fact.cmdline)
         if hit is not None:
-            why, pattern = hit
+            why, matched = hit
             what = f"comm {fact.comm!r}" if why == WHY_COMM else "command line"
             found[fact.pid] = Suspect(fact.pid, fact.start_time, fact.user, fact.comm, why,
-                                      f"{what} matches suspect pattern {pattern!r}")
+                                      f"{what} matches {matched}")
     rule = audit.sustained_utilization
     by_identity = {f.identity: f for f in facts.values()}
     index = {g.uuid: g.index for g in gpus}

@@ -20,6 +20,17 @@ used as it is.
   "<slice>:libpod:<id>" -> /machine.slice/libpod-<id>.scope (rootless: under
   user@UID.service/user.slice/), cgroupfs "/libpod_parent/libpod-<id>"; conmon in
   libpod-conmon-<id>.scope. The payload may sit one level deeper (.../container).
+- nerdctl (pkg/cmd/container/run_cgroup_linux.go generateCgroupPath): systemd
+  "system.slice:nerdctl:<id>" (rootless: user.slice) -> /system.slice/nerdctl-<id>.scope;
+  cgroupfs: containerd's default "/<namespace>/<id>" (a bare id), or "<parent>/<id>".
+
+A pod is taken only under kubelet's node-level cgroup ("kubepods", "kubepods.slice", a
+QoS slice "kubepods-burstable.slice"; with --cgroup-root the root's name comes first:
+kind's /kubelet.slice/kubelet-kubepods.slice/...), and only with a UID's shape (8-4-4-4-12
+hex digits, "_" for "-" under systemd): "pod" and 32 hex digits elsewhere is not one.
+Static pods: kubelet names their cgroup after the manifest's hash (32 hex digits,
+pkg/kubelet/config/common.go applyDefaults), not after the UID the API server gives
+their mirror pod (the one kube_pod_info has), so their pod_uid is "" (container_id stays).
 
 /proc/PID/cgroup has one line per hierarchy on cgroup v1 ("N:controllers:/path") and
 one line on v2 ("0::/path"); procfs.ProcessView.cgroup() keeps the paths.
@@ -37,16 +48,24 @@ _ID = r"[0-9a-f]{64}"
 #: cri-containerd id in runc's "slice:prefix:name" form left unexpanded, or a bare id
 #: (cgroupfs drivers); conmon scopes do not match (their id does not follow the prefix).
 _CONTAINER = re.compile(
-    rf"^(?:(?:docker|cri-containerd|crio|libpod)-(?P<scoped>{_ID})(?:\.scope)?"
+    rf"^(?:(?:docker|cri-containerd|crio|libpod|nerdctl)-(?P<scoped>{_ID})(?:\.scope)?"
     rf"|.*:cri-containerd:(?P<colon>{_ID})"
     rf"|(?P<bare>{_ID}))$"
 )
-#: A pod's cgroup: "pod<uid>" (cgroupfs) or "kubepods[-<qos>]-pod<uid>.slice" (systemd,
-#: with the uid's dashes escaped to underscores). Static pods' uids are 32 hex digits.
-_POD = re.compile(
-    r"^(?:pod(?P<fs>[0-9a-f-]{32,36})"
-    r"|kubepods(?:-[a-z]+)?-pod(?P<sd>[0-9a-f_]{32,36})\.slice)$"
-)
+#: kubelet's node-level cgroup and its QoS levels: "kubepods" (cgroupfs, under any
+#: --cgroup-root), "[<root>-]kubepods[-<qos>].slice" (systemd).
+_KUBEPODS = re.compile(r"^(?:kubepods|(?:[^/]+-)?kubepods(?:-[a-z]+)?\.slice)$")
+
+
+def _uid(dash: str) -> str:
+    """A pod UID's shape, 8-4-4-4-12 lowercase hex digits, the groups joined by `dash`."""
+    return dash.join(f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12))
+
+
+#: A pod's cgroup: "pod<uid>" (cgroupfs), "[<root>-]kubepods[-<qos>]-pod<uid>.slice"
+#: (systemd, the uid's dashes escaped to underscores).
+_POD_FS = re.compile(rf"^pod(?P<uid>{_uid('-')})$")
+_POD_SD = re.compile(rf"^(?:[^/]+-)?kubepods(?:-[a-z]+)?-pod(?P<uid>{_uid('_')})\.slice$")
 
 
 @dataclass(frozen=True)
@@ -71,22 +90,26 @@ def cgroup_paths(text: str) -> tuple[str, ...]:
 
 
 def _pod_uid(part: str) -> str | None:
-    match = _POD.match(part)
-    if match is None:
-        return None
-    return match.group("fs") or match.group("sd").replace("_", "-")
+    match = _POD_FS.match(part) or _POD_SD.match(part)
+    return None if match is None else match.group("uid").replace("_", "-")
 
 
 def attribute_path(path: str) -> Attribution:
-    """The deepest container component of one cgroup path, and the pod above it."""
+    """The deepest container component of one cgroup path, and the pod above it (a pod
+    component counts only below a kubepods one)."""
     container = pod = ""
+    kubepods = False
     for part in path.split("/"):
         if (match := _CONTAINER.match(part)) is not None:
             container = match.group("scoped") or match.group("colon") or match.group("bare")
-            if match.group("colon"):  # "kubepods-...-pod<uid>.slice:cri-containerd:<id>"
-                pod = _pod_uid(part.split(":", 1)[0]) or pod
-        elif (uid := _pod_uid(part)) is not None:
+            if match.group("colon"):  # "kubepods-...-pod<uid>.slice:cri-containerd:<id>":
+                # a systemd slice's name is its path, so this one says it is under kubepods
+                found = _POD_SD.match(part.split(":", 1)[0])
+                pod = found.group("uid").replace("_", "-") if found else pod
+        elif kubepods and (uid := _pod_uid(part)) is not None:
             pod, container = uid, ""  # a container above the pod is not this pod's
+        elif _KUBEPODS.match(part):
+            kubepods = True
     return Attribution(container, pod)
 
 

@@ -337,8 +337,20 @@ def _sustained(path: str, key: str, value: Any) -> SustainedUtilization | None:
     return SustainedUtilization(**got)
 
 
+def _names(path: str, key: str, value: Any) -> tuple[str, ...]:
+    """Program names: one file name each, compared whole with what a process runs."""
+    names = str_list(path, key, value)
+    for i, name in enumerate(names):
+        if not name or "/" in name or any(c.isspace() for c in name):
+            raise ConfigError(path, f"{key}[{i}]", f"{name!r} is not a program name (one "
+                              "file name: no '/', no spaces; for a regex use "
+                              "audit.suspect_patterns)")
+    return names
+
+
 def _audit(path: str, key: str, value: Any) -> Audit:
     got = section(path, key, value, {
+        "suspect_names": _names,
         "suspect_patterns": _patterns,
         "sustained_utilization": _sustained,
     })

@@ -170,22 +170,25 @@ class GpuguardCollector(Collector):
                                  labels=["user"])
         quota = GaugeMetricFamily("gpuguard_user_gpu_memory_quota_bytes",
                                   "The quotas: section's GPU memory quota for a user who holds "
-                                  "GPU memory (absent when none applies).", labels=["user"])
+                                  "GPU memory (absent when none applies; \"*\" never applies "
+                                  "to root).", labels=["user"])
         for usage in acc.users:
             used.add_metric([usage.user], usage.used_bytes)
             if usage.quota_bytes is not None:
                 quota.add_metric([usage.user], usage.quota_bytes)
         suspect = GaugeMetricFamily(
             "gpuguard_suspect_process_info",
-            "A GPU-holding process that looks like a miner: why is comm-pattern, "
-            "cmdline-pattern or sustained-utilization.",
+            "A GPU-holding process that looks like a miner: why is comm-pattern (a suspect "
+            "name or pattern in its comm), cmdline-pattern (in its command line) or "
+            "sustained-utilization.",
             labels=["pid", "start_time", "user", "comm", "why"])
         for s in acc.suspects:
             suspect.add_metric([str(s.pid), str(s.start_time), s.user, s.comm, s.why], 1)
         unattributed = GaugeMetricFamily(
             "gpuguard_gpu_memory_unattributed_bytes",
             "GPU memory in use (without the driver's reserved memory) that no listed process "
-            "accounts for; absent when a process's usage is unavailable.",
+            "accounts for; absent when a process's usage is unavailable, and on drivers "
+            "without nvmlDeviceGetMemoryInfo_v2 (their used memory includes reserved).",
             labels=["gpu", "uuid"])
         for gpu in acc.gpus:
             if gpu.unattributed_bytes is not None:

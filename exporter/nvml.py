@@ -67,6 +67,9 @@ class GpuSample:
     #: False when the driver would not list this GPU's processes: then no holder on it
     #: is known, and "used minus what processes hold" would be a guess.
     processes_listed: bool = True
+    #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
+    #: includes the driver's reserved memory: memory no process holds, of unknown size.
+    used_excludes_reserved: bool = True
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,8 @@ class Nvml:
             errors,
             lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
         )
-        memory = self._field(index, "memory", errors, lambda: self._memory(handle))
+        read = self._field(index, "memory", errors, lambda: self._memory(handle))
+        memory, memory_v2 = (None, True) if read is None else read
         util = self._field(
             index,
             "utilization",
@@ -227,6 +231,7 @@ class Nvml:
             temperature_celsius=None if temp is None else float(temp),
             power_watts=None if power_mw is None else power_mw / 1000,
             processes_listed=holders is not None,
+            used_excludes_reserved=memory_v2,
         )
         return gpu, holders or []
 
@@ -243,22 +248,26 @@ class Nvml:
             errors.append(("nvml_device", f"GPU {index}: {what}: {err}"))
             return None
 
-    def _memory(self, handle: Any) -> Any:
-        # _v2 reports "used" without the driver's reserved memory, like nvidia-smi (and
-        # the unattributed-memory arithmetic needs exactly that); _v1's includes it.
+    def _memory(self, handle: Any) -> tuple[Any, bool]:
+        """The memory struct, and whether its "used" leaves out reserved memory (_v2).
+
+        _v2 reports "used" without the driver's reserved memory, like nvidia-smi (and
+        the unattributed-memory arithmetic needs exactly that); _v1's includes it.
+        """
         if self._memory_v2:
             try:
-                return self._call(
+                info = self._call(
                     "nvml_device",
                     pynvml.nvmlDeviceGetMemoryInfo,
                     handle,
                     version=pynvml.nvmlMemory_v2,
                 )
+                return info, True
             except pynvml.NVMLError as err:
                 if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
                     raise
                 self._memory_v2 = False
-        return self._call("nvml_device", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        return self._call("nvml_device", pynvml.nvmlDeviceGetMemoryInfo, handle), False
 
     def _temperature(self, handle: Any) -> int:
         # nvmlDeviceGetTemperature is deprecated (gone in CUDA 14); older drivers lack the V form.
@@ -306,31 +315,32 @@ class Nvml:
 def _merge_holders(
     index: int, uuid: str, compute: Iterable[Any], graphics: Iterable[Any]
 ) -> list[Holder]:
-    """One Holder per pid on this GPU.
+    """One Holder per pid on this GPU; its usage None when any of its entries has none.
 
-    A pid in both lists is one context seen twice, so it becomes kind "C+G" with
-    the larger figure. A pid listed twice in one list (one entry per MIG
-    instance) holds separate memory in each, so those figures add up.
+    NVML documents usedGpuMemory as "all of the memory used by the application", so a
+    pid in both lists is one application seen twice: kind "C+G" with the larger figure,
+    never the sum. A pid listed twice in one list (one entry per MIG instance) holds
+    separate memory in each, so those figures add up. If the driver cannot size any
+    one entry ("not available", e.g. MIG without privileges, WDDM), the pid's usage on
+    this GPU is unknown: the sum of the rest is only a lower bound, and reading it as
+    the figure would show memory that the pid holds as held by nobody.
     """
-    per_pid: dict[int, dict[str, int | None]] = {}
+    per_pid: dict[int, dict[str, list[int | None]]] = {}
     for kind, procs in (("C", compute), ("G", graphics)):
         for proc in procs:
-            kinds = per_pid.setdefault(int(proc.pid), {})
-            used = proc.usedGpuMemory
-            if kind in kinds:
-                known = [v for v in (kinds[kind], used) if v is not None]
-                kinds[kind] = sum(known) if known else None
-            else:
-                kinds[kind] = used
+            per_pid.setdefault(int(proc.pid), {}).setdefault(kind, []).append(
+                proc.usedGpuMemory
+            )
     holders: list[Holder] = []
     for pid, kinds in per_pid.items():
-        known = [v for v in kinds.values() if v is not None]
+        lists = kinds.values()
+        unknown = any(used is None for entries in lists for used in entries)
         holders.append(
             Holder(
                 pid=pid,
                 gpu_uuid=uuid,
                 gpu_index=index,
-                used_bytes=max(known) if known else None,
+                used_bytes=None if unknown else max(sum(e or 0 for e in es) for es in lists),
                 kind="C+G" if len(kinds) == 2 else next(iter(kinds)),
             )
         )

@@ -7,6 +7,9 @@ cites the file for each): runc and crun expand a systemd "SLICE:PREFIX:NAME" int
 systemd driver (pkg/kubelet/cm/cgroup_manager_linux.go, ToSystemd:
 {"kubepods","burstable","pod1234-abcd-5678-efgh"} ->
 /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234_abcd_5678_efgh.slice).
+LIVE_CGROUPS are the paths tests/test_exporter_live.py makes as real cgroups (where the
+cgroupfs is writable): their parsing is checked here too, so a runner whose cgroupfs is
+read-only (a container) loses only the kernel's part of that test.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 import pytest
 
 from gpuguard.exporter.accounting import (
+    DEFAULT_SUSPECT_NAMES,
     DEFAULT_SUSPECT_PATTERNS,
     WHY_CMDLINE,
     WHY_COMM,
@@ -28,6 +32,7 @@ from gpuguard.exporter.accounting import (
     account,
     balance,
     parse_size,
+    program_names,
     resolve_quota,
     track_hot,
 )
@@ -41,6 +46,13 @@ UID = "8a3c9b2e-1f4d-4c7a-9b6e-2d5f8c1a0e37"
 UID_ = UID.replace("-", "_")  # as kubelet's systemd driver writes it
 STATIC_UID = "3a1f0c9d8e7b6a5f4e3d2c1b0a9f8e7d"  # a static pod: md5 of its manifest
 GIB = 2**30
+
+#: The runtime paths tests/test_exporter_live.py creates as real cgroups.
+LIVE_CGROUPS = {
+    "cgroupfs": f"/kubepods/burstable/pod{UID}/{ID}",  # kubelet cgroupfs, containerd
+    "systemd": ("/kubepods.slice/kubepods-burstable.slice/"  # kubelet systemd, containerd
+                f"kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+}
 
 
 # -- container and pod from /proc/PID/cgroup -------------------------------------------------
@@ -68,8 +80,14 @@ RUNTIMES = {
     "containerd-kubelet-cgroupfs-guaranteed": (f"0::/kubepods/pod{UID}/{ID}\n", ID, UID),
     "containerd-unexpanded-systemd-path": (
         f"0::/kubepods-burstable-pod{UID_}.slice:cri-containerd:{ID}\n", ID, UID),
-    "containerd-static-pod": (f"0::/kubepods/burstable/pod{STATIC_UID}/{ID}\n", ID,
-                              STATIC_UID),
+    # A static pod's cgroup names its manifest's hash, not its mirror pod's UID (the one
+    # kube_pod_info has): no pod uid, the container still named.
+    "containerd-static-pod": (f"0::/kubepods/burstable/pod{STATIC_UID}/{ID}\n", ID, ""),
+    # kind, kubelet --cgroup-root=/kubelet: the root's name prefixes every slice
+    "kind-cgroup-root-systemd": (
+        "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope\n", ID, UID),
+    "cgroup-root-cgroupfs": (f"0::/kubelet/kubepods/pod{UID}/{ID}\n", ID, UID),
     # CRI-O (internal/config/cgmgr): systemd <slice>/crio-<id>.scope, cgroupfs <parent>/crio-<id>
     "crio-systemd": ("0::/kubepods.slice/kubepods-besteffort.slice/"
                      f"kubepods-besteffort-pod{UID_}.slice/crio-{ID}.scope\n", ID, UID),
@@ -85,6 +103,12 @@ RUNTIMES = {
     "podman-cgroupfs-v1": (f"5:pids:/libpod_parent/libpod-{ID}\n", ID, ""),
     "podman-conmon-is-not-the-container": (
         f"0::/machine.slice/libpod-conmon-{ID}.scope\n", "", ""),
+    # nerdctl (pkg/cmd/container/run_cgroup_linux.go): systemd "system.slice:nerdctl:<id>",
+    # cgroupfs containerd's default /<namespace>/<id>
+    "nerdctl-systemd": (f"0::/system.slice/nerdctl-{ID}.scope\n", ID, ""),
+    "nerdctl-rootless-systemd": ("0::/user.slice/user-1000.slice/user@1000.service/"
+                                 f"user.slice/nerdctl-{ID}.scope\n", ID, ""),
+    "nerdctl-cgroupfs": (f"0::/default/{ID}\n", ID, ""),
     # Kubernetes in Docker (kind): the pod's container, not the node's
     "kind-nested": (f"0::/docker/{ID2}/kubepods/burstable/pod{UID}/{ID}\n", ID, UID),
     # Not containers
@@ -93,6 +117,14 @@ RUNTIMES = {
     "root-v1": ("9:name=systemd:/\n8:pids:/\n0::/\n", "", ""),
     "id-one-digit-short": (f"0::/docker/{ID[:-1]}\n", "", ""),
     "id-uppercase": (f"0::/docker/{ID.upper()}\n", "", ""),
+    # "pod" and a uid-like string outside kubepods, or not shaped like a uid, is no pod
+    "pod-outside-kubepods": (f"0::/user.slice/pod{UID}/job\n", "", ""),
+    "pod-slice-outside-kubepods": (f"0::/user.slice/kubepods-pod{UID_}.slice/job\n", "", ""),
+    "pod-of-dashes": (f"0::/kubepods/burstable/pod{'-' * 34}/{ID}\n", ID, ""),
+    "pod-32-hex-outside-kubepods": (f"0::/user.slice/pod{STATIC_UID}\n", "", ""),
+    "pod-dashes-under-systemd": (
+        f"0::/kubepods.slice/kubepods-pod{UID}.slice/cri-containerd-{ID}.scope\n", ID, ""),
+    "pod-uid-one-digit-short": (f"0::/kubepods/pod{UID[:-1]}/{ID}\n", ID, ""),
 }
 
 
@@ -100,6 +132,15 @@ RUNTIMES = {
 def test_container_and_pod_from_each_runtimes_cgroup(text: str, container: str,
                                                      pod: str) -> None:
     assert attribute(cgroup_paths(text)) == Attribution(container, pod)
+
+
+@pytest.mark.parametrize("path", LIVE_CGROUPS.values(), ids=LIVE_CGROUPS.keys())
+def test_the_live_tests_cgroups_parse_on_v1_and_v2(path: str) -> None:
+    """What /proc/PID/cgroup shows for tests/test_exporter_live.py's real cgroups, on a
+    v2 host and on a v1 host (where the memory controller shows it, systemd's "/")."""
+    assert attribute(cgroup_paths(f"0::{path}\n")) == Attribution(ID, UID)
+    assert attribute(cgroup_paths(f"12:name=systemd:/\n4:memory:{path}\n0::/\n")) == (
+        Attribution(ID, UID))
 
 
 def test_v1_picks_the_hierarchy_that_names_a_container() -> None:
@@ -177,6 +218,18 @@ def test_everyone_else_gets_the_default_and_without_one_no_quota() -> None:
     assert resolve_quota("dave", Groups({}), Quotas(users=(("*", 0),))) == 0  # zero is a quota
 
 
+@pytest.mark.parametrize("root", ["root", "0"])
+def test_the_default_quota_is_not_roots(root: str) -> None:
+    """Containers mostly run as uid 0: every pod on a node sums as "root", which "*" (a
+    per-person default) would put over quota as soon as the node is busy."""
+    groups = Groups({root: {"root"}})
+    assert resolve_quota(root, groups, QUOTAS) is None
+    assert resolve_quota(root, groups, Quotas(users=((root, 64 * GIB), ("*", GIB)))) == 64 * GIB
+    assert resolve_quota(root, groups, Quotas(users=(("*", GIB),),
+                                              groups=(("root", 32 * GIB),))) == 32 * GIB
+    assert resolve_quota("rooty", Groups({}), QUOTAS) == 8 * GIB  # a name, not a prefix
+
+
 def test_groups_are_not_asked_when_no_group_has_a_quota() -> None:
     groups = Groups({"erin": {"staff"}})
     assert resolve_quota("erin", groups, Quotas(users=(("*", GIB),))) == GIB
@@ -186,28 +239,80 @@ def test_groups_are_not_asked_when_no_group_has_a_quota() -> None:
 # -- suspects ---------------------------------------------------------------------------------
 
 
-def test_default_patterns_match_miners_by_comm_and_command_line() -> None:
+def test_default_names_match_the_program_a_process_runs() -> None:
     audit = Audit()
-    assert audit.suspect_patterns == DEFAULT_SUSPECT_PATTERNS
-    assert audit.suspect("xmrig", "xmrig --donate-level 1") == (WHY_COMM, "xmrig")
-    assert audit.suspect("XMRig", None) == (WHY_COMM, "xmrig")  # case-insensitive
-    # A miner renamed to python: its command line still says what it is.
-    assert audit.suspect("python3", "python3 /opt/t-rex/run.py -a kawpow") == (WHY_CMDLINE,
-                                                                               "t-rex")
+    assert audit.suspect_names == DEFAULT_SUSPECT_NAMES
+    assert audit.suspect("xmrig", "xmrig --donate-level 1") == (WHY_COMM, "suspect name 'xmrig'")
+    assert audit.suspect("PhoenixMiner", None) == (WHY_COMM, "suspect name 'phoenixminer'")
+    # argv[0] renamed (`exec -a`): comm is the interpreter's, the command line says xmrig
+    assert audit.suspect("python3", "/opt/x/xmrig -o pool:3333") == (
+        WHY_CMDLINE, "suspect name 'xmrig'")
+    # run by a loader or an emulator: the first word after it that is not an option
+    assert audit.suspect("ld-linux-x86-64", "/lib64/ld-linux-x86-64.so.2 /tmp/.x/t-rex -a "
+                         "kawpow") == (WHY_CMDLINE, "suspect name 't-rex'")
+    assert audit.suspect("box64", "box64 --verbose ./lolMiner") == (
+        WHY_CMDLINE, "suspect name 'lolminer'")
     assert audit.suspect("python3", "python3 train.py --epochs 10") is None
     assert audit.suspect("python3", None) is None  # an unreadable command line: comm only
 
 
-def test_custom_patterns_replace_the_defaults() -> None:
+@pytest.mark.parametrize(("comm", "cmdline"), [
+    ("python", "python /home/alice/T-Rex/demo.py"),  # a detection model named T-Rex
+    ("python", "python -m gminer_eval"),
+    ("python", "python tools/xmrig_detector.py"),
+    ("xmrig_detector", "./xmrig_detector --input x"),
+    ("python", "python train.py --data /datasets/t-rex"),  # an argument, not a program
+    ("python", "python train.py --out=/runs/xmrig"),
+    ("bash", "bash -c cd /srv/ethminer-docs && make"),
+], ids=["dir-named-t-rex", "module-gminer_eval", "script-xmrig_detector", "comm-prefix",
+        "data-dir-t-rex", "option-value-xmrig", "bash-c-word"])
+def test_default_names_are_not_found_inside_ordinary_command_lines(comm: str,
+                                                                  cmdline: str) -> None:
+    assert Audit().suspect(comm, cmdline) is None
+
+
+def test_a_pool_url_is_suspect_whatever_the_miner_is_called() -> None:
+    audit = Audit()
+    assert DEFAULT_SUSPECT_PATTERNS == (r"stratum[12]?\+(tcp|ssl|tls)://",)
+    url = f"suspect pattern {DEFAULT_SUSPECT_PATTERNS[0]!r}"
+    assert audit.suspect("miner", "./miner --url stratum+tcp://pool:3333") == (WHY_CMDLINE, url)
+    assert audit.suspect("python3", "python3 run.py -P STRATUM+SSL://w.1@eu.pool:5555") == (
+        WHY_CMDLINE, url)
+    assert audit.suspect("eth", "eth -P stratum2+tls://0xab.w@pool:4444") == (WHY_CMDLINE, url)
+    assert audit.suspect("python3", "python3 fetch.py --url https://pool.example/x") is None
+
+
+def test_long_names_match_the_kernels_cut_comm() -> None:
+    """comm is cut to 15 characters; the command line keeps the whole name."""
+    audit = Audit(suspect_names=("cryptonight-miner",), suspect_patterns=())
+    assert audit.suspect("cryptonight-min", None) == (WHY_COMM,
+                                                      "suspect name 'cryptonight-miner'")
+    assert audit.suspect("python3", "cryptonight-miner2 -t 4") is None
+
+
+def test_program_names() -> None:
+    assert program_names("/usr/bin/python3 -u /opt/run.py --x /a/b") == ("python3", "run.py")
+    assert program_names("python3 -m pkg") == ("python3",)
+    assert program_names("python3 script.py /data/xmrig") == ("python3",)
+    assert program_names("") == program_names(None) == ()
+    assert program_names("/opt/miners/ ./") == ()  # no file names in them
+
+
+def test_custom_patterns_replace_the_default_patterns_not_the_names() -> None:
     audit = Audit(suspect_patterns=("^cryptonight", "minerd$"))
-    assert audit.suspect("xmrig", "xmrig") is None
-    assert audit.suspect("bash", "cryptonight --threads 8") == (WHY_CMDLINE, "^cryptonight")
+    assert audit.suspect("bash", "cryptonight --threads 8") == (
+        WHY_CMDLINE, "suspect pattern '^cryptonight'")
+    assert audit.suspect("bash", "bash x stratum+tcp://pool:1") is None  # default pattern gone
+    assert audit.suspect("xmrig", "xmrig")[0] == WHY_COMM  # names are their own key
+    # A pattern is searched anywhere, as documented (unlike a name).
+    assert Audit(suspect_patterns=("t-rex",)).suspect("python", "python /x/T-Rex/demo.py")
+    assert Audit(suspect_names=(), suspect_patterns=()).suspect("xmrig", "xmrig") is None
 
 
 def test_the_matcher_stays_linear_on_a_hostile_command_line() -> None:
     """The bounded matcher (RE2) of protect patterns: `(a+)+$` on "aaaa...!" would take
     Python's re exponential time."""
-    audit = Audit(suspect_patterns=("(a+)+$",))
+    audit = Audit(suspect_names=(), suspect_patterns=("(a+)+$",))
     hostile = "a" * 50_000 + "!"
     began = time.perf_counter()
     assert audit.suspect("python3", hostile) is None
@@ -268,13 +373,22 @@ def test_users_sum_every_holding_and_carry_their_quota() -> None:
     assert [u.quota_bytes for u in acc.users] == [None, None]
 
 
+def test_root_sums_like_anyone_but_has_no_default_quota() -> None:
+    facts = {1: fact(1, user="root"), 2: fact(2, user="alice"), 3: fact(3, user="root")}
+    acc = account([gpu()], [hold(1, 6 * GIB), hold(2, GIB), hold(3, 6 * GIB)], facts,
+                  quotas=Quotas(users=(("*", 8 * GIB),)), audit=Audit(), groups=Groups({}),
+                  hot={}, now=0.0)
+    assert [(u.user, u.used_bytes, u.quota_bytes) for u in acc.users] == [
+        ("alice", GIB, 8 * GIB), ("root", 12 * GIB, None)]
+
+
 def test_pattern_suspects_with_their_reason() -> None:
     facts = {5: fact(5, comm="xmrig", cmdline="./xmrig -o pool:3333"),
-             6: fact(6, comm="python3", cmdline="python3 nbminer.py"), 7: fact(7)}
+             6: fact(6, comm="python3", cmdline="nbminer -a kawpow"), 7: fact(7)}
     acc = account([gpu()], [hold(5, GIB), hold(6, GIB), hold(7, GIB)], facts,
                   quotas=Quotas(), audit=Audit(), groups=Groups({}), hot={}, now=0.0)
     assert [(s.pid, s.why) for s in acc.suspects] == [(5, WHY_COMM), (6, WHY_CMDLINE)]
-    assert acc.suspects[1].detail == "command line matches suspect pattern 'nbminer'"
+    assert acc.suspects[1].detail == "command line matches suspect name 'nbminer'"
     assert acc.suspect_of(7) is None
 
 

@@ -215,6 +215,7 @@ quotas:
   users: {alice: 10GiB, "*": "8 GB", bob: 1073741824}
   groups: {students: 12GiB}
 audit:
+  suspect_names: [xmrig, minerd]
   suspect_patterns: [xmrig, '^cryptonight']
   sustained_utilization: {ratio: 0.9, for_seconds: 1800}
 """
@@ -224,8 +225,15 @@ def test_quotas_and_audit_sections() -> None:
     cfg = parse_config(ACCOUNTING, source="t.yml")
     assert dict(cfg.quotas.users) == {"alice": 10 * 2**30, "*": 8 * 10**9, "bob": 2**30}
     assert dict(cfg.quotas.groups) == {"students": 12 * 2**30}
+    assert cfg.audit.suspect_names == ("xmrig", "minerd")
     assert cfg.audit.suspect_patterns == ("xmrig", "^cryptonight")
     assert cfg.audit.suspect("bash", "cryptonight -t 4") is not None
+    assert cfg.audit.suspect("minerd", None) is not None
+    assert cfg.audit.suspect("ethminer", "ethminer -G") is None  # the names were replaced
+    # A user's pattern is searched anywhere, as before; a name is not.
+    assert cfg.audit.suspect("python", "python tools/xmrig_detector.py") is not None
+    assert parse_config("audit:\n  suspect_names: [xmrig]").audit.suspect(
+        "python", "python tools/xmrig_detector.py") is None
     rule = cfg.audit.sustained_utilization
     assert rule is not None and (rule.ratio, rule.for_seconds) == (0.9, 1800)
 
@@ -233,7 +241,8 @@ def test_quotas_and_audit_sections() -> None:
 def test_accounting_defaults_no_quota_miner_patterns_heuristic_off() -> None:
     cfg = parse_config("audit:\n  sustained_utilization:\n", source="t.yml")
     assert cfg.quotas.users == () and cfg.quotas.groups == ()
-    assert "xmrig" in cfg.audit.suspect_patterns and cfg.audit.sustained_utilization is None
+    assert "xmrig" in cfg.audit.suspect_names and cfg.audit.sustained_utilization is None
+    assert any("stratum" in p for p in cfg.audit.suspect_patterns)
     on = parse_config("audit:\n  sustained_utilization: {}\n").audit.sustained_utilization
     assert on is not None and (on.ratio, on.for_seconds) == (0.95, 3600)
 
@@ -267,6 +276,12 @@ def test_accounting_defaults_no_quota_miner_patterns_heuristic_off() -> None:
         ("audit:\n  sustained_utilization: {window: 3}", "audit.sustained_utilization.window",
          "unknown key"),
         ("audit:\n  miners: [x]", "audit.miners", "unknown key"),
+        ("audit:\n  suspect_names: xmrig", "audit.suspect_names", "must be a list of strings"),
+        ("audit:\n  suspect_names: [/opt/xmrig]", "audit.suspect_names[0]",
+         "is not a program name"),
+        ("audit:\n  suspect_names: [ok, 'two words']", "audit.suspect_names[1]",
+         "is not a program name"),
+        ("audit:\n  suspect_names: ['']", "audit.suspect_names[0]", "is not a program name"),
     ],
 )
 def test_accounting_errors_name_file_key_problem(text: str, key: str, problem: str) -> None:

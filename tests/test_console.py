@@ -460,7 +460,8 @@ def test_status_marks_suspects_and_reconciles_each_gpu(tmp_path: Path, trees: Tr
     worker = held_tree(trees, fake_gpu, ATTACHED, kill_launcher=False, used=GIB)
     fake_gpu.add_process(1, worker, None)  # cannot be sized on GPU 1
     config = tmp_path / "gpuguard.yml"
-    config.write_text('quotas:\n  users: {"*": 2GiB}\n')
+    # "*" is not root's (CI runs as root): root's quota must be named.
+    config.write_text('quotas:\n  users: {"*": 2GiB, root: 2GiB}\n')
 
     proc = gpuguard("status", "--config", str(config))
     assert proc.returncode == 0, proc.stderr

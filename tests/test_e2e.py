@@ -93,7 +93,9 @@ def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         loop = start_loop(base, env, hostname=HOST, scan_interval=0.5, for_seconds=1,
                           orphan_age_seconds=1, term_timeout_seconds=2,
                           before_prometheus=silence_one,
-                          exporter_config={"quotas": {"users": {"*": "64GiB"}}})
+                          # "*" is not root's (CI runs as root): name root too
+                          exporter_config={"quotas": {"users": {"*": "64GiB",
+                                                                "root": "64GiB"}}})
         stopped.append(loop)
         yield Stack(world, trees, loop.exporter, loop.remediator, loop.alertmanager,
                     loop.prometheus, loop.recorder, loop.audit_log, reaped, reaped_root,

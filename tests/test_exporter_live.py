@@ -18,6 +18,9 @@ from gpuguard.exporter.procfs import in_host_pid_namespace
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.proctree import CHAIN, HOLDER, Trees, stat_fields, wait_for
 from tests.servers import REPO, Exporter, child_env, find
+from tests.test_accounting import ID as CONTAINER_ID
+from tests.test_accounting import LIVE_CGROUPS
+from tests.test_accounting import UID as POD_UID
 
 GIB = 2**30
 
@@ -294,14 +297,20 @@ def series(exp: Exporter, name: str, **labels: str) -> list[tuple[dict[str, str]
 
 def test_miners_by_command_line_and_by_comm_are_suspects(trees: Trees, fake_gpu: FakeGpuWorld,
                                                          exporter_for) -> None:
-    """Two real GPU holders: one started with argv[0] "xmrig" (`exec -a`), one whose
-    executable is a link named t-rex (the kernel takes comm from the file name)."""
+    """Real GPU holders: one started with argv[0] "xmrig" (`exec -a`), one whose
+    executable is a link named t-rex (the kernel takes comm from the file name), one
+    given a mining pool's URL; and two honest ones whose arguments merely contain a
+    miner's name (a T-Rex model's directory, a xmrig_detector script)."""
     renamed = trees.spawn("exec -a xmrig {holder} --pidfile {dir}/worker & wait").pid("worker")
     t_rex = trees.spawn(f"ln -s {shlex.quote(sys.executable)} {{dir}}/t-rex && "
                         f"{{dir}}/t-rex {shlex.quote(str(HOLDER))} --pidfile {{dir}}/worker "
                         "& wait").pid("worker")
+    pool = trees.spawn("exec -a ./miner {holder} --pidfile {dir}/worker "
+                       "stratum+tcp://pool:3333 & wait").pid("worker")
     honest = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
-    for pid in (renamed, t_rex, honest):
+    model = trees.spawn("{holder} --pidfile {dir}/worker /home/alice/T-Rex/demo.py "
+                        "tools/xmrig_detector.py & wait").pid("worker")
+    for pid in (renamed, t_rex, pool, honest, model):
         fake_gpu.add_process(0, pid, GIB)
     exp = exporter_for()
     by_cmdline = wait_for(lambda: series(exp, "gpuguard_suspect_process_info", pid=str(renamed)),
@@ -312,7 +321,11 @@ def test_miners_by_command_line_and_by_comm_are_suspects(trees: Trees, fake_gpu:
     (labels, _), = wait_for(lambda: series(exp, "gpuguard_suspect_process_info",
                                            pid=str(t_rex)), what="the t-rex suspect")
     assert (labels["why"], labels["comm"]) == ("comm-pattern", "t-rex")
+    (labels, _), = wait_for(lambda: series(exp, "gpuguard_suspect_process_info",
+                                           pid=str(pool)), what="the stratum suspect")
+    assert labels["why"] == "cmdline-pattern"
     assert series(exp, "gpuguard_suspect_process_info", pid=str(honest)) == []
+    assert series(exp, "gpuguard_suspect_process_info", pid=str(model)) == []
     # A suspect is reported, never reaped: its own verdict is untouched.
     assert process_info(exp, renamed)["verdict"] == "normal"
 
@@ -340,6 +353,8 @@ def test_quota_and_unattributed_memory_live(trees: Trees, fake_gpu: FakeGpuWorld
 
     me = user_name(os.getuid())
     config = write_config(tmp_path, 'quotas:\n  users: {"*": 1GiB}\n')
+    # "*" is not root's (containers run as uid 0: root sums every pod on a node).
+    quota = None if os.getuid() == 0 else GIB
     fake_gpu.update_gpu(0, memory_used=5 * GIB, memory_reserved=2 * GIB)
     worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
     fake_gpu.add_process(0, worker, 3 * GIB)
@@ -347,7 +362,8 @@ def test_quota_and_unattributed_memory_live(trees: Trees, fake_gpu: FakeGpuWorld
     wait_for(lambda: series(exp, "gpuguard_user_gpu_memory_bytes", user=me), what="user memory")
     samples = exp.scrape()
     assert find(samples, "gpuguard_user_gpu_memory_bytes", user=me)[0][1] == 3 * GIB
-    assert find(samples, "gpuguard_user_gpu_memory_quota_bytes", user=me)[0][1] == GIB
+    assert [v for _, v in find(samples, "gpuguard_user_gpu_memory_quota_bytes", user=me)] == (
+        [] if quota is None else [quota])
     # 5 GiB used without the 2 GiB reserved: 2 GiB no listed process accounts for.
     assert find(samples, "gpuguard_gpu_memory_unattributed_bytes", gpu="0")[0][1] == 2 * GIB
     fake_gpu.add_process(0, 4_000_001, None)  # a holder whose usage the driver cannot give
@@ -406,16 +422,7 @@ def cgroup_at():
         path.rmdir()
 
 
-CONTAINER_ID = "4f1c2d9e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"
-POD_UID = "8a3c9b2e-1f4d-4c7a-9b6e-2d5f8c1a0e37"
-
-
-@pytest.mark.parametrize("relative", [
-    f"/kubepods/burstable/pod{POD_UID}/{CONTAINER_ID}",  # kubelet cgroupfs, containerd
-    ("/kubepods.slice/kubepods-burstable.slice/"  # kubelet systemd driver, containerd
-     f"kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice/"
-     f"cri-containerd-{CONTAINER_ID}.scope"),
-], ids=["cgroupfs", "systemd"])
+@pytest.mark.parametrize("relative", LIVE_CGROUPS.values(), ids=LIVE_CGROUPS.keys())
 def test_a_holder_in_a_pod_cgroup_carries_container_and_pod(
         trees: Trees, fake_gpu: FakeGpuWorld, exporter_for, cgroup_at, relative: str) -> None:
     worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")

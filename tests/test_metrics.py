@@ -273,6 +273,39 @@ def test_a_gpu_whose_process_list_fails_has_no_unattributed_figure(
     assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes")[0][1] == 5 * GIB
 
 
+def test_a_pid_listed_twice_with_one_unsized_entry_leaves_no_unattributed_figure(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """The review's MIG case: entries (2 GiB, not available) for one pid on a GPU with
+    10 GiB used must not read as "8 GiB held by nobody" (a false GPUMemoryUnattributed)."""
+    worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.update_gpu(0, memory_used=10 * GIB)
+    fake_gpu.add_process(0, worker, 2 * GIB)
+    fake_gpu.add_process(0, worker, None)
+    scanner, registry = make()
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == []
+    assert samples_of(registry, "gpuguard_gpu_process_memory_bytes") == []  # unknown, not 2 GiB
+    fake_gpu.remove_process(worker)
+    fake_gpu.add_process(0, worker, 2 * GIB)
+    fake_gpu.add_process(0, worker, 3 * GIB)  # both sized: they add up
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes")[0][1] == 5 * GIB
+
+
+def test_a_driver_without_memory_v2_has_no_unattributed_figure(trees: Trees,
+                                                               fake_gpu: FakeGpuWorld) -> None:
+    """_v1's used memory includes the driver's reserved memory, which no process holds:
+    the series is absent there, not reserved memory passed off as unattributed."""
+    worker = trees.spawn("{holder} --pidfile {dir}/worker & wait").pid("worker")
+    fake_gpu.update_gpu(0, memory_used=4 * GIB, memory_reserved=GIB)
+    fake_gpu.add_process(0, worker, 4 * GIB)
+    fake_gpu.set_missing("nvmlDeviceGetMemoryInfo_v2")
+    scanner, registry = make()
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_used_bytes")[0][1] == 5 * GIB  # with it
+    assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == []
+
+
 def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
                                                       fake_gpu: FakeGpuWorld) -> None:
     """Every family, the accounting ones with samples, linted by Prometheus's own tool."""

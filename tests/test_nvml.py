@@ -13,6 +13,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import GpuSample, Holder, Nvml
 from tests.fakenvml import FakeGpuWorld, default_uuid
@@ -92,13 +93,38 @@ def test_holders_compute_graphics_and_merged(fake_gpu: FakeGpuWorld, nvml: Nvml)
 def test_unavailable_used_memory_is_none(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
     fake_gpu.add_process(0, 100, None, "C")
     fake_gpu.add_process(0, 200, None, "C")
-    fake_gpu.add_process(0, 200, 4096, "G")  # one known figure wins over "na"
+    fake_gpu.add_process(0, 200, 4096, "G")  # a known figure beside "na" is not the figure
 
     holders = {h.pid: h for h in nvml.read().holders}
 
     assert holders[100].used_bytes is None
-    assert holders[200].used_bytes == 4096
+    assert holders[200].used_bytes is None
     assert holders[200].kind == "C+G"
+
+
+def test_a_pid_listed_twice_sums_unless_one_entry_is_unavailable(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    """MIG lists a pid once per instance it runs in: separate memory, so the entries
+    add up; one entry the driver cannot size makes the pid's usage unknown, and the
+    GPU's unattributed memory with it (2 GiB of 10 used is not "8 GiB held by nobody")."""
+    fake_gpu.update_gpu(0, memory_used=10 * GiB)
+    fake_gpu.add_gpu(1, memory_used=10 * GiB)
+    fake_gpu.add_process(0, 100, 2 * GiB, "C")
+    fake_gpu.add_process(0, 100, None, "C")
+    fake_gpu.add_process(1, 100, 2 * GiB, "C")
+    fake_gpu.add_process(1, 100, 3 * GiB, "C")
+
+    reading = nvml.read()
+
+    assert sorted(reading.holders, key=lambda h: h.gpu_index) == [
+        Holder(100, default_uuid(0), 0, None, "C"),
+        Holder(100, default_uuid(1), 1, 5 * GiB, "C"),
+    ]
+    unknown, known = balance(reading.gpus, reading.holders)
+    assert (unknown.unattributed_bytes, unknown.why_unknown) == (
+        None, "usage of pid 100 unavailable")
+    assert (known.processes_bytes, known.unattributed_bytes) == (5 * GiB, 5 * GiB)
 
 
 def test_many_processes_survive_the_two_pass_protocol(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
@@ -217,6 +243,30 @@ def test_other_field_error_is_none_with_an_error(fake_gpu: FakeGpuWorld, nvml: N
     assert gpu.memory_total_bytes is None and gpu.memory_used_bytes is None
     assert gpu.temperature_celsius == 40.0
     assert reading.errors == (("nvml_device", "GPU 0: power: Unknown Error"),)
+
+
+def test_driver_without_memory_v2_falls_back_and_says_so(fake_gpu: FakeGpuWorld,
+                                                         nvml: Nvml) -> None:
+    """_v1's "used" includes the driver's reserved memory, which no process holds: the
+    reading says so, and unattributed memory is unknown rather than reserved + leak."""
+    fake_gpu.update_gpu(0, memory_used=5 * GiB, memory_reserved=GiB)
+    fake_gpu.add_process(0, 100, 5 * GiB)
+    (v2,) = nvml.read().gpus
+    assert (v2.memory_used_bytes, v2.used_excludes_reserved) == (5 * GiB, True)
+    assert balance([v2], [Holder(100, v2.uuid, 0, 5 * GiB, "C")])[0].unattributed_bytes == 0
+
+    fake_gpu.set_missing("nvmlDeviceGetMemoryInfo_v2")
+    older = Nvml(counters=Counters())
+    try:
+        reading = older.read()
+    finally:
+        older.close()
+
+    (v1,) = reading.gpus
+    assert (v1.memory_used_bytes, v1.used_excludes_reserved) == (6 * GiB, False)
+    assert reading.errors == ()
+    (b,) = balance(reading.gpus, reading.holders)
+    assert (b.used_bytes, b.unattributed_bytes, b.why_unknown) == (6 * GiB, None, WHY_V1_MEMORY)
 
 
 def test_process_list_error_skips_that_gpus_holders(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:

@@ -38,6 +38,9 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_GPU_IS_LOST = 15
 
+#: Calls `set_missing` can take away (the ones gpuguard falls back from).
+MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV")
+
 
 class FakeNvmlBuildError(RuntimeError):
     """The fake library could not be compiled (no gcc, or a compile error)."""
@@ -106,6 +109,7 @@ class FakeGpuWorld:
         self.init_error: int | None = None
         self.runtime_error: int | None = None
         self.delay_ms = 0
+        self.missing: set[str] = set()
         self.save()
 
     # GPUs
@@ -213,6 +217,17 @@ class FakeGpuWorld:
         self.delay_ms = ms
         self.save()
 
+    def set_missing(self, function: str, missing: bool = True) -> None:
+        """`function` (see MISSABLE) answers FUNCTION_NOT_FOUND (13), as pynvml does for
+        a symbol an older driver lacks; missing=False puts it back."""
+        if function not in MISSABLE:
+            raise ValueError(f"unknown function {function!r}; expected one of {MISSABLE}")
+        if missing:
+            self.missing.add(function)
+        else:
+            self.missing.discard(function)
+        self.save()
+
     def set_driver_version(self, version: str) -> None:
         self.driver_version = version
         self.save()
@@ -242,6 +257,8 @@ class FakeGpuWorld:
             lines.append(f"runtime_error {self.runtime_error}")
         if self.delay_ms:
             lines.append(f"delay_ms {int(self.delay_ms)}")
+        for function in sorted(self.missing):
+            lines.append(f"missing {function}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
             if any(c.isspace() for c in g.uuid) or "\n" in g.name:
                 raise ValueError(f"GPU {g.index}: uuid has spaces or name has a newline")

@@ -22,7 +22,13 @@
  *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
  *                                        name uuid memory utilization temperature power
  *                                        compute graphics
- *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available)
+ *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available);
+ *                                        the same pid twice in one list is two entries
+ *                                        (as MIG lists one per instance)
+ *   missing FUNCTION                     FUNCTION answers 13 (FUNCTION_NOT_FOUND), what
+ *                                        pynvml raises for a symbol an older driver lacks;
+ *                                        for nvmlDeviceGetMemoryInfo_v2 and
+ *                                        nvmlDeviceGetTemperatureV (the calls with a fallback)
  *
  * Concurrency probe: every entry point counts itself in flight from entry until it
  * returns (the injected delay included); fakenvml_max_in_flight() answers the most
@@ -46,6 +52,7 @@
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
@@ -56,6 +63,8 @@
 #define NAME_LEN 96
 #define UUID_LEN 96
 #define VERSION_LEN 80
+#define MAX_MISSING 8
+#define FUNCTION_LEN 64
 
 #define NVML_MEMORY_V2 0x02000028u
 #define NVML_TEMPERATURE_V1 0x0100000Cu
@@ -93,6 +102,8 @@ struct state {
     struct gpu gpus[MAX_GPUS];
     int proc_count;
     struct proc procs[MAX_PROCS];
+    int missing_count;
+    char missing[MAX_MISSING][FUNCTION_LEN];
 };
 
 /* Layouts match pynvml's ctypes structures. */
@@ -180,6 +191,11 @@ static void load_state(void) {
             if (sscanf(rest, "%d %llu", &idx, &bytes) != 2 || idx < 0 || idx >= MAX_GPUS)
                 bad_line(lineno, line);
             else st.gpus[idx].reserved = bytes;
+        } else if (strcmp(word, "missing") == 0) {
+            if (st.missing_count >= MAX_MISSING ||
+                sscanf(rest, "%63s", st.missing[st.missing_count]) != 1)
+                bad_line(lineno, line);
+            else st.missing_count++;
         } else if (strcmp(word, "lost") == 0) {
             if (sscanf(rest, "%d", &idx) != 1 || idx < 0 || idx >= MAX_GPUS) bad_line(lineno, line);
             else st.gpus[idx].lost = 1;
@@ -208,6 +224,13 @@ static void load_state(void) {
         }
     }
     fclose(f);
+}
+
+/* Whether the state file says this driver lacks FUNCTION. Caller holds `lock`. */
+static int missing(const char *function) {
+    for (int i = 0; i < st.missing_count; i++)
+        if (strcmp(st.missing[i], function) == 0) return 1;
+    return 0;
 }
 
 static void sleep_ms(long ms) {
@@ -395,6 +418,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     ENTER
+    if (missing("nvmlDeviceGetMemoryInfo_v2")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
     struct gpu *g;
     nvmlReturn_t r = device_check(device, F_MEMORY, &g);
     if (r != NVML_SUCCESS) LEAVE(r);
@@ -435,6 +459,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, unsigned int sensor,
 
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temp) {
     ENTER
+    if (missing("nvmlDeviceGetTemperatureV")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
     struct gpu *g;
     nvmlReturn_t r = device_check(device, F_TEMPERATURE, &g);
     if (r != NVML_SUCCESS) LEAVE(r);
