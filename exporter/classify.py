@@ -563,8 +563,10 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
         # Read environ only for what would otherwise be an orphan (one read, two markers).
         # Adopted by the `gpuguard run` that started it, alive: the launcher's identity
         # (pid and start time) in X's environment equals X's parent's, so the marker
-        # names this very process, not a later one at its pid.
-        if (parent is not None and not parent.is_zombie
+        # names this very process, not a later one at its pid. Never init: naming PID 1
+        # would turn every process it adopted into "attached" (GPUGUARD_KEEP=1 is the
+        # honest way to keep a tree).
+        if (parent is not None and parent.pid != 1 and not parent.is_zombie
                 and view.run_launcher(adopted) == (parent.pid, parent.start_time)):
             return verdict(NORMAL, Reason.RUN_LAUNCHER, Rule.ADOPTION,
                            f"{adopted.pid} was adopted by its `gpuguard run` launcher "

@@ -328,6 +328,12 @@ def test_a_run_marker_that_does_not_name_the_live_parent_changes_nothing(marker)
     check(one_tree(view), ORPHAN, "session-ended", 300, "6")
 
 
+def test_a_run_marker_naming_init_changes_nothing():
+    view = leader_killed()  # 200 was adopted by PID 1 when its session leader died
+    view.update(200, run=(1, view[1].start_time))
+    check(one_tree(view), ORPHAN, "session-ended", 200, "6")
+
+
 def test_after_the_launcher_is_killed_its_adoptee_is_an_ordinary_orphan():
     view = under_run_launcher()
     view.exit(260)
