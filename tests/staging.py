@@ -20,6 +20,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from tests.proctree import HOLDER
 from tests.servers import REPO
 
 
@@ -42,9 +43,12 @@ def runtime_distributions(name: str = "gpuguard") -> set[str]:
 
 def stage(root: Path) -> dict[str, str]:
     """Copy gpuguard and its run-time dependencies under root, readable by any uid; return
-    the environment (PYTHONPATH) that imports them from there."""
+    the environment (PYTHONPATH) that imports them from there. tests/holder.py is copied
+    to root/src/holder.py (see `staged_holder`)."""
     shutil.copytree(REPO / "gpuguard", root / "src" / "gpuguard", symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # The stand-in GPU worker, for jobs that run as another uid (stdlib only).
+    shutil.copy2(HOLDER, root / "src" / HOLDER.name)
     site = root / "site"
     for name in runtime_distributions():
         dist = importlib.metadata.distribution(name)
@@ -61,6 +65,12 @@ def stage(root: Path) -> dict[str, str]:
             for f in files:
                 os.chmod(os.path.join(folder, f), 0o644 if not f.endswith(".so") else 0o755)
     return {"PYTHONPATH": f"{root / 'src'}:{site}", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def staged_holder(root: Path) -> Path:
+    """tests/holder.py as `stage(root)` copied it: runnable by a uid that cannot reach the
+    checkout."""
+    return root / "src" / HOLDER.name
 
 
 def interpreters() -> Iterator[str]:

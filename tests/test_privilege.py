@@ -47,10 +47,10 @@ import yaml
 from gpuguard.exporter.procfs import in_host_pid_namespace
 from tests.ci import require
 from tests.fakenvml import LIBRARY_NAME, STATE_ENV, FakeGpuWorld
-from tests.proctree import HOLDER, Tree, Trees, alive, stat_fields, wait_for
+from tests.proctree import Tree, Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import HOST, alert, payload
 from tests.servers import ServerProcess, find, parse_samples
-from tests.staging import stage, staged_python
+from tests.staging import stage, staged_holder, staged_python
 from tests.test_systemd_units import EXPORTER, REMEDIATOR, capabilities, settings
 
 SERVICE_UID = 64123  # the units' `gpuguard`
@@ -225,7 +225,8 @@ class Rig:
     def job(self, *, keep: bool = False, daemon: bool = False) -> Job:
         """Start another user's job: GPUGUARD_KEEP=1 in its environment with `keep`; in /
         with `daemon` (stdin is /dev/null either way: detached on purpose, classify rule 6)."""
-        python, holder = shlex.quote(self.box.python), shlex.quote(str(HOLDER))
+        python = shlex.quote(self.box.python)
+        holder = shlex.quote(str(staged_holder(self.box.root)))
         inner = f'sh -c "{python} {holder} --pidfile $1/holder" & echo $! > "$1/root"; wait'
         # Not in / unless `daemon`: the runner's own directory might be /.
         inner = ("cd /; " if daemon else 'cd "$1"; ') + inner
