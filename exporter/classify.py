@@ -345,11 +345,16 @@ def _adopted(x: ProcInfo, y: ProcInfo, view: ProcSource, rules: Rules) -> Adopti
     if rules.is_adopter(y.comm):
         return Adoption(f"E2: {x.pid} shares session {x.sid} with reaper {y.pid} ({y.comm})",
                         False)
-    status = view.status(y)
-    if status is not None and len(status.nspid) > 1 and status.nspid[-1] == 1:
+    if _namespace_init(y, view):
         return Adoption(f"E2: {x.pid} shares session {x.sid} with namespace init {y.pid}",
                         False)
     return None
+
+
+def _namespace_init(y: ProcInfo, view: ProcSource) -> bool:
+    """Y is PID 1 of a PID namespace below ours (a container's init)."""
+    status = view.status(y)
+    return status is not None and len(status.nspid) > 1 and status.nspid[-1] == 1
 
 
 _MANAGED = re.compile(
@@ -563,11 +568,14 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
         # Read environ only for what would otherwise be an orphan (one read, two markers).
         # Adopted by the `gpuguard run` that started it, alive: the launcher's identity
         # (pid and start time) in X's environment equals X's parent's, so the marker
-        # names this very process, not a later one at its pid. Never init: naming PID 1
-        # would turn every process it adopted into "attached" (GPUGUARD_KEEP=1 is the
-        # honest way to keep a tree).
+        # names this very process, not a later one at its pid. Never an adopter (init, a
+        # named adopter such as `systemd --user`, a namespace's init): naming one would
+        # turn every process it adopted into "attached" (GPUGUARD_KEEP=1 is the honest
+        # way to keep a tree).
         if (parent is not None and parent.pid != 1 and not parent.is_zombie
-                and view.run_launcher(adopted) == (parent.pid, parent.start_time)):
+                and not rules.is_adopter(parent.comm)
+                and view.run_launcher(adopted) == (parent.pid, parent.start_time)
+                and not _namespace_init(parent, view)):
             return verdict(NORMAL, Reason.RUN_LAUNCHER, Rule.ADOPTION,
                            f"{adopted.pid} was adopted by its `gpuguard run` launcher "
                            f"{parent.pid}, which lives and reaps the tree when it ends",

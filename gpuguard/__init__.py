@@ -13,3 +13,5 @@ import os
 #: a parent that dies goes unnoticed (remediator/launcher.py); reading it here rather than
 #: after the imports narrows that window (about 0.3 s less). A getppid(), nothing more.
 PARENT_AT_START = os.getppid()
+#: The process that read it: a process forked after the import has another parent.
+PARENT_READ_BY = os.getpid()

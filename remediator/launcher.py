@@ -73,7 +73,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuguard import PARENT_AT_START
+from gpuguard import PARENT_AT_START, PARENT_READ_BY
 from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
@@ -95,6 +95,10 @@ PR_SET_CHILD_SUBREAPER = 36
 #: si_code of a signal the kernel generated itself: a terminal's Ctrl-C (or hangup) sent
 #: to the foreground process group, CMD included.
 SI_KERNEL = 0x80
+#: The signals a terminal sends to its whole foreground group (CMD included): only for
+#: these does SI_KERNEL mean "CMD has it already". The kernel raises others itself too
+#: (an alarm() inherited across exec, SIGXCPU), meant for the launcher alone.
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGWINCH})
 #: The launcher's own parent-death signal (see the module docstring).
 PDEATHSIG = int(signal.SIGRTMIN)
 #: Exit status after the parent's death: the shell's for a hangup (128 + SIGHUP).
@@ -306,12 +310,13 @@ def policy_for(options: Options) -> Remediate:
                      users=UserFilter(allow=("*",), deny=()), allow_without_pidfd=False)
 
 
-def children(view: ProcessView, me: ProcInfo) -> list[ProcInfo]:
-    """The launcher's live children (CMD, and every descendant adopted since), by identity."""
+def children(view: ProcessView, parent: ProcInfo) -> list[ProcInfo]:
+    """`parent`'s live children, by identity (for the launcher: CMD and every descendant
+    adopted since)."""
     out = []
-    for pid in view.children(me.pid) or ():
+    for pid in view.children(parent.pid) or ():
         info = view.fresh_stat(pid)
-        if is_child_of(info, me):
+        if is_child_of(info, parent):
             assert info is not None
             out.append(info)
     return out
@@ -338,11 +343,15 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
     # Processes a reap could not kill (survivors, released members, roots a reap refused):
     # not tried again by the next rounds, and reported once.
     done: set[tuple[int, int]] = set()
+    released: set[tuple[int, int]] = set()
     for round_ in range(MAX_ROUNDS + 1):
         view = ProcessView(counters=counters)
         me = view.fresh_stat(os.getpid())
         assert me is not None
-        left = [c for c in children(view, me) if c.identity not in done]
+        # The children of a released member are ours to reap too (the reaper never walks
+        # below a member it let go of); so are theirs, walked from there.
+        left = [c for parent in (me, *released_alive(view, released))
+                for c in children(view, parent) if c.identity not in done]
         if not left or round_ == MAX_ROUNDS:
             break
         for root in left:
@@ -356,10 +365,21 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
             results.append(result)
             done |= {(m.pid, m.start_time) for m in result.members if m.pid in result.survivors}
             done |= {(m.pid, m.start_time) for m in result.released}
+            released |= {(m.pid, m.start_time) for m in result.released}
             if result.outcome is Outcome.ABORTED:
                 done.add(root.identity)
         collect_zombies()
     return summarise(results, left)
+
+
+def released_alive(view: ProcessView, released: set[tuple[int, int]]) -> list[ProcInfo]:
+    """The members a reap let go of that still run, as read now."""
+    out = []
+    for pid, start_time in sorted(released):
+        info = view.fresh_stat(pid)
+        if info is not None and info.start_time == start_time and not info.is_zombie:
+            out.append(info)
+    return out
 
 
 def collect_zombies(cmd: int | None = None) -> int | None:
@@ -452,9 +472,16 @@ def unsupported() -> str | None:
     return None
 
 
-def run(argv: Sequence[str], options: Options, *, parent: int = PARENT_AT_START) -> Exit:
+def parent_at_start() -> int:
+    """The parent read when gpuguard was imported, if this process did the reading; else
+    (a library caller that forked since) the parent now."""
+    return PARENT_AT_START if os.getpid() == PARENT_READ_BY else os.getppid()
+
+
+def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> Exit:
     """Run CMD as described in the module docstring; say how the launcher must end
     (`end()` does it)."""
+    parent = parent_at_start() if parent is None else parent
     why = unsupported()
     if why is not None:
         raise Unsupported(why)
@@ -539,7 +566,8 @@ def supervise(cmd: subprocess.Popen[bytes], waited: set[int], options: Options,
                 continue  # an adopted orphan exited, or a child stopped
             event = CmdExited(status)
         else:
-            event = Signalled(info.si_signo, from_terminal=info.si_code == SI_KERNEL,
+            event = Signalled(info.si_signo, from_terminal=info.si_code == SI_KERNEL
+                              and info.si_signo in TERMINAL_SIGNALS,
                               parent_changed=os.getppid() != parent)
         step = decide(event, interrupted=interrupted_until is not None, options=options)
         if step.forward is not None:

@@ -752,7 +752,9 @@ class Reaper:
                 pids = {h.pid for h in plan.holders}
                 after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)
                 reclaimed = max(0, plan.gpu_bytes - after)
-        members = tuple(t.member for t in run.targets.values()) or plan.members
+        members = tuple(t.member for t in run.targets.values())
+        if not members and not run.released:  # refused before any target was opened
+            members = plan.members
         return ReapResult(
             outcome=outcome,
             reason=reason,

@@ -334,6 +334,18 @@ def test_a_run_marker_naming_init_changes_nothing():
     check(one_tree(view), ORPHAN, "session-ended", 200, "6")
 
 
+@pytest.mark.parametrize("adopter", ["named", "namespace-init"])
+def test_a_run_marker_naming_another_adopter_changes_nothing(adopter):
+    """`systemd --user` (a named adopter) or a container's init adopted 300: a marker
+    naming it must not make its adoptee "attached"."""
+    view = under_run_launcher()
+    if adopter == "named":
+        view.update(250, comm="systemd")
+    else:
+        view.update(250, nspid=(250, 1))
+    check(one_tree(view), ORPHAN, "session-ended", 300, "6")
+
+
 def test_after_the_launcher_is_killed_its_adoptee_is_an_ordinary_orphan():
     view = under_run_launcher()
     view.exit(260)

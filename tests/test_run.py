@@ -41,27 +41,40 @@ NO_PID = 4_194_305
 
 #: A setuid-root program (compiled by the test, chmod 4755 root): it becomes root in all
 #: three uids, so an unprivileged launcher may not signal it (EPERM), then writes its
-#: pid to argv[1] and waits. Stands in for sudo and its kind inside CMD.
+#: pid to argv[1] and waits. Stands in for sudo and its kind inside CMD. With argv[2] and
+#: argv[3] it forks, argv[3] ms later, a child that goes back to the invoking user (sudo's
+#: command, as that user) and writes its pid to argv[2].
 SETUID_HELPER = r"""
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
-int main(int argc, char **argv) {
+static int note(const char *path) {
     char tmp[4096];
     FILE *f;
-    if (argc < 2 || setresuid(0, 0, 0) != 0) return 1;
-    snprintf(tmp, sizeof tmp, "%s.tmp", argv[1]);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!(f = fopen(tmp, "w"))) return 1;
     fprintf(f, "%d\n", (int)getpid());
     fclose(f);
-    if (rename(tmp, argv[1]) != 0) return 1;
+    return rename(tmp, path) != 0;
+}
+int main(int argc, char **argv) {
+    uid_t user = getuid();
+    if (argc < 2 || setresuid(0, 0, 0) != 0 || note(argv[1])) return 1;
+    if (argc >= 4) {
+        usleep(atoi(argv[3]) * 1000);
+        if (fork() == 0) {
+            if (setresuid(user, user, user) != 0 || note(argv[2])) return 1;
+            for (;;) pause();
+        }
+    }
     for (;;) pause();
 }
 """
 
 CMD = r'''
 """CMD for tests/test_run.py: DIR ACTION...; records signals in DIR/signals."""
-import os, signal, subprocess, sys
+import os, signal, subprocess, sys, time
 
 d, *actions = sys.argv[1:]
 
@@ -114,6 +127,12 @@ for action in actions:
         note("stubborn", subprocess.Popen(["sleep", "3600"], preexec_fn=ignore_sigterm).pid)
     elif action.startswith("setuid="):  # a setuid-root program: DIR/setuid once it is root
         subprocess.Popen([action[7:], os.path.join(d, "setuid")])
+    elif action.startswith("setuid-late="):  # the same; 1 s later it forks DIR/late (user's)
+        subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
+                          "1000"])
+    elif action.startswith("await="):  # wait until DIR/NAME exists (a child is ready)
+        while not os.path.exists(os.path.join(d, action[6:])):
+            time.sleep(0.01)
     elif action.startswith("holder="):  # a GPU holder below CMD
         subprocess.Popen([sys.executable, action[7:], "--pidfile", f"{d}/holder"])
     elif action.startswith("exit="):
@@ -621,6 +640,32 @@ def test_a_member_ignoring_sigterm_is_sigkilled_after_grace(trees: Trees, rundir
     assert f"{stubborn} (sleep)" in line and "survived" not in line
 
 
+def test_a_kernel_raised_alarm_is_forwarded_not_swallowed(trees: Trees, rundir: Path) -> None:
+    """An alarm() set before the launcher's exec arrives as SI_KERNEL SIGALRM, as a
+    terminal's signals do, but no terminal sent it to CMD: it is forwarded, and CMD (which
+    does not handle it) dies of it, as a plain command would."""
+    arm = (sys.executable, "-c",
+           "import os, signal, sys; signal.alarm(1); os.execv(sys.argv[1], sys.argv[1:])")
+    run = Launch(trees, rundir, [], prefix=arm)
+    assert run.status() == 128 + signal.SIGALRM
+    assert not alive(run.cmd)
+
+
+def test_a_library_caller_that_forked_since_the_import_runs_cmd(tmp_path: Path) -> None:
+    """The parent read at import belongs to the process that imported gpuguard; a child
+    forked later has another parent and must compare with that one, not refuse CMD."""
+    script = ("import os, sys\n"
+              "from gpuguard.remediator.launcher import Options, end, run\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    sys.exit(end(run(['sh', '-c', 'exit 7'], Options())))\n"
+              "_, status = os.waitpid(pid, 0)\n"
+              "print(os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "7", done.stderr
+
+
 # -- CMD exits by itself ---------------------------------------------------------------------
 
 
@@ -696,10 +741,9 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
 # -- a member the launcher may not signal ------------------------------------------------------
 
 
-def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
-        trees: Trees, rundir: Path) -> None:
-    """An unprivileged launcher cannot stop a setuid-root program (EPERM): that member is
-    left untouched and reported, and everything else in the tree is still reaped."""
+@pytest.fixture
+def setuid_helper() -> Iterator[tuple[tuple[str, ...], Path]]:
+    """(the unprivileged launcher's setpriv prefix, a compiled setuid-root SETUID_HELPER)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to make a setuid-root program for the unprivileged launcher")
     prefix = unprivileged_prefix()
@@ -720,13 +764,16 @@ def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
         subprocess.run([str(gcc), "-o", str(helper), str(bindir / "helper.c")], check=True,
                        capture_output=True, timeout=120)
         helper.chmod(0o4755)  # owned by root: this process is root
-        setuid_member_left_alone(trees, rundir, prefix, helper)
+        yield prefix, helper
     finally:
         shutil.rmtree(bindir, ignore_errors=True)
 
 
-def setuid_member_left_alone(trees: Trees, rundir: Path, prefix: tuple[str, ...],
-                             helper: Path) -> None:
+def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """An unprivileged launcher cannot stop a setuid-root program (EPERM): that member is
+    left untouched and reported, and everything else in the tree is still reaped."""
+    prefix, helper = setuid_helper
     run = Launch(trees, rundir, [f"setuid={helper}", "child"], options=("--grace", "0.5"),
                  prefix=prefix)
     rootly, child = run.pid("setuid"), run.pid("child")
@@ -746,6 +793,39 @@ def setuid_member_left_alone(trees: Trees, rundir: Path, prefix: tuple[str, ...]
                          "another user's process, such as a setuid-root program; needs root or "
                          f"CAP_KILL): {rootly} (setuid-root)"), line
     assert "remediator" not in line
+
+
+def test_a_tree_of_one_unsignalable_process_reports_no_kill(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """CMD leaves only the setuid-root program, adopted by the launcher: the reap of it
+    is refused whole, and the line must not count it as reaped."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid={helper}", "await=setuid", "exit=3"], prefix=prefix)
+    rootly = run.pid("setuid")
+    assert run.status() == 3
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: CMD exited with status 3: reaped 0 process(es)"), line
+    assert line.count(f"{rootly} (") == 1 and "1 survived, not signalled" in line, line
+
+
+def test_what_a_released_member_starts_during_the_reap_is_reaped_too(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """sudo's command, as the invoking user, forked by the setuid-root member 1 s after it
+    started, while the reap (held up by a member ignoring SIGTERM for --grace) runs: the
+    reaper never walks below a member it let go of, so the launcher must."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid-late={helper}", "stubborn"], prefix=prefix,
+                 options=("--grace", "3"))
+    rootly, stubborn = run.pid("setuid"), run.pid("stubborn")
+    os.kill(run.launcher, signal.SIGTERM)
+    late = run.pid("late")  # forked during the reap, below the released member
+    assert (stat_fields(late) or {}).get("ppid") == rootly
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(late) and not alive(stubborn) and not alive(run.cmd)
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+    (line,) = run.stderr()
+    assert f"{late} (setuid-root)" in line and line.count(f"{rootly} (") == 1, line
 
 
 # -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
