@@ -12,7 +12,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -452,22 +452,32 @@ def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | Non
     while frontier and len(out) < limit:
         nxt: list[ProcInfo] = []
         for parent in frontier:
-            found: list[ProcInfo] = []
-            for pid in children(parent.pid) or ():
-                if pid in seen:
-                    continue
-                child = stat(pid)
-                if is_child_of(child, parent):
-                    assert child is not None
-                    found.append(child)
-            if not found or not still_same(stat_now(parent.pid), parent):
-                continue
-            for child in found:
+            for child in live_children(parent, children, stat, stat_now, skip=seen):
                 seen.add(child.pid)
                 out.append(child)
                 nxt.append(child)
         frontier = nxt
     return tuple(out)
+
+
+def live_children(parent: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
+                  stat: Callable[[int], ProcInfo | None],
+                  stat_now: Callable[[int], ProcInfo | None], *,
+                  skip: Set[int] = frozenset()) -> tuple[ProcInfo, ...]:
+    """`parent`'s live children, each by identity (one level of `walk_members`); none
+    when `parent`, re-read with `stat_now` after its children file, is no longer the
+    process read: its pid was reused, and those children are someone else's."""
+    found: list[ProcInfo] = []
+    for pid in children(parent.pid) or ():
+        if pid in skip:
+            continue
+        child = stat(pid)
+        if is_child_of(child, parent):
+            assert child is not None
+            found.append(child)
+    if not found or not still_same(stat_now(parent.pid), parent):
+        return ()
+    return tuple(found)
 
 
 def is_child_of(child: ProcInfo | None, parent: ProcInfo) -> bool:

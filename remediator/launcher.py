@@ -78,7 +78,13 @@ from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procfs import RUN_MARKER, ProcessView, ProcInfo, is_child_of, walk_members
+from gpuguard.exporter.procfs import (
+    RUN_MARKER,
+    ProcessView,
+    ProcInfo,
+    live_children,
+    walk_members,
+)
 from gpuguard.remediator.inspection import member_of, protected_pids
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import (
@@ -310,16 +316,12 @@ def policy_for(options: Options) -> Remediate:
                      users=UserFilter(allow=("*",), deny=()), allow_without_pidfd=False)
 
 
-def children(view: ProcessView, parent: ProcInfo) -> list[ProcInfo]:
-    """`parent`'s live children, by identity (for the launcher: CMD and every descendant
-    adopted since)."""
-    out = []
-    for pid in view.children(parent.pid) or ():
-        info = view.fresh_stat(pid)
-        if is_child_of(info, parent):
-            assert info is not None
-            out.append(info)
-    return out
+def children(view: ProcessView, parent: ProcInfo) -> tuple[ProcInfo, ...]:
+    """`parent`'s live children, by identity, read now (for the launcher: CMD and every
+    descendant adopted since; for a released member, what it started). A released
+    member's pid may be reused after `released_alive` read it: `live_children` re-reads
+    the parent after its children file, as the walk does."""
+    return live_children(parent, view.children, view.fresh_stat, view.fresh_stat)
 
 
 def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown:
