@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.exporter.procfs import in_host_pid_namespace
+from tests.ci import INITIAL_PIDNS, RUN_INITIAL_PIDNS, require
 from tests.proctree import Trees, become_subreaper, reap_zombie_children
 
 #: Fixtures: the fake NVML world, and the in-process remediator `harness`.
@@ -15,7 +17,17 @@ pytest_plugins = ["tests.fakenvml.plugin", "tests.remediator_helpers"]
 def pytest_configure(config: pytest.Config) -> None:
     # Orphans of the trees the tests spawn come back to us, so cleanup can find them.
     become_subreaper()
-    check_own_ancestry()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.get_closest_marker(INITIAL_PIDNS) is None for item in session.items):
+        check_own_ancestry()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker(INITIAL_PIDNS) is not None and not in_host_pid_namespace():
+        require(False, "a child PID namespace: the kernel's process events carry host pids "
+                f"that this namespace cannot name; {RUN_INITIAL_PIDNS}")
 
 
 def check_own_ancestry() -> None:

@@ -1,9 +1,11 @@
 """How the launcher died, live: the kernel's exit events name the orphan's reason.
 
 Real trees, the real listener (exporter/procevents.py), the exporter's scan. The
-kernel reports host pids; inside a child PID namespace (CI runs the suite in one)
-a dead launcher's host pid cannot be named, so there the listener stays off and
-these tests skip, saying so: tests/test_procevents.py covers the listener there.
+kernel reports host pids, which a child PID namespace cannot name, so these tests are
+marked `initial_pidns`: .ci/run runs them outside the namespace it gives the rest of the
+suite (elsewhere they skip, saying how to run them; under CI=true they fail). They do not
+depend on the runner's ancestry: each tree's root is found in the holder's own session
+(the launcher's), and each test checks that root by pid.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import Nvml
 from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner
+from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
+
+pytestmark = pytest.mark.initial_pidns
 
 GIB = 2**30
 #: The launcher (a session leader) starts sh -> holder and waits, or leaves at once.
@@ -31,13 +36,10 @@ LEAVES = 'sh -c "{holder} --pidfile {dir}/holder" & echo $! > {dir}/root; exit 0
 
 @pytest.fixture
 def events() -> Iterator[ProcessEvents]:
-    if not in_host_pid_namespace():
-        pytest.skip("a child PID namespace: the kernel's events carry host pids that this "
-                    "namespace cannot name (tests/test_procevents.py covers the listener)")
     listener = ProcessEvents()
     listener.start()
-    if not listener.available:
-        pytest.skip(f"no process-events connector here: {listener.unavailable_reason}")
+    require(listener.available, f"no process-events connector here "
+            f"({listener.unavailable_reason}); {RUN_INITIAL_PIDNS}")
     try:
         yield listener
     finally:
@@ -80,8 +82,6 @@ def test_a_launcher_that_exits_by_itself_is_launcher_exited(
 
 def test_a_launcher_gone_before_the_listener_started_is_session_ended(
         trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
-    if not in_host_pid_namespace():
-        pytest.skip("a child PID namespace: see the module docstring")
     tree = trees.spawn(WAITS)
     fake_gpu.add_process(0, tree.pid("holder"), GIB)
     root = tree.pid("root")

@@ -1,12 +1,11 @@
 """procevents: the kernel's exit events, decoded, stored in bounds, and read from a real kernel.
 
-The kernel tests spawn real processes and kill them; they skip where the
-process-events connector cannot be used, except under CI=true, where the suite
-runs as root and a missing connector is a failure. CI runs the suite in a child
-PID namespace (`unshare --pid --fork --mount-proc`): there the kernel reports
-host pids, which this namespace cannot see (its /proc shows no host NSpid), so
-a child's exit is found as the one exit whose parent is this process (the
-listener learns this process's host pid at start) instead of by pid.
+The kernel tests spawn real processes and kill them. They are marked `initial_pidns`:
+the kernel acknowledges a subscription from the initial PID namespace only, and a socket
+in a child namespace hears events only while some listener outside has subscribed, so
+.ci/run runs them outside the namespace it gives the rest of the suite. Where they cannot
+run they skip, saying how to run them; under CI=true, where the suite runs as root, a
+missing connector is a failure.
 """
 
 from __future__ import annotations
@@ -39,10 +38,12 @@ from gpuguard.exporter.procevents import (
     decode,
     split_exit_code,
 )
+from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.proctree import Trees, children_of, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 BURST = 5000
+kernel = pytest.mark.initial_pidns
 
 
 # -- decoding and the store: no kernel needed ------------------------------------------
@@ -188,11 +189,8 @@ def test_child_pid_namespace_is_refused_unless_allowed(
 def start_or_skip(**options: object) -> ProcessEvents:
     events = ProcessEvents(allow_pid_namespace=True, **options)  # type: ignore[arg-type]
     events.start()
-    if not events.available:
-        why = f"process-events connector unavailable: {events.unavailable_reason}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI runs as root and needs the connector: {why}")
-        pytest.skip(why)
+    require(events.available, f"process-events connector unavailable "
+            f"({events.unavailable_reason}); {RUN_INITIAL_PIDNS}")
     return events
 
 
@@ -206,34 +204,21 @@ def events() -> Iterator[ProcessEvents]:
 
 
 def my_host_pid(events: ProcessEvents) -> int:
-    assert events.host_pid is not None
-    if events.initial_pid_namespace:
-        assert events.host_pid == os.getpid()
+    assert events.initial_pid_namespace and events.host_pid is not None
+    assert events.host_pid == os.getpid()
     return events.host_pid
 
 
 def child_exit(events: ProcessEvents, child: subprocess.Popen[bytes], *, after: float,
                timeout: float = 10.0) -> Exit:
-    """The recorded exit of our child, whichever PID namespace the suite runs in; reaps it.
+    """The recorded exit of our child; reaps it.
 
     The child is reaped only once its exit is recorded: the kernel builds the event after
     telling the parent, and a parent that reaps first leaves the event's parent fields 0.
     """
-    if events.initial_pid_namespace:
-        found = wait_for(lambda: events.exit_of(child.pid, after=after), timeout=timeout,
-                         what=f"exit of {child.pid}")
-        assert isinstance(found, Exit)
-    else:
-        me = my_host_pid(events)
-
-        def ours() -> list[Exit]:
-            return [e for e in events.records() if e.parent_pid == me and e.at >= after]
-
-        wait_for(ours, timeout=timeout, what=f"an exit whose parent is us (host pid {me})")
-        mine = ours()
-        assert len(mine) == 1, f"expected one exit of a child of ours, got {mine}"
-        found = mine[0]
-        assert events.exit_of(found.pid, after=after) == found  # it answers by (host) pid
+    found = wait_for(lambda: events.exit_of(child.pid, after=after), timeout=timeout,
+                     what=f"exit of {child.pid}")
+    assert isinstance(found, Exit)
     child.wait(timeout=10)
     return found
 
@@ -243,6 +228,7 @@ def spawn_shell(trees: Trees, script: str) -> subprocess.Popen[bytes]:
     return trees.spawn(f"exec sh -c '{script}'").launcher
 
 
+@kernel
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killed_shell_is_recorded_with_its_signal(
         events: ProcessEvents, trees: Trees, sig: signal.Signals) -> None:
@@ -258,6 +244,7 @@ def test_killed_shell_is_recorded_with_its_signal(
     assert after <= died.at <= time.time() + 0.01
 
 
+@kernel
 def test_shell_exiting_by_itself_is_recorded_with_its_status(
         events: ProcessEvents, trees: Trees) -> None:
     after = time.time()
@@ -274,6 +261,7 @@ def test_shell_exiting_by_itself_is_recorded_with_its_status(
     assert tuple(counts) == KINDS and counts["exit"] >= 1
 
 
+@kernel
 def test_listener_keeps_its_store_bounds_on_real_events(trees: Trees) -> None:
     clock = FakeClock(time.time())
     listener = start_or_skip(max_records=3, retention=30.0, clock=clock)
@@ -291,6 +279,7 @@ def test_listener_keeps_its_store_bounds_on_real_events(trees: Trees) -> None:
         listener.stop()
 
 
+@kernel
 def test_burst_of_exits_is_recorded_or_counted_as_dropped(
         events: ProcessEvents, trees: Trees) -> None:
     after = time.time()
@@ -315,6 +304,7 @@ def test_burst_of_exits_is_recorded_or_counted_as_dropped(
         assert dropped > 0, f"{BURST - recorded} exits missing and none counted as dropped"
 
 
+@kernel
 def test_overrun_is_counted_and_logged_never_silent(
         trees: Trees, caplog: pytest.LogCaptureFixture) -> None:
     listener = start_or_skip(receive_buffer=4096)
@@ -368,6 +358,7 @@ def test_network_namespace_without_connector_is_unavailable_with_one_warning() -
     assert report["warnings"] == 1
 
 
+@kernel
 def test_child_pid_namespace_gets_host_pids_only_when_allowed(events: ProcessEvents) -> None:
     """Verified on 6.18: from a child PID namespace the kernel ignores the subscription
     (no acknowledgement, no filter) yet delivers every event to the bound socket, with

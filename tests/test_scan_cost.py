@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpuguard.exporter.classify import Rules
@@ -16,6 +17,7 @@ from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.nvml import Nvml
 from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner
+from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, chain_lower_bound, children_of, descendants_of, wait_for
 
@@ -73,6 +75,7 @@ def test_reads_per_scan_ignore_unrelated_processes(trees: Trees, fake_gpu: FakeG
     assert scans == 5
 
 
+@pytest.mark.initial_pidns
 def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
                                                        fake_gpu: FakeGpuWorld) -> None:
     """5,000 short processes exit while the listener runs: its record grows, the scan's
@@ -80,8 +83,10 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
     from gpuguard.exporter.procevents import ProcessEvents
 
     events = ProcessEvents()
-    events.start()  # off in a child PID namespace: then this checks the plain path
+    events.start()
     try:
+        require(events.available, f"process-events connector unavailable "
+                f"({events.unavailable_reason}); {RUN_INITIAL_PIDNS}")
         tree = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; "
                            "wait' & wait")
         fake_gpu.add_process(0, tree.pid("worker"), GIB)
@@ -96,9 +101,8 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
         seen = events.counts()["exit"]
         burst = trees.spawn("for i in $(seq 5000); do /bin/true; done; echo done > {dir}/ok")
         wait_for(lambda: (burst.dir / "ok").exists(), timeout=120, what="5,000 exits")
-        if events.available:
-            wait_for(lambda: events.counts()["exit"] + events.counts()["dropped"]
-                     >= seen + 5000, timeout=30, what="the burst's events, read or counted")
+        wait_for(lambda: events.counts()["exit"] + events.counts()["dropped"]
+                 >= seen + 5000, timeout=30, what="the burst's events, read or counted")
         assert warm_scan_reads(scanner, registry) == before
     finally:
         events.stop()
