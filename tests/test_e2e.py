@@ -111,10 +111,11 @@ def test_orphan_is_reaped_and_the_alert_resolves(stack: Stack) -> None:
     prom, recorder = stack.prometheus, stack.recorder
     root = str(stack.reaped_root)
 
-    wait_for(lambda: prom.firing("GPUOrphanTree", root_pid=root), timeout=60,
-             what="GPUOrphanTree firing in Prometheus")
+    # The answer that showed it firing: asked again, it may already be gone (the reap
+    # follows within seconds and resolves it).
+    (alert,) = wait_for(lambda: prom.firing("GPUOrphanTree", root_pid=root), timeout=60,
+                        what="GPUOrphanTree firing in Prometheus")
     fired_at = time.monotonic()
-    (alert,) = prom.firing("GPUOrphanTree", root_pid=root)
     labels = alert["labels"]
     assert labels["hostname"] == HOST and labels["reason"] == "session-ended"
     assert labels["comm"] == "sh" and labels["root_start_time"]

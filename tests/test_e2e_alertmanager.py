@@ -122,9 +122,12 @@ def too_young(loop: Loop, orphan: Orphan) -> dict[str, Any]:
 
 
 def audit(loop: Loop) -> list[dict[str, Any]]:
+    """The complete records so far. The remediator appends while the tests poll: a last
+    line without its newline is still being written, and is read on the next look."""
     if not loop.audit_log.exists():
         return []
-    return [json.loads(line) for line in loop.audit_log.read_text().splitlines()]
+    *complete, _being_written = loop.audit_log.read_text().split("\n")
+    return [json.loads(line) for line in complete]
 
 
 def finals(loop: Loop, orphan: Orphan) -> list[dict[str, Any]]:
@@ -138,9 +141,21 @@ def final(loop: Loop, orphan: Orphan, reason: str) -> dict[str, Any]:
     return [r for r in finals(loop, orphan) if r["decision"]["reason"] == reason][-1]
 
 
+def reap_record(loop: Loop, orphan: Orphan) -> dict[str, Any]:
+    """The final record of the tree's reap. The remediator's worker writes it after the
+    tree is gone, so it may not be there yet when the processes are: wait for it."""
+
+    def reaps() -> list[dict[str, Any]]:
+        return [r for r in finals(loop, orphan) if r["decision"]["action"] == "reap"]
+
+    wait_for(reaps, timeout=30, interval=0.1, what=f"the audited reap of {orphan.root}")
+    (record,) = reaps()
+    return record
+
+
 def reaped_not_before(loop: Loop, orphan: Orphan, deferral: dict[str, Any]) -> dict[str, Any]:
     wait_for(orphan.gone, timeout=60, what=f"the reap of {orphan.root}")
-    (record,) = [r for r in finals(loop, orphan) if r["decision"]["action"] == "reap"]
+    record = reap_record(loop, orphan)
     assert record["ts"] >= deferral["recheck_at"], "reaped before min_age_seconds"
     return record
 
@@ -240,7 +255,7 @@ def test_pull_mode_needs_no_webhook(world: World, loop: Callable[..., Loop]) -> 
           f"{time.monotonic() - in_alertmanager:.2f}s (pull_interval_seconds 1); orphaned -> "
           f"reaped {time.monotonic() - began:.1f}s with the stack's start")
     assert {d["source"] for d in decisions(lp, reap)} == {"pull", "worker"}  # no "http"
-    (record,) = [r for r in finals(lp, reap) if r["decision"]["action"] == "reap"]
+    record = reap_record(lp, reap)
     assert record["alertmanager"]["state"] == "firing"
     # A few more polls: neither the silenced tree nor the other host's alert is acted on.
     polls = time.monotonic() + 4

@@ -170,7 +170,14 @@ def test_no_driver_then_driver_appears(fake_gpu: FakeGpuWorld, exporter_for) -> 
     wait_for(lambda: find(exp.scrape(), "gpuguard_scan_errors_total", stage="nvml_init")[0][1] >= 2,
              what="init errors counted")
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
-    warnings = [line for line in exp.stderr_lines if "WARNING gpuguard.exporter.nvml" in line]
+
+    def nvml_warnings() -> list[str]:
+        return [line for line in exp.stderr_lines if "WARNING gpuguard.exporter.nvml" in line]
+
+    # Logged before the first scan was published, but read from the pipe by a thread of
+    # ours (servers.py) that may not have got to it yet.
+    wait_for(nvml_warnings, what="the NVML warning on the exporter's stderr")
+    warnings = nvml_warnings()
     assert len(warnings) == 1, warnings  # one clear warning, not one per scan
     fake_gpu.set_init_error(None)
     wait_for(lambda: find(exp.scrape(), "gpuguard_nvml_up") == [({}, 1.0)], what="driver pickup")

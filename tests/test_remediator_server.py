@@ -91,10 +91,13 @@ def remediator(tmp_path: Path, fake_gpu: FakeGpuWorld,
 
 
 def audit(tmp_path: Path, orphan: Orphan) -> list[dict[str, Any]]:
+    """This tree's final records so far. The remediator may be appending while the tests
+    poll: a last line without its newline is still being written, read on the next look."""
     path = tmp_path / "audit.jsonl"
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    *complete, _being_written = path.read_text().split("\n")
+    records = [json.loads(line) for line in complete]
     return [r for r in records if r["key"]["root_pid"] == orphan.root and r["phase"] == "final"]
 
 
