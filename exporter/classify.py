@@ -16,7 +16,7 @@ import itertools
 import re
 import signal as signal_module
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +24,14 @@ import re2
 
 from gpuguard.exporter.counters import COUNTERS
 from gpuguard.exporter.nvml import Holder
-from gpuguard.exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable, still_same, walk_members
+from gpuguard.exporter.procfs import (
+    ProcInfo,
+    ProcStatus,
+    ProcUnreadable,
+    Truncated,
+    still_same,
+    walk_members,
+)
 
 
 class Verdict(enum.StrEnum):
@@ -70,7 +77,10 @@ class Reason(enum.StrEnum):
     #: Orphan reasons of rule 6: how the session leader (the launcher) went away.
     LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell)
     LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a script finishing)
-    SESSION_ENDED = "session-ended"  # gone, and no exit event seen (gpuguard started later)
+    #: Gone, and the listener that runs holds no record of how: it died before the
+    #: listener started, or the record was evicted or dropped. Not reaped by default.
+    LAUNCHER_UNRECORDED = "launcher-unrecorded"
+    SESSION_ENDED = "session-ended"  # gone, and no process-event listener runs here
     PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
     #: The holder's session lives, but a process above it (that created it, or adopted
     #: it) lost its own launcher: alerted, reaped only where the policy names it.
@@ -96,7 +106,8 @@ _SAFETY_ORDER = {PROTECTED: 0, NORMAL: 1, UNKNOWN: 2, ORPHAN: 3}
 #: Orphan holders of one tree that disagree on the reason: the least reapable wins (a
 #: setsid'd job's session-orphaned must not ride on its sibling's launcher-killed).
 _REAP_ORDER = {Reason.SESSION_ORPHANED: 0, Reason.PARENT_EXITED: 1,
-               Reason.LAUNCHER_EXITED: 2, Reason.SESSION_ENDED: 3, Reason.LAUNCHER_KILLED: 4}
+               Reason.LAUNCHER_EXITED: 2, Reason.LAUNCHER_UNRECORDED: 3,
+               Reason.SESSION_ENDED: 4, Reason.LAUNCHER_KILLED: 5}
 
 DEFAULT_PROTECT = (
     "jupyter",
@@ -114,6 +125,10 @@ DEFAULT_PROTECT = (
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
 DEFAULT_MAX_DEPTH = 64
+#: Keep and run registrations (exporter/marks.py): what a process cannot erase.
+DEFAULT_MARKS_DIR = "/run/gpuguard/marks"
+KEEP_MARK = "keep"
+RUN_MARK = "run"
 COMM_LEN = 15  # the kernel truncates comm to 15 bytes
 
 
@@ -129,9 +144,14 @@ class ProcSource(Protocol):
     def status(self, info: ProcInfo) -> ProcStatus | None: ...
     def keep_marker(self, info: ProcInfo) -> bool | None: ...
     def run_launcher(self, info: ProcInfo) -> tuple[int, int] | None: ...
+    def registered(self, kind: str, info: ProcInfo, directory: str) -> bool | None: ...
+    def memo(self, info: ProcInfo, key: object, compute: Callable[[], Any]) -> Any: ...
     def daemon_io(self, info: ProcInfo) -> bool | None: ...
     def own_nspid_depth(self) -> int: ...
     def launcher_exit(self, pid: int, after_start_time: int) -> ExitEvent | None: ...
+    def listening(self) -> bool: ...
+    def recall_launcher(self, root: ProcInfo, reason: str, detail: str, *,
+                        recorded: bool) -> tuple[str, str]: ...
 
 
 class ProtectPatternError(ValueError):
@@ -166,12 +186,15 @@ class Rules:
     protect: tuple[str, ...] = DEFAULT_PROTECT
     adopters: tuple[str, ...] = DEFAULT_ADOPTERS
     max_depth: int = DEFAULT_MAX_DEPTH
+    marks_dir: str = DEFAULT_MARKS_DIR
     _protect: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_protect", tuple(compile_protect(p) for p in self.protect))
 
     def protects(self, text: str) -> bool:
+        if len(text) > _CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
+            return any(_protect_search(pattern, text) for pattern in self._protect)
         return any(_protect_hit(pattern, text) for pattern in self._protect)
 
     def is_adopter(self, comm: str) -> bool:
@@ -223,7 +246,11 @@ class Tree:
 
 LAUNCHER_KILLED = Reason.LAUNCHER_KILLED
 LAUNCHER_EXITED = Reason.LAUNCHER_EXITED
+LAUNCHER_UNRECORDED = Reason.LAUNCHER_UNRECORDED
 SESSION_ENDED = Reason.SESSION_ENDED
+#: Rule 6's reasons for a gone launcher: the ones the launcher memory keeps.
+_LAUNCHER_REASONS = frozenset({LAUNCHER_KILLED, LAUNCHER_EXITED, LAUNCHER_UNRECORDED,
+                               SESSION_ENDED})
 PARENT_EXITED = Reason.PARENT_EXITED
 ADOPTION_UNCERTAIN = Reason.ADOPTION_UNCERTAIN
 SESSION_ORPHANED = Reason.SESSION_ORPHANED
@@ -322,8 +349,7 @@ def _leader_gone(x: ProcInfo, view: ProcSource) -> str | None:
         return "gone"
     if leader.is_zombie:
         # A main thread that called pthread_exit() shows Z while its process runs on.
-        states = view.thread_states(leader.pid)
-        if states is not None and any(state not in "ZXx" for state in states):
+        if leader.is_live(view.thread_states):
             return None
         return "a zombie"
     if leader.start_time > x.start_time:
@@ -372,11 +398,35 @@ def _matches(pattern: re.Pattern[str], text: str) -> bool:
     return pattern.search(text) is not None
 
 
-@functools.lru_cache(maxsize=16384)
+#: Texts up to this long (comms, short command lines) are cached by text; at 4,096
+#: entries the cache holds at most 1 MiB of them, whatever users run.
+_CACHED_TEXT = 256
+
+
+@functools.lru_cache(maxsize=4096)
 def _protect_hit(pattern: Any, text: str) -> bool:
-    """One protect pattern on one comm or command line, cached by text, its time counted."""
+    """One protect pattern on one comm or short command line, cached by text."""
+    return _protect_search(pattern, text)
+
+
+def _protect_search(pattern: Any, text: str) -> bool:
+    """One protect pattern on one text (linear time: RE2), its time counted."""
     with COUNTERS.track("protect_match"):
         return pattern.search(text) is not None
+
+
+def cmdline_protect(info: ProcInfo, view: ProcSource, rules: Rules) -> bool | None:
+    """Rule 3 on the command line: True when a protect pattern matches it; None when it
+    cannot be read, or was cut at the read cap and nothing matched in what was read (the
+    rest may hold the match). Cached per process identity, never by the text."""
+    cmd = view.cmdline(info)
+    if cmd is None:
+        return None
+    hit = bool(cmd) and view.memo(info, ("protect-cmdline", rules.protect),
+                                  lambda: rules.protects(cmd))
+    if hit:
+        return True
+    return None if isinstance(cmd, Truncated) else False
 
 
 def managed_cgroup(paths: Iterable[str]) -> str | None:
@@ -412,9 +462,16 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
 
     if rules.protects(member.comm):
         return protected(Rule.PROTECT, "matches protect by comm")
-    cmd = view.cmdline(member)
+    cmd = cmdline_protect(member, view, rules)
     status = view.status(member)
-    keep = view.keep_marker(member)
+    keep = keep_mark(member, view, rules)
+    # What is positively read protects, whatever else could not be read.
+    if cmd:
+        return protected(Rule.PROTECT, "matches protect by command line")
+    if status is not None and status.sighup_ignored:
+        return protected(Rule.DETACH, "ignores SIGHUP (nohup)")
+    if keep:
+        return protected(Rule.DETACH, "is marked to keep (GPUGUARD_KEEP=1 or `gpuguard keep`)")
     if cmd is None or status is None or keep is None:
         if not still_same(view.fresh_stat(member.pid), member):
             return None  # exited while being judged: nothing left to signal
@@ -422,14 +479,43 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
                                             ("environ", keep)) if value is None]
         return MemberJudgement(UNKNOWN, MEMBER_UNKNOWN,
                                Evidence(Rule.CHAIN, f"{who}: cannot read /proc/{member.pid}/"
-                                        f"{{{','.join(missing)}}}", (member.pid,)))
-    if cmd and rules.protects(cmd):
-        return protected(Rule.PROTECT, "matches protect by command line")
-    if status.sighup_ignored:
-        return protected(Rule.DETACH, "ignores SIGHUP (nohup)")
-    if keep:
-        return protected(Rule.DETACH, "has GPUGUARD_KEEP=1 in its environment")
+                                        f"{{{','.join(missing)}}}"
+                                        f"{_CUT if cmd is None else ''}"
+                                        f"{_ERASED if keep is None else ''}", (member.pid,)))
     return None
+
+
+_CUT = (" (cmdline: unreadable, or longer than the read cap with no protect pattern "
+        "matching what was read)")
+_ERASED = (" (environ: unreadable, or no KEY=VALUE entry left: a process that overwrote its "
+           "environment, as setproctitle does, may have held GPUGUARD_KEEP=1; `gpuguard "
+           "keep PID` marks it where it cannot be erased)")
+
+
+def keep_mark(info: ProcInfo, view: ProcSource, rules: Rules) -> bool | None:
+    """Rule 4's keep marker: GPUGUARD_KEEP=1 in the environment or a keep registration
+    (`gpuguard keep PID`); None when neither says yes and one cannot be read."""
+    env = view.keep_marker(info)
+    registered = view.registered(KEEP_MARK, info, rules.marks_dir)
+    if env or registered:
+        return True
+    if env is None or registered is None:
+        return None
+    return False
+
+
+def run_launcher_of(x: ProcInfo, parent: ProcInfo, view: ProcSource, rules: Rules) -> bool:
+    """`parent` is the live `gpuguard run` launcher X was adopted by: X's GPUGUARD_RUN
+    names it (pid and start time), or it registered itself (a subreaper adopts only
+    its own descendants). Never an adopter (init, a named adopter such as `systemd
+    --user`, a namespace's init): naming one would turn every process it adopted into
+    "attached" (GPUGUARD_KEEP=1 is the honest way to keep a tree)."""
+    if (parent.pid == 1 or not parent.is_live(view.thread_states)
+            or rules.is_adopter(parent.comm)
+            or _namespace_init(parent, view)):
+        return False
+    return (view.run_launcher(x) == (parent.pid, parent.start_time)
+            or view.registered(RUN_MARK, parent, rules.marks_dir) is True)
 
 
 def _judge_members(tree: Tree, view: ProcSource, rules: Rules,
@@ -438,7 +524,7 @@ def _judge_members(tree: Tree, view: ProcSource, rules: Rules,
     assert tree.root is not None
     # Children may come from this scan's stat reads; the parent is re-read after its
     # children file, which is what catches a reused pid.
-    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat)
+    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat, view.thread_states)
     found: MemberJudgement | None = None
     for member in members:
         for hv in by_pid.get(member.pid, ()):
@@ -475,7 +561,7 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
     if info is None:
         return _unknown(holder, Rule.HOLDER, Reason.NOT_VISIBLE,
                         f"pid {holder.pid} is not in /proc", (), [holder.pid])
-    if info.is_zombie:
+    if not info.is_live(view.thread_states):
         return _unknown(holder, Rule.HOLDER, Reason.EXITING, f"pid {holder.pid} is a zombie",
                         (info,), [info.pid])
 
@@ -530,8 +616,7 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             return verdict(PROTECTED, Reason.PROTECT_PATTERN, Rule.PROTECT,
                            f"{member.pid} comm {member.comm!r} matches protect", [member.pid])
     for member in upto:
-        cmd = view.cmdline(member)
-        if cmd and rules.protects(cmd):
+        if cmdline_protect(member, view, rules):
             return verdict(PROTECTED, Reason.PROTECT_PATTERN, Rule.PROTECT,
                            f"{member.pid} command line matches protect", [member.pid])
 
@@ -567,24 +652,20 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
                            [adopted.pid])
         # Read environ only for what would otherwise be an orphan (one read, two markers).
         # Adopted by the `gpuguard run` that started it, alive: the launcher's identity
-        # (pid and start time) in X's environment equals X's parent's, so the marker
-        # names this very process, not a later one at its pid. Never an adopter (init, a
-        # named adopter such as `systemd --user`, a namespace's init): naming one would
-        # turn every process it adopted into "attached" (GPUGUARD_KEEP=1 is the honest
-        # way to keep a tree).
-        if (parent is not None and parent.pid != 1 and not parent.is_zombie
-                and not rules.is_adopter(parent.comm)
-                and view.run_launcher(adopted) == (parent.pid, parent.start_time)
-                and not _namespace_init(parent, view)):
+        # (pid and start time) equals X's parent's, so it names this very process, not a
+        # later one at its pid.
+        if parent is not None and run_launcher_of(adopted, parent, view, rules):
             return verdict(NORMAL, Reason.RUN_LAUNCHER, Rule.ADOPTION,
                            f"{adopted.pid} was adopted by its `gpuguard run` launcher "
                            f"{parent.pid}, which lives and reaps the tree when it ends",
                            [adopted.pid, parent.pid])
         state = _leader_gone(adopted, view)
-        # Rule 4's keep marker.
-        if view.keep_marker(adopted):
+        # Rule 4's keep marker. One that cannot be read (or was erased) is not an absent
+        # one: the tree's member judgement (the root is a member) makes it unknown.
+        if keep_mark(adopted, view, rules):
             return verdict(PROTECTED, Reason.KEEP_MARKER, Rule.DETACH,
-                           f"{adopted.pid} environment has GPUGUARD_KEEP=1", [adopted.pid])
+                           f"{adopted.pid} is marked to keep (GPUGUARD_KEEP=1 in its "
+                           "environment or `gpuguard keep`)", [adopted.pid])
         assert adoption is not None
         adopted_why = adoption.why
         if above is not None:
@@ -597,16 +678,30 @@ def _classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVe
             # How it died, when the kernel's process events saw it (after X started).
             died = view.launcher_exit(adopted.sid, adopted.start_time)
             if died is not None and died.signal:
-                return verdict(ORPHAN, Reason.LAUNCHER_KILLED, Rule.ADOPTION,
-                               f"{adopted_why}; session leader {adopted.sid} was killed by "
-                               f"{_signal_name(died.signal)} at {_clock(died.at)}", pids)
-            if died is not None:
-                return verdict(ORPHAN, Reason.LAUNCHER_EXITED, Rule.ADOPTION,
-                               f"{adopted_why}; session leader {adopted.sid} exited with "
-                               f"status {died.status} at {_clock(died.at)}", pids)
-            return verdict(ORPHAN, Reason.SESSION_ENDED, Rule.ADOPTION,
-                           f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
-                           "event seen)", pids)
+                reason = Reason.LAUNCHER_KILLED
+                detail = (f"{adopted_why}; session leader {adopted.sid} was killed by "
+                          f"{_signal_name(died.signal)} at {_clock(died.at)}")
+            elif died is not None:
+                reason = Reason.LAUNCHER_EXITED
+                detail = (f"{adopted_why}; session leader {adopted.sid} exited with "
+                          f"status {died.status} at {_clock(died.at)}")
+            elif view.listening():
+                reason = Reason.LAUNCHER_UNRECORDED
+                detail = (f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
+                          "event seen: it died before the listener started, or its record "
+                          "was evicted or dropped)")
+            else:
+                reason = Reason.SESSION_ENDED
+                detail = (f"{adopted_why}; session leader {adopted.sid} is {state} (no exit "
+                          "event seen: no process-event listener)")
+            # The first reason established for this root stands: an exit record that
+            # ages out, or a listener gone after a restart, never makes it more reapable.
+            # Only a record read late replaces a first answer that had none.
+            first, first_detail = view.recall_launcher(adopted, reason.value, detail,
+                                                       recorded=died is not None)
+            if first in _LAUNCHER_REASONS:
+                reason, detail = Reason(first), first_detail
+            return verdict(ORPHAN, reason, Rule.ADOPTION, detail, pids)
         if not adoption.certain:
             # With the session gone X is orphaned whoever forked it; with it alive, only
             # an adoption would make X an orphan, and /proc cannot show which it was.

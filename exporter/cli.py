@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from gpuguard.exporter.config import ConfigError, load_config
+from gpuguard.exporter.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
+from gpuguard.exporter.marks import ensure_marks_dir
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.nvml import Nvml
 from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView, other_users_problem
+from gpuguard.exporter.procfs import ProcessView, boot_id, identity_alive, other_users_problem
 from gpuguard.exporter.scanner import Scanner
 from gpuguard.exporter.serving import (
     create_server,
@@ -50,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between scans (default 5)")
     p.add_argument("--hostname", default=socket.gethostname(),
                    help="hostname label on gpuguard_host_info (default: this host's name)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="keep the launcher memory (the first reason established for each "
+                        "orphan root) in DIR/launchers.json, so that a restart cannot make a "
+                        "tree more reapable (default: in memory only)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     return p
@@ -63,13 +69,12 @@ def make_app(scanner: Scanner, registry: CollectorRegistry) -> Callable:
         path = environ.get("PATH_INFO", "/")
         if path == "/healthz":
             # Liveness is the scan thread: /metrics would keep serving a frozen snapshot.
+            # Open to anyone: a status and a reason code, nothing else (the last scan's
+            # time is gpuguard_last_scan_timestamp_seconds, behind /metrics' auth).
             ok = scanner.alive()
-            latest = scanner.latest
-            age = f"last scan {time.time() - latest.taken_at:.1f}s ago" if latest else "no scan yet"
             status = "200 OK" if ok else "503 Service Unavailable"
-            body = f"{'ok' if ok else 'scan thread not running'}; {age}\n".encode()
             start_response(status, [("Content-Type", "text/plain")])
-            return [body]
+            return [b"ok\n" if ok else b"scan-thread-stopped\n"]
         if path in ("/metrics", "/"):
             return metrics_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -92,8 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events = ProcessEvents()
+    memory = LauncherMemory(
+        os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
+        boot=boot_id(), alive=identity_alive)
     scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
-                      view=ProcessView(events=events), quotas=config.quotas, audit=config.audit)
+                      view=ProcessView(events=events, memory=memory), quotas=config.quotas,
+                      audit=config.audit)
+    if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
+        log.info("%s", problem)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events))
     host, port = args.listen

@@ -26,6 +26,7 @@ from gpuguard.exporter.accounting import (
 )
 from gpuguard.exporter.classify import (
     DEFAULT_ADOPTERS,
+    DEFAULT_MARKS_DIR,
     DEFAULT_MAX_DEPTH,
     DEFAULT_PROTECT,
     ProtectPatternError,
@@ -35,10 +36,11 @@ from gpuguard.exporter.classify import (
 
 MODES = ("dry-run", "enforce")
 #: Orphan reasons (classify rule 6): the launcher killed by a signal, exited by itself,
-#: or gone with no event seen (gpuguard started later); or only a parent in between died;
+#: gone with its exit not recorded by the listener that runs (it started later, or the
+#: record was evicted), or gone where no listener runs; or only a parent in between died;
 #: or the holder's own session lives under a process whose launcher is gone.
-REASONS = ("launcher-killed", "session-ended", "launcher-exited", "parent-exited",
-           "session-orphaned")
+REASONS = ("launcher-killed", "session-ended", "launcher-exited", "launcher-unrecorded",
+           "parent-exited", "session-orphaned")
 
 
 class ConfigError(Exception):
@@ -49,10 +51,26 @@ class ConfigError(Exception):
         self.path, self.key, self.problem = path, key, problem
 
 
+#: A `remediate.users` entry naming a uid, not a user name pattern: `uid:1001`.
+UID_RULE = "uid:"
+#: The largest uid (uid_t is 32 bits; 4294967295, (uid_t)-1, means "no uid").
+MAX_UID = 2**32 - 2
+
+
 @dataclass(frozen=True)
 class UserFilter:
+    """`remediate.users`: glob patterns on user names and `uid:N` rules (policy.user_refusal)."""
+
     allow: tuple[str, ...] = ("*",)
     deny: tuple[str, ...] = ("root",)
+
+
+def uid_rule(entry: str) -> int | None:
+    """The uid a `uid:N` entry names; None for a user name pattern."""
+    digits = entry.removeprefix(UID_RULE)
+    if digits == entry or not (digits.isascii() and digits.isdigit()) or len(digits) > 10:
+        return None
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -206,6 +224,7 @@ def _classify(path: str, key: str, value: Any) -> Rules:
         "adopters": str_list,
         "reapers": str_list,  # the old name of `adopters`, still accepted
         "max_depth": lambda p, k, v: _int(p, k, v, minimum=1),
+        "marks_dir": _absolute_path,
     })
     if "adopters" in got and "reapers" in got:
         raise ConfigError(path, f"{key}.reapers",
@@ -214,11 +233,39 @@ def _classify(path: str, key: str, value: Any) -> Rules:
         protect=got.get("protect", DEFAULT_PROTECT),
         adopters=got.get("adopters", got.get("reapers", DEFAULT_ADOPTERS)),
         max_depth=got.get("max_depth", DEFAULT_MAX_DEPTH),
+        marks_dir=got.get("marks_dir", DEFAULT_MARKS_DIR),
     )
 
 
+def _absolute_path(path: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(path, key, f"must be an absolute path, got {value!r}")
+    return value
+
+
+def _user_entries(path: str, key: str, value: Any) -> tuple[str, ...]:
+    """User name patterns and `uid:N` rules; a bare number is neither, and says so."""
+    for i, item in enumerate(value if isinstance(value, list) else ()):
+        if isinstance(item, int) and not isinstance(item, bool):
+            raise ConfigError(path, f"{key}[{i}]", f"{item} is a number: write "
+                              f"\"uid:{item}\" to name a uid (user names are strings)")
+    entries = str_list(path, key, value)
+    for i, entry in enumerate(entries):
+        if entry.startswith(UID_RULE):
+            uid = uid_rule(entry)
+            if uid is None or uid > MAX_UID:
+                raise ConfigError(path, f"{key}[{i}]", f"{entry!r} is not a uid rule: write "
+                                  f"uid: and a decimal uid from 0 to {MAX_UID}, e.g. uid:1001")
+        elif entry.isascii() and entry.isdigit():
+            raise ConfigError(path, f"{key}[{i}]", f"{entry!r} is a number, which no user "
+                              f"name is: write \"uid:{entry}\" to name a uid")
+        elif not entry:
+            raise ConfigError(path, f"{key}[{i}]", "an empty pattern matches no user")
+    return entries
+
+
 def _users(path: str, key: str, value: Any) -> UserFilter:
-    got = section(path, key, value, {"allow": str_list, "deny": str_list})
+    got = section(path, key, value, {"allow": _user_entries, "deny": _user_entries})
     return UserFilter(**got)
 
 

@@ -17,7 +17,7 @@ from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.classify import ORPHAN
 from gpuguard.exporter.counters import CALLSITES, Counters
 from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procevents import KINDS, ProcessEvents
+from gpuguard.exporter.procevents import EVICTION_CAUSES, KINDS, ProcessEvents
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 
 
@@ -219,6 +219,15 @@ def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
     for kind in KINDS:
         family.add_metric([kind], counts.get(kind, 0))
     yield family
+    evicted = CounterMetricFamily(
+        "gpuguard_process_events_evicted",
+        "Exit records dropped from the listener's bounded store, to make room (count) or "
+        "for their age (age): launchers whose exit is then answered from the launcher "
+        "memory, or read launcher-unrecorded.", labels=["cause"])
+    gone = events.evictions() if events is not None else {}
+    for cause in EVICTION_CAUSES:
+        evicted.add_metric([cause], gone.get(cause, 0))
+    yield evicted
     yield GaugeMetricFamily("gpuguard_process_events_up",
                             "1 while the process-event listener runs (launcher evidence).",
                             value=1 if events is not None and events.alive() else 0)

@@ -103,6 +103,9 @@ KINDS: tuple[str, ...] = (
     "dropped",  # events the kernel dropped because our socket was full (ENOBUFS)
 )
 
+#: Why records left the store: room for newer ones, or older than retention.
+EVICTION_CAUSES: tuple[str, ...] = ("count", "age")
+
 RECV_SIZE = 8192
 BATCH = 256  # exits recorded per store lock
 #: After draining, the reader lets events queue for up to this long before it looks
@@ -221,6 +224,9 @@ class ExitStore:
         self._at = array("d", [0.0]) * max_records
         self._next = 0  # records ever added; record n lives in slot n % max_records
         self._first = 0  # the oldest record still held
+        #: Records dropped to make room (count) or for their age: what the launcher
+        #: memory (exporter/launcher_memory.py) answers for after they are gone.
+        self.evicted = dict.fromkeys(EVICTION_CAUSES, 0)
 
     def add(self, *exits: Exit) -> None:
         self.add_rows([(e.pid, e.exit_code, e.parent_pid or 0, e.at) for e in exits])
@@ -237,7 +243,9 @@ class ExitStore:
                 codes[slot], parents[slot], ats[slot] = code, parent, at
                 n += 1
             self._next = n
-            self._first = max(self._first, n - size)
+            if n - size > self._first:
+                self.evicted["count"] += n - size - self._first
+                self._first = n - size
             self._evict(self._clock())
 
     def exit_of(self, pid: int, *, after: float) -> Exit | None:
@@ -266,8 +274,11 @@ class ExitStore:
     def _evict(self, now: float) -> None:
         """Drop records older than retention from the old end (arrival order)."""
         oldest, size = now - self.retention, self.max_records
-        while self._first < self._next and self._at[self._first % size] < oldest:
-            self._first += 1
+        first = self._first
+        while first < self._next and self._at[first % size] < oldest:
+            first += 1
+        self.evicted["age"] += first - self._first
+        self._first = first
 
     def _latest_slot(self, pid: int) -> int | None:
         held = self._next - self._first
@@ -397,6 +408,11 @@ class ProcessEvents:
         """Events by kind since start: exit, other, dropped."""
         self._sync_drops()
         return self.counters.snapshot()
+
+    def evictions(self) -> dict[str, int]:
+        """Exit records dropped from the store since start, by cause (count, age)."""
+        with self._store._lock:
+            return dict(self._store.evicted)
 
     # -- subscribing ---------------------------------------------------------------------
 

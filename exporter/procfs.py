@@ -9,7 +9,9 @@ process table. Everything but /proc/PID/stat is cached by process identity
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Set
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.launcher_memory import LauncherMemory
+from gpuguard.exporter.marks import Marks
 
 PROC = "/proc"
 #: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.
@@ -30,11 +34,19 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 class ExitSource(Protocol):
     """The process-event listener as procfs needs it (exporter/procevents.ProcessEvents)."""
 
+    available: bool  # subscribed: exits from then on are recorded (or counted as dropped)
+
     def exit_of(self, pid: int, *, after: float) -> Any: ...
 
 
 class ProcUnreadable(Exception):
     """/proc/PID exists but could not be read (permissions, a malformed file)."""
+
+
+#: State letters of a task that has exited: zombie, dead.
+EXITED_STATES = frozenset({"Z", "X", "x"})
+#: ProcessView.thread_states: the state of every thread of a pid; None when it is gone.
+ThreadStates = Callable[[int], tuple[str, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -56,11 +68,27 @@ class ProcInfo:
 
     @property
     def is_zombie(self) -> bool:
-        return self.state in ("Z", "X", "x")
+        return self.state in EXITED_STATES
 
     @property
     def is_session_leader(self) -> bool:
         return self.sid == self.pid
+
+    def is_live(self, thread_states: ThreadStates) -> bool:
+        """Whether this process, as read now, still runs: it is not a zombie, or it is a
+        zombie main thread with a thread still running.
+
+        A main thread that called pthread_exit() shows state Z in /proc/PID/stat while
+        the process runs on in its other threads, holding its GPU memory, its children
+        and its signal dispositions: it is alive wherever gpuguard asks (the member walk,
+        member judgement, the reaper, `gpuguard run`) and gone only once every thread
+        is. `thread_states` is ProcessView.thread_states: None means the process is
+        gone; threads that cannot be read raise ProcUnreadable, never read as gone.
+        """
+        if not self.is_zombie:
+            return True
+        states = thread_states(self.pid)
+        return states is not None and any(state not in EXITED_STATES for state in states)
 
 
 @dataclass(frozen=True)
@@ -84,16 +112,27 @@ class EnvironMarkers:
     run: tuple[int, int] | None  # GPUGUARD_RUN's (pid, start_time) of a `gpuguard run`
 
 
-def parse_environ_markers(raw: bytes) -> EnvironMarkers:
-    """The markers in /proc/PID/environ's NUL-separated bytes (malformed: no run marker)."""
+_ENV_ENTRY = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def parse_environ_markers(raw: bytes) -> EnvironMarkers | None:
+    """The markers in /proc/PID/environ's NUL-separated bytes; None when no entry is a
+    well-formed KEY=VALUE: the process overwrote the area (setproctitle zero-fills it)
+    or had it emptied, and a marker it held cannot be told from none."""
     keep = False
     run: bytes | None = None
+    well_formed = False
     prefix = RUN_MARKER.encode() + b"="
     for entry in raw.split(b"\0"):
+        if not _ENV_ENTRY.match(entry):
+            continue
+        well_formed = True
         if entry == b"GPUGUARD_KEEP=1":
             keep = True
         elif entry.startswith(prefix) and run is None:  # the first, as getenv() reads it
             run = entry[len(prefix):]
+    if not well_formed:
+        return None
     pid, sep, start = (run or b"").partition(b":")
     ok = sep and pid.isdigit() and start.isdigit()
     return EnvironMarkers(keep=keep, run=(int(pid), int(start)) if ok else None)
@@ -134,6 +173,44 @@ def parse_status(text: str) -> ProcStatus:
     return ProcStatus(sighup_ignored=bool(sig_ign & (1 << 0)), nspid=nspid, kernel_thread=kthread)
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id() -> str:
+    """The kernel's random id of this boot: unlike any clock estimate, it never drifts.
+    Raises OSError when it cannot be read."""
+    with open(BOOT_ID, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+@functools.cache
+def boot_id() -> str:
+    """This boot's id, read once: what ties a pid and start time, or a boot clock
+    reading, to one boot ("" when unreadable: then nothing persisted matches it)."""
+    try:
+        return read_boot_id()
+    except OSError:
+        return ""
+
+
+def boottime() -> float:
+    """The boot clock: seconds since boot (CLOCK_BOOTTIME, suspend included). No step of
+    the wall clock moves it; it starts again at 0 with every boot (see boot_id)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+#: The most of a command line read: any user may make one as large as the kernel allows
+#: (and share one across many forked processes), and each read is cached per process.
+CMDLINE_CAP = 64 * 1024
+
+
+class Truncated(str):
+    """A command line cut at CMDLINE_CAP: what was not read may hold anything (a protect
+    pattern's match included), so a miss in it proves nothing."""
+
+    __slots__ = ()
+
+
 def _vanished(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ESRCH)
 
@@ -147,16 +224,19 @@ class ProcessView:
     """
 
     def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS,
-                 events: ExitSource | None = None) -> None:
+                 events: ExitSource | None = None,
+                 memory: LauncherMemory | None = None) -> None:
         self._root = proc_root
         self._counters = counters
         self._events = events
+        self._memory = memory
         self._boot_wall: float | None = None
         self._lock = threading.RLock()
         self._scan_stat: dict[int, ProcInfo | None] = {}
-        self._extras: dict[tuple[int, int], dict[str, object]] = {}
+        self._extras: dict[tuple[int, int], dict[object, object]] = {}
         self._comm_at_cache: dict[tuple[int, int], str] = {}
         self._own_nspid_depth: int | None = None
+        self._marks: dict[str, Marks] = {}
 
     # -- scan lifecycle -------------------------------------------------------------
 
@@ -235,11 +315,25 @@ class ProcessView:
         with open(f"{self._root}/{pid}/{name}", "rb") as fh:
             return fh.read().decode("utf-8", "replace")
 
+    def _own_dir(self, info: ProcInfo) -> str:
+        """Where what lives in the process's memory, files and cwd (cmdline, environ, cwd,
+        fd/) is read: /proc/PID, or for a zombie main thread (pthread_exit()) with a live
+        thread, that thread's /proc/PID/task/TID. The main thread let go of its own when
+        it exited (cmdline reads empty, environ fails with ESRCH, cwd and fd/ fail); the
+        process's are still there, shared by its live threads."""
+        base = f"{self._root}/{info.pid}"
+        tid = self._live_tid(info.pid) if info.is_zombie else None
+        return f"{base}/task/{tid}" if tid is not None else base
+
     def cmdline(self, info: ProcInfo) -> str | None:
-        """The command line joined by spaces; None when unreadable or gone."""
+        """The command line joined by spaces, at most CMDLINE_CAP bytes of it (then a
+        `Truncated`); None when unreadable or gone."""
 
         def read() -> str:
-            return self._read_text(info.pid, "cmdline").replace("\0", " ").strip()
+            with open(f"{self._own_dir(info)}/cmdline", "rb") as fh:
+                raw = fh.read(CMDLINE_CAP + 1)
+            text = raw[:CMDLINE_CAP].decode("utf-8", "replace").replace("\0", " ").strip()
+            return Truncated(text) if len(raw) > CMDLINE_CAP else text
 
         return self._extra(info, "cmdline", "proc_cmdline", read)  # type: ignore[return-value]
 
@@ -263,10 +357,11 @@ class ProcessView:
         return self._extra(info, "status", "proc_status", read)  # type: ignore[return-value]
 
     def _markers(self, info: ProcInfo) -> EnvironMarkers | None:
-        """gpuguard's markers in the environment (one read serves both); None: unreadable."""
+        """gpuguard's markers in the environment (one read serves both); None: unreadable,
+        or overwritten (no KEY=VALUE entry left)."""
 
-        def read() -> EnvironMarkers:
-            with open(f"{self._root}/{info.pid}/environ", "rb") as fh:
+        def read() -> EnvironMarkers | None:
+            with open(f"{self._own_dir(info)}/environ", "rb") as fh:
                 return parse_environ_markers(fh.read())
 
         return self._extra(info, "environ", "proc_environ", read)  # type: ignore[return-value]
@@ -282,13 +377,37 @@ class ProcessView:
         markers = self._markers(info)
         return None if markers is None else markers.run
 
+    def memo(self, info: ProcInfo, key: object, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per process identity (dropped with its other extras): what a
+        pure rule derives from this process's facts, a protect match say, is cached by
+        the process it is about, never by its (user-sized) text."""
+        with self._lock:
+            slot = self._extras.setdefault(info.identity, {})
+            if key in slot:
+                return slot[key]
+        value = compute()
+        with self._lock:
+            self._extras.setdefault(info.identity, {})[key] = value
+        return value
+
+    def registered(self, kind: str, info: ProcInfo, directory: str) -> bool | None:
+        """Whether `directory` holds a trusted registration of `kind` (exporter/marks.py)
+        for this process; None when it cannot be read. Never cached: a registration
+        made or removed since the last scan counts at once."""
+        marks = self._marks.get(directory)
+        if marks is None:
+            marks = self._marks.setdefault(directory, Marks(directory, boot_id(),
+                                                            self._counters))
+        return marks.has(kind, info.pid, info.start_time, info.uid)
+
     def daemon_io(self, info: ProcInfo) -> bool | None:
         """True when cwd is / and stdin is /dev/null (the detach-on-purpose recipe)."""
 
         def read() -> bool:
-            cwd = os.readlink(f"{self._root}/{info.pid}/cwd")
+            own = self._own_dir(info)
+            cwd = os.readlink(f"{own}/cwd")
             try:
-                stdin = os.readlink(f"{self._root}/{info.pid}/fd/0")
+                stdin = os.readlink(f"{own}/fd/0")
             except FileNotFoundError:
                 stdin = "/dev/null"  # a closed stdin is as detached as /dev/null
             return cwd == "/" and stdin == "/dev/null"
@@ -301,6 +420,21 @@ class ProcessView:
         if self._events is None:
             return None
         return self._events.exit_of(pid, after=self.wall_time(after_start_time))
+
+    def listening(self) -> bool:
+        """Whether a process-event listener records exits: then a launcher's exit it has
+        no record of is one it missed (before it started, evicted, dropped), not one
+        that never happened."""
+        return self._events is not None and bool(self._events.available)
+
+    def recall_launcher(self, root: ProcInfo, reason: str, detail: str, *,
+                        recorded: bool) -> tuple[str, str]:
+        """The launcher reason first established for this orphan root (see
+        exporter/launcher_memory.py); `reason` itself without a memory."""
+        if self._memory is None:
+            return reason, detail
+        return self._memory.recall((root.pid, root.start_time, root.sid), reason, detail,
+                                   recorded=recorded)
 
     def wall_time(self, start_time: int) -> float:
         """Unix time of a start time in clock ticks since boot (btime from /proc/stat)."""
@@ -325,23 +459,33 @@ class ProcessView:
 
     # -- descendants: walked downward, never by scanning the table -------------------
 
-    def _per_thread(self, pid: int, name: str, callsite: str) -> list[bytes] | None:
-        """/proc/PID/task/TID/NAME for every thread; None when the process is gone."""
+    def _per_thread(self, pid: int, name: str, callsite: str, *,
+                    strict: bool = False) -> list[tuple[str, bytes]] | None:
+        """(TID, /proc/PID/task/TID/NAME) for every thread; None when the process is gone.
+        `strict`: what exists but cannot be read raises ProcUnreadable instead of reading
+        as gone (a thread that exits between listdir and open is skipped either way)."""
         start = time.perf_counter()
         reads = 1
-        contents: list[bytes] = []
+        contents: list[tuple[str, bytes]] = []
         try:
-            tids = os.listdir(f"{self._root}/{pid}/task")
-        except OSError:
-            tids = None
-        for tid in tids or ():
-            reads += 1
             try:
-                with open(f"{self._root}/{pid}/task/{tid}/{name}", "rb") as fh:
-                    contents.append(fh.read())
-            except OSError:
-                continue  # the thread exited between listdir and open
-        self._counters.add(callsite, seconds=time.perf_counter() - start, proc_reads=reads)
+                tids = os.listdir(f"{self._root}/{pid}/task")
+            except OSError as exc:
+                if strict and not _vanished(exc):
+                    raise ProcUnreadable(f"/proc/{pid}/task: {exc.strerror}") from exc
+                tids = None
+            for tid in tids or ():
+                reads += 1
+                try:
+                    with open(f"{self._root}/{pid}/task/{tid}/{name}", "rb") as fh:
+                        contents.append((tid, fh.read()))
+                except OSError as exc:
+                    if strict and not _vanished(exc):
+                        raise ProcUnreadable(f"/proc/{pid}/task/{tid}/{name}: "
+                                             f"{exc.strerror}") from exc
+                    continue  # the thread exited between listdir and open
+        finally:
+            self._counters.add(callsite, seconds=time.perf_counter() - start, proc_reads=reads)
         return None if tids is None else contents
 
     def children(self, pid: int) -> tuple[int, ...] | None:
@@ -349,25 +493,38 @@ class ProcessView:
         files = self._per_thread(pid, "children", "proc_children")
         if files is None:
             return None
-        return tuple(dict.fromkeys(int(k) for data in files for k in data.split()))
+        return tuple(dict.fromkeys(int(k) for _, data in files for k in data.split()))
 
-    def thread_states(self, pid: int) -> tuple[str, ...] | None:
-        """The state letter of every thread of `pid`; None when the process is gone.
-
-        SIGSTOP stops a thread group one thread at a time: a thread still inside
-        fork() links its child before it stops, so a freeze is complete only when
-        every thread, not just the main one, shows T.
-        """
-        files = self._per_thread(pid, "stat", "proc_task_stat")
+    def _thread_states(self, pid: int) -> list[tuple[str, str]] | None:
+        """(TID, state letter) of every thread of `pid`; None when the process is gone;
+        ProcUnreadable when its threads exist but cannot be read."""
+        files = self._per_thread(pid, "stat", "proc_task_stat", strict=True)
         if files is None:
             return None
         states = []
-        for data in files:
+        for tid, data in files:
             text = data.decode("utf-8", "replace")
             fields = text[text.rfind(")") + 2 :].split(maxsplit=1)
             if fields:
-                states.append(fields[0])
-        return tuple(states)
+                states.append((tid, fields[0]))
+        return states
+
+    def thread_states(self, pid: int) -> tuple[str, ...] | None:
+        """The state letter of every thread of `pid`; None when the process is gone;
+        ProcUnreadable when its threads exist but cannot be read (never taken for gone).
+
+        SIGSTOP stops a thread group one thread at a time: a thread still inside
+        fork() links its child before it stops, so a freeze is complete only when
+        every thread, not just the main one, shows T. A main thread that called
+        pthread_exit() shows Z while the others run (ProcInfo.is_live).
+        """
+        states = self._thread_states(pid)
+        return None if states is None else tuple(state for _, state in states)
+
+    def _live_tid(self, pid: int) -> str | None:
+        """A thread of `pid` that has not exited (ProcInfo.is_live's test), or None."""
+        return next((tid for tid, state in self._thread_states(pid) or ()
+                     if state not in EXITED_STATES), None)
 
 
 
@@ -436,15 +593,17 @@ def other_users_problem(*, signal: bool = False) -> str | None:
 
 def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
                  stat: Callable[[int], ProcInfo | None],
-                 stat_now: Callable[[int], ProcInfo | None], *,
+                 stat_now: Callable[[int], ProcInfo | None],
+                 thread_states: ThreadStates, *,
                  limit: int = 100_000) -> tuple[ProcInfo, ...]:
     """The root and every live descendant, each collected by identity.
 
     A pid read from a parent's children file counts only if `stat` shows a live
-    process whose ppid is that parent and which is not older than it, and the
-    parent, re-read with `stat_now` after its children, is still the process the
-    walk saw (same start time): a pid reused between the two reads names someone
-    else, and so do its children.
+    process (ProcInfo.is_live, asking `thread_states`: a zombie main thread with a
+    live thread is a member) whose ppid is that parent and which is not older than
+    it, and the parent, re-read with `stat_now` after its children, is still the
+    process the walk saw (same start time): a pid reused between the two reads names
+    someone else, and so do its children.
     """
     out = [root]
     seen = {root.pid}
@@ -452,7 +611,8 @@ def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | Non
     while frontier and len(out) < limit:
         nxt: list[ProcInfo] = []
         for parent in frontier:
-            for child in live_children(parent, children, stat, stat_now, skip=seen):
+            for child in live_children(parent, children, stat, stat_now, thread_states,
+                                       skip=seen):
                 seen.add(child.pid)
                 out.append(child)
                 nxt.append(child)
@@ -462,7 +622,8 @@ def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | Non
 
 def live_children(parent: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
                   stat: Callable[[int], ProcInfo | None],
-                  stat_now: Callable[[int], ProcInfo | None], *,
+                  stat_now: Callable[[int], ProcInfo | None],
+                  thread_states: ThreadStates, *,
                   skip: Set[int] = frozenset()) -> tuple[ProcInfo, ...]:
     """`parent`'s live children, each by identity (one level of `walk_members`); none
     when `parent`, re-read with `stat_now` after its children file, is no longer the
@@ -472,7 +633,7 @@ def live_children(parent: ProcInfo, children: Callable[[int], tuple[int, ...] | 
         if pid in skip:
             continue
         child = stat(pid)
-        if is_child_of(child, parent):
+        if is_child_of(child, parent, thread_states):
             assert child is not None
             found.append(child)
     if not found or not still_same(stat_now(parent.pid), parent):
@@ -480,10 +641,21 @@ def live_children(parent: ProcInfo, children: Callable[[int], tuple[int, ...] | 
     return tuple(found)
 
 
-def is_child_of(child: ProcInfo | None, parent: ProcInfo) -> bool:
-    """`child` (as read now) is a live child of `parent` and not older than it."""
-    return (child is not None and not child.is_zombie and child.ppid == parent.pid
-            and child.start_time >= parent.start_time)
+def identity_alive(pid: int, start_time: int, *, proc_root: str = PROC) -> bool:
+    """Whether `pid` still names the process that started at `start_time` (True when its
+    stat cannot be read: what is remembered about it is kept, not dropped on a guess)."""
+    try:
+        info = ProcessView(proc_root=proc_root, counters=Counters()).fresh_stat(pid)
+    except ProcUnreadable:
+        return True
+    return info is not None and info.start_time == start_time
+
+
+def is_child_of(child: ProcInfo | None, parent: ProcInfo, thread_states: ThreadStates) -> bool:
+    """`child` (as read now) is a live child of `parent` (ProcInfo.is_live) and not older
+    than it."""
+    return (child is not None and child.ppid == parent.pid
+            and child.start_time >= parent.start_time and child.is_live(thread_states))
 
 
 def still_same(now: ProcInfo | None, then: ProcInfo) -> bool:

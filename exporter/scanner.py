@@ -21,7 +21,8 @@ from gpuguard.exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
 from gpuguard.exporter.counters import COUNTERS, Counters
 from gpuguard.exporter.nvml import Nvml, NvmlReading
 from gpuguard.exporter.periodic import Periodic
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.procfs import ProcessView, boottime
+from gpuguard.exporter.users import USERS
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ ERROR_STAGES = ("nvml_init", "nvml_device", "nvml_processes", "procfs", "scan")
 class OrphanInfo:
     """What the scanner adds to an orphan tree: how long, and how big."""
 
-    first_seen: float  # wall-clock time of the first scan that saw it orphaned
+    first_seen: float  # wall-clock time of the first scan that saw it orphaned (display)
     age_seconds: float
     processes: int  # the root and all its descendants
 
@@ -50,16 +51,13 @@ class Snapshot:
     accounting: Accounting = field(default_factory=Accounting)
 
 
-def user_name(uid: int | None, _cache: dict[int, str] = {}) -> str:  # noqa: B006
-    """Name for a uid, cached: /etc/passwd lookups are cheap but not free."""
-    if uid is None:
-        return ""
-    if uid not in _cache:
-        try:
-            _cache[uid] = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            _cache[uid] = str(uid)
-    return _cache[uid]
+def user_name(uid: int | None) -> str:
+    """A uid's name for labels and accounting, or the bare uid when NSS has none.
+
+    Asks the one resolver (exporter/users.py), which never caches a failure: a user
+    that NSS cannot name now is named on the first scan after it can.
+    """
+    return USERS.label(uid)
 
 
 class GroupCache:
@@ -128,6 +126,7 @@ class Scanner:
         counters: Counters = COUNTERS,
         interval: float = 5.0,
         clock: Callable[[], float] = time.time,
+        boot_clock: Callable[[], float] = boottime,
         quotas: Quotas | None = None,
         audit: Audit | None = None,
         groups: Callable[[str], frozenset[str]] | None = None,
@@ -141,7 +140,10 @@ class Scanner:
         self.view = view if view is not None else ProcessView(counters=counters)
         self.interval = interval
         self._clock = clock
-        self._first_seen: dict[tuple[int, int], float] = {}
+        #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree
+        #: (and fire its alert early).
+        self._boot_clock = boot_clock
+        self._first_seen: dict[tuple[int, int], float] = {}  # boot clock
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
         self.scans_total = 0
@@ -166,6 +168,7 @@ class Scanner:
         orphans: dict[tuple[int, int], OrphanInfo] = {}
         accounting = Accounting()
         now = self._clock()
+        boot_now = self._boot_clock()
         try:
             self.view.begin_scan()
             trees = classify(reading.holders, self.view, self.rules)
@@ -178,8 +181,8 @@ class Scanner:
                     continue
                 key = tree.root.identity
                 seen.add(key)
-                first = self._first_seen.setdefault(key, now)
-                orphans[key] = OrphanInfo(first, max(0.0, now - first), len(tree.members))
+                age = max(0.0, boot_now - self._first_seen.setdefault(key, boot_now))
+                orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
             previous = self._latest.accounting.hot if self._latest is not None else {}
             accounting = account(reading.gpus, reading.holders, holder_facts(trees, self.view),

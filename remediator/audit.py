@@ -84,6 +84,9 @@ def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree |
         "signals": [s.to_json() for s in (result.signals if result else signals)],
     }
     if result is not None:
+        # How and why the reap ended, also when the decision stands (a reap that failed
+        # after SIGTERM, refused or interrupted before SIGKILL, says so here).
+        record.update(outcome_reason=result.reason, outcome_detail=result.detail)
         record.update(survivors=list(result.survivors),
                       gpu_bytes_after=result.gpu_bytes_after,
                       reclaimed_bytes=result.reclaimed_bytes,

@@ -7,14 +7,16 @@ signals anything; the reaper (remediator/reaper.py) is the module that acts.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from typing import Protocol
 
 from gpuguard.exporter.classify import Rules, classify
 from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.launcher_memory import LauncherMemory
 from gpuguard.exporter.nvml import NvmlReading
 from gpuguard.exporter.procfs import ExitSource, ProcessView, ProcInfo
-from gpuguard.exporter.scanner import user_name
+from gpuguard.exporter.users import USERS
 from gpuguard.remediator.policy import LiveTree, Member, TreeKey
 
 
@@ -25,11 +27,15 @@ class HolderSource(Protocol):
 
 
 def member_of(info: ProcInfo, view: ProcessView) -> Member:
+    """One process as policy.member_refusal() judges it; its owner named by exporter/users.py
+    (every path that judges a member: the worker's inspection, the reaper's re-reads,
+    `gpuguard reap`), which never remembers that a uid had no name."""
     status = view.status(info)
     kthread = (status.kernel_thread if status is not None else False) or info.ppid == 2
+    name = USERS.name(info.uid)
     return Member(pid=info.pid, ppid=info.ppid, start_time=info.start_time, uid=info.uid,
-                  user=user_name(info.uid), comm=info.comm, state=info.state,
-                  kernel_thread=kthread)
+                  user=name if name is not None else str(info.uid), comm=info.comm,
+                  state=info.state, kernel_thread=kthread, user_known=name is not None)
 
 
 def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
@@ -51,23 +57,62 @@ def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tup
     return None
 
 
+class NvmlTimeout(Exception):
+    """NVML did not answer within the time a caller could wait (a hung driver)."""
+
+
+def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
+    """`nvml.read()`, waited for at most `seconds`; NvmlTimeout when it takes longer.
+
+    The read runs on a daemon thread: a driver call cannot be interrupted, so one that
+    hangs is left to finish (or not) on its own, and the caller goes on without it (a
+    reap with its tree frozen continues the tree: principle 2). The wait itself can be
+    interrupted (a signal handler's exception reaches the caller at once). What the read
+    raises is raised here.
+    """
+    box: list[NvmlReading | BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            box.append(nvml.read())
+        except BaseException as exc:  # handed to the waiting caller, never lost
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=read, name="gpuguard-nvml-read", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise NvmlTimeout(f"NVML did not answer within {max(seconds, 0.0):.1f}s")
+    answer = box[0]
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
+
+
 def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                  counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
-                 events: ExitSource | None = None) -> LiveTree:
+                 events: ExitSource | None = None,
+                 memory: LauncherMemory | None = None,
+                 reading: NvmlReading | None = None) -> LiveTree:
     """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
 
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
     earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
-    (the remediator's own process-event listener) says how a launcher died.
+    (the remediator's own process-event listener) says how a launcher died; `memory`
+    keeps the first reason established for each root (exporter/launcher_memory.py).
+    `reading`, when given, is used instead of asking `nvml` (the reaper's re-check with
+    the tree frozen reads NVML itself, bounded by its deadline).
     """
-    view = ProcessView(counters=counters, events=events)
+    view = ProcessView(counters=counters, events=events, memory=memory)
     info = view.fresh_stat(key.root_pid)
     if info is None:
         return LiveTree(root=None)
     root = member_of(info, view)
     if info.is_zombie or info.start_time != key.root_start_time:
         return LiveTree(root=root)
-    reading = nvml.read()
+    if reading is None:
+        reading = nvml.read()
     gpus = tuple(gpu.uuid for gpu in reading.gpus)
     problem = nvml_problem(reading, expected_gpus)
     if problem is not None:

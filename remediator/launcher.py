@@ -74,14 +74,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuguard import PARENT_AT_START, PARENT_READ_BY
-from gpuguard.exporter.classify import Rules
+from gpuguard.exporter.classify import DEFAULT_MARKS_DIR, RUN_MARK, Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.marks import MarkError, Marks
 from gpuguard.exporter.nvml import NvmlReading
 from gpuguard.exporter.procfs import (
     RUN_MARKER,
     ProcessView,
     ProcInfo,
+    boot_id,
     live_children,
     walk_members,
 )
@@ -113,9 +115,12 @@ EXIT_SIGINT = 128 + signal.SIGINT
 DEFAULT_GRACE_SECONDS = 5.0
 #: A tree that grows faster than it can be frozen this long is left (and reported).
 REAP_DEADLINE_SECONDS = 30.0
-#: Rounds of "reap every child of the launcher": each round catches what a dying
-#: member handed back to the launcher after the previous one listed its children.
-MAX_ROUNDS = 5
+#: A teardown reaps every child of the launcher, round after round, until no child is
+#: left: each round catches what a dying member handed back to the launcher after the
+#: previous one listed its children. Only a tree that keeps handing it new children (a
+#: member it may not stop, forking in a loop) keeps it going: no round starts once this
+#: long has passed since the first one ended, and what is left then is reported.
+MORE_ROUNDS_SECONDS = 60.0
 
 #: The signals that end a run (besides PDEATHSIG and CMD's exit, seen through SIGCHLD).
 TEARDOWN_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
@@ -139,6 +144,8 @@ FORWARDED_SIGNALS = frozenset(signal.valid_signals()) - {
 class Options:
     grace: float = DEFAULT_GRACE_SECONDS  # SIGINT -> reap wait, and the reap's TERM -> KILL
     keep_leftovers: bool = False  # when CMD exits by itself, leave its leftovers running
+    #: Where the launcher registers itself (exporter/marks.py): what CMD cannot erase.
+    marks_dir: str = DEFAULT_MARKS_DIR
 
 
 @dataclass(frozen=True)
@@ -237,8 +244,10 @@ def launcher_words(detail: str) -> str:
             .replace("the remediator", "the launcher"))
 
 
-def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo]) -> Teardown:
-    """`left`: children still below the launcher after the last round, not accounted for."""
+def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
+              rounds: int = 0) -> Teardown:
+    """`left`: children still below the launcher after the last of `rounds` rounds, not
+    accounted for."""
     killed: list[Member] = []
     survivors: list[Member] = []
     refused: list[Member] = []
@@ -255,7 +264,8 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo]) -> Teardo
                 problems.append(problem)
     if left:
         problems.append(f"{len(left)} process(es) still below the launcher after "
-                        f"{MAX_ROUNDS} rounds")
+                        f"{rounds} rounds (the tree kept handing it new children for "
+                        f"{MORE_ROUNDS_SECONDS:g} s)")
     return Teardown(tuple(killed), tuple(survivors), tuple(refused), tuple(problems))
 
 
@@ -320,8 +330,10 @@ def children(view: ProcessView, parent: ProcInfo) -> tuple[ProcInfo, ...]:
     """`parent`'s live children, by identity, read now (for the launcher: CMD and every
     descendant adopted since; for a released member, what it started). A released
     member's pid may be reused after `released_alive` read it: `live_children` re-reads
-    the parent after its children file, as the walk does."""
-    return live_children(parent, view.children, view.fresh_stat, view.fresh_stat)
+    the parent after its children file, as the walk does. A child whose main thread
+    called pthread_exit() while others run (state Z) is a live child."""
+    return live_children(parent, view.children, view.fresh_stat, view.fresh_stat,
+                         view.thread_states)
 
 
 def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown:
@@ -331,7 +343,8 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
     each of its children, so each child roots one reap (members walked with the
     classifier's walk_members), CMD first. A member dying mid-reap hands its children
     to us, already held by that reap; a round lists our children again until none is
-    left, so whatever was handed over after a listing is caught by the next round.
+    left, so whatever was handed over after a listing is caught by the next round
+    (for at most MORE_ROUNDS_SECONDS after the first round).
     """
     counters = counters if counters is not None else Counters()
     # A member whose SIGSTOP the kernel refuses (a setuid-root helper under an
@@ -346,7 +359,9 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
     # not tried again by the next rounds, and reported once.
     done: set[tuple[int, int]] = set()
     released: set[tuple[int, int]] = set()
-    for round_ in range(MAX_ROUNDS + 1):
+    rounds = 0
+    more_until: float | None = None  # no round starts after this (set by the first)
+    while True:
         view = ProcessView(counters=counters)
         me = view.fresh_stat(os.getpid())
         assert me is not None
@@ -354,13 +369,16 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
         # below a member it let go of); so are theirs, walked from there.
         left = [c for parent in (me, *released_alive(view, released))
                 for c in children(view, parent) if c.identity not in done]
-        if not left or round_ == MAX_ROUNDS:
+        if not left or (more_until is not None and time.monotonic() >= more_until):
             break
+        rounds += 1
         for root in left:
-            members = walk_members(root, view.children, view.stat, view.fresh_stat)
+            members = walk_members(root, view.children, view.stat, view.fresh_stat,
+                                   view.thread_states)
             plan = ReapPlan(key=TreeKey(hostname, root.pid, root.start_time),
                             members=tuple(member_of(m, view) for m in members),
-                            holders=(), gpu_bytes=0, dry_run=False)
+                            holders=(), gpu_bytes=0, dry_run=False,
+                            classified=False)  # its own tree: no verdict to re-derive
             result = reaper.reap(plan, policy=policy, rules=Rules(), protected_pids=guarded,
                                  deadline=time.monotonic() + REAP_DEADLINE_SECONDS,
                                  journal=_no_audit, force=True)
@@ -371,15 +389,18 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
             if result.outcome is Outcome.ABORTED:
                 done.add(root.identity)
         collect_zombies()
-    return summarise(results, left)
+        if more_until is None:
+            more_until = time.monotonic() + MORE_ROUNDS_SECONDS
+    return summarise(results, left, rounds)
 
 
 def released_alive(view: ProcessView, released: set[tuple[int, int]]) -> list[ProcInfo]:
-    """The members a reap let go of that still run, as read now."""
+    """The members a reap let go of that still run (ProcInfo.is_live), as read now."""
     out = []
     for pid, start_time in sorted(released):
         info = view.fresh_stat(pid)
-        if info is not None and info.start_time == start_time and not info.is_zombie:
+        if (info is not None and info.start_time == start_time
+                and info.is_live(view.thread_states)):
             out.append(info)
     return out
 
@@ -426,6 +447,30 @@ def spawn(argv: Sequence[str], mask: set[int], *, sigint_default: bool,
     # close_fds=False: CMD gets exactly what the launcher was given (Python's own fds
     # are close-on-exec); a jobserver or `3>file` passes through the launcher.
     return subprocess.Popen(list(argv), preexec_fn=in_child, close_fds=False, env=env)
+
+
+def register_launcher(directory: str) -> tuple[Marks, int, int] | None:
+    """Register this launcher by identity with the daemons (a `run` mark): a CMD that
+    overwrites its environment (setproctitle) loses GPUGUARD_RUN, not this. Without the
+    daemons' directory there is nothing to register with; the marker still counts."""
+    me = ProcessView(counters=Counters()).fresh_stat(os.getpid())
+    if me is None or not os.path.isdir(directory):
+        return None
+    marks = Marks(directory, boot_id())
+    try:
+        marks.register(RUN_MARK, me.pid, me.start_time)
+    except MarkError as exc:
+        say(f"gpuguard run: {exc}; only the GPUGUARD_RUN environment marker names this "
+            "launcher")
+        return None
+    return marks, me.pid, me.start_time
+
+
+def unregister_launcher(marks: Marks, pid: int, start_time: int) -> None:
+    try:
+        marks.unregister(RUN_MARK, pid, start_time)
+    except MarkError as exc:
+        say(f"gpuguard run: {exc}")
 
 
 def say(line: str) -> None:
@@ -497,6 +542,7 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
     # SIGCHLD at its default before anything is started (see the module docstring).
     sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    registered: tuple[Marks, int, int] | None = None
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         prctl(PR_SET_PDEATHSIG, PDEATHSIG)
@@ -504,6 +550,7 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
             say(f"gpuguard run: the parent process {parent} died before the launcher could "
                 "watch it; CMD not started")
             return Exit(EXIT_PARENT_DIED)
+        registered = register_launcher(options.marks_dir)
         try:
             cmd = spawn(argv, mask, sigint_default=sigint_default,
                         sigchld_ignored=sigchld is signal.SIG_IGN)
@@ -518,6 +565,8 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
         collect_zombies()
         return Exit(step.code, step.dies_of)
     finally:
+        if registered is not None:
+            unregister_launcher(*registered)
         # What arrived during the teardown is dropped, not delivered at its default
         # (a late SIGUSR1 would otherwise kill the launcher with the wrong status).
         for _ in range(DRAIN_LIMIT):

@@ -14,6 +14,17 @@ continues (SIGCONT) whatever it left stopped, rather than risk signalling it twi
 Keys name processes of one boot, so the file records the kernel's boot id
 (/proc/sys/kernel/random/boot_id): a wall-clock step (NTP at boot, a VM resumed)
 must not make a restart forget what it has done.
+
+Every time the policy counts with (first sightings, when pending items are due, when
+reaps began, how long done keys are kept) is on the boot clock (CLOCK_BOOTTIME:
+seconds since boot, suspend included), which no wall-clock step moves: a clock set
+forward by a day neither ages a tree past min_age_seconds nor empties the rate limit.
+Only the rate-limit window outlives a reboot, and the boot clock starts again at 0:
+so each file also records the boot clock when it was written, and a reap of an earlier
+boot is placed before 0 by how long before that last write it began, as if the
+machine had rebooted at once. It then counts for at least as long as it should (the
+downtime is never credited), and no clock, wall or boot, can make it leave early.
+Wall-clock times are kept for the audit's sake only (`at` of a done key).
 """
 
 from __future__ import annotations
@@ -29,17 +40,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuguard.exporter.procfs import BOOT_ID, boottime, read_boot_id
 from gpuguard.remediator.alerts import Alert
 from gpuguard.remediator.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.policy import TreeKey
 
 FILE_NAME = "remediator-state.json"
-FORMAT_VERSION = 2
+#: 3: times on the boot clock, with `boot_clock` (when written); 2 and 1 had wall-clock times.
+FORMAT_VERSION = 3
 #: Done keys older than this are forgotten (a pid + start time names a process of one boot).
 DONE_RETENTION_SECONDS = 30 * 86400
 #: Version 1 files have only a clock-based boot estimate: within this, the same boot.
 V1_BOOT_TOLERANCE_SECONDS = 120.0
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_REAP_HISTORY = 10_000
 #: A first sighting outlives its pending item (a rate-limited tree comes back with the next
 #: delivery and should not start its local age from zero again).
@@ -60,8 +72,8 @@ class PendingItem:
     key: TreeKey
     alert: Alert
     group_key: str
-    accepted_at: float
-    due: float  # when the worker should (re-)check it
+    accepted_at: float  # boot clock
+    due: float  # when the worker should (re-)check it (boot clock)
 
     def to_json(self) -> dict[str, Any]:
         return {"alert": self.alert.to_json(), "group_key": self.group_key,
@@ -73,12 +85,6 @@ class PendingItem:
                    float(data["accepted_at"]), float(data["due"]))
 
 
-def boot_id() -> str:
-    """The kernel's random id of this boot: unlike any clock estimate, it never drifts."""
-    with open(BOOT_ID, encoding="ascii") as fh:
-        return fh.read().strip()
-
-
 def _v1_boot_time() -> float:
     """The estimate version 1 files carry, for reading them once after an upgrade."""
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -88,10 +94,12 @@ class Ledger:
     """Thread-safe; every mutating method persists before it returns."""
 
     def __init__(self, state_dir: str | Path, *, clock: Callable[[], float] = time.time,
-                 boot: Callable[[], str] = boot_id) -> None:
+                 boot: Callable[[], str] = read_boot_id,
+                 boot_clock: Callable[[], float] = boottime) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
-        self._clock = clock
+        self._clock = clock  # the wall clock: audit times only
+        self.boot_clock = boot_clock  # every time the policy counts with
         self._lock = threading.RLock()
         self._done: dict[TreeKey, dict[str, Any]] = {}
         self._pending: dict[TreeKey, PendingItem] = {}
@@ -130,10 +138,16 @@ class Ledger:
             if version == 1:
                 same_boot = (abs(float(data.get("boot_time", 0)) - _v1_boot_time())
                              <= V1_BOOT_TOLERANCE_SECONDS)
-            elif version == FORMAT_VERSION:
+            elif version in (2, FORMAT_VERSION):
                 same_boot = data.get("boot_id") == self._boot
             else:
                 raise ValueError(f"unknown format version {version!r}")
+            if version != FORMAT_VERSION:
+                data = self._from_wall_clock(data, same_boot)
+            elif not same_boot:
+                written = float(data["boot_clock"])
+                data["reaps"] = [[min(float(t) - written, 0.0), m]
+                                 for t, m in data.get("reaps", [])]
             if not same_boot:  # keys name processes of one boot: only the window survives
                 data = {"reaps": data.get("reaps", [])}
             self._apply(data)
@@ -145,12 +159,32 @@ class Ledger:
                               "only after checking the audit log for unfinished reaps") from None
         self._save()
 
+    def _from_wall_clock(self, data: dict[str, Any], same_boot: bool) -> dict[str, Any]:
+        """A version 1 or 2 file's wall-clock times, placed on the boot clock once by the
+        clocks' offset now (a wall step since it was written shifts them, this once); an
+        earlier boot's reaps no later than this boot's start."""
+        offset = self._clock() - self.boot_clock()
+
+        def on_boot(t: Any) -> float:
+            return float(t) - offset
+
+        reaps = [[on_boot(t) if same_boot else min(on_boot(t), 0.0), m]
+                 for t, m in data.get("reaps", [])]
+        done = {k: {**v, **({"at_boot": on_boot(v["at"])} if "at" in v else {})}
+                for k, v in data.get("done", {}).items()}
+        pending = {k: {**v, "accepted_at": on_boot(v["accepted_at"]), "due": on_boot(v["due"])}
+                   for k, v in data.get("pending", {}).items()}
+        first_seen = {k: on_boot(v) for k, v in data.get("first_seen", {}).items()}
+        return {**data, "reaps": reaps, "done": done, "pending": pending,
+                "first_seen": first_seen}
+
     def _apply(self, data: dict[str, Any]) -> None:
         """Set the in-memory state from the file's form (loading, or undoing a failed save)."""
         self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
         self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
         for entry in self._done.values():
             float(entry.get("at", 0))  # a time that is not a number is an unusable file
+            float(entry.get("at_boot", 0))
         self._pending = {TreeKey.parse(k): PendingItem.from_json(TreeKey.parse(k), v)
                          for k, v in data.get("pending", {}).items()}
         self._first_seen = {TreeKey.parse(k): float(v)
@@ -164,6 +198,7 @@ class Ledger:
         data = {
             "version": FORMAT_VERSION,
             "boot_id": self._boot,
+            "boot_clock": self.boot_clock(),  # when written: places these reaps after a reboot
             "done": {str(k): v for k, v in sorted(self._done.items())},
             "pending": {str(k): v.to_json() for k, v in sorted(self._pending.items())},
             "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
@@ -198,10 +233,10 @@ class Ledger:
             os.close(dir_fd)
 
     def _prune(self) -> None:
-        now = self._clock()
+        now = self.boot_clock()  # a wall step forward is no reason to forget anything
         self._done = {k: v for k, v in self._done.items()
                       if v.get("status") == REAPING
-                      or now - float(v.get("at", now)) < DONE_RETENTION_SECONDS}
+                      or now - float(v.get("at_boot", now)) < DONE_RETENTION_SECONDS}
         self._reaps = self._reaps[-MAX_REAP_HISTORY:]
         live = set(self._pending) | set(self._done)
         self._first_seen = {k: v for k, v in self._first_seen.items()
@@ -228,6 +263,7 @@ class Ledger:
             return self._gpus.get(key, ())
 
     def reap_times(self, mode: str) -> tuple[float, ...]:
+        """When each reap in `mode` began, on the boot clock (an earlier boot's: before 0)."""
         with self._lock:
             return tuple(t for t, m in self._reaps if m == mode)
 
@@ -283,10 +319,11 @@ class Ledger:
         whether this reap's final record was written without trusting any clock.
         """
         with self._lock:
-            now = self._clock()
+            now = self.boot_clock()
             reap_id = uuid.uuid4().hex
-            self._done[key] = {"status": REAPING, "mode": mode, "at": now,
-                               "fingerprint": fingerprint, "reap_id": reap_id}
+            self._done[key] = {"status": REAPING, "mode": mode, "at": self._clock(),
+                               "at_boot": now, "fingerprint": fingerprint,
+                               "reap_id": reap_id}
             self._reaps.append((now, mode))
             self._pending.pop(key, None)
             self._save()
@@ -294,15 +331,32 @@ class Ledger:
 
     def add_members(self, key: TreeKey, members: Iterable[tuple[int, int, bool]]) -> None:
         """Name (pid, start_time, stopped already) of processes about to be signalled,
-        durably, first. Recovery continues only those the reap itself may have stopped."""
+        durably, first. Recovery continues only those the reap itself may have stopped
+        (stored as [pid, start_time, stopped already, held]: see mark_held)."""
         with self._lock:
             entry = self._done.get(key)
             if entry is None or entry.get("status") != REAPING:
                 raise LedgerError(f"{key} is not being reaped")
             known = [list(m) for m in entry.get("members", [])]
             seen = {(m[0], m[1]) for m in known}
-            known += [[pid, start, stopped] for pid, start, stopped in members
+            known += [[pid, start, stopped, False] for pid, start, stopped in members
                       if (pid, start) not in seen]
+            entry["members"] = known
+            self._save()
+
+    def mark_held(self, key: TreeKey, members: Iterable[tuple[int, int]], held: bool) -> None:
+        """Whether the reap of `key` may now hold these (pid, start_time) stopped: set
+        right before their SIGSTOP, cleared once the reap has continued them. Recovery
+        after a crash continues only members marked held."""
+        with self._lock:
+            entry = self._done.get(key)
+            if entry is None or entry.get("status") != REAPING:
+                raise LedgerError(f"{key} is not being reaped")
+            wanted = set(members)
+            known = [list(m) for m in entry.get("members", [])]
+            for m in known:
+                if (m[0], m[1]) in wanted:
+                    m[3:] = [held]
             entry["members"] = known
             self._save()
 
@@ -316,7 +370,7 @@ class Ledger:
                 entry.update(status=DONE, outcome=outcome)
             else:
                 del self._done[key]
-                started = float(entry.get("at", -1))
+                started = float(entry.get("at_boot", -1))
                 for i in range(len(self._reaps) - 1, -1, -1):
                     if self._reaps[i] == (started, entry.get("mode")):
                         del self._reaps[i]

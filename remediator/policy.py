@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuguard.exporter.classify import ORPHAN
-from gpuguard.exporter.config import Remediate, UserFilter
+from gpuguard.exporter.config import Remediate, UserFilter, uid_rule
 from gpuguard.exporter.nvml import Holder
 from gpuguard.remediator.alerts import Alert
 
@@ -55,7 +55,7 @@ MAX_START_TIME_DIGITS = 20
 REQUIRED_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
 ROOT_UID = 0
 #: member_refusal() reasons, most fundamental first: the one reported when several apply.
-_MEMBER_REASONS = ("protected-pid", "root-owned", "user-denied")
+_MEMBER_REASONS = ("protected-pid", "root-owned", "user-denied", "user-unresolved")
 
 
 @dataclass(frozen=True, order=True)
@@ -83,10 +83,16 @@ class Member:
     ppid: int
     start_time: int
     uid: int
-    user: str
+    user: str  # the owner's name; the decimal uid when NSS could not name it (user_known)
     comm: str
     state: str = "S"
     kernel_thread: bool = False
+    user_known: bool = False  # NSS named the uid: `user` is a name, not just the number
+
+    @property
+    def user_name(self) -> str | None:
+        """The owner's name as remediate.users judges it: None when it could not be resolved."""
+        return self.user if self.user_known else None
 
     @property
     def gone(self) -> bool:
@@ -116,12 +122,16 @@ class PolicyState:
 
     policy: Remediate
     hostname: str
-    now: float  # Unix seconds
+    #: The boot clock (CLOCK_BOOTTIME seconds; ledger.boottime): every age, window and
+    #: re-check below is on it, so no step of the wall clock (NTP, a VM resumed, a
+    #: person) makes a tree older or empties the rate limit.
+    now: float
+    wall_now: float  # Unix seconds at the same moment: only to read Alertmanager's startsAt
     protected_pids: frozenset[int] = frozenset({1})  # pid 1, the remediator, its ancestors
     done: Mapping[TreeKey, str] = field(default_factory=dict)  # key -> mode it was reaped in
     pending: frozenset[TreeKey] = frozenset()  # accepted and not finished (other items)
-    first_seen: Mapping[TreeKey, float] = field(default_factory=dict)
-    reap_times: tuple[float, ...] = ()  # when each reap in the current mode began
+    first_seen: Mapping[TreeKey, float] = field(default_factory=dict)  # boot clock
+    reap_times: tuple[float, ...] = ()  # when each reap in the current mode began (boot clock)
 
 
 @dataclass(frozen=True)
@@ -130,8 +140,8 @@ class Decision:
     reason: str
     detail: str = ""
     key: TreeKey | None = None
-    first_seen: float | None = None  # set once the tree was verified an orphan
-    recheck_at: float | None = None  # DEFER only
+    first_seen: float | None = None  # set once the tree was verified an orphan (boot clock)
+    recheck_at: float | None = None  # DEFER only (boot clock)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"action": self.action, "reason": self.reason}
@@ -147,7 +157,7 @@ class RateBudget:
     max_reaps: int
     per_seconds: float
     used: int
-    next_slot_at: float | None  # when the oldest reap in the window leaves it; None if free
+    next_slot_at: float | None  # when (boot clock) the oldest reap leaves the window; None if free
 
     @property
     def remaining(self) -> int:
@@ -218,10 +228,49 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
     return Decision(ACCEPT, "queued", "queued for a live check", key)
 
 
-def user_allowed(user: str, users: UserFilter) -> bool:
-    """Glob patterns on user names: allowed by some `allow` and refused by no `deny`."""
-    return (any(fnmatch.fnmatchcase(user, p) for p in users.allow)
-            and not any(fnmatch.fnmatchcase(user, p) for p in users.deny))
+def _entries(patterns: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]]:
+    """A filter list as (uids its `uid:N` entries name, its user name patterns)."""
+    uids = {uid for p in patterns if (uid := uid_rule(p)) is not None}
+    return frozenset(uids), tuple(p for p in patterns if uid_rule(p) is None)
+
+
+def user_refusal(uid: int | None, user: str | None,
+                 users: UserFilter) -> tuple[str, str] | None:
+    """Why remediate.users refuses the owner `uid`, named `user` (None: NSS could not name
+    it), as (reason, detail); None when it is allowed.
+
+    `uid:N` entries match the uid, every other entry is a glob pattern on the name; deny
+    wins over allow. A uid without a name matches no name pattern, so it cannot be
+    shown to be outside deny's patterns nor inside allow's: it is refused
+    (`user-unresolved`) unless a `uid:N` allow entry names it, or the filter names no
+    user at all (allow has "*", deny has no name pattern: only uid rules, or nothing).
+    """
+    allow_uids, allow_names = _entries(users.allow)
+    deny_uids, deny_names = _entries(users.deny)
+    who = f"user {user!r} (uid {uid})" if user is not None else f"uid {uid}"
+    if uid in deny_uids:
+        return "user-denied", f"{who} is denied by remediate.users.deny uid:{uid}"
+    if user is None:
+        if uid in allow_uids or ("*" in allow_names and not deny_names):
+            return None
+        if not allow_names:  # only uid rules could admit it, and none does
+            return "user-denied", f"{who} is not allowed by remediate.users.allow"
+        return "user-unresolved", (
+            f"user of uid {uid} could not be resolved (no passwd entry, or NSS did not "
+            "answer), and remediate.users names users: a uid without a name matches no "
+            "name pattern" + (" and may be one that deny names" if deny_names else "")
+            + f"; allow it as uid:{uid} if it may be reaped")
+    denied = next((p for p in deny_names if fnmatch.fnmatchcase(user, p)), None)
+    if denied is not None:
+        return "user-denied", f"{who} matches remediate.users.deny {denied!r}"
+    if uid in allow_uids or any(fnmatch.fnmatchcase(user, p) for p in allow_names):
+        return None
+    return "user-denied", f"{who} is not allowed by remediate.users.allow"
+
+
+def user_allowed(user: str | None, users: UserFilter, uid: int | None = None) -> bool:
+    """user_refusal() as a yes or no."""
+    return user_refusal(uid, user, users) is None
 
 
 def rate_budget(state: PolicyState) -> RateBudget:
@@ -236,7 +285,7 @@ def rate_budget(state: PolicyState) -> RateBudget:
 
 
 def _describe(member: Member) -> str:
-    return f"{member.pid} ({member.comm}, {member.user or member.uid})"
+    return f"{member.pid} ({member.comm}, {member.user_name or f'uid {member.uid}'})"
 
 
 def member_refusal(member: Member, policy: Remediate,
@@ -252,9 +301,9 @@ def member_refusal(member: Member, policy: Remediate,
     if member.uid == ROOT_UID and not policy.allow_root_owned:
         return ("root-owned", f"member {_describe(member)} is owned by root and "
                 "remediate.allow_root_owned is false")
-    if not user_allowed(member.user, policy.users):
-        return ("user-denied", f"member {_describe(member)}: user {member.user!r} is not "
-                "allowed by remediate.users")
+    refused = user_refusal(member.uid, member.user_name, policy.users)
+    if refused is not None:
+        return refused[0], f"member {_describe(member)}: {refused[1]}"
     return None
 
 
@@ -317,10 +366,13 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         reason, detail = min(refusals, key=lambda r: _MEMBER_REASONS.index(r[0]))
         return _ignore(reason, detail, key)
 
-    # Age, counted locally: never older than what this remediator has seen itself.
+    # Age, counted locally on the boot clock: never older than what this remediator has
+    # seen itself. startsAt (Alertmanager's wall clock) is placed on the boot clock by
+    # how long ago the wall clock says it was: a forward step makes it older, and then
+    # the local sighting wins; it can only ever make the tree younger.
     first_seen = state.first_seen.get(key, state.now)
     if alert.starts_at is not None:
-        first_seen = max(first_seen, alert.starts_at)
+        first_seen = max(first_seen, state.now - (state.wall_now - alert.starts_at))
     age = state.now - first_seen
     if age < state.policy.min_age_seconds:
         recheck = first_seen + state.policy.min_age_seconds
@@ -339,14 +391,19 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
 
 
 def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: float,
-                 protected: frozenset[int], *, exclude: TreeKey | None = None) -> PolicyState:
-    """What decide() needs to know about the past, from the ledger (None: a fresh start)."""
+                 protected: frozenset[int], *, wall_now: float,
+                 exclude: TreeKey | None = None) -> PolicyState:
+    """What decide() needs to know about the past, from the ledger (None: a fresh start).
+
+    `now` is the boot clock (the ledger's times are on it), `wall_now` the wall clock."""
     if ledger is None:
-        return PolicyState(policy=policy, hostname=hostname, now=now, protected_pids=protected)
+        return PolicyState(policy=policy, hostname=hostname, now=now, wall_now=wall_now,
+                           protected_pids=protected)
     return PolicyState(
         policy=policy,
         hostname=hostname,
         now=now,
+        wall_now=wall_now,
         protected_pids=protected,
         done=ledger.done_modes(),
         pending=frozenset(k for k in ledger.pending() if k != exclude),

@@ -27,11 +27,26 @@ from typing import Literal
 from gpuguard.exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
 from gpuguard.exporter.config import Remediate
 from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.launcher_memory import LauncherMemory
 from gpuguard.exporter.nvml import Holder, NvmlReading
-from gpuguard.exporter.procfs import ProcessView, ProcInfo, ProcUnreadable, is_child_of, still_same
+from gpuguard.exporter.procfs import (
+    ExitSource,
+    ProcessView,
+    ProcInfo,
+    ProcUnreadable,
+    is_child_of,
+    still_same,
+)
 from gpuguard.remediator.audit import INTENT, JOINED
-from gpuguard.remediator.inspection import HolderSource, member_of, nvml_problem
-from gpuguard.remediator.policy import Member, TreeKey, member_refusal
+from gpuguard.remediator.inspection import (
+    HolderSource,
+    NvmlTimeout,
+    inspect_tree,
+    member_of,
+    nvml_problem,
+    read_within,
+)
+from gpuguard.remediator.policy import Member, TreeKey, member_refusal, verify_live
 
 log = logging.getLogger("gpuguard.remediator.reaper")
 
@@ -67,6 +82,13 @@ class ReapPlan:
     gpu_bytes: int
     dry_run: bool
     gpus: tuple[str, ...] = ()  # every GPU NVML reported when the tree was inspected
+    #: The decision rested on the classifier calling this root an orphan (an alert, a
+    #: person): with the tree frozen that verdict is derived again, and the reap goes on
+    #: only if it still holds. False only for `gpuguard run`'s own tree (no verdict).
+    classified: bool = True
+    #: Orphan reasons the verdict derived again may carry (the alert path: the policy's
+    #: remediate.reasons); None: any orphan reason (a person's `gpuguard reap`).
+    reasons: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,24 @@ class _NoPidfd(Exception):
     """The kernel has no pidfd_open (before 5.3, or blocked by seccomp)."""
 
 
+#: The reason of a reap that an Interrupted (a signal to `gpuguard reap --apply`) ended.
+INTERRUPTED = "interrupted"
+#: The reason of a reap whose NVML re-check with the tree frozen outlived the deadline.
+NVML_TIMEOUT = "nvml-timeout"
+
+
+class Interrupted(BaseException):
+    """Raised into a running reap to stop it now (by `gpuguard reap --apply`'s handlers for
+    SIGINT, SIGTERM and SIGHUP). A BaseException, like KeyboardInterrupt, so that nothing
+    on the way mistakes it for a failure to handle; the reap continues (SIGCONT) what it
+    stopped and returns outcome aborted (or failed, once SIGTERM was sent), reason
+    `interrupted`, instead of raising."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 #: Writes one audit record naming processes before they get their first signal:
 #: phase INTENT (every planned member, before the first SIGSTOP) or JOINED
 #: (processes that joined the tree while it was being reaped). Raises when the
@@ -134,6 +174,12 @@ Journal = Callable[[str, tuple[Member, ...]], None]
 #: The last question before the first signal (Alertmanager: does the alert still fire,
 #: unsilenced and uninhibited?). None means go on; (reason, detail) aborts the reap.
 Confirm = Callable[[], "tuple[str, str] | None"]
+
+#: Tells the caller's crash ledger which members this reap may be holding stopped:
+#: (pid, start_time) pairs with True right before their SIGSTOP (durably: raising means
+#: they are not stopped), with False once the reap has continued them. Crash recovery
+#: continues only members marked True (see Reaper.thaw_interrupted).
+Holding = Callable[[tuple[tuple[int, int], ...], bool], None]
 
 
 @dataclass
@@ -162,6 +208,9 @@ class _Run:
     notes: list[str] = field(default_factory=list)
     confirmed_ms: float | None = None
     released: list[Member] = field(default_factory=list)
+    holding: Holding | None = None  # the crash ledger's marks (the worker's reaps)
+    events: ExitSource | None = None  # as the inspection had them: the verdict re-derived
+    memory: LauncherMemory | None = None  # with the tree frozen rests on the same facts
 
 
 PidfdOpen = Callable[[int], int]
@@ -215,6 +264,9 @@ class Reaper:
         cancelled: Callable[[], bool] = lambda: False,
         confirm: Confirm | None = None,
         force: bool = False,
+        holding: Holding | None = None,
+        events: ExitSource | None = None,
+        memory: LauncherMemory | None = None,
     ) -> ReapResult:
         """Run one reap (or dry run) of `plan`; never raises for process-level trouble.
 
@@ -224,7 +276,14 @@ class Reaper:
         the policy's refusals (pid 1, kernel threads, root-owned, users) still apply.
         `confirm` is asked after the intent record right before the first SIGSTOP, and
         again with the tree frozen right before the first SIGTERM (in a dry run, once,
-        before it reports): the smallest windows a remote answer allows.
+        before it reports): the smallest windows a remote answer allows. `holding` (the
+        worker's ledger) is told which members the reap may hold stopped; `events` and
+        `memory` are the inspection's, for the verdict derived again with the tree frozen.
+
+        Every way out continues (SIGCONT) what the reap stopped and has not killed: an
+        abort, an exception, a deadline (NVML, asked with the tree frozen, is waited for
+        no longer than `deadline`), and an Interrupted raised into it (then it returns,
+        reason `interrupted`); any other BaseException is raised again after the thaw.
         """
         if journal is None and not plan.dry_run:
             raise ValueError("a reap that may signal needs a journal")
@@ -232,7 +291,9 @@ class Reaper:
         def new_run(path: str) -> _Run:
             return _Run(started=started, path=path, view=ProcessView(counters=self.counters),
                         policy=policy, rules=rules, protected=protected_pids,
-                        journal=None if plan.dry_run else journal, force=force)
+                        journal=None if plan.dry_run else journal, force=force,
+                        holding=None if plan.dry_run else holding, events=events,
+                        memory=memory)
 
         started = self._monotonic()
         run = new_run(PIDFD if self._pidfd_open else PID)
@@ -240,52 +301,77 @@ class Reaper:
             return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
                                 "pidfd_open is unavailable and remediate.allow_without_pidfd "
                                 "is false")
+        # Every path out of here thaws before the handles close (the outer handlers and
+        # the finally): a thaw through pidfds cannot reach a reused pid.
         try:
             try:
-                self._hold_planned(run, plan)
-            except _NoPidfd:
-                self._close(run)
-                if not policy.allow_without_pidfd:
-                    return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
-                                        "pidfd_open failed with ENOSYS and "
-                                        "remediate.allow_without_pidfd is false")
-                run = new_run(PID)
-                self._pidfd_open = None
-                self._hold_planned(run, plan)
-            if plan.dry_run:
-                self._collect(run, stop=False)
+                try:
+                    self._hold_planned(run, plan)
+                except _NoPidfd:
+                    self._close(run)
+                    if not policy.allow_without_pidfd:
+                        return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
+                                            "pidfd_open failed with ENOSYS and "
+                                            "remediate.allow_without_pidfd is false")
+                    run = new_run(PID)
+                    self._pidfd_open = None
+                    self._hold_planned(run, plan)
+                if plan.dry_run:
+                    self._collect(run, stop=False)
+                    self._confirm(run, confirm)
+                    return self._result(run, plan, Outcome.DRY_RUN, "",
+                                        "dry run: no signal sent")
+                self._check(cancelled, deadline)
+                self._write(run, INTENT, list(run.targets.values()))
                 self._confirm(run, confirm)
-                return self._result(run, plan, Outcome.DRY_RUN, "", "dry run: no signal sent")
-            self._check(cancelled, deadline)
-            self._write(run, INTENT, list(run.targets.values()))
-            self._confirm(run, confirm)
-            self._check(cancelled, deadline)  # resolved while Alertmanager was asked
-            self._freeze(run, deadline, cancelled)
-            # Judged again now that nothing can exec or change a disposition any more.
-            self._rejudge(run, list(run.targets.values()), refuse=True)
-            self._check_holders(run, plan)
-            # Freezing and judging take a while: the last question right before SIGTERM.
-            self._confirm(run, confirm)
-            self._check(cancelled, deadline)
-        except _Abort as abort:
+                self._check(cancelled, deadline)  # resolved while Alertmanager was asked
+                self._freeze(run, deadline, cancelled)
+                # Judged again now that nothing can exec or change a disposition any more.
+                self._rejudge(run, list(run.targets.values()), refuse=True)
+                self._check_holders(run, plan, deadline)
+                # Freezing and judging take a while: the last question right before SIGTERM.
+                self._confirm(run, confirm)
+                self._check(cancelled, deadline)
+            except _Abort as abort:
+                self._thaw(run)
+                return self._result(run, plan, Outcome.ABORTED, abort.reason, abort.detail)
+            except Exception as exc:  # a bug or a surprise from /proc: never leave it frozen
+                log.exception("reap of %s failed before any kill; continuing what it stopped",
+                              plan.key)
+                self._thaw(run)
+                return self._result(run, plan, Outcome.ABORTED, "internal-error",
+                                    f"{type(exc).__name__}: {exc}")
+            try:
+                return self._kill_frozen(run, plan)
+            except _Abort as abort:  # refused before SIGKILL: nobody is SIGKILLed
+                self._thaw(run)
+                alive = tuple(t.member.pid for t in run.targets.values()
+                              if not self._gone(run, t))
+                return self._result(run, plan, Outcome.FAILED, abort.reason,
+                                    f"{abort.detail}; after SIGTERM, before SIGKILL: no "
+                                    "SIGKILL was sent and what the reap had stopped was "
+                                    "continued", survivors=alive)
+            except Exception as exc:
+                log.exception("reap of %s failed while killing; continuing what it stopped",
+                              plan.key)
+                self._thaw(run)
+                return self._result(run, plan, Outcome.FAILED, "internal-error",
+                                    f"{type(exc).__name__}: {exc}")
+        except Interrupted as stop:
             self._thaw(run)
-            self._close(run)
-            return self._result(run, plan, Outcome.ABORTED, abort.reason, abort.detail)
-        except Exception as exc:  # a bug or a surprise from /proc: never leave a tree frozen
-            log.exception("reap of %s failed before any kill; continuing what it stopped",
-                          plan.key)
+            killing = any(s.signal in ("SIGTERM", "SIGKILL") and s.result == "sent"
+                          for s in run.signals)
+            log.warning("reap of %s interrupted (%s); continued what it had stopped",
+                        plan.key, stop.why)
+            return self._result(run, plan, Outcome.FAILED if killing else Outcome.ABORTED,
+                                INTERRUPTED,
+                                f"{stop.why}: the reap stopped there; "
+                                + ("SIGTERM had been sent" if killing
+                                   else "nothing was terminated")
+                                + ", and every member the reap had stopped was continued")
+        except BaseException:  # KeyboardInterrupt, SystemExit, a crash stand-in: thaw, re-raise
             self._thaw(run)
-            self._close(run)
-            return self._result(run, plan, Outcome.ABORTED, "internal-error",
-                                f"{type(exc).__name__}: {exc}")
-        try:
-            return self._kill_frozen(run, plan)
-        except Exception as exc:
-            log.exception("reap of %s failed while killing; continuing what it stopped",
-                          plan.key)
-            self._thaw(run)
-            return self._result(run, plan, Outcome.FAILED, "internal-error",
-                                f"{type(exc).__name__}: {exc}")
+            raise
         finally:
             self._close(run)
 
@@ -294,7 +380,21 @@ class Reaper:
 
         After a crash mid-reap the tree may be left frozen; it is continued and left
         alive: killing it again needs a new decision. The caller audits first, and
-        passes only members that were not stopped already when the reap held them.
+        passes only members the interrupted reap may have stopped itself: marked held
+        (`Holding`: written right before their SIGSTOP, cleared once the reap continued
+        them) and not stopped already when the reap found them.
+
+        Why that is the most that can be known: /proc says that a process is stopped
+        (state T), never who stopped it or when, so a stop of a member the crashed reap
+        was holding stopped cannot be told from one its owner sent after the crash (or
+        sent on top of ours, which changed nothing). Continuing such a member is the
+        honest answer (principle 2: the freeze was ours; leaving it would keep a stop of
+        ours in place for good). What the marks rule out is the rest: a member the reap
+        never stopped (the crash came first) or had already continued (the SIGTERM
+        phase, a thaw) is never continued here, whoever stopped it since. Left open: the
+        members of the one SIGSTOP pass under way at the crash (marked, maybe never
+        signalled), and the CPU time a process used since (/proc/PID/stat) was judged
+        too coarse a clock (whole ticks) to prove a stop is not ours.
         """
         run = _Run(started=self._monotonic(), path=PIDFD if self._pidfd_open else PID,
                    view=ProcessView(counters=self.counters), policy=Remediate(), rules=Rules(),
@@ -333,7 +433,8 @@ class Reaper:
                              "a process that cannot be held cannot be judged")
             parent = run.targets.get(target.info.ppid)
             if member.pid != plan.key.root_pid and (
-                    parent is None or not is_child_of(target.info, parent.info)):
+                    parent is None
+                    or not is_child_of(target.info, parent.info, run.view.thread_states)):
                 self._release(target)  # its parent exited and it was adopted elsewhere
                 continue
             self._admit(run, target)
@@ -345,6 +446,7 @@ class Reaper:
         pass first waits (bounded) until every member shows state T: a stopped
         process is back from fork(), and its children file is then complete.
         """
+        self._mark(run, list(run.targets.values()), held=True)
         for target in list(run.targets.values()):
             self._stop(run, target)
         self._refused_stop(run)
@@ -393,7 +495,8 @@ class Reaper:
             if target.exited:
                 continue
             info = view.fresh_stat(target.member.pid)
-            if info is None or info.is_zombie or info.start_time != target.member.start_time:
+            if (info is None or info.start_time != target.member.start_time
+                    or not info.is_live(view.thread_states)):
                 target.exited = True
                 continue
             member = member_of(info, view)
@@ -405,8 +508,7 @@ class Reaper:
                 raise _Abort(*refused)
             else:
                 if target.stopped:
-                    self._send(run, target, signal.SIGCONT)
-                    target.stopped = False
+                    self._continue(run, [target])
                 del run.targets[target.member.pid]
                 self._release(target)
                 run.notes.append(f"left {target.member.pid} alone: {refused[1]}")
@@ -418,13 +520,24 @@ class Reaper:
             os.close(target.fd)
             target.fd = None
 
-    def _check_holders(self, run: _Run, plan: ReapPlan) -> None:
-        """With the tree frozen, NVML once more: complete, and no GPU holder nobody judged."""
+    def _check_holders(self, run: _Run, plan: ReapPlan, deadline: float) -> None:
+        """With the tree frozen, NVML once more, waited for no longer than the deadline (a
+        driver that hangs must not keep the tree stopped): complete, no GPU holder nobody
+        judged, and (plan.classified) the root still the orphan the decision was made on."""
+        left = deadline - self._monotonic()
+        if left <= 0:
+            raise _Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+                         "any kill")
         try:
-            reading = self.nvml.read()
+            reading = read_within(self.nvml, left)
+        except NvmlTimeout as exc:  # fail closed: the abort continues the tree now
+            raise _Abort(NVML_TIMEOUT, f"NVML re-check with the tree frozen: {exc}, the "
+                         "rest of remediate.worker_timeout_seconds; nothing was "
+                         "terminated") from None
         except Exception as exc:  # fail closed: an unreadable NVML confirms nothing
             raise _Abort("nvml-unavailable", f"NVML re-check failed: {exc}") from None
-        problem = nvml_problem(reading, {*plan.gpus, *(h.gpu_uuid for h in plan.holders)})
+        gpus = {*plan.gpus, *(h.gpu_uuid for h in plan.holders)}
+        problem = nvml_problem(reading, gpus)
         if problem is not None:
             raise _Abort(problem[0], f"NVML re-check with the tree frozen: {problem[1]}")
         judged = {h.pid for h in plan.holders}
@@ -434,15 +547,36 @@ class Reaper:
                 raise _Abort(MEMBER_UNKNOWN, f"member {holder.pid} ({target.member.comm}) "
                              "holds GPU memory but was not a GPU holder when the tree was "
                              "classified")
+        if plan.classified:
+            self._rederive(run, plan, reading, gpus)
+
+    def _rederive(self, run: _Run, plan: ReapPlan, reading: NvmlReading,
+                  gpus: set[str]) -> None:
+        """The verdict the decision rested on, derived again now that no member can call
+        setsid(), exec or fork any more: the inspection's own path (inspect_tree: a fresh
+        view, classify()) over the frozen tree and the reading just taken, and the
+        decision's own verification (policy.verify_live). Anything but the same root,
+        still an orphan (unless a person forced it) with an allowed reason, aborts."""
+        live = inspect_tree(plan.key, nvml=self.nvml, rules=run.rules, counters=self.counters,
+                            expected_gpus=gpus, events=run.events, memory=run.memory,
+                            reading=reading)
+        refused = verify_live(plan.key, live, named_by="the decision",
+                              require_orphan=not run.force)
+        if refused is not None:
+            raise _Abort(refused.reason, f"classified again with the tree frozen: "
+                         f"{refused.detail}")
+        if not run.force and plan.reasons is not None and live.reason not in plan.reasons:
+            raise _Abort("reason-not-allowed", "classified again with the tree frozen: "
+                         f"orphan reason {live.reason} is not in remediate.reasons")
 
     def _kill_frozen(self, run: _Run, plan: ReapPlan) -> ReapResult:
         """TERM + CONT everyone, wait, then freeze and KILL whoever is left."""
         for target in run.targets.values():
             self._send(run, target, signal.SIGTERM)
-        for target in run.targets.values():
-            self._send(run, target, signal.SIGCONT)
+        self._continue(run, list(run.targets.values()))
         survivors = self._wait_gone(run, run.policy.term_timeout_seconds)
         if survivors:
+            self._mark(run, survivors, held=True)
             for target in survivors:
                 self._stop(run, target)
             joined: list[_Target] = []
@@ -455,6 +589,12 @@ class Reaper:
                 self._refused_stop(run)
                 joined = [t for t in joined if run.targets.get(t.member.pid) is t]
             self._rejudge(run, joined, refuse=False)
+            # Every member again, not only those that joined: one that began ignoring
+            # SIGHUP (or exec'd into a protected program) after its SIGTERM is no longer
+            # ours to kill, and then nobody is SIGKILLed (the caller thaws the rest).
+            new = {id(t) for t in joined}
+            self._rejudge(run, [t for t in run.targets.values() if id(t) not in new],
+                          refuse=True)
             for target in list(run.targets.values()):
                 if not self._gone(run, target):
                     self._send(run, target, signal.SIGKILL)
@@ -489,16 +629,18 @@ class Reaper:
                 return None, f"could not be opened ({exc.strerror})"
         try:
             info = run.view.fresh_stat(pid)
+            # A zombie main thread with a live thread (pthread_exit()) is a live process.
+            live = info is not None and info.is_live(run.view.thread_states)
         except ProcUnreadable as exc:
             if fd is not None:
                 os.close(fd)
             return None, f"unreadable ({exc})"
         why = ""
-        if info is None or info.is_zombie:
+        if info is None or not live:
             why = "exited"
         elif start_time is not None and info.start_time != start_time:
             why = "replaced"
-        elif parent is not None and not is_child_of(info, parent):
+        elif parent is not None and not is_child_of(info, parent, run.view.thread_states):
             why = "reparented"
         elif parent is not None and not still_same(self._fresh(run, parent.pid), parent):
             why = "parent-replaced"
@@ -564,6 +706,8 @@ class Reaper:
             if generation and run.journal is not None:
                 try:
                     self._write(run, JOINED, generation)
+                    if stop:
+                        self._mark(run, generation, held=True)
                 except _Abort:
                     if refuse:
                         raise
@@ -573,7 +717,7 @@ class Reaper:
                             os.close(target.fd)
                             target.fd = None
                     run.notes.append(f"left {len(generation)} late joiner(s) unsignalled: "
-                                     "the audit record naming them could not be written")
+                                     "the record naming them could not be written")
                     return joined
             if stop:
                 for target in generation:
@@ -631,8 +775,12 @@ class Reaper:
         """SIGSTOP; a process that was stopped already (Ctrl-Z, a scheduler) stays ours
         to kill but not ours to continue if the reap is abandoned."""
         before = self._fresh(run, target.member.pid)
-        if self._send(run, target, signal.SIGSTOP) == "sent":
-            target.stopped = before is None or before.state not in ("T", "t")
+        previous = target.stopped
+        # Flagged before the signal: an exception (a signal's Interrupted) landing right
+        # after the kernel took the SIGSTOP still finds the member to continue.
+        target.stopped = before is None or before.state not in ("T", "t")
+        if self._send(run, target, signal.SIGSTOP) != "sent":
+            target.stopped = previous
 
     def _fresh(self, run: _Run, pid: int) -> ProcInfo | None:
         """stat now; unreadable counts as unknown, which every caller treats as not-same."""
@@ -643,19 +791,63 @@ class Reaper:
 
     def _thaw(self, run: _Run) -> None:
         """Undo a partial freeze: an aborted reap must leave the tree as it found it (what
-        was stopped before it came stays stopped)."""
-        for target in run.targets.values():
+        was stopped before it came stays stopped). Every stopped member gets its SIGCONT
+        even when one of them raises (that is raised at the end); a thaw that runs again
+        sends only what is still owed."""
+        failure: BaseException | None = None
+        continued: list[_Target] = []
+        for target in list(run.targets.values()):
             if target.stopped and not target.exited:
-                self._send(run, target, signal.SIGCONT)
+                try:
+                    if self._send(run, target, signal.SIGCONT) in ("sent", "gone"):
+                        target.stopped = False
+                        continued.append(target)
+                except BaseException as exc:  # the next member is still continued
+                    failure = failure or exc
+        self._mark(run, continued, held=False)
+        if failure is not None:
+            raise failure
+
+    def _continue(self, run: _Run, targets: list[_Target]) -> None:
+        """SIGCONT each of `targets`; the ones it reached are no longer the reap's to
+        continue, nor held stopped as far as crash recovery is concerned."""
+        continued = []
+        for target in targets:
+            if self._send(run, target, signal.SIGCONT) in ("sent", "gone"):
                 target.stopped = False
+                continued.append(target)
+        self._mark(run, continued, held=False)
+
+    def _mark(self, run: _Run, targets: list[_Target], *, held: bool) -> None:
+        """Tell the crash ledger (`holding`) that this reap may now hold `targets` stopped
+        (right before their SIGSTOP: no mark, no stop) or holds them no longer."""
+        if run.holding is None or not targets:
+            return
+        try:
+            run.holding(tuple((t.member.pid, t.member.start_time) for t in targets), held)
+        except Exception as exc:
+            if held:
+                raise _Abort("state-failed", "could not record which members are about to "
+                             f"be stopped ({exc}); they are not stopped") from None
+            # Still marked: after a crash they would be continued, as a freeze is owed.
+            log.warning("could not record that %d member(s) were continued: %s",
+                        len(targets), exc)
 
     def _alive_info(self, run: _Run, target: _Target) -> ProcInfo | None:
-        """The member as /proc shows it now; None (and marked exited) once it is a zombie,
-        gone, or the pid names someone else."""
+        """The member as /proc shows it now; None (and marked exited) once every thread of
+        it has exited (gone, or a zombie with no live thread), or the pid names someone
+        else. A zombie main thread with a live thread (pthread_exit()) is alive, and so
+        is a member whose stat or threads cannot be read (its last known facts are
+        returned): it is never confirmed gone on a guess."""
         if target.exited:
             return None
-        info = self._fresh(run, target.member.pid)
-        if info is None or info.is_zombie or info.start_time != target.member.start_time:
+        try:
+            info = run.view.fresh_stat(target.member.pid)
+            live = (info is not None and info.start_time == target.member.start_time
+                    and info.is_live(run.view.thread_states))
+        except ProcUnreadable:
+            return target.info
+        if not live:
             target.exited = True
             return None
         return info
@@ -669,10 +861,14 @@ class Reaper:
         info = self._alive_info(run, target)
         if info is None:
             return True
-        if info.state not in ("T", "t"):
+        if info.state not in ("T", "t") and not info.is_zombie:
             return False
         # Every thread, not just the main one: a thread mid-fork links its child first.
-        states = run.view.thread_states(target.member.pid)
+        # (A zombie main thread is alive through its other threads: they must show T.)
+        try:
+            states = run.view.thread_states(target.member.pid)
+        except ProcUnreadable:
+            return False  # not known to be stopped; the wait is bounded
         if states is None:
             target.exited = True
             return True
@@ -700,9 +896,10 @@ class Reaper:
                 if joined and self._on_refused_stop == "release":
                     self._refused_stop(run)
                     joined = [t for t in joined if run.targets.get(t.member.pid) is t]
-                for target in self._rejudge(run, joined, refuse=False) if joined else ():
+                kept = self._rejudge(run, joined, refuse=False) if joined else []
+                for target in kept:
                     self._send(run, target, signal.SIGTERM)
-                    self._send(run, target, signal.SIGCONT)
+                self._continue(run, kept)
             alive = [t for t in run.targets.values() if not self._gone(run, t)]
             remaining = until - self._monotonic()
             if not alive or remaining <= 0:

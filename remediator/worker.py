@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from gpuguard.exporter.config import Config
 from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.exporter.launcher_memory import LauncherMemory
 from gpuguard.exporter.procevents import ProcessEvents
 from gpuguard.remediator.alertmanager import (
     FIRING,
@@ -108,6 +109,7 @@ class Remediator:
         reaper: Reaper | None = None,
         alertmanager: AlertmanagerClient | None = None,
         events: ProcessEvents | None = None,
+        launchers: LauncherMemory | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -121,8 +123,12 @@ class Remediator:
         self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
         self.alertmanager = alertmanager
         self.events = events  # the kernel's process events: how launchers died
+        self.launchers = launchers  # the first reason established per orphan root
         self._companions: list[Companion] = []
-        self._clock = clock
+        self._clock = clock  # the wall clock: audit and /state times only
+        # Ages, rate-limit windows and due times: the ledger's boot clock, which no
+        # wall-clock step moves (PolicyState.now).
+        self._boot_clock = ledger.boot_clock
         self._monotonic = monotonic
         self._lock = threading.Lock()  # intake + worker hand-over; never held across I/O to /proc
         self._wake = threading.Condition(threading.Lock())
@@ -188,25 +194,30 @@ class Remediator:
         with self._wake:
             self._wake.notify_all()
 
-    def healthy(self) -> tuple[bool, str]:
+    def healthy(self) -> tuple[bool, str, str]:
+        """(ok, reason code, detail): /healthz answers the code alone (it is open to
+        anyone); the detail (paths, keys) is for the log and for /state."""
         if self._thread is None or not self._thread.is_alive():
-            return False, "worker thread is not running"
+            return False, "worker-stopped", "worker thread is not running"
         if not all(companion.alive() for companion in self._companions):
-            return False, "the Alertmanager poller is not running"
+            return False, "poller-stopped", "the Alertmanager poller is not running"
         if self._state_error is not None:
-            return False, f"state cannot be written ({self._state_error}): no work proceeds"
+            return False, "state-unwritable", (f"state cannot be written ({self._state_error}):"
+                                               " no work proceeds")
         if self._unsettled:
             keys = ", ".join(str(k) for k, _ in self._unsettled)
-            return False, (f"interrupted reap(s) {keys} not settled (audit log not writable): "
-                           "their trees may be left stopped")
+            return False, "reaps-unsettled", (f"interrupted reap(s) {keys} not settled (audit "
+                                              "log not writable): their trees may be left "
+                                              "stopped")
         if self._audit_error is not None:
-            return False, f"audit log cannot be written ({self._audit_error}): no reap can run"
+            return False, "audit-log-unwritable", (f"audit log cannot be written "
+                                                   f"({self._audit_error}): no reap can run")
         busy = self._busy_since
         limit = (self.policy.worker_timeout_seconds + self.policy.term_timeout_seconds
                  + KILL_CONFIRM_SECONDS + 30)
         if busy is not None and self._monotonic() - busy > limit:
-            return False, f"worker stuck on one item for over {limit:g}s"
-        return True, "ok"
+            return False, "worker-stuck", f"worker stuck on one item for over {limit:g}s"
+        return True, "ok", "ok"
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """True once nothing is due or in flight (tests; graceful shutdown)."""
@@ -214,7 +225,7 @@ class Remediator:
         with self._wake:
             while True:
                 item = self.ledger.next_due()
-                due = item is not None and item.due <= self._clock()
+                due = item is not None and item.due <= self._boot_clock()
                 if not due and self._current is None:
                     return True
                 left = deadline - time.monotonic()
@@ -236,7 +247,7 @@ class Remediator:
         accounts: list[Account] = []
         queued: list[PendingItem] = []
         with self._lock:
-            now = self._clock()
+            now = self._boot_clock()
             state = self._state(now)
             pending = set(state.pending)
             for index, alert in enumerate(notification.alerts):
@@ -273,21 +284,29 @@ class Remediator:
     # -- state -----------------------------------------------------------------------
 
     def _state(self, now: float, *, exclude: TreeKey | None = None) -> PolicyState:
+        """The policy's view at boot-clock time `now`."""
         return policy_state(self.policy, self.hostname, self.ledger, now, self._protected,
-                            exclude=exclude)
+                            wall_now=self._clock(), exclude=exclude)
+
+    def _on_wall(self, boot_time: float) -> float:
+        """A boot-clock time as Unix seconds, for people (the clocks' offset now)."""
+        return boot_time + (self._clock() - self._boot_clock())
 
     def _note(self, decision: Decision, alert: Alert | None, group_key: str, *,
               source: str) -> None:
         """Count a decision and keep it for /state (caller holds self._lock)."""
         slot = (decision.action, decision.reason)
         self.decisions[slot] = self.decisions.get(slot, 0) + 1
+        shown = decision.to_json()
+        if decision.recheck_at is not None:
+            shown["recheck_at"] = self._on_wall(decision.recheck_at)
         self._recent.append({
             "time": iso_time(self._clock()),
             "source": source,
             "key": str(decision.key) if decision.key else None,
             "fingerprint": alert.fingerprint if alert else "",
             "group_key": group_key,
-            **decision.to_json(),
+            **shown,
         })
         level = logging.INFO if decision.action in (REAP, DRY_RUN, CANCEL) else logging.DEBUG
         if decision.action == IGNORE and source == "worker":
@@ -298,21 +317,23 @@ class Remediator:
     def snapshot(self) -> dict[str, Any]:
         """The JSON behind GET /state."""
         with self._lock:
-            now = self._clock()
+            now = self._boot_clock()
             budget = rate_budget(self._state(now))
             recent = list(self._recent)
             current = self._current
         pending = sorted(self.ledger.pending().values(), key=lambda i: i.due)
-        return {
+        return {  # times as Unix seconds: the boot clock means nothing to a person
             "hostname": self.hostname,
             "mode": self.policy.mode,
             "in_flight": str(current) if current else None,
-            "pending": [{"key": str(i.key), "due": i.due, "accepted_at": i.accepted_at,
+            "pending": [{"key": str(i.key), "due": self._on_wall(i.due),
+                         "accepted_at": self._on_wall(i.accepted_at),
                          "fingerprint": i.alert.fingerprint, "group_key": i.group_key}
                         for i in pending if i.key != current],
             "rate_limit": {"max_reaps": budget.max_reaps, "per_seconds": budget.per_seconds,
                            "used": budget.used, "remaining": budget.remaining,
-                           "next_slot_at": budget.next_slot_at},
+                           "next_slot_at": None if budget.next_slot_at is None
+                           else self._on_wall(budget.next_slot_at)},
             "recent_decisions": recent[::-1],
         }
 
@@ -360,7 +381,7 @@ class Remediator:
     def _next_due(self) -> PendingItem | None:
         with self._wake:
             item = self.ledger.next_due()
-            now = self._clock()
+            now = self._boot_clock()
             if item is not None and item.due <= now:
                 with self._lock:
                     self._current = item.key
@@ -379,7 +400,7 @@ class Remediator:
         try:
             live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify,
                                 counters=self.counters, expected_gpus=self.ledger.gpus(key),
-                                events=self.events)
+                                events=self.events, memory=self.launchers)
         except Exception as exc:  # unreadable /proc and the like: refuse, never guess
             log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
             live = None
@@ -387,7 +408,8 @@ class Remediator:
             if key in self._cancelled or key not in self.ledger.pending():
                 decision = Decision(CANCEL, "resolved", "withdrawn before the live check", key)
             else:
-                decision = decide(item.alert, live, self._state(self._clock(), exclude=key))
+                decision = decide(item.alert, live, self._state(self._boot_clock(),
+                                                                exclude=key))
             gpus = live.gpus if live is not None else ()
             if decision.action == DEFER and self.alertmanager is None:
                 # No one to ask at kill time: only a delivery may lead to a reap, and a
@@ -421,7 +443,7 @@ class Remediator:
         key = item.key
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=decision.action == DRY_RUN,
-                        gpus=live.gpus)
+                        gpus=live.gpus, reasons=tuple(self.policy.reasons))
         result: ReapResult | None = None
 
         def journal(phase: str, members: tuple[Member, ...]) -> None:
@@ -431,6 +453,11 @@ class Remediator:
             self._append(audit_record(self.hostname, self._clock(), decision, live, None,
                                       key=key, mode=self.policy.mode, item=item, phase=phase,
                                       members=members, reap_id=reap_id))
+
+        def holding(members: tuple[tuple[int, int], ...], held: bool) -> None:
+            """The ledger: which members this reap may hold stopped (crash recovery
+            continues only those)."""
+            self.ledger.mark_held(key, members, held)
 
         confirmations: list[Confirmation] = []
 
@@ -447,7 +474,9 @@ class Remediator:
             result = self.reaper.reap(plan, policy=self.policy, rules=self.config.classify,
                                       protected_pids=self._protected, deadline=deadline,
                                       journal=journal, cancelled=lambda: key in self._cancelled,
-                                      confirm=confirm if self.alertmanager is not None else None)
+                                      confirm=confirm if self.alertmanager is not None else None,
+                                      holding=holding, events=self.events,
+                                      memory=self.launchers)
         except Exception:
             log.exception("reaping %s raised; the key stays settled, the tree is not retried",
                           key)
@@ -492,11 +521,16 @@ class Remediator:
             if finished:
                 self.ledger.settle_interrupted(key)  # the final record made it; only settle
                 continue
-            recorded = [(int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False)
+            recorded = [(int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,
+                         bool(m[3]) if len(m) > 3 else True)
                         for m in entry.get("members", [])]
-            # Only what this reap may have stopped: a member that was stopped already when
-            # the reap held it (Ctrl-Z, a scheduler) is left as its owner left it.
-            thaw = [(pid, start) for pid, start, was_stopped in recorded if not was_stopped]
+            # Only what this reap may have stopped: marked held (right before its SIGSTOP,
+            # cleared once the reap continued it: see Reaper.thaw_interrupted for what that
+            # can and cannot tell), and not stopped already when the reap held it (Ctrl-Z,
+            # a scheduler): that one is left as its owner left it. A state file from
+            # before the marks (3 fields) counts every member as held.
+            thaw = [(pid, start) for pid, start, was_stopped, held in recorded
+                    if held and not was_stopped]
             decision = Decision(IGNORE, "interrupted-thawed" if recorded else "interrupted",
                                 "the remediator stopped during this reap; members it may "
                                 "have stopped are continued (SIGCONT) and left alive", key)
@@ -504,7 +538,7 @@ class Remediator:
                 audit_record, self.hostname, live=None, result=None, decision=decision,
                 key=key, mode=str(entry.get("mode")), reap_id=reap_id,
                 fingerprint=str(entry.get("fingerprint", "")),
-                member_ids=[(pid, start) for pid, start, _ in recorded])
+                member_ids=[(pid, start) for pid, start, _, _ in recorded])
             try:
                 if thaw:  # the SIGCONTs are signals too: written down first
                     self._append(record(now=self._clock(), phase=INTENT))

@@ -6,11 +6,22 @@ Run by the tests as a real process; the fake NVML state names its pid as a holde
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import sys
 import threading
 import time
+
+
+def erase_environ() -> None:
+    """Zero env_start..env_end (/proc/self/stat fields 50-51), as setproctitle does."""
+    import ctypes
+
+    with open("/proc/self/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # field N is fields[N - 3]
+    ctypes.memset(start, 0, end - start)
 
 
 def main() -> None:
@@ -25,8 +36,25 @@ def main() -> None:
                    help="on SIGUSR1 start ignoring SIGHUP (a job that detaches late)")
     p.add_argument("--fork-on-term", action="store_true",
                    help="on SIGTERM fork a sleeping child (pid in PIDFILE.child), keep running")
+    p.add_argument("--erase-environ", action="store_true",
+                   help="zero-fill the memory /proc/PID/environ shows, as setproctitle does "
+                        "(getenv() and children still see the variables)")
+    p.add_argument("--zombie-leader", action="store_true",
+                   help="run on in a second thread and end the main one with pthread_exit(): "
+                        "/proc/PID/stat shows Z while the process lives (the pid file is "
+                        "written once it does)")
+    p.add_argument("--hup-on-term", action="store_true",
+                   help="on SIGTERM start ignoring SIGHUP and keep running (detaches when "
+                        "asked to stop)")
+    p.add_argument("--setsid-on-usr2", action="store_true",
+                   help="on SIGUSR2 call setsid() (also while waiting as a --depth level)")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
+    if args.setsid_on_usr2:
+        signal.signal(signal.SIGUSR2, lambda *_: os.setsid())
+    if args.hup_on_term:
+        signal.signal(signal.SIGTERM,
+                      lambda *_: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     if args.depth > 0:
         child = os.fork()
         if child == 0:
@@ -53,19 +81,49 @@ def main() -> None:
         signal.signal(signal.SIGTERM, cleanup_child)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.erase_environ:
+        erase_environ()
     for _ in range(args.threads):
         threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
     for _ in range(args.children):
         if os.fork() == 0:
             while True:
                 time.sleep(3600)
-    tmp = f"{args.pidfile}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(str(os.getpid()))
-    os.replace(tmp, args.pidfile)
-    sys.stdout.flush()
+    if args.zombie_leader:
+        # Python runs signal handlers in the main thread only: with it gone, only what
+        # the kernel does by itself (a default action, SIG_IGN) still happens.
+        threading.Thread(target=live_on, args=(args.pidfile,), daemon=False).start()
+        ctypes.CDLL(None).pthread_exit(None)
+    write_pidfile(args.pidfile)
     while True:
         time.sleep(3600)
+
+
+def write_pidfile(path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(tmp, path)
+    sys.stdout.flush()
+
+
+def live_on(pidfile: str) -> None:
+    """The thread that outlives the main one: the pid file once /proc shows the main
+    thread a zombie (Z), then sleep."""
+    deadline = time.monotonic() + 10
+    while main_thread_state() != "Z":
+        if time.monotonic() > deadline:
+            os._exit(1)  # no pid file: the test waiting for it fails
+        time.sleep(0.001)
+    write_pidfile(pidfile)
+    while True:
+        time.sleep(3600)
+
+
+def main_thread_state() -> str:
+    with open("/proc/self/stat") as fh:  # /proc/self is the process: its main thread
+        text = fh.read()
+    return text[text.rindex(")") + 2 :].split()[0]
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ def main() -> None:
     infos = [view.fresh_stat(root.pid), view.fresh_stat(member)]
     assert all(infos)
     members = tuple(member_of(i, view) for i in infos if i is not None)
-    plan = ReapPlan(TreeKey("h", root.pid, members[0].start_time), members, (), 0, False)
+    # The walk is under test, not a verdict: no holder, nothing classified to re-derive.
+    plan = ReapPlan(TreeKey("h", root.pid, members[0].start_time), members, (), 0, False,
+                    classified=False)
     raced: dict[str, int] = {}
     conts = 0
 

@@ -35,9 +35,11 @@ races and process exits.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from gpuguard.exporter.launcher_memory import LauncherMemory
 from gpuguard.exporter.nvml import Holder
 from gpuguard.exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
 
@@ -71,6 +73,13 @@ class FakeProc:
     keep: bool = False
     #: GPUGUARD_RUN in the environment: the (pid, start_time) of a `gpuguard run`.
     run: tuple[int, int] | None = None
+    #: The environment is unreadable although the rest is not (overwritten: no KEY=VALUE
+    #: entry left, as setproctitle leaves it).
+    environ_erased: bool = False
+    #: Registrations by identity (exporter/marks.py): `gpuguard keep PID`, and a `gpuguard
+    #: run` launcher's own.
+    keep_registered: bool = False
+    run_registered: bool = False
     daemon_io: bool = False
     kernel_thread: bool = False
     #: Other threads still run after the main one exited (stat then shows Z).
@@ -213,6 +222,8 @@ class SyntheticView:
         unreadable: Iterable[int] = (),
         opaque: Iterable[int] = (),
         vanish_after_reads: Mapping[int, int] | None = None,
+        listener: bool = False,
+        memory: LauncherMemory | None = None,
     ) -> None:
         table: dict[int, FakeProc] = {}
         for p in procs:
@@ -227,6 +238,10 @@ class SyntheticView:
         self._stat_reads: Counter[int] = Counter()
         self.exits: dict[int, Exit] = {}
         self.calls: list[tuple[str, int]] = []
+        #: A process-event listener runs (record_exit turns it on); `memory`: the
+        #: launcher memory (exporter/launcher_memory.py), None for none.
+        self.listener = listener
+        self.memory = memory
 
     # -- inspecting the table (not recorded) ------------------------------------------
 
@@ -306,11 +321,33 @@ class SyntheticView:
 
     def keep_marker(self, info: ProcInfo) -> bool | None:
         p = self._current("keep_marker", info)
-        return p.keep if p is not None else None
+        return p.keep if p is not None and not p.environ_erased else None
 
     def run_launcher(self, info: ProcInfo) -> tuple[int, int] | None:
         p = self._current("run_launcher", info)
-        return p.run if p is not None else None
+        return p.run if p is not None and not p.environ_erased else None
+
+    def memo(self, info: ProcInfo, key: object, compute: Callable[[], Any]) -> Any:
+        """No memo: every question is answered afresh (and recorded)."""
+        return compute()
+
+    def registered(self, kind: str, info: ProcInfo, directory: str) -> bool | None:
+        """A registration is a file by identity: readable whatever /proc hides."""
+        self.calls.append(("registered", info.pid))
+        p = self._procs.get(info.pid)
+        if p is None or p.start_time != info.start_time:
+            return False
+        return p.keep_registered if kind == "keep" else p.run_registered
+
+    def listening(self) -> bool:
+        return self.listener
+
+    def recall_launcher(self, root: ProcInfo, reason: str, detail: str, *,
+                        recorded: bool) -> tuple[str, str]:
+        if self.memory is None:
+            return reason, detail
+        return self.memory.recall((root.pid, root.start_time, root.sid), reason, detail,
+                                  recorded=recorded)
 
     def daemon_io(self, info: ProcInfo) -> bool | None:
         p = self._current("daemon_io", info)
@@ -328,6 +365,7 @@ class SyntheticView:
     def record_exit(self, pid: int, *, signal: int | None = None,
                     status: int | None = None) -> None:
         """`pid` exits as `exit()` does, and the listener saw how."""
+        self.listener = True
         self.exits[pid] = Exit(signal=signal, status=status, at=0.0)
         self.exit(pid)
 

@@ -55,9 +55,36 @@ def stat_fields(pid: int) -> dict[str, object] | None:
 
 
 def alive(pid: int) -> bool:
-    """Running or sleeping: a zombie or a missing pid is not alive."""
+    """Running or sleeping in some thread: a missing pid, or a zombie whose every thread
+    has exited, is not alive. (A main thread that called pthread_exit() shows Z while
+    the process runs on in its other threads: that process is alive.)"""
     fields = stat_fields(pid)
-    return fields is not None and fields["state"] not in ("Z", "X")
+    if fields is None:
+        return False
+    return fields["state"] not in ("Z", "X") or bool(live_threads(pid))
+
+
+def live_threads(pid: int) -> list[int]:
+    """The threads of `pid` that have not exited, from /proc/PID/task/TID/stat."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out = []
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        if text[text.rindex(")") + 2 :].split()[0] not in ("Z", "X"):
+            out.append(int(tid))
+    return out
+
+
+def zombie_leader(pid: int) -> bool:
+    """`pid`'s main thread has exited (state Z) while another thread runs."""
+    fields = stat_fields(pid)
+    return fields is not None and fields["state"] == "Z" and bool(live_threads(pid))
 
 
 def children_of(pid: int) -> list[int]:

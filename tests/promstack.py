@@ -338,6 +338,10 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         policy: dict[str, Any] = {
             "mode": "enforce", "min_age_seconds": 0,
             "term_timeout_seconds": term_timeout_seconds,
+            # The trees' launchers die before the daemons start: with their listener on
+            # (the host PID namespace) that reads launcher-unrecorded, which the default
+            # policy does not reap. These tests are about the alerting loop: allow it.
+            "reasons": ["launcher-killed", "session-ended", "launcher-unrecorded"],
             # The planted trees belong to whoever runs this, root under CI.
             "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
             "state_dir": str(base / "state"), "audit_log": str(audit_log),

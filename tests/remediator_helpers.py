@@ -24,6 +24,8 @@ from flask.testing import FlaskClient
 from gpuguard.exporter.config import load_config
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.exporter.procfs import boottime
 from gpuguard.remediator.app import create_app
 from gpuguard.remediator.reaper import Reaper
 from gpuguard.remediator.service import build_remediator
@@ -210,15 +212,22 @@ def harness(tmp_path: Path, fake_gpu: FakeGpuWorld) -> Iterator[Callable[..., Ha
 
     def make(*, clock: Callable[[], float] = time.time,
              monotonic: Callable[[], float] = time.monotonic, classify: dict | None = None,
-             reaper_kw: dict[str, Any] | None = None, **remediate: Any) -> Harness:
-        """An app over the fake GPU world; `reaper_kw` reaches the Reaper (signal edges)."""
+             reaper_kw: dict[str, Any] | None = None,
+             boot_clock: Callable[[], float] | None = None,
+             events: ProcessEvents | None = None, **remediate: Any) -> Harness:
+        """An app over the fake GPU world; `reaper_kw` reaches the Reaper (signal edges).
+        A FakeClock `clock` brings its own boot clock, which moves with it (see step()).
+        `events`: a process-event listener, started and stopped by the service."""
+        if boot_clock is None:
+            boot_clock = clock.boot if isinstance(clock, FakeClock) else boottime
         config = load_config(write_config(tmp_path, classify=classify, **remediate))
         counters = Counters()
         nvml = Nvml(counters=counters)
         reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic, **reaper_kw) \
             if reaper_kw is not None else None
         service = build_remediator(config, hostname=HOST, clock=clock, monotonic=monotonic,
-                                   nvml=nvml, counters=counters, reaper=reaper)
+                                   boot_clock=boot_clock, nvml=nvml, counters=counters,
+                                   reaper=reaper, events=events)
         app = create_app(service, token=lambda: TOKEN.encode())
         service.start()
         h = Harness(app.test_client(), service, nvml, fake_gpu,
@@ -233,13 +242,25 @@ def harness(tmp_path: Path, fake_gpu: FakeGpuWorld) -> Iterator[Callable[..., Ha
 
 
 class FakeClock:
-    """Wall clock the test moves by hand; the worker is woken after each move."""
+    """Wall clock the test moves by hand; the worker is woken after each move.
+
+    `clock.now += 61` is time passing: the boot clock (`boot`) moves with it. `step()`
+    moves the wall clock alone, as NTP, a VM resumed or a person setting it would.
+    """
 
     def __init__(self) -> None:
         self.now = time.time()
+        self._wall_minus_boot = self.now - boottime()
 
     def __call__(self) -> float:
         return self.now
+
+    def boot(self) -> float:
+        return self.now - self._wall_minus_boot
+
+    def step(self, seconds: float) -> None:
+        self.now += seconds
+        self._wall_minus_boot += seconds
 
 
 def account(resp: Any) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuguard.exporter.procfs import in_host_pid_namespace
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -105,6 +107,12 @@ def find(samples: Mapping[tuple[str, frozenset], float], name: str,
     want = set(labels.items())
     return [(dict(lbls), value) for (n, lbls), value in samples.items()
             if n == name and want <= set(lbls)]
+
+
+#: The reason daemons started after a tree's launcher died give it: their process-event
+#: listener runs in the host PID namespace and holds no record of that exit
+#: (launcher-unrecorded); in a child one (CI's main run) no listener runs (session-ended).
+LATE_REASON = "launcher-unrecorded" if in_host_pid_namespace() else "session-ended"
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -28,8 +28,11 @@ from gpuguard.exporter.classify import (
     classify,
     managed_cgroup,
 )
+from gpuguard.exporter.launcher_memory import LauncherMemory
+from gpuguard.exporter.procfs import Truncated
 from tests.proctable import (
     GIB,
+    Exit,
     FakeProc,
     SyntheticView,
     chain,
@@ -291,7 +294,7 @@ def test_environ_is_not_read_unless_the_tree_would_be_an_orphan(scenario):
     tree = one_tree(view)
     assert tree.verdict in (NORMAL, PROTECTED)
     assert tree.reason != "keep-marker"
-    assert view.calls_to("keep_marker") == []
+    assert view.calls_to("keep_marker") == [] and view.calls_to("registered") == []
 
 
 def under_run_launcher(marker_of=None, **daemon_kw) -> SyntheticView:
@@ -351,6 +354,117 @@ def test_after_the_launcher_is_killed_its_adoptee_is_an_ordinary_orphan():
     view.exit(260)
     view.exit(250)  # the daemon goes to PID 1; its marker names a launcher that is gone
     check(one_tree(view), ORPHAN, "session-ended", 300, "6")
+
+
+# -- missing evidence never kills (issue 24) ----------------------------------------
+
+
+def test_an_erased_environment_is_unreadable_not_unmarked():
+    """setproctitle zero-fills /proc/PID/environ: a GPUGUARD_KEEP=1 the root held cannot
+    be told from none, so the tree is unknown, not an orphan."""
+    view = leader_killed()
+    view.update(200, keep=True, environ_erased=True)
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "member-unknown", 200, "2")
+    assert "environ" in tree.evidence.detail and "setproctitle" in tree.evidence.detail
+    assert "gpuguard keep" in tree.evidence.detail
+
+
+def test_an_erased_environment_below_the_root_is_unknown_too():
+    view = leader_killed(proc(310, ppid=300, sid=100, environ_erased=True))
+    check(one_tree(view), UNKNOWN, "member-unknown", 200, "2")
+
+
+def test_a_keep_registration_protects_whatever_the_environment_says():
+    view = leader_killed()
+    view.update(200, environ_erased=True, keep_registered=True)
+    tree = one_tree(view)
+    check(tree, PROTECTED, "keep-marker", 200, "4")
+    assert "gpuguard keep" in tree.evidence.detail
+
+
+def test_a_keep_registration_on_a_member_protects_the_tree():
+    view = leader_killed(proc(310, ppid=300, sid=100, keep_registered=True))
+    check(one_tree(view), PROTECTED, "member-protected", 200, "4")
+
+
+def test_a_positive_protection_decides_before_an_unreadable_fact():
+    """A nohup'd member whose environment was erased: protected (what was read says so),
+    not merely unknown."""
+    view = leader_killed(proc(310, ppid=300, sid=100, environ_erased=True,
+                              sighup_ignored=True))
+    check(one_tree(view), PROTECTED, "member-protected", 200, "4")
+
+
+def test_a_registered_run_launcher_attaches_its_adoptee_with_its_marker_erased():
+    view = under_run_launcher()
+    view.update(300, environ_erased=True)
+    check(one_tree(view), UNKNOWN, "member-unknown", 300, "2")  # the marker alone: lost
+    view.update(250, run_registered=True)
+    check(one_tree(view), NORMAL, "run-launcher", 300, "6")
+
+
+@pytest.mark.parametrize("adopter", ["init", "named", "namespace-init"])
+def test_a_run_registration_of_an_adopter_changes_nothing(adopter):
+    view = under_run_launcher()
+    view.update(300, run=None)
+    if adopter == "init":
+        view = leader_killed()
+        view.update(1, run_registered=True)
+        check(one_tree(view), ORPHAN, "session-ended", 200, "6")
+        return
+    view.update(250, run_registered=True,
+                **({"comm": "systemd"} if adopter == "named" else {"nspid": (250, 1)}))
+    check(one_tree(view), ORPHAN, "session-ended", 300, "6")
+
+
+def test_a_listener_without_a_record_says_so_and_no_listener_is_session_ended():
+    """A listener runs but has no record of the launcher's exit (it started later, or the
+    record was evicted): launcher-unrecorded, which the default policy does not reap."""
+    heard = leader_killed(listener=True)
+    tree = one_tree(heard)
+    check(tree, ORPHAN, "launcher-unrecorded", 200, "6")
+    assert "evicted" in tree.evidence.detail
+    check(one_tree(leader_killed()), ORPHAN, "session-ended", 200, "6")
+
+
+def test_a_record_read_late_replaces_a_first_answer_that_had_none():
+    """The scan can run between the leader's death and the listener reading its exit:
+    launcher-unrecorded first, then the record; the record is evidence and replaces it
+    (an exit of the session id after the root started is its leader's)."""
+    view = leader_killed(memory=LauncherMemory(), listener=True)
+    check(one_tree(view), ORPHAN, "launcher-unrecorded", 200, "6")
+    view.exits[100] = Exit(signal=9, status=None, at=0.0)
+    check(one_tree(view), ORPHAN, "launcher-killed", 200, "6")
+    view.exits.clear()
+    check(one_tree(view), ORPHAN, "launcher-killed", 200, "6")
+
+
+def test_the_first_launcher_reason_stands_when_its_record_is_gone():
+    view = leader_killed(memory=LauncherMemory(), listener=True)
+    view.exits[100] = Exit(signal=None, status=0, at=0.0)  # the listener saw `exit 0`
+    first = one_tree(view)
+    check(first, ORPHAN, "launcher-exited", 200, "6")
+    view.exits.clear()  # the record is evicted
+    again = one_tree(view)
+    check(again, ORPHAN, "launcher-exited", 200, "6")
+    assert again.evidence.detail == first.evidence.detail
+    view.listener = False  # and the listener is gone (a restart without the connector)
+    check(one_tree(view), ORPHAN, "launcher-exited", 200, "6")
+    fresh = leader_killed()  # the same moment without the memory: more reapable
+    check(one_tree(fresh), ORPHAN, "session-ended", 200, "6")
+
+
+def test_a_command_line_cut_at_the_cap_without_a_match_is_unknown():
+    """Only CMDLINE_CAP bytes of a command line are read: a protect pattern past them
+    cannot be ruled out, so the member is unknown (and a match within them protects)."""
+    long = Truncated("python train.py " + "a" * 100)
+    view = leader_killed(proc(310, ppid=300, sid=100, cmdline=long))
+    tree = one_tree(view)
+    check(tree, UNKNOWN, "member-unknown", 200, "2")
+    assert "read cap" in tree.evidence.detail
+    view.update(310, cmdline=Truncated("jupyter-lab " + "a" * 100))
+    check(one_tree(view), PROTECTED, "member-protected", 200, "3")
 
 
 # -- rule 3: protect patterns -------------------------------------------------------

@@ -36,6 +36,12 @@ def test_full_config_round_trips() -> None:
     assert cfg.remediate.rate_limit.max_reaps == 2
 
 
+def test_users_take_uid_rules_beside_name_patterns() -> None:
+    users = parse_config("remediate:\n  users: {allow: ['uid:1001', 'ml-*'], deny: "
+                         "['uid:0', root]}").remediate.users
+    assert users.allow == ("uid:1001", "ml-*") and users.deny == ("uid:0", "root")
+
+
 def test_defaults_are_safe() -> None:
     cfg = load_config(None)
     assert cfg.remediate.mode == "dry-run" and cfg.remediate.reasons == ("launcher-killed",
@@ -56,6 +62,17 @@ def test_defaults_are_safe() -> None:
         ("remediate:\n  reasons: [protected]", "remediate.reasons", "'protected' is not one of"),
         ("remediate:\n  min_age_seconds: soon", "remediate.min_age_seconds", "must be a number"),
         ("remediate:\n  users: {allow: [a], block: [b]}", "remediate.users.block", "unknown key"),
+        ("remediate:\n  users: {deny: [root, 1001]}", "remediate.users.deny[1]",
+         'is a number: write "uid:1001"'),
+        ("remediate:\n  users: {deny: ['1001']}", "remediate.users.deny[0]",
+         'which no user name is: write "uid:1001"'),
+        ("remediate:\n  users: {allow: ['uid:alice']}", "remediate.users.allow[0]",
+         "is not a uid rule"),
+        ("remediate:\n  users: {allow: ['uid:4294967295']}", "remediate.users.allow[0]",
+         "from 0 to 4294967294"),
+        ("remediate:\n  users: {allow: ['uid:' ]}", "remediate.users.allow[0]",
+         "is not a uid rule"),
+        ("remediate:\n  users: {allow: ['']}", "remediate.users.allow[0]", "empty pattern"),
         ("remediate:\n  rate_limit: {max_reaps: true}", "remediate.rate_limit.max_reaps",
          "must be an integer"),
         ("remediate:\n  allow_root_owned: yes please", "remediate.allow_root_owned",

@@ -299,7 +299,7 @@ def test_policy_check_invalid_config_exits_2(tmp_path: Path, gpuguard: Run) -> N
     assert proc.returncode == 2
     assert proc.stderr == (f"gpuguard: config error: {bad}: remediate.reasons: 'whatever' is "
                            "not one of launcher-killed, session-ended, launcher-exited, "
-                           "parent-exited, session-orphaned\n")
+                           "launcher-unrecorded, parent-exited, session-orphaned\n")
 
 
 # -- reap -----------------------------------------------------------------------------------
@@ -337,7 +337,8 @@ def test_reap_dry_run_then_apply(tmp_path: Path, trees: Trees, fake_gpu: FakeGpu
     assert sorted(m["pid"] for m in doc["members"]) == sorted(members)
     assert all(alive(pid) for pid in members)
 
-    code, doc, _ = reap(gpuguard, sh, config, "--apply")
+    code, doc, _ = reap(gpuguard, sh, config, "--apply", "--start-time",
+                        str(start_time_of(sh)))
     assert code == 0, doc
     assert doc["outcome"] == "reaped" and doc["kill_path"] in ("pidfd", "pid")
     assert not any(alive(pid) for pid in members)
@@ -358,7 +359,8 @@ def test_reap_refuses_a_non_orphan_unless_forced(tmp_path: Path, trees: Trees,
                                                  fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
     protected = held_tree(trees, fake_gpu, NOHUP, kill_launcher=True)  # root = the holder
     config = dry_run_config(tmp_path)
-    code, doc, _ = reap(gpuguard, protected, config, "--apply")
+    code, doc, _ = reap(gpuguard, protected, config, "--apply", "--start-time",
+                        str(start_time_of(protected)))
     assert code == 6 and doc["outcome"] == "refused"
     assert doc["reason"] == "not-orphan:protected" and alive(protected)
     code, doc, err = reap(gpuguard, protected, config, "--force")
@@ -371,7 +373,8 @@ def test_reap_guards_and_identity(tmp_path: Path, trees: Trees, fake_gpu: FakeGp
                                   gpuguard: Run) -> None:
     sh, worker = orphan_tree(trees, fake_gpu)
     denied = dry_run_config(tmp_path, users={"allow": ["*"], "deny": [getpass.getuser()]})
-    code, doc, _ = reap(gpuguard, sh, denied, "--apply", "--force")
+    code, doc, _ = reap(gpuguard, sh, denied, "--apply", "--force", "--start-time",
+                        str(start_time_of(sh)))
     assert code == 6 and doc["outcome"] == "aborted" and doc["reason"] == "user-denied"
     config = dry_run_config(tmp_path)
     code, doc, _ = reap(gpuguard, sh, config, "--apply", "--start-time", "1")
@@ -410,10 +413,12 @@ def test_reap_apply_refuses_a_silenced_tree_unless_forced(
         assert explained["alert"]["state"] == "silenced"
         assert explained["tree"]["verdict"] == "orphan"
 
-        code, doc, _ = reap(gpuguard, sh, config, "--apply")
+        started = str(start_time_of(sh))
+        code, doc, _ = reap(gpuguard, sh, config, "--apply", "--start-time", started)
         assert code == 6 and doc["reason"] == "silenced" and sid in doc["detail"]
         assert alive(sh) and alive(worker) and doc["signals"] == []
-        code, doc, _ = reap(gpuguard, sh, config, "--apply", "--force")
+        code, doc, _ = reap(gpuguard, sh, config, "--apply", "--force", "--start-time",
+                            started)
         assert code == 0 and doc["outcome"] == "reaped" and doc["alert"]["state"] == "silenced"
         assert not alive(sh) and not alive(worker)
     finally:

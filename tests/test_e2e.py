@@ -25,7 +25,7 @@ from tests.promstack import (
     require_binaries,
     start_loop,
 )
-from tests.servers import Exporter, ServerProcess, child_env
+from tests.servers import LATE_REASON, Exporter, ServerProcess, child_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -117,7 +117,7 @@ def test_orphan_is_reaped_and_the_alert_resolves(stack: Stack) -> None:
                         what="GPUOrphanTree firing in Prometheus")
     fired_at = time.monotonic()
     labels = alert["labels"]
-    assert labels["hostname"] == HOST and labels["reason"] == "session-ended"
+    assert labels["hostname"] == HOST and labels["reason"] == LATE_REASON
     assert labels["comm"] == "sh" and labels["root_start_time"]
     assert labels["remediate"] == "true"
     assert "runbook-gpuorphantree" in alert["annotations"]["runbook_url"]

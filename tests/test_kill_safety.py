@@ -27,7 +27,7 @@ from gpuguard.exporter.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid
 from gpuguard.remediator.ledger import Ledger
 from gpuguard.remediator.policy import TreeKey
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Trees, alive, stat_fields, wait_for
+from tests.proctree import Trees, alive, stat_fields, wait_for, zombie_leader
 from tests.remediator_helpers import (
     GIB,
     HOST,
@@ -144,6 +144,42 @@ def test_a_holder_below_the_root_that_is_unknown_refuses_the_reap(
     assert orphan.all_alive() and alive(deep)
 
 
+#: ... a nohup'd sibling whose main thread called pthread_exit() (stat shows Z) while
+#: another thread runs on.
+NOHUP_ZOMBIE_LEADER = ('sh -c "{holder} --pidfile {dir}/holder & nohup {holder} --zombie-leader '
+                       '--pidfile {dir}/kept >/dev/null 2>&1 & wait" & echo $! > {dir}/root; '
+                       'wait')
+
+
+@pytest.mark.parametrize("holds_gpu", [True, False], ids=["gpu-holder", "no-gpu"])
+def test_a_nohup_member_whose_main_thread_exited_still_refuses_the_reap(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        holds_gpu: bool) -> None:
+    """Issue 24: state Z in /proc/PID/stat is not gone while a thread runs. Such a
+    nohup'd process keeps its tree (and its GPU memory): no signal to anyone."""
+    orphan = spawn_orphan(trees, fake_gpu, NOHUP_ZOMBIE_LEADER)
+    kept = orphan.tree.pid("kept")
+    assert zombie_leader(kept)
+    assert int(Path(f"/proc/{kept}/status").read_text().split("SigIgn:")[1].split()[0], 16) & 1
+    if holds_gpu:
+        fake_gpu.add_process(0, kept, GIB)
+    h = harness()
+    (tree,) = [t for t in classify(h.nvml.read().holders, ProcessView(counters=Counters()),
+                                   Rules()) if t.root_pid == orphan.root]
+    # A GPU holder that ignores SIGHUP protects its tree by itself (rule 4); any other
+    # member does as a member.
+    want = "ignores-sighup" if holds_gpu else MEMBER_PROTECTED
+    assert (tree.verdict, tree.reason) == ("protected", want), tree.evidence
+    assert kept in tree.evidence.pids and "ignores SIGHUP" in tree.evidence.detail
+    assert kept in [m.pid for m in tree.members or tree.members_seen]
+
+    record = deliver(h, orphan)
+    assert record["decision"]["reason"] in (MEMBER_PROTECTED, "not-orphan:protected"), record
+    assert "ignores" in record["decision"]["detail"].lower()
+    assert record["signals"] == [] and orphan.all_alive() and zombie_leader(kept)
+    assert not any(stopped(p) for p in (*orphan.members, kept))
+
+
 # -- 3. facts read afresh at every check --------------------------------------------
 
 
@@ -208,7 +244,8 @@ def test_no_signal_without_an_audit_record_and_the_remediator_says_so(
     h.settle()
     assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)
     health = h.client.get("/healthz")
-    assert health.status_code == 503 and "audit log" in health.get_data(as_text=True)
+    assert health.status_code == 503 and health.get_data(as_text=True) == (
+        "audit-log-unwritable\n")
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert "gpuguard_remediator_audit_ok 0.0" in metrics
     assert "gpuguard_remediator_audit_write_failures_total 2.0" in metrics  # intent, final
@@ -227,8 +264,8 @@ def test_manual_reap_refuses_when_the_audit_log_cannot_be_written(
         full_disk: Path) -> None:
     orphan = spawn_orphan(trees, fake_gpu)
     config = write_config(tmp_path, audit_log=str(full_disk / "audit.jsonl"))
-    done = gpuguard("reap", str(orphan.root), "--apply", "--allow-pid-namespace", "--config",
-                    str(config), "--json")
+    done = gpuguard("reap", str(orphan.root), "--apply", "--start-time", str(orphan.root_start),
+                    "--allow-pid-namespace", "--config", str(config), "--json")
     assert done.returncode == 6, (done.stdout, done.stderr)
     assert '"reason": "audit-failed"' in done.stdout
     assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)
@@ -259,8 +296,13 @@ class Crash(BaseException):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_crash_after_the_freeze_is_thawed_at_restart_and_never_re_killed(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    crashed: list[int] = []
+
     def die_at_sigterm(fd: int, sig: int) -> None:
-        if sig == signal.SIGTERM:
+        # A dead process sends nothing more: not even the SIGCONTs of the reaper's own
+        # cleanup, which an exception in a live process would run (and thaw the tree).
+        if crashed or sig == signal.SIGTERM:
+            crashed.append(sig)
             raise Crash()
         signal.pidfd_send_signal(fd, sig)
 
@@ -365,8 +407,9 @@ def freeze_and_crash(tmp_path: Path, orphan: Orphan) -> tuple[TreeKey, Ledger]:
     key = TreeKey(HOST, orphan.root, orphan.root_start)
     ledger = Ledger(tmp_path / "state")
     ledger.begin_reap(key, "enforce", "fp-crashed")
-    ledger.add_members(key, [(p, int(stat_fields(p)["start_time"]), False)  # type: ignore[call-overload]
-                             for p in orphan.members])
+    ids = [(p, int(stat_fields(p)["start_time"])) for p in orphan.members]  # type: ignore[call-overload]
+    ledger.add_members(key, [(p, start, False) for p, start in ids])
+    ledger.mark_held(key, ids, True)  # as the reaper marks them, right before its SIGSTOP
     for pid in orphan.members:
         os.kill(pid, signal.SIGSTOP)
     wait_for(lambda: all(stopped(p) for p in orphan.members), what="the frozen tree")
@@ -399,7 +442,7 @@ def test_an_interrupted_reap_that_cannot_be_audited_is_retried_and_reported(
     freeze_and_crash(tmp_path, orphan)
     h = harness(audit_log=str(full_disk / "audit.jsonl"))
     health = h.client.get("/healthz")
-    assert health.status_code == 503 and "not settled" in health.get_data(as_text=True)
+    assert health.status_code == 503 and health.get_data(as_text=True) == "reaps-unsettled\n"
     assert all(stopped(p) for p in orphan.members)  # no SIGCONT without its record
     (full_disk / "filler").unlink()
     wait_for(lambda: not any(stopped(p) for p in orphan.members), what="the retried thaw")

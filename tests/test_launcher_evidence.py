@@ -18,9 +18,10 @@ import pytest
 
 from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.counters import Counters
+from gpuguard.exporter.launcher_memory import LauncherMemory
 from gpuguard.exporter.nvml import Nvml
 from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.exporter.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.exporter.scanner import Scanner
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
@@ -46,10 +47,11 @@ def events() -> Iterator[ProcessEvents]:
         listener.stop()
 
 
-def scan_reason(events: ProcessEvents, root: int) -> tuple[str, str]:
+def scan_reason(events: ProcessEvents | None, root: int,
+                memory: LauncherMemory | None = None) -> tuple[str, str]:
     counters = Counters()
     scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
-                      view=ProcessView(counters=counters, events=events))
+                      view=ProcessView(counters=counters, events=events, memory=memory))
     (tree,) = [t for t in scanner.scan_once().trees if t.root_pid == root]
     return tree.reason, tree.evidence.detail
 
@@ -80,7 +82,7 @@ def test_a_launcher_that_exits_by_itself_is_launcher_exited(
     assert reason == "launcher-exited" and "exited with status 0" in detail
 
 
-def test_a_launcher_gone_before_the_listener_started_is_session_ended(
+def test_a_launcher_gone_before_the_listener_started_is_unrecorded(
         trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
     tree = trees.spawn(WAITS)
     fake_gpu.add_process(0, tree.pid("holder"), GIB)
@@ -92,4 +94,46 @@ def test_a_launcher_gone_before_the_listener_started_is_session_ended(
         reason, detail = scan_reason(late, root)
     finally:
         late.stop()
-    assert reason == "session-ended" and "no exit event seen" in detail
+    assert reason == "launcher-unrecorded" and "no exit event seen" in detail
+
+
+def test_a_launcher_gone_where_no_listener_runs_is_session_ended(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    tree = trees.spawn(WAITS)
+    fake_gpu.add_process(0, tree.pid("holder"), GIB)
+    root = tree.pid("root")
+    tree.kill_launcher()
+    reason, detail = scan_reason(None, root)
+    assert reason == "session-ended" and "no process-event listener" in detail
+
+
+def test_the_exporter_keeps_the_first_reason_past_eviction_and_a_restart(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """launcher-exited (not reaped by default) stays so once the record is evicted (a
+    store of 16, forced) and after a restart that reads the memory back from its file."""
+    listener = ProcessEvents(max_records=16)
+    listener.start()
+    require(listener.available, f"no connector ({listener.unavailable_reason})")
+    path = str(tmp_path / "launchers.json")
+    try:
+        tree = trees.spawn(LEAVES)
+        fake_gpu.add_process(0, tree.pid("holder"), GIB)
+        root = tree.pid("root")
+        tree.launcher.wait(timeout=10)
+        leader = tree.launcher.pid
+        wait_for(lambda: listener.exit_of(leader, after=0), what="the exit event")
+        memory = LauncherMemory(path, boot=boot_id(), alive=identity_alive)
+        assert scan_reason(listener, root, memory)[0] == "launcher-exited"
+        burst = trees.spawn("for i in $(seq 50); do /bin/true; done; echo done > {dir}/ok")
+        wait_for(lambda: (burst.dir / "ok").exists(), timeout=60, what="50 exits")
+        wait_for(lambda: listener.exit_of(leader, after=0) is None, what="the eviction")
+        assert listener.evictions()["count"] >= 1
+        assert scan_reason(listener, root)[0] == "launcher-unrecorded"  # no memory
+        reason, detail = scan_reason(listener, root, memory)
+        assert reason == "launcher-exited" and "exited with status 0" in detail
+    finally:
+        listener.stop()
+    restarted = LauncherMemory(path, boot=boot_id(), alive=identity_alive)
+    assert len(restarted) == 1
+    assert scan_reason(None, root, restarted)[0] == "launcher-exited"
+    assert scan_reason(None, root)[0] == "session-ended"  # what it read before the memory

@@ -50,7 +50,8 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "gpuguard.exporter.counters": frozenset({"COUNTERS"}),
     "gpuguard.exporter.nvml": frozenset({"Holder"}),
     "gpuguard.exporter.procfs": frozenset(
-        {"ProcInfo", "ProcStatus", "ProcUnreadable", "still_same", "walk_members"}),
+        {"ProcInfo", "ProcStatus", "ProcUnreadable", "Truncated", "still_same",
+         "walk_members"}),
 }
 
 

@@ -19,9 +19,10 @@ from tests.proctree import Trees
 GIB = 2**30
 
 
-def make(clock=None) -> tuple[Scanner, CollectorRegistry]:
+def make(clock=None, boot_clock=None) -> tuple[Scanner, CollectorRegistry]:
+    """A scanner; a given `clock` drives the boot clock too, unless `boot_clock` is given."""
     counters = Counters()
-    kwargs = {"clock": clock} if clock else {}
+    kwargs = {"clock": clock, "boot_clock": boot_clock or clock} if clock else {}
     scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
                       view=ProcessView(counters=counters), counters=counters, **kwargs)
     registry = CollectorRegistry()
@@ -35,6 +36,24 @@ def test_before_the_first_scan_only_host_and_counters(fake_gpu: FakeGpuWorld) ->
                                      {"hostname": "node-1", "version": "0.1.0"}) == 1
     assert registry.get_sample_value("gpuguard_scans_total") == 0
     assert registry.get_sample_value("gpuguard_nvml_up") is None
+
+
+def test_a_wall_clock_step_does_not_age_an_orphan(trees: Trees,
+                                                  fake_gpu: FakeGpuWorld) -> None:
+    """Ages count on the boot clock: NTP stepping the wall clock a day ahead must not make
+    a tree look a day old (its alert would fire at once)."""
+    tree = trees.spawn("sh -c '{holder} --pidfile {dir}/w & echo $$ > {dir}/sh; wait' & wait")
+    fake_gpu.add_process(0, tree.pid("w"), GIB)
+    tree.pid("sh")
+    tree.kill_launcher()
+    wall, boot = [1000.0], [50.0]
+    scanner, _ = make(clock=lambda: wall[0], boot_clock=lambda: boot[0])
+    scanner.scan_once()
+    wall[0] += 86400.0
+    boot[0] += 2.0
+    (info,) = scanner.scan_once().orphans.values()
+    assert info.age_seconds == 2.0
+    assert info.first_seen == wall[0] - 2.0
 
 
 def test_orphan_age_counts_from_first_sighting_and_labels_are_bounded(
@@ -147,12 +166,12 @@ def test_healthz_follows_the_scan_thread(fake_gpu: FakeGpuWorld) -> None:
     app = make_app(scanner, registry)
     scanner.scan_once()
     status, body = call(app, "/healthz")
-    assert status.startswith("503") and b"scan thread not running" in body  # never started
+    assert status.startswith("503") and body == b"scan-thread-stopped\n"  # never started
     scanner.interval = 0.05
     scanner.start()
     try:
         status, body = call(app, "/healthz")
-        assert status.startswith("200") and b"last scan" in body
+        assert status.startswith("200") and body == b"ok\n"  # a code: nothing else
     finally:
         scanner.stop()
     assert call(app, "/healthz")[0].startswith("503")

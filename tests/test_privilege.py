@@ -266,6 +266,8 @@ class Rig:
         config.write_text(yaml.safe_dump({"remediate": {
             "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
             "state_dir": str(home / "state"), "audit_log": str(home / "log" / "audit.jsonl"),
+            # The owner has no passwd entry: deny [root] alone would refuse it (unresolved).
+            "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["root"]},
         }}))
         config.chmod(0o644)
         server = ServerProcess(
@@ -548,9 +550,11 @@ def deliver(server: ServerProcess, *jobs: Job) -> None:
 
 def test_remediator_with_its_unit_reaps_another_users_orphan(rig: Rig) -> None:
     orphan, kept = rig.job(), rig.job(keep=True)
+    remediator, audit = rig.remediator(capabilities(REMEDIATOR))
+    # Killed while the remediator listens: launcher-killed in the host PID namespace (a
+    # remediator started later would read launcher-unrecorded), session-ended in CI's.
     orphan.tree.kill_launcher()
     kept.tree.kill_launcher()
-    remediator, audit = rig.remediator(capabilities(REMEDIATOR))
     try:
         deliver(remediator, orphan, kept)
         wait_for(lambda: not any(alive(pid) for pid in orphan.members), what="the orphan reaped")
@@ -572,9 +576,9 @@ def test_remediator_without_a_capability_refuses_with_the_reason(rig: Rig, dropp
     """Nothing is reaped, nothing is left stopped, the audit record says why, and the
     remediator named the missing capability at start."""
     orphan, kept = rig.job(), rig.job(keep=True)
-    orphan.tree.kill_launcher()
-    kept.tree.kill_launcher()
     remediator, audit = rig.remediator(capabilities(REMEDIATOR) - {dropped})
+    orphan.tree.kill_launcher()  # while it listens, as above
+    kept.tree.kill_launcher()
     try:
         deliver(remediator, orphan, kept)
         for job in (orphan, kept):

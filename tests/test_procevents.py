@@ -143,6 +143,37 @@ def test_store_ring_wraps_and_never_matches_a_pid_straddling_two_slots() -> None
     assert store.exit_of(0x44332211, after=0) is None
 
 
+def test_store_counts_what_it_evicts_by_cause() -> None:
+    """Eviction is what makes a launcher's exit unanswerable: counted, by cause, so that
+    gpuguard_process_events_evicted_total shows it."""
+    clock = FakeClock(1000.0)
+    store = ExitStore(max_records=3, retention=10, clock=clock)
+    store.add(*(record(pid, 1000.0) for pid in (10, 11, 12, 13, 14)))
+    assert store.evicted == {"count": 2, "age": 0}
+    clock.now = 1011.0
+    assert store.records() == []
+    assert store.evicted == {"count": 2, "age": 3}
+
+
+def test_evictions_reach_the_metrics() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gpuguard.exporter.metrics import event_metrics
+
+    events = ProcessEvents(max_records=1)
+    events._store.add(record(1, time.time()), record(2, time.time()))
+    registry = CollectorRegistry()
+
+    class Events:
+        def collect(self):  # noqa: ANN202
+            return event_metrics(events)
+
+    registry.register(Events())
+    value = registry.get_sample_value
+    assert value("gpuguard_process_events_evicted_total", {"cause": "count"}) == 1
+    assert value("gpuguard_process_events_evicted_total", {"cause": "age"}) == 0
+
+
 def test_event_counts_are_a_fixed_set() -> None:
     counts = EventCounts()
     counts.add("exit", 2)

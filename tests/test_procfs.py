@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.procfs import (
+    CMDLINE_CAP,
     EnvironMarkers,
     ProcessView,
     ProcInfo,
     ProcUnreadable,
+    Truncated,
     parse_environ_markers,
     parse_stat,
     parse_status,
     walk_members,
 )
-from tests.proctree import Trees, children_of, wait_for
+from tests.proctree import (
+    HOLDER,
+    Trees,
+    children_of,
+    live_threads,
+    stat_fields,
+    wait_for,
+    zombie_leader,
+)
 
 
 def test_parse_stat_survives_hostile_comm() -> None:
@@ -88,7 +102,8 @@ def test_member_walk_reads_children_files(trees: Trees) -> None:
     view = ProcessView(counters=counters)
     launcher = view.stat(tree.launcher.pid)
     assert launcher is not None
-    members = walk_members(launcher, view.children, view.stat, view.fresh_stat)
+    members = walk_members(launcher, view.children, view.stat, view.fresh_stat,
+                           view.thread_states)
     kids = [m.pid for m in members[1:]]
     assert members[0] == launcher and worker in kids and len(kids) == 4  # + its 3 children
     assert counters.snapshot()["proc_children"].proc_reads >= 5
@@ -112,6 +127,61 @@ def test_thread_states_cover_every_thread(trees: Trees) -> None:
     assert counters.snapshot()["proc_task_stat"].proc_reads >= 4
 
 
+def test_member_walk_lists_a_child_whose_main_thread_exited(tmp_path: Path) -> None:
+    """pthread_exit() in the main thread: /proc/PID/stat shows Z while another thread
+    runs. That process is a live member: walked, and read through its live thread (its
+    own cmdline reads empty, its environ fails); once every thread is gone it is not."""
+    pidfile = tmp_path / "worker"
+    # Our own child, not waited for until the end: once dead it stays a real zombie.
+    proc = subprocess.Popen([sys.executable, str(HOLDER), "--zombie-leader", "--pidfile",
+                             str(pidfile)], env={**os.environ, "GPUGUARD_KEEP": "1"})
+    try:
+        wait_for(pidfile.exists, what="the worker's main thread to exit")
+        assert zombie_leader(proc.pid)
+        counters = Counters()
+        view = ProcessView(counters=counters)
+        me = view.stat(os.getpid())
+        assert me is not None
+        members = walk_members(me, view.children, view.stat, view.fresh_stat,
+                               view.thread_states)
+        (worker,) = [m for m in members if m.pid == proc.pid]
+        assert worker.state == "Z" and worker.is_live(view.thread_states)
+        assert counters.snapshot()["proc_task_stat"].proc_reads >= 2
+        assert Path(f"/proc/{proc.pid}/cmdline").read_bytes() == b""
+        cmdline = view.cmdline(worker)
+        assert cmdline is not None and "--zombie-leader" in cmdline
+        assert view.keep_marker(worker) is True
+
+        proc.kill()
+        wait_for(lambda: (stat_fields(proc.pid) or {}).get("state") == "Z"
+                 and not live_threads(proc.pid), what="every thread of the worker to exit")
+        view = ProcessView(counters=Counters())
+        me = view.stat(os.getpid())
+        assert me is not None
+        members = walk_members(me, view.children, view.stat, view.fresh_stat,
+                               view.thread_states)
+        assert proc.pid in children_of(os.getpid())  # a real zombie, still our child
+        assert proc.pid not in [m.pid for m in members]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_threads_that_cannot_be_read_are_never_taken_for_gone(tmp_path: Path) -> None:
+    """A zombie main thread whose threads cannot be listed may still run: unknown."""
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "task").write_text("")  # listdir fails (ENOTDIR), not ENOENT
+    view = ProcessView(proc_root=str(tmp_path), counters=Counters())
+    zombie = ProcInfo(77, 1, 77, 77, start_time=5, state="Z", uid=0, comm="x")
+    with pytest.raises(ProcUnreadable, match="/proc/77/task"):
+        view.thread_states(77)
+    with pytest.raises(ProcUnreadable):
+        zombie.is_live(view.thread_states)
+    assert view.thread_states(78) is None and not dataclasses.replace(zombie, pid=78).is_live(
+        view.thread_states)  # no such process: gone
+    assert dataclasses.replace(zombie, state="S").is_live(view.thread_states)  # not read
+
+
 def test_member_walk_drops_children_of_a_pid_that_was_reused() -> None:
     """The parent is re-read after its children: a new process at its pid disowns them."""
     root = ProcInfo(10, 1, 10, 10, start_time=100, state="S", uid=1000, comm="sh")
@@ -120,10 +190,13 @@ def test_member_walk_drops_children_of_a_pid_that_was_reused() -> None:
     table = {10: root, 20: member, 30: stranger_child}
     kids = {10: (20,), 20: (30,)}
 
+    def no_threads(pid: int) -> tuple[str, ...] | None:
+        raise AssertionError(f"no zombie here: thread states of {pid} not needed")
+
     def walk(now_20: ProcInfo | None) -> list[int]:
         def stat_now(pid: int) -> ProcInfo | None:
             return now_20 if pid == 20 else table.get(pid)
-        return [m.pid for m in walk_members(root, kids.get, table.get, stat_now)]
+        return [m.pid for m in walk_members(root, kids.get, table.get, stat_now, no_threads)]
 
     assert walk(member) == [10, 20, 30]  # 20 is still 20: its child is a member
     # A stale children file: 30 now has another parent (reparented after 20's read).
@@ -161,6 +234,26 @@ def test_environ_markers_are_parsed_strictly(raw: bytes, keep: bool, run) -> Non
     assert parse_environ_markers(raw) == EnvironMarkers(keep=keep, run=run)
 
 
+@pytest.mark.parametrize("raw", [
+    b"",  # a zombie leader's, or an emptied environment
+    b"\0" * 4096,  # zero-filled by setproctitle
+    b"python train.py --lr=0.1\0\0\0",  # a title spilled over the erased area
+    b"=1\0 GPUGUARD_KEEP=1\0",  # nothing that getenv() would find
+])
+def test_an_environment_without_a_key_value_entry_is_unreadable(raw: bytes) -> None:
+    """None, not "no marker": a marker the process held cannot be ruled out."""
+    assert parse_environ_markers(raw) is None
+
+
+def test_a_zero_filled_environment_reads_unreadable_live(trees: Trees) -> None:
+    tree = trees.spawn("GPUGUARD_KEEP=1 {holder} --erase-environ --pidfile {dir}/holder & wait")
+    pid = tree.pid("holder")
+    view = ProcessView(counters=Counters())
+    info = view.fresh_stat(pid)
+    assert info is not None and view.keep_marker(info) is None
+    assert view.run_launcher(info) is None
+
+
 def test_both_environ_markers_come_from_one_read(trees: Trees) -> None:
     tree = trees.spawn("GPUGUARD_KEEP=1 GPUGUARD_RUN=11:22 sleep 3600 & wait")
     counters = Counters()
@@ -174,3 +267,18 @@ def test_both_environ_markers_come_from_one_read(trees: Trees) -> None:
     assert isinstance(info, ProcInfo)
     assert view.keep_marker(info) is True and view.run_launcher(info) == (11, 22)
     assert counters.snapshot()["proc_environ"].proc_reads == 1
+
+
+def test_a_command_line_is_read_up_to_the_cap(trees: Trees) -> None:
+    """Any user can make a command line as large as the kernel allows (and share it
+    across forked children): each read stops at CMDLINE_CAP and says it was cut."""
+    tree = trees.spawn("x=$(head -c 100000 /dev/zero | tr '\\0' a); "
+                       "{holder} --pidfile {dir}/holder $x $x & wait")
+    pid = tree.pid("holder")
+    view = ProcessView(counters=Counters())
+    info = view.fresh_stat(pid)
+    assert info is not None
+    cmd = view.cmdline(info)
+    assert isinstance(cmd, Truncated) and len(cmd) <= CMDLINE_CAP
+    short = view.cmdline(view.fresh_stat(tree.launcher.pid) or info)
+    assert short is not None and not isinstance(short, Truncated)

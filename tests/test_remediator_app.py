@@ -225,6 +225,40 @@ def test_too_young_waits_for_a_delivery_then_reaps(harness: Callable[..., Harnes
     assert only_record(h, orphan)["decision"]["action"] == "reap"
 
 
+def test_a_wall_clock_step_neither_ages_a_tree_nor_empties_the_rate_limit(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """min_age_seconds and the rate-limit window count on the boot clock: the wall clock
+    set forward by a day (NTP, a VM resumed, a person) changes neither."""
+    day = 86400.0
+    clock = FakeClock()
+    h = harness(clock=clock, min_age_seconds=60,
+                rate_limit={"max_reaps": 1, "per_seconds": 3600})
+    first, second = spawn_orphan(trees, fake_gpu), spawn_orphan(trees, fake_gpu)
+
+    def deliver(orphan: Orphan) -> str:
+        """One delivery; the worker's reason for it."""
+        assert account(h.post(payload(orphan.alert())))["status"] == "accepted"
+        h.settle()
+        return str(h.decisions(orphan.root)[0]["reason"])
+
+    assert deliver(first) == deliver(second) == "too-young"  # both first seen now
+    # /state speaks Unix seconds: the re-check is a minute from now by the wall clock.
+    assert h.decisions(first.root)[0]["recheck_at"] == pytest.approx(clock.now + 60, abs=1)
+    clock.step(day)
+    assert deliver(first) == deliver(second) == "too-young"  # a day by the wall, 0 s really
+    assert first.all_alive() and second.all_alive()
+    clock.now += 61  # a minute passes: old enough
+    account(h.post(payload(first.alert())))
+    wait_for(first.none_alive, what="the first reap")
+    h.settle()
+    clock.step(day)
+    assert deliver(second) == "rate-limited"  # the window is 3600 s of the boot clock
+    assert second.all_alive()
+    state = h.client.get("/state", headers={"Authorization": f"Bearer {TOKEN}"}).get_json()
+    assert state["rate_limit"]["used"] == 1
+    assert state["rate_limit"]["next_slot_at"] == pytest.approx(clock.now + 3600, abs=1)
+
+
 def test_resolved_alert_cancels_the_pending_reap(harness: Callable[..., Harness], trees: Trees,
                                                  fake_gpu: FakeGpuWorld) -> None:
     """With remediate.alertmanager a too-young tree stays pending (re-checked, then
@@ -300,6 +334,7 @@ def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWo
 
     path = tmp_path / "token"
     path.write_text("first-token\n")
+    path.chmod(0o600)  # a token file must be private
     config = load_config(write_config(tmp_path))
     counters = Counters()
     nvml = Nvml(counters=counters)
@@ -314,6 +349,7 @@ def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWo
         assert status("first-token") == 200 and status("second-token") == 401
         tmp = tmp_path / "token.new"
         tmp.write_text("second-token\n")
+        tmp.chmod(0o600)
         tmp.replace(path)
         assert status("second-token") == 200 and status("first-token") == 401
         path.write_text("")

@@ -54,6 +54,7 @@ def make_alert(**kw: Any) -> Alert:
 
 def member(pid: int, *, uid: int = 1000, user: str = "alice", start: int = 99_000,
            ppid: int = 1, **kw: Any) -> Member:
+    kw.setdefault("user_known", True)
     return Member(pid=pid, ppid=ppid, start_time=start, uid=uid, user=user, comm="python", **kw)
 
 
@@ -65,7 +66,9 @@ def orphan(*members: Member, reason: str = "session-ended") -> LiveTree:
 
 
 def state(policy: Remediate = ENFORCE, **kw: Any) -> PolicyState:
+    """Boot clock and wall clock read NOW alike, unless `wall_now` says otherwise."""
     kw.setdefault("first_seen", {KEY: NOW - 3600})
+    kw.setdefault("wall_now", NOW)
     return PolicyState(policy=policy, hostname="node-a", now=NOW, **kw)
 
 
@@ -219,6 +222,21 @@ def test_too_young_defers_until_min_age_counted_locally() -> None:
     assert decision.action == DEFER and decision.recheck_at == pytest.approx(NOW + 200)
 
 
+def test_a_wall_clock_step_forward_neither_ages_a_tree_nor_empties_the_window() -> None:
+    """Ages and windows are on the boot clock (state.now); the wall clock (wall_now) only
+    places startsAt, so a day's step of it can make an alert look older, never the tree."""
+    day = 86400.0
+    starts = make_alert(starts_at=datetime.fromtimestamp(NOW - 10, tz=UTC).isoformat())
+    stepped = state(first_seen={KEY: NOW - 10}, wall_now=NOW + day)
+    decision = decide(starts, orphan(), stepped)
+    assert (decision.action, decision.reason) == (DEFER, "too-young")
+    assert decision.recheck_at == NOW + 290
+    assert decide(starts, orphan(), state(first_seen={}, wall_now=NOW + day)).action == DEFER
+    policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=1, per_seconds=3600))
+    full = state(policy, reap_times=(NOW - 60,), wall_now=NOW + day)
+    assert decide(make_alert(), orphan(), full).reason == "rate-limited"
+
+
 def test_rate_limit_is_a_sliding_window_per_mode() -> None:
     policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=2, per_seconds=60))
     full = state(policy, reap_times=(NOW - 50, NOW - 10))
@@ -330,12 +348,12 @@ def item(key: TreeKey = KEY, due: float = NOW) -> PendingItem:
 
 
 def test_ledger_survives_a_restart(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path, clock=lambda: NOW)
+    ledger = Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: NOW)
     other = TreeKey("node-a", 5, 6)
     ledger.add_pending([item(), item(other, NOW + 30)])
     ledger.begin_reap(KEY, "enforce", "fp1")
     ledger.finish_reap(KEY, "reaped", signalled=True)
-    again = Ledger(tmp_path, clock=lambda: NOW)
+    again = Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: NOW)
     assert again.done_modes() == {KEY: "enforce"}
     assert list(again.pending()) == [other] and again.next_due().due == NOW + 30
     assert again.reap_times("enforce") == (NOW,) and again.reap_times("dry-run") == ()
@@ -343,23 +361,74 @@ def test_ledger_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_ledger_reports_a_reap_cut_short_and_keeps_it_done(tmp_path: Path) -> None:
-    Ledger(tmp_path, clock=lambda: NOW).begin_reap(KEY, "enforce", "fp1")
-    again = Ledger(tmp_path, clock=lambda: NOW)
+    Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: NOW).begin_reap(KEY, "enforce", "fp1")
+    again = Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: NOW)
     assert [k for k, _ in again.interrupted] == [KEY]
     assert again.done_modes() == {KEY: "enforce"}
 
 
 def test_a_reap_aborted_before_any_signal_frees_key_and_slot(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path, clock=lambda: NOW)
+    ledger = Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: NOW)
     ledger.begin_reap(KEY, "enforce", "fp1")
     ledger.finish_reap(KEY, "aborted", signalled=False)
     assert ledger.done_modes() == {} and ledger.reap_times("enforce") == ()
 
 
 def test_ledger_forgets_keys_of_another_boot(tmp_path: Path) -> None:
-    Ledger(tmp_path, clock=lambda: NOW, boot=lambda: 1000.0).begin_reap(KEY, "enforce", "f")
-    again = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: 99_000.0)
-    assert again.done_modes() == {} and again.reap_times("enforce") == (NOW,)
+    """Only the rate-limit window outlives a reboot: a reap 50 s before the last write
+    of the old boot is 50 s before the new boot began (the downtime is not credited)."""
+    boot_now = [5_000.0]
+    old = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: "boot-1",
+                 boot_clock=lambda: boot_now[0])
+    old.begin_reap(KEY, "enforce", "f")
+    boot_now[0] += 50
+    old.add_pending([item(TreeKey("node-a", 5, 6))])  # the last write, 50 s later
+    boot_now[0] = 10.0  # rebooted: the boot clock starts again
+    again = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: "boot-2",
+                   boot_clock=lambda: boot_now[0])
+    assert again.done_modes() == {} and again.pending() == {}
+    assert again.reap_times("enforce") == (-50.0,)
+
+
+def test_a_wall_clock_step_makes_the_ledger_forget_nothing(tmp_path: Path) -> None:
+    """Retention and the rate-limit window count on the boot clock: 40 days' step of the
+    wall clock (past both retentions) between two runs of one boot drops nothing."""
+    wall, boot = [NOW], [1_000.0]
+    other = TreeKey("node-a", 5, 6)
+
+    def open_ledger() -> Ledger:
+        return Ledger(tmp_path, clock=lambda: wall[0], boot_clock=lambda: boot[0])
+
+    ledger = open_ledger()
+    ledger.begin_reap(KEY, "enforce", "fp1")
+    ledger.finish_reap(KEY, "reaped", signalled=True)
+    ledger.note_first_seen(other, 990.0)
+    wall[0] += 40 * 86400
+    boot[0] += 5
+    again = open_ledger()
+    assert again.done_modes() == {KEY: "enforce"}
+    assert again.reap_times("enforce") == (1_000.0,) and again.first_seen() == {other: 990.0}
+
+
+@pytest.mark.parametrize("same_boot", [True, False])
+def test_a_version_2_file_is_placed_on_the_boot_clock(tmp_path: Path, same_boot: bool) -> None:
+    """Version 2 kept wall-clock times: read once by the clocks' offset now; an earlier
+    boot's reaps no later than this boot's start (its keys are dropped as before)."""
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    (tmp_path / "remediator-state.json").write_text(json.dumps({
+        "version": 2, "boot_id": boot_id if same_boot else "an-earlier-boot",
+        "done": {str(KEY): {"status": "done", "mode": "enforce", "at": NOW - 100}},
+        "pending": {}, "first_seen": {str(KEY): NOW - 200},
+        "reaps": [[NOW - 100, "enforce"], [NOW + 50, "enforce"]]}))
+    again = Ledger(tmp_path, clock=lambda: NOW, boot_clock=lambda: 30.0)
+    if same_boot:  # wall NOW is boot 30
+        assert again.reap_times("enforce") == (-70.0, 80.0)
+        assert again.first_seen() == {KEY: -170.0} and again.done_modes() == {KEY: "enforce"}
+    else:
+        assert again.reap_times("enforce") == (-70.0, 0.0)
+        assert again.first_seen() == {} and again.done_modes() == {}
+    saved = json.loads((tmp_path / "remediator-state.json").read_text())
+    assert saved["version"] == 3 and saved["boot_clock"] == 30.0
 
 
 def test_corrupt_ledger_refuses(tmp_path: Path) -> None:

@@ -16,11 +16,12 @@ from gpuguard.exporter.classify import Rules
 from gpuguard.exporter.config import Remediate, UserFilter
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.nvml import Nvml, NvmlReading
-from gpuguard.remediator.inspection import inspect_tree
+from gpuguard.exporter.procfs import ProcessView
+from gpuguard.remediator.inspection import inspect_tree, member_of
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Trees, alive, stat_fields, wait_for
+from tests.proctree import Trees, alive, live_threads, stat_fields, wait_for, zombie_leader
 from tests.remediator_helpers import GIB, HOST, STUBBORN, Orphan, spawn_orphan
 
 #: Lets the tests' own processes through whoever runs them (CI runs as root).
@@ -296,3 +297,60 @@ def test_a_reap_withdrawn_while_alertmanager_is_asked_sends_nothing(
                          confirm=slow_confirm, cancelled=lambda: bool(withdrawn))
     assert (result.outcome, result.reason) == ("aborted", "cancelled"), result
     assert result.signals == () and orphan.all_alive()
+
+
+# -- a process whose main thread exited (pthread_exit) while another thread runs ------------
+
+#: Under the orphan root sh: the GPU holder, and a GPU holder that ignores SIGTERM and
+#: whose main thread called pthread_exit(): /proc/PID/stat shows Z while it runs on.
+ZOMBIE_LEADER_STUBBORN = ('sh -c "{holder} --pidfile {dir}/holder & {holder} --zombie-leader '
+                          '--ignore-term --pidfile {dir}/zl & wait" & echo $! > {dir}/root; '
+                          'wait')
+#: ... the same, nohup'd (SIGHUP ignored: it protects its tree), without a GPU context.
+NOHUP_ZOMBIE_LEADER = ('sh -c "{holder} --pidfile {dir}/holder & nohup {holder} --zombie-leader '
+                       '--pidfile {dir}/zl >/dev/null 2>&1 & wait" & echo $! > {dir}/root; '
+                       'wait')
+
+
+def test_a_member_whose_main_thread_exited_is_killed_and_counted_gone_with_its_threads(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    """Issue 24: a zombie main thread is not a gone process. It is a member, signalled
+    like any other (this one needs SIGKILL), and the reap is `reaped` only once every
+    thread of it has exited."""
+    orphan = spawn_orphan(trees, fake_gpu, ZOMBIE_LEADER_STUBBORN)
+    zl = orphan.tree.pid("zl")
+    assert zombie_leader(zl)
+    fake_gpu.add_process(0, zl, GIB)
+    plan = plan_for(orphan, nvml, extra=(zl,))
+    assert zl in {h.pid for h in plan.holders}
+    result = reap(plan, nvml, policy=dataclasses.replace(POLICY, term_timeout_seconds=0.3))
+    assert not live_threads(zl), "reported before every thread of it was gone"
+    assert (result.outcome, result.survivors) == ("reaped", ()), result
+    signals = sent(result)
+    assert {(zl, "SIGSTOP"), (zl, "SIGTERM"), (zl, "SIGKILL")} <= set(signals), signals
+    assert orphan.none_alive() and not alive(zl)
+    assert result.killed == 3 and result.reclaimed_bytes == 3 * GIB
+
+
+def test_a_nohup_member_whose_main_thread_exited_found_at_the_freeze_aborts_and_thaws(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    """A plan that misses such a member (made by a walk that dropped it): the freeze's
+    re-collection holds and judges it, and its ignored SIGHUP refuses the whole reap
+    before any SIGTERM; what was stopped is continued."""
+    orphan = spawn_orphan(trees, fake_gpu, NOHUP_ZOMBIE_LEADER)
+    zl = orphan.tree.pid("zl")
+    assert zombie_leader(zl) and sighup_ignored(zl)
+    view = ProcessView(counters=Counters())
+    infos = [view.fresh_stat(pid) for pid in orphan.members]
+    members = tuple(member_of(info, view) for info in infos if info is not None)
+    reading = nvml.read()
+    plan = ReapPlan(TreeKey(HOST, orphan.root, orphan.root_start), members,
+                    tuple(h for h in reading.holders if h.pid == orphan.holder), 2 * GIB,
+                    False, gpus=tuple(gpu.uuid for gpu in reading.gpus))
+    result = reap(plan, nvml)
+    assert (result.outcome, result.reason) == ("aborted", "member-protected"), result
+    assert f"member {zl} " in result.detail and "SIGHUP" in result.detail
+    assert {sig for _, sig in sent(result)} <= {"SIGSTOP", "SIGCONT"}
+    assert zl not in {pid for pid, _ in sent(result)}
+    assert orphan.all_alive() and zombie_leader(zl)
+    assert not any(stopped(p) for p in (*orphan.members, zl))

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.exporter.marks import ensure_marks_dir
 from tests.ci import require
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import HOLDER, Trees, alive, descendants_of, stat_fields, wait_for
+from tests.proctree import HOLDER, Trees, alive, descendants_of, live_threads, stat_fields, wait_for
 from tests.remediator_helpers import GIB, Run
 from tests.servers import child_env
 
@@ -43,11 +44,15 @@ NO_PID = 4_194_305
 #: three uids, so an unprivileged launcher may not signal it (EPERM), then writes its
 #: pid to argv[1] and waits. Stands in for sudo and its kind inside CMD. With argv[2] and
 #: argv[3] it forks, argv[3] ms later, a child that goes back to the invoking user (sudo's
-#: command, as that user) and writes its pid to argv[2].
+#: command, as that user) and writes its pid to argv[2]. With argv[4] = N it forks N such
+#: children, each ignoring SIGTERM and writing its pid to argv[2].I, one after another: the
+#: next once the last one has stopped (a reap froze it) or ended.
 SETUID_HELPER = r"""
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 static int note(const char *path) {
     char tmp[4096];
@@ -62,10 +67,18 @@ int main(int argc, char **argv) {
     uid_t user = getuid();
     if (argc < 2 || setresuid(0, 0, 0) != 0 || note(argv[1])) return 1;
     if (argc >= 4) {
+        int chain = argc >= 5 ? atoi(argv[4]) : 0;
         usleep(atoi(argv[3]) * 1000);
-        if (fork() == 0) {
-            if (setresuid(user, user, user) != 0 || note(argv[2])) return 1;
-            for (;;) pause();
+        for (int i = 0; i < (chain ? chain : 1); i++) {
+            pid_t child = fork();
+            if (child == 0) {
+                char path[4096];
+                snprintf(path, sizeof path, chain ? "%s.%d" : "%s", argv[2], i);
+                if (chain) signal(SIGTERM, SIG_IGN);
+                if (setresuid(user, user, user) != 0 || note(path)) return 1;
+                for (;;) pause();
+            }
+            if (chain) waitpid(child, NULL, WUNTRACED);
         }
     }
     for (;;) pause();
@@ -121,6 +134,15 @@ for action in actions:
         note("loop", subprocess.Popen(["bash", "-c", loop]).pid)
     elif action == "daemon":  # double fork + setsid: adopted by the launcher, own session
         double_fork("daemon", setsid=True)
+    elif action.startswith("erased-daemon="):  # a daemon that zero-fills its environment
+        middle = os.fork()
+        if middle == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, action[14:], "--erase-environ",
+                                          "--pidfile", os.path.join(d, "daemon")])
+            os._exit(0)
+        os.waitpid(middle, 0)
     elif action == "stray":  # double fork, same session: adopted by the launcher
         double_fork("stray", setsid=False)
     elif action == "stubborn":  # a background child that ignores SIGTERM
@@ -130,6 +152,12 @@ for action in actions:
     elif action.startswith("setuid-late="):  # the same; 1 s later it forks DIR/late (user's)
         subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
                           "1000"])
+    elif action.startswith("setuid-chain="):  # =N:PATH: the same; DIR/late.0 .. N-1 in turn
+        count, _, path = action[13:].partition(":")
+        subprocess.Popen([path, os.path.join(d, "setuid"), os.path.join(d, "late"), "0", count])
+    elif action.startswith("zombie-leader="):  # a child whose main thread exited (Z), alive
+        subprocess.Popen([sys.executable, action[14:], "--zombie-leader", "--pidfile",
+                          f"{d}/zl"])
     elif action.startswith("await="):  # wait until DIR/NAME exists (a child is ready)
         while not os.path.exists(os.path.join(d, action[6:])):
             time.sleep(0.01)
@@ -679,6 +707,18 @@ def test_cmd_status_passes_through_and_a_lingering_child_is_reaped(trees: Trees,
                             f"{child} (sleep)"]
 
 
+def test_a_leftover_whose_main_thread_exited_is_reaped_too(trees: Trees, rundir: Path) -> None:
+    """Issue 24: a child whose main thread called pthread_exit() shows Z while another
+    thread runs; it is a live member of the tree, and the teardown kills it."""
+    run = Launch(trees, rundir, [f"zombie-leader={HOLDER}", "await=zl", "exit=3"])
+    zl = run.pid("zl")  # written once its main thread showed Z, before CMD exited
+    assert run.status() == 3
+    assert not alive(zl) and not live_threads(zl)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: CMD exited with status 3: reaped 1 process(es)"), line
+    assert reaped_pids(line) == {zl}, line
+
+
 def test_keep_leftovers_leaves_the_lingering_child(trees: Trees, rundir: Path) -> None:
     run = Launch(trees, rundir, ["child", "exit=3"], options=("--keep-leftovers",))
     child = run.pid("child")
@@ -728,7 +768,7 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     not_executable.write_text("x")
     for args, code, message in (
             ([], 2, "gpuguard: run: no CMD given; usage: gpuguard run [--grace SECONDS] "
-                    "[--keep-leftovers] -- CMD [ARGS...]"),
+                    "[--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"),
             (["--", "/nonexistent/cmd"], 127, "gpuguard: run: /nonexistent/cmd: command not "
                                               "found"),
             (["--", str(not_executable)], 126, f"gpuguard: run: {not_executable}: "
@@ -795,6 +835,27 @@ def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
     assert "remediator" not in line
 
 
+def test_the_teardown_goes_on_until_no_child_is_left(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """Issue 24 (Low): a released member that starts a new child whenever its last one
+    is frozen hands the launcher one more tree per round, 7 rounds in all; the teardown
+    goes on until no child is left (it used to stop after 5)."""
+    prefix, helper = setuid_helper
+    chain = 7
+    run = Launch(trees, rundir, [f"setuid-chain={chain}:{helper}", "await=late.0"],
+                 prefix=prefix, options=("--grace", "0.5"))
+    rootly = run.pid("setuid")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    lates = [run.pid(f"late.{i}") for i in range(chain) if (rundir / f"late.{i}").exists()]
+    assert not [pid for pid in lates if alive(pid)], "left running"
+    assert len(lates) == chain
+    (line,) = run.stderr()
+    assert "still below the launcher" not in line, line
+    assert set(lates) <= reaped_pids(line) and line.count(f"{rootly} (") == 1, line
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+
+
 def test_a_tree_of_one_unsignalable_process_reports_no_kill(
         trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
     """CMD leaves only the setuid-root program, adopted by the launcher: the reap of it
@@ -831,9 +892,9 @@ def test_what_a_released_member_starts_during_the_reap_is_reaped_too(
 # -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
 
 
-def tree_of(gpuguard: Run, pid: int) -> dict:
+def tree_of(gpuguard: Run, pid: int, *args: str) -> dict:
     """The tree holding `pid`, from `gpuguard status --json` (the exporter's scan)."""
-    proc = gpuguard("status", "--json")
+    proc = gpuguard("status", "--json", *args)
     assert proc.returncode == 0, proc.stderr
     (tree,) = [t for t in json.loads(proc.stdout)["trees"]
                if pid in [h["pid"] for h in t["holders"]]]
@@ -874,6 +935,35 @@ def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies
     orphan = tree_of(gpuguard, daemon)  # now adopted by this test process (a subreaper)
     assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", daemon), orphan
     assert orphan["reason"] in ("session-ended", "launcher-killed")
+
+
+def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registration(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        tmp_path: Path) -> None:
+    """setproctitle-style erasure takes GPUGUARD_RUN with it: the launcher's own
+    registration (--marks-dir, the daemons' directory) still names it, and it is gone
+    once the launcher ends. Without the registration the erased marker is unknown, never
+    an orphan to reap under a live launcher."""
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"classify:\n  marks_dir: {marks}\n")
+    run = Launch(trees, rundir, [f"erased-daemon={HOLDER}", "await=daemon"],
+                 options=("--marks-dir", str(marks)))
+    daemon = run.pid("daemon")
+    assert (stat_fields(daemon) or {}).get("ppid") == run.launcher
+    assert set(Path(f"/proc/{daemon}/environ").read_bytes()) == {0}
+    fake_gpu.add_process(0, daemon, GIB)
+    assert [p.name for p in marks.iterdir()] == [
+        f"run-{run.launcher}-{(stat_fields(run.launcher) or {})['start_time']}"]
+    live = tree_of(gpuguard, daemon, "--config", str(config))
+    assert (live["verdict"], live["reason"]) == ("normal", "run-launcher"), live
+    unregistered = tree_of(gpuguard, daemon)  # the default directory does not hold it
+    assert (unregistered["verdict"], unregistered["reason"]) == ("unknown", "member-unknown")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(daemon) and list(marks.iterdir()) == []
 
 
 # -- pid reuse: an unrelated process at a former member's pid ---------------------------------

@@ -9,15 +9,16 @@ remediator's own live re-inspection (`remediator.inspection`) fed to
 own, so the console can never disagree with the daemons about what is an orphan
 or what may be killed.
 
-Subcommands, one module each (status, explain, policy_check, reap, assets, run)::
+Subcommands, one module each (status, explain, policy_check, reap, keep, assets, run)::
 
     gpuguard status  [--json] [--watch SECONDS] [--config FILE] [--hostname NAME]
     gpuguard explain PID [--json] [--config FILE] [--hostname NAME]
     gpuguard policy check --config FILE [--json] [--hostname NAME] ALERT.json|-
     gpuguard reap ROOT_PID [--apply] [--force] [--start-time TICKS] [--json] [--config FILE]
                   [--hostname NAME] [--allow-pid-namespace]
+    gpuguard keep    PID [--start-time TICKS] [--remove] [--config FILE] [--marks-dir DIR]
     gpuguard assets  [DIR] [--print NAME] [--force]
-    gpuguard run     [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]
+    gpuguard run     [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]
 
 Exit codes and the JSON schemas (`gpuguard.status/v1`, ...) are stable; they are
 defined once, in contract.py, which also writes the `--help` text that lists them.
@@ -31,6 +32,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from gpuguard.exporter.classify import DEFAULT_MARKS_DIR
 from gpuguard.exporter.serving import positive_float
 from gpuguard.remediator.console.assets import cmd_assets
 from gpuguard.remediator.console.contract import (
@@ -46,6 +48,7 @@ from gpuguard.remediator.console.contract import (
     Failure,
 )
 from gpuguard.remediator.console.explain import cmd_explain
+from gpuguard.remediator.console.keep import cmd_keep
 from gpuguard.remediator.console.policy_check import cmd_policy_check
 from gpuguard.remediator.console.reap import cmd_reap
 from gpuguard.remediator.console.run import DEFAULT_GRACE_SECONDS, cmd_run
@@ -111,16 +114,35 @@ def build_parser() -> argparse.ArgumentParser:
                                    "its reaper: a dry run unless --apply.")
     p.add_argument("root_pid", type=pid_arg, metavar="ROOT_PID")
     p.add_argument("--apply", action="store_true",
-                   help="really signal the tree (whatever remediate.mode says)")
+                   help="really signal the tree (whatever remediate.mode says); needs "
+                        "--start-time")
     p.add_argument("--force", action="store_true",
                    help="reap even when the classifier does not call it an orphan")
     p.add_argument("--start-time", type=int, metavar="TICKS",
-                   help="refuse unless ROOT_PID still has this start_time (from status --json)")
+                   help="refuse unless ROOT_PID still has this start_time (a dry run, status "
+                        "--json or explain shows it); required with --apply, so that a pid "
+                        "reused since never stands for the process you saw")
     p.add_argument("--allow-pid-namespace", action="store_true",
                    help="allow --apply outside the host PID namespace (only where NVML reports "
                         "this namespace's pids)")
     common(p)
     p.set_defaults(func=cmd_reap)
+
+    p = sub.add_parser("keep", help="mark a process so that no reap touches its tree, where "
+                                    "the process cannot erase the mark",
+                       description="Register PID by identity in the daemons' directory "
+                                   "(classify.marks_dir): its tree reads protected "
+                                   "(keep-marker) while it runs, whatever becomes of its "
+                                   "environment. Only the process's owner or root may.")
+    p.add_argument("pid", type=pid_arg, metavar="PID")
+    p.add_argument("--start-time", type=int, metavar="TICKS",
+                   help="refuse unless PID still has this start_time")
+    p.add_argument("--remove", action="store_true", help="remove the mark")
+    p.add_argument("--config", metavar="FILE", help="gpuguard YAML config (its "
+                   "classify.marks_dir)")
+    p.add_argument("--marks-dir", metavar="DIR", help="the directory itself (default: the "
+                   f"config's classify.marks_dir, {DEFAULT_MARKS_DIR})")
+    p.set_defaults(func=cmd_keep)
 
     p = sub.add_parser("assets", help="the alert rules and Grafana dashboard shipped in the "
                                       "package: list, print one, or write them all to DIR",
@@ -134,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_assets)
 
     p = sub.add_parser("run", formatter_class=raw, epilog=RUN_EPILOG,
-                       usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]",
+                       usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] "
+                             "-- CMD [ARGS...]",
                        help="run CMD so that its whole process tree dies with this launcher",
                        description="Run CMD as a child subreaper that reaps CMD's whole process "
                                    "tree, double forks and setsid daemons included, when its "
@@ -146,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "before SIGKILL (default: %(default)g)")
     p.add_argument("--keep-leftovers", action="store_true",
                    help="when CMD exits by itself, leave what it left running")
+    p.add_argument("--marks-dir", default=DEFAULT_MARKS_DIR, metavar="DIR",
+                   help="where the launcher registers itself with the daemons, so that a "
+                        "CMD that overwrites its environment stays attached (default: "
+                        "%(default)s)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]",
                    help="the command to run, after --")
     p.set_defaults(func=cmd_run)

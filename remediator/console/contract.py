@@ -30,16 +30,18 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
                  "PROBLEM)"),
     (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected"),
-    (EXIT_NO_PROCESS, "explain, reap: no such process"),
+    (EXIT_NO_PROCESS, "explain, reap, keep: no such process (or not the given start time)"),
     (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),
     (EXIT_REFUSED, "reap: refused (not an orphan without --force, identity changed, a guard "
-                   "said no)"),
+                   "said no); keep: not the process's owner, or the mark cannot be written"),
     (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record)"),
     (EXIT_NOT_AUDITED, "reap --apply: the final audit record could not be written (the intent "
                        "record was)"),
     (EXIT_CANNOT_EXECUTE, "run: CMD could not be executed (permission denied, not a program)"),
     (EXIT_NOT_FOUND, "run: CMD not found"),
-    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C; `reap "
+                       "--apply` exits 128+N on SIGINT, SIGTERM or SIGHUP, after continuing "
+                       "what it stopped and writing its record"),
 )
 #: Failures that print one line on stderr (`gpuguard: ...`) and no JSON.
 ONE_LINE_EXITS = (EXIT_USAGE, EXIT_NO_PROCESS, EXIT_BAD_PAYLOAD, EXIT_CANNOT_EXECUTE,
@@ -132,10 +134,16 @@ by pidfd), a fresh NVML + classify() that must call the tree an orphan (--force 
 only this), and the reaper's guards, which nothing skips: never PID 1, this command or
 its ancestors, kernel threads, root-owned processes (unless remediate.allow_root_owned)
 or users outside remediate.users. --apply reaps whatever remediate.mode says (the mode
-governs alert-driven reaps only); without it nothing is signalled. Every run, refused or
-not, appends the remediator's audit record to remediate.audit_log with
+governs alert-driven reaps only); without it nothing is signalled. --apply needs
+--start-time (a dry run prints it): a pid alone names whoever holds it now. With the tree
+frozen, NVML is asked again (waited for no longer than remediate.worker_timeout_seconds)
+and the tree classified again: anything but the same orphan continues it, unsignalled.
+SIGINT, SIGTERM or SIGHUP during --apply stop the reap: what it stopped is continued,
+the final record says `interrupted`, and the exit is 128+N. Every run, refused or not,
+appends the remediator's audit record to remediate.audit_log with
 "manual": {{"by": $SUDO_USER or the login name, ...}}; --apply refuses when the log cannot
-be written.
+be written, or when its directory fails the remediator's check (owned by this user,
+writable by no one else, no symlink: `audit-unsafe`).
 --json prints {REAP_SCHEMA}:
   {{"schema", "exit_code", "key": {{"hostname", "root_pid", "root_start_time"}}, "apply",
    "forced", "decision": {{"action", "reason", "detail"?}}, "live": {{...}},

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuguard.exporter.config import Config
 from gpuguard.exporter.nvml import Nvml
+from gpuguard.exporter.procfs import boottime
 from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_notification
 from gpuguard.remediator.console.common import live_json, load
 from gpuguard.remediator.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
@@ -93,10 +94,13 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     out["decision"] = decision.to_json()
     out["live"] = live_json(live)
     if decision.action == DEFER and decision.recheck_at is not None:
+        out["decision"]["recheck_at"] += state.wall_now - state.now  # boot clock -> Unix
         # What the worker's re-check would say once the tree is old enough, if nothing changes.
         first_seen = dict(worker_state.first_seen)
         first_seen[key] = decision.first_seen if decision.first_seen is not None else state.now
-        later = dataclasses.replace(worker_state, now=decision.recheck_at, first_seen=first_seen)
+        waited = decision.recheck_at - state.now
+        later = dataclasses.replace(worker_state, now=decision.recheck_at,
+                                    wall_now=state.wall_now + waited, first_seen=first_seen)
         out["then"] = decide(alert, live, later).to_json()
     return out
 
@@ -109,8 +113,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
             ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)
-            state = policy_state(config.remediate, args.hostname, ledger, time.time(),
-                                 protected_pids())
+            state = policy_state(config.remediate, args.hostname, ledger, boottime(),
+                                 protected_pids(), wall_now=time.time())
             pending = set(state.pending)
             results = [check_alert(i, alert, state, config, nvml, pending)
                        for i, alert in enumerate(notification.alerts)]

@@ -370,7 +370,9 @@ def reap_renderable(report: ReapReport) -> RenderableType:
     if res is not None:
         if res.outcome == Outcome.DRY_RUN:
             parts.append(Text(f"dry run: would signal {len(res.members)} process(es); "
-                              "nothing was sent. Pass --apply to reap.", style="bold yellow"))
+                              "nothing was sent. To reap this tree, the process shown: "
+                              f"--apply --start-time {key.root_start_time}",
+                              style="bold yellow"))
         elif res.outcome == Outcome.ABORTED:
             parts.append(Text(f"refused by the reaper: {res.reason}: {res.detail}",
                               style="bold red"))

@@ -25,7 +25,7 @@ from gpuguard.remediator.launcher import (
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "cmd_run"]
 
-USAGE = "run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]"
+USAGE = "run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"
 
 
 def command_of(words: list[str]) -> list[str]:
@@ -37,7 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = command_of(args.command)
     if not command:
         raise Failure(EXIT_USAGE, f"run: no CMD given; usage: gpuguard {USAGE}")
-    options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers)
+    options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers,
+                      marks_dir=args.marks_dir)
     try:
         how = run(command, options)
     except Unsupported as exc:

@@ -512,7 +512,8 @@ class World:
                 log.setdefault(pid, []).append(Exit(death.signal, death.status, death.at))
         elif listener != "none":
             raise ValueError(listener)
-        return ModelView([self.fake(p) for p in self.existing()], exit_log=log)
+        return ModelView([self.fake(p) for p in self.existing()], exit_log=log,
+                         listener=listener == "every")
 
     def find(self, identity: tuple[int, int]) -> Proc | None:
         for p in self.procs:

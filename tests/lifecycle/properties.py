@@ -262,6 +262,11 @@ class ChangingView:
             return None
         return tuple(c.pid for c in self.world.children(p))
 
+    def thread_states(self, pid: int) -> tuple[str, ...] | None:
+        """The model's processes are single-threaded: the main thread's state is all."""
+        p = self.world.by_pid(pid)
+        return (self.world.info(p).state,) if p is not None else None
+
 
 def ever_below(p, root) -> bool:
     """Whether `p` is `root` or was ever in its subtree. Reparenting moves a process only
@@ -286,7 +291,8 @@ def check_walk(world: World, root_pick: int, steps) -> None:
         return
     root_proc = candidates[root_pick % len(candidates)]
     view = ChangingView(world, steps)
-    members = walk_members(world.info(root_proc), view.children, view.stat, view.fresh_stat)
+    members = walk_members(world.info(root_proc), view.children, view.stat, view.fresh_stat,
+                           view.thread_states)
     STATS["walks"] += 1
     STATS["walk steps played"] += len(steps) - len(view.steps)
     for m in members:

@@ -93,9 +93,11 @@ def test_hangup_spares_only_the_nohup_job_which_is_protected():
     assert answer(world, nohup) == (PROTECTED, "ignores-sighup", nohup.pid)
 
 
-def test_launcher_that_died_before_the_root_was_born_is_session_ended_even_when_seen():
+def test_launcher_that_died_before_the_root_was_born_is_unrecorded_even_when_seen():
     # bash -> sh; bash exits; sh forks python afterwards and exits: the listener's record
-    # of bash's exit is older than the orphan root, so it cannot be tied to this session.
+    # of bash's exit is older than the orphan root, so it cannot be tied to this session:
+    # a listener runs and cannot say how the launcher went (launcher-unrecorded, not
+    # reaped by default); without one the reason is session-ended, as everywhere.
     world = World()
     bash = login(world)["bash"]
     launch = spawn(world, bash, SH)
@@ -106,8 +108,9 @@ def test_launcher_that_died_before_the_root_was_born_is_session_ended_even_when_
     truth = holder_truth(train)
     assert truth.root is train and truth.creator.death is not None
     assert truth.creator.death.at < train.start_time
-    assert truth.expected_reason("every") == "session-ended"
-    assert answer(world, train, "every") == (ORPHAN, "session-ended", train.pid)
+    assert truth.expected_reason("every") == "launcher-unrecorded"
+    assert answer(world, train, "every") == (ORPHAN, "launcher-unrecorded", train.pid)
+    assert answer(world, train, "none") == (ORPHAN, "session-ended", train.pid)
 
 
 def test_adoption_by_an_unnamed_subreaper_in_the_same_session_is_answered_safely():

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from gpuguard.exporter.classify import (
     LAUNCHER_EXITED,
     LAUNCHER_KILLED,
+    LAUNCHER_UNRECORDED,
     NORMAL,
     ORPHAN,
     PARENT_EXITED,
@@ -135,8 +136,10 @@ class HolderTruth:
             return PARENT_EXITED
         death = creator.death
         assert death is not None
-        if listener == "none" or death.at < self.root.start_time:
+        if listener == "none":
             return SESSION_ENDED
+        if death.at < self.root.start_time:
+            return LAUNCHER_UNRECORDED  # the listener answers only for after X started
         return LAUNCHER_KILLED if death.signal else LAUNCHER_EXITED
 
     def expected(self, listener: str) -> tuple[str, str] | None:

@@ -1,0 +1,110 @@
+"""What each orphan root's launcher was first seen to have done, kept past the exit record.
+
+Why: the process-event listener's record of a launcher's exit is bounded (count and
+age) and dies with the daemon. Without a memory, a tree refused as `launcher-exited`
+would read `launcher-unrecorded` once its record aged out, and `session-ended`
+(reaped by default) where the listener is gone after a restart: the same tree more
+reapable over time, on less evidence. So the first reason established for an orphan
+root (pid, start time, session) is the one every later scan gives it, for as long as
+that process lives, across restarts where a file is given.
+
+The file holds this boot's entries only (a pid and start time name another process
+after a reboot) and at most MAX_ENTRIES of them; entries whose process is gone are
+dropped when it is rewritten, which happens only when a new root is remembered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+MAX_ENTRIES = 4096
+LAUNCHER_MEMORY_FILE = "launchers.json"  # in a daemon's state directory
+#: Reasons that rest on no exit record (classify's launcher-unrecorded, session-ended).
+UNRECORDED = frozenset({"launcher-unrecorded", "session-ended"})
+Key = tuple[int, int, int]  # root pid, root start time, root session id
+
+
+class LauncherMemory:
+    """First-established launcher reasons by root identity; thread-safe."""
+
+    def __init__(self, path: str | None = None, *, boot: str = "",
+                 alive: Callable[[int, int], bool] | None = None) -> None:
+        self._path = path
+        self._boot = boot
+        self._alive = alive
+        self._lock = threading.Lock()
+        self._entries: dict[Key, tuple[str, str]] = {}
+        if path is not None:
+            self._load(path)
+
+    def recall(self, key: Key, reason: str, detail: str, *,
+               recorded: bool = False) -> tuple[str, str]:
+        """The (reason, detail) first established for `key`; `reason` is remembered when
+        it is the first. `recorded`: it rests on the kernel's exit record, which replaces a
+        remembered reason that rested on none (the record was read late: an exit record
+        of the session id after the root started can only be its leader's)."""
+        with self._lock:
+            known = self._entries.get(key)
+            if known is not None and not (recorded and known[0] in UNRECORDED):
+                return known
+            if known is None and len(self._entries) >= MAX_ENTRIES:
+                self._prune()
+            if known is None and len(self._entries) >= MAX_ENTRIES:
+                # Full of live roots: forget the oldest (its tree then reads what the
+                # listener can still say, launcher-unrecorded at most).
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = (reason, detail)
+            self._save()
+            return reason, detail
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _prune(self) -> None:
+        if self._alive is None:
+            return
+        self._entries = {k: v for k, v in self._entries.items() if self._alive(k[0], k[1])}
+
+    def _load(self, path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("launcher memory %s unreadable (%s): starting empty; trees whose "
+                        "launcher's exit is no longer recorded read launcher-unrecorded",
+                        path, exc)
+            return
+        if not isinstance(data, dict) or data.get("boot_id") != self._boot or not self._boot:
+            return  # another boot's pids
+        for row in data.get("roots", ()):
+            try:
+                pid, start, sid, reason, detail = row
+                self._entries[(int(pid), int(start), int(sid))] = (str(reason), str(detail))
+            except (TypeError, ValueError):
+                continue
+        self._prune()
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        self._prune()
+        rows = [[*key, reason, detail] for key, (reason, detail) in self._entries.items()]
+        tmp = f"{self._path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"boot_id": self._boot, "roots": rows}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self._path)
+        except OSError as exc:
+            log.warning("cannot write launcher memory %s: %s (kept in memory)",
+                        self._path, exc.strerror)
