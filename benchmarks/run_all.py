@@ -46,6 +46,17 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                      "malformed Alertmanager payloads at the remediator (dry-run). Targets: "
                      "no 5xx; p99 < 100 ms; exactly one decision per tree; RSS back to "
                      "within 10% of baseline."),
+    "shared_argv": (120.0,
+                    "Two exporters side by side, one classifying an orphan tree of 101 "
+                    "processes that share one ~1.6 MiB command line, one not. Target: peak "
+                    "RSS with the tree < 16 MiB above the one without (it was 43 -> 215 MiB "
+                    "before command-line reads were capped)."),
+    "login_flood": (120.0,
+                    "POST /alerts p50/p99 at the remediator (bearer token, one at a time) "
+                    "quiet, under 16 clients sending wrong basic-auth passwords to /metrics "
+                    "(bcrypt cost 10) from one address, and from a new address per request "
+                    "(no throttle applies). Target: webhook p50 < 50 ms under each flood "
+                    "(419 ms before issue 25)."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

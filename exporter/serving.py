@@ -10,6 +10,15 @@ IDLE_TIMEOUT_SECONDS; a request that trickles in counts as idle from its first b
 A flood beyond CONNECTION_LIMIT inside that time still waits in the kernel's accept
 queue: an attacker who keeps 512 connections open and renews them every 10 s can
 delay answers by up to that long; put such a host behind a firewall rule.
+
+Two more things a client could make large are bounded here. Request bodies: waitress
+reads a body whole (spooling it to a temporary file past 512 KiB) before any
+application code, authentication included, runs; a BodyPolicy decides from the
+request's head how much body it may send, and refuses the rest before reading it
+(the exporter takes none; the remediator's /alerts up to 1 MiB, only with its token).
+Logins: a bcrypt check is slow on purpose, so requests whose credentials are not
+known good run on a pool of their own (Dispatcher), and webauth.py bounds what each
+costs.
 """
 
 from __future__ import annotations
@@ -20,12 +29,16 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.exporter.tlsfront import TlsFront
-from gpuguard.exporter.webauth import protect
+from gpuguard.exporter.webauth import BasicAuth, protect
 from gpuguard.exporter.webconfig import WebConfigSource
+
+log = logging.getLogger("gpuguard.http")
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
 IDLE_TIMEOUT_SECONDS = 10
@@ -33,31 +46,104 @@ IDLE_TIMEOUT_SECONDS = 10
 CONNECTION_LIMIT = 512
 #: How often waitress looks for idle connections to close.
 CLEANUP_INTERVAL_SECONDS = 2
+#: The most body a request may carry unless a BodyPolicy allows more. The exporter's
+#: endpoints take none; this leaves room for a client that sends an empty form anyway.
+SMALL_BODY_BYTES = 4096
+#: Threads that serve requests whose credentials are not known good (logins: see
+#: webauth.py); the paths with their own credentials, /healthz and known-good
+#: requests are served by the other `threads`, which no login can occupy.
+LOGIN_THREADS = 2
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer given from a request's head, before any of its body is read."""
+
+    status: int
+    reason: str
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestHead:
+    method: str
+    path: str
+    headers: Mapping[str, str]  # waitress's keys: upper case, "-" as "_" (AUTHORIZATION)
+    content_length: int | None  # None: chunked
+
+
+class BodyPolicy:
+    """How much body a request may send, decided from its head alone.
+
+    waitress reads a whole request, body included, before any application code (and so
+    any authentication) runs, and spools bodies over its `inbuf_overflow` to a temporary
+    file: with its defaults an anonymous client could make it write a gigabyte. Here
+    `admit` runs when the headers are complete, in waitress's event loop (so it must be
+    cheap: no bcrypt, nothing slower than a stat): it answers the body limit for this
+    request, or a Refusal sent at once, without reading the body. A declared length over
+    the limit is refused the same way (`too_large`); a chunked body as soon as it
+    passes the limit. Bodies up to `ceiling` (the largest limit admit gives) are kept in
+    memory, never spooled. The default: every request may send SMALL_BODY_BYTES.
+    """
+
+    ceiling = SMALL_BODY_BYTES
+
+    def admit(self, head: RequestHead) -> Refusal | int:
+        return SMALL_BODY_BYTES
+
+    def too_large(self, head: RequestHead, limit: int) -> Refusal:
+        return Refusal(413, "Request Entity Too Large",
+                       f"request body over the {limit}-byte limit of this endpoint\n".encode())
 
 
 def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
                   idle_timeout: float = IDLE_TIMEOUT_SECONDS,
                   web: WebConfigSource | None = None,
                   open_paths: Callable[[str], bool] = lambda path: False,
+                  body: BodyPolicy | None = None,
                   **options: Any) -> Any:
     """A waitress server for `app` with the limits above (raises OSError if it cannot bind).
 
-    With a web config, `app` sits behind its basic auth (except `open_paths`) and
-    headers, and with TLS configured the public port is a TlsFront relaying to waitress
-    on a Unix socket in a private directory."""
+    Request bodies follow `body` (BodyPolicy() when None). With a web config, `app` sits
+    behind its basic auth (except `open_paths`) and headers; requests whose credentials
+    are not known good run on LOGIN_THREADS of their own. With TLS configured the public
+    port is a TlsFront relaying to waitress on a Unix socket in a private directory."""
     from waitress import create_server as waitress_server
+
+    policy = body if body is not None else BodyPolicy()
+    auth = BasicAuth() if web is not None else None
+
+    def extra_headers() -> tuple[tuple[str, str], ...]:
+        return web.current()[0].headers if web is not None else ()
+
+    def needs_login(channel: Any) -> bool:
+        """Whether the request `channel` is about to serve may cost a login."""
+        request = channel.requests[0] if channel.requests else None
+        if web is None or auth is None or request is None or request.error is not None:
+            return False
+        if open_paths(request.path):
+            return False
+        return not auth.known(web.current()[0], request.headers.get("AUTHORIZATION"))
 
     def bounded(wsgi: Any, **where: Any) -> Any:
         server = waitress_server(
-            wsgi, threads=threads, ident=ident, channel_timeout=idle_timeout,
+            wsgi, ident=ident, channel_timeout=idle_timeout,
             connection_limit=CONNECTION_LIMIT,
-            cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout), **where, **options)
-        server.channel_class = _bounded_channel()
+            cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout),
+            # Backstops behind the policy's own checks: waitress counts a chunked body's
+            # framing too. Bodies stay in memory up to the policy's ceiling.
+            max_request_body_size=2 * policy.ceiling + 65536,
+            inbuf_overflow=policy.ceiling + 65536,
+            _dispatcher=Dispatcher(threads, needs_login if web is not None else None),
+            **where, **options)
+        server.channel_class = _bounded_channel(_admitting_parser(policy, extra_headers))
         return server
 
     if web is None:
         return bounded(app, host=host, port=port)
-    app = protect(app, lambda: web.current()[0], exempt=open_paths)
+    app = protect(app, lambda: web.current()[0], exempt=open_paths, auth=auth)
     if web.current()[1] is None:
         return bounded(app, host=host, port=port)
     private = tempfile.mkdtemp(prefix="gpuguard-http-")  # mode 0700
@@ -68,8 +154,62 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     except OSError:
         os.rmdir(private)
         raise
-    return TlsServer(bounded(app, unix_socket=backend, unix_socket_perms="600"), front,
-                     private)
+    inner = bounded(app, unix_socket=backend, unix_socket_perms="600")
+    inner.fix_addr = front.client_of  # the TLS client's address, not "localhost"
+    return TlsServer(inner, front, private)
+
+
+class Dispatcher:
+    """waitress's thread pool, split in two when `needs_login` is given: requests for
+    which it is true run on LOGIN_THREADS threads of their own, all others on `threads`.
+
+    waitress hands a connection (its channel) to the pool once its next request has
+    been read whole; `needs_login` looks at that request, in the event loop, cheaply
+    (a cache lookup). A flood of wrong passwords then queues behind its own threads
+    (where webauth.py bounds what each costs), never in front of /alerts or /healthz.
+    """
+
+    def __init__(self, threads: int, needs_login: Callable[[Any], bool] | None) -> None:
+        from waitress.task import ThreadedTaskDispatcher
+
+        class LoginPool(ThreadedTaskDispatcher):  # type: ignore[misc]
+            # Queueing is what a login flood does here: not worth a warning per request.
+            queue_logger = logging.getLogger("gpuguard.http.logins")
+
+            def start_new_thread(self, target: Any, thread_no: int) -> None:
+                threading.Thread(target=target, name=f"gpuguard-login-{thread_no}",
+                                 args=(thread_no,), daemon=True).start()
+
+        self.main = ThreadedTaskDispatcher()
+        self.main.set_thread_count(threads)
+        self.needs_login = needs_login
+        self.logins = None
+        if needs_login is not None:
+            self.logins = LoginPool()
+            self.logins.set_thread_count(LOGIN_THREADS)
+
+    def add_task(self, channel: Any) -> None:
+        pool = self.main
+        if self.logins is not None and self.needs_login is not None:
+            try:
+                if self.needs_login(channel):
+                    pool = self.logins
+            except Exception:  # noqa: BLE001 - a bug here must not drop the request
+                log.exception("cannot tell whether a request needs a login")
+                pool = self.logins
+        pool.add_task(channel)
+
+    def set_thread_count(self, count: int) -> None:
+        self.main.set_thread_count(count)
+
+    def shutdown(self, cancel_pending: bool = True, timeout: float = 5) -> bool:
+        done = bool(self.main.shutdown(cancel_pending, timeout))
+        if self.logins is not None:
+            done = bool(self.logins.shutdown(cancel_pending, timeout)) and done
+        return done
+
+
+logging.getLogger("gpuguard.http.logins").setLevel(logging.ERROR)
 
 
 class TlsServer:
@@ -89,8 +229,9 @@ class TlsServer:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
-def _bounded_channel() -> type:
-    """waitress's channel, where an incomplete request does not count as activity.
+def _bounded_channel(parser: type) -> type:
+    """waitress's channel, where an incomplete request does not count as activity, and
+    requests are read with `parser` (_admitting_parser).
 
     waitress closes a connection idle for channel_timeout, and any byte received is
     activity: a client trickling one header line every few seconds would hold its
@@ -102,6 +243,7 @@ def _bounded_channel() -> type:
     class BoundedChannel(HTTPChannel):  # type: ignore[misc]
         _partial_since: float | None = None
         last_activity: float  # waitress's, seconds since the epoch
+        parser_class = parser
 
         def received(self, data: bytes) -> bool:
             result = super().received(data)
@@ -114,6 +256,79 @@ def _bounded_channel() -> type:
             return bool(result)
 
     return BoundedChannel
+
+
+def _admitting_parser(policy: BodyPolicy,
+                      extra_headers: Callable[[], tuple[tuple[str, str], ...]]) -> type:
+    """waitress's request parser, asking `policy` about each request once its head is in.
+
+    waitress's parser returns as soon as the head is complete (the body comes in later
+    calls), so the answer is known before a byte of body is taken; a refused request is
+    marked complete with an error, which waitress answers (and then closes the
+    connection, so the unread body is never parsed). `Expect: 100-continue` is not
+    answered for a refused request."""
+    from waitress.parser import HTTPRequestParser
+    from waitress.utilities import Error
+    from waitress.utilities import RequestEntityTooLarge as TooLarge
+
+    class Refused(Error):  # type: ignore[misc]
+        def __init__(self, refusal: Refusal) -> None:
+            super().__init__("")
+            self.refusal = refusal
+            self.code, self.reason = refusal.status, refusal.reason
+
+        def to_response(self, ident: str | None = None) -> tuple[str, list, bytes]:
+            r = self.refusal
+            return (f"{r.status} {r.reason}",
+                    [("Content-Type", r.content_type), *r.headers, *extra_headers()], r.body)
+
+    class AdmittingParser(HTTPRequestParser):  # type: ignore[misc]
+        error: Any  # waitress's: None or an Error
+        completed: bool
+        _head: RequestHead | None = None
+        _limit = 0
+
+        def received(self, data: bytes) -> int:
+            if self.completed:
+                return 0
+            in_head = not self.headers_finished
+            consumed = int(super().received(data))
+            if isinstance(self.error, TooLarge):  # past waitress's backstop: ours answers
+                if not in_head and self._head is not None:
+                    self._refuse(policy.too_large(self._head, self._limit))
+                    return consumed
+                self.error = None  # a declared length: admitted (or not) below, refused
+            if self.error is not None or self.empty:
+                return consumed  # waitress's own refusal (bad request, 431)
+            if in_head:
+                if self.headers_finished:
+                    self._admit()
+            elif self._head is not None and self.body_rcv is not None and (
+                    len(self.body_rcv) > self._limit):
+                self._refuse(policy.too_large(self._head, self._limit))
+            return consumed
+
+        def _admit(self) -> None:
+            head = RequestHead(method=self.command, path=self.path, headers=self.headers,
+                               content_length=None if self.chunked else self.content_length)
+            try:
+                verdict = policy.admit(head)
+            except Exception:  # noqa: BLE001 - the event loop must go on
+                log.exception("admitting %s %s", self.command, self.path)
+                verdict = Refusal(500, "Internal Server Error", b"cannot admit the request\n")
+            if isinstance(verdict, Refusal):
+                self._refuse(verdict)
+                return
+            self._head, self._limit = head, min(verdict, policy.ceiling)
+            if head.content_length is not None and head.content_length > self._limit:
+                self._refuse(policy.too_large(head, self._limit))
+
+        def _refuse(self, refusal: Refusal) -> None:
+            self.error = Refused(refusal)
+            self.completed = True
+            self.expect_continue = False
+
+    return AdmittingParser
 
 
 def positive_float(value: str) -> float:

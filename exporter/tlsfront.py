@@ -9,13 +9,21 @@ plaintext to waitress on a Unix socket in a private directory. A handshake that 
 not finish within `handshake_timeout` (a silent client, plain HTTP sent to the TLS
 port, a client certificate the CA did not sign) closes the connection; everything
 after the handshake meets waitress's own limits.
+
+waitress sees each relayed connection come from a Unix socket, which has no address.
+So that it still knows the client's (failed logins are throttled per address), the
+front binds its end of each relay to an abstract socket name that carries it,
+`\0gpuguard-front/TAG/N/HOST/PORT` with a random TAG per front, and `client_of` reads
+it back from the name waitress's accept() returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import secrets
 import socket
 import ssl
 import threading
@@ -52,6 +60,8 @@ class TlsFront:
         self._limit = connection_limit
         self._timeout = handshake_timeout
         self._open = 0
+        self._prefix = f"\0gpuguard-front/{secrets.token_hex(8)}/".encode()
+        self._serial = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._stopped = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="gpuguard-tls", daemon=True)
@@ -63,6 +73,32 @@ class TlsFront:
 
     def start(self) -> None:
         self._thread.start()
+
+    def client_of(self, addr: object) -> tuple[str, int | None]:
+        """The client (host, port) of a connection this front relayed, from the address
+        waitress's accept() gave (its abstract name); ("localhost", None) otherwise, as
+        waitress says for Unix sockets."""
+        if isinstance(addr, bytes) and addr.startswith(self._prefix):
+            _, host, port = addr[len(self._prefix):].decode("ascii", "replace").split("/")
+            return host, int(port)
+        return "localhost", None
+
+    async def _connect_backend(
+            self, peer: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if isinstance(peer, tuple) and len(peer) >= 2:
+                name = self._prefix + f"{next(self._serial)}/{peer[0]}/{peer[1]}".encode()
+                try:
+                    sock.bind(name)
+                except OSError as exc:  # taken (or too long): the client's address is lost
+                    log.debug("cannot name the relay for %s: %s", peer, exc)
+            sock.setblocking(False)
+            await self._loop.sock_connect(sock, self._backend)
+        except BaseException:
+            sock.close()
+            raise
+        return await asyncio.open_unix_connection(sock=sock)
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -103,7 +139,8 @@ class TlsFront:
                 log.debug("TLS handshake refused: %s", exc)
                 return
             try:
-                back_reader, back_writer = await asyncio.open_unix_connection(self._backend)
+                back_reader, back_writer = await self._connect_backend(
+                    writer.get_extra_info("peername"))
             except OSError as exc:
                 log.error("cannot reach the HTTP server behind TLS: %s", exc)
                 return

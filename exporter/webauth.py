@@ -1,22 +1,43 @@
 """Basic authentication and response headers from the web config, as WSGI middleware.
 
-bcrypt is slow on purpose (tens of milliseconds a check), so a successful check is
-remembered by (user, SHA-256 of the password, hash): Prometheus scraping every few
-seconds costs one bcrypt check, not one per scrape (exporter-toolkit caches the same
-way). An unknown user (or a password longer than bcrypt reads) is checked against a
-dummy hash of the configured cost, so that the answer takes as long as for a known one.
+bcrypt is slow on purpose (tens of milliseconds a check), so what a login may cost is
+bounded here, whoever sends how many (DESIGN.md principle 3: the number of failed
+logins must not set the cost):
+
+- A success is remembered by (user, SHA-256 of the password, hash): Prometheus scraping
+  every few seconds costs one bcrypt check, not one per scrape (exporter-toolkit caches
+  the same way). A changed hash (a reload) does not inherit it.
+- A failure is remembered the same way for NEGATIVE_TTL_SECONDS: the same wrong password
+  again (a misconfigured scraper, a replayed request) costs a dictionary lookup.
+- Each client address (an IPv6 address by its /64) may spend FAILURE_BURST failed bcrypt
+  checks, then one per FAILURE_REFILL_SECONDS; beyond that it is answered 429 with
+  Retry-After, without a check. Known-good credentials from that address still pass.
+- One bcrypt check at a time in the whole process: however many addresses a flood
+  comes from, logins cost at most one core.
+- An unknown user (or a password longer than the 72 bytes bcrypt reads) is checked
+  against a fixed cost-10 dummy hash, as exporter-toolkit does: the answer takes as long
+  as for a known user with a cost-10 hash, and the dummy's cost does not follow the
+  file's costliest hash.
+
+serving.py runs every request that is not known-good (no cached success for its
+credentials) on a small pool of its own, so logins, failed or not, never wait in
+front of the paths with their own credentials (/alerts, /state), /healthz, or a
+scraper whose password was already checked.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hashlib
+import ipaddress
 import json
+import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import bcrypt
@@ -24,53 +45,154 @@ import bcrypt
 from gpuguard.exporter.webconfig import WebConfig
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+#: Successes remembered (least recently used goes first).
 CACHE_SIZE = 256
+#: Failures remembered, and for how long.
+NEGATIVE_CACHE_SIZE = 4096
+NEGATIVE_TTL_SECONDS = 60.0
+#: Failed bcrypt checks a client address may cost at once, and the seconds that earn one more.
+FAILURE_BURST = 10
+FAILURE_REFILL_SECONDS = 6.0
+#: Client addresses whose failures are counted (least recently failed goes first).
+CLIENTS_TRACKED = 4096
 #: bcrypt reads at most 72 bytes of a password; bcrypt >= 5 refuses longer ones.
 BCRYPT_MAX_PASSWORD = 72
+#: What an unknown user's password is checked against: bcrypt of a random string at cost
+#: 10 (exporter-toolkit's choice), fixed so that no request ever pays for making one.
+DUMMY_HASH = b"$2b$10$J.BTm5kx8oyBrIayUk4Pne62tyOsh86X2FM.rlA5MzTf9Gycluo4m"
+
+ALLOW, DENY, THROTTLE = "allow", "deny", "throttle"
 
 
-def _cost(hashed: bytes) -> int:
-    return int(hashed.split(b"$")[2])
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str  # ALLOW, DENY or THROTTLE
+    retry_after: int = 0  # seconds, for THROTTLE
+
+    @property
+    def allowed(self) -> bool:
+        return self.outcome == ALLOW
 
 
-@functools.lru_cache(maxsize=32)
-def _dummy(cost: int) -> bytes:
-    """A hash to check against for unknown users, at the cost of the real ones."""
-    return bcrypt.hashpw(b"gpuguard", bcrypt.gensalt(rounds=cost))
+ALLOWED, DENIED = Verdict(ALLOW), Verdict(DENY)
+_Key = tuple[str, bytes, bytes]  # user, SHA-256 of the password, the hash it was checked on
+
+
+def client_key(address: str) -> str:
+    """Whose failures a request's are: its IPv4 address, or its IPv6 address's /64 (one
+    host holds a whole /64); anything else (a Unix socket's "localhost") as it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class BasicAuth:
-    """Checks `Authorization: Basic` against the current web config's users."""
+    """Checks `Authorization: Basic` against the current web config's users, at a
+    bounded cost (see the module's docstring). Thread-safe."""
 
-    def __init__(self) -> None:
-        self._ok: OrderedDict[tuple[str, bytes, bytes], None] = OrderedDict()
-        self._lock = threading.Lock()
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
+                 checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw) -> None:
+        self._clock = clock
+        self._checkpw = checkpw
+        self._ok: OrderedDict[_Key, None] = OrderedDict()
+        self._bad: OrderedDict[_Key, float] = OrderedDict()  # -> when it is forgotten
+        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
+        self._lock = threading.Lock()  # the tables above
+        self._bcrypt = threading.Lock()  # one check at a time
 
-    def allows(self, config: WebConfig, header: str | None) -> bool:
+    def known(self, config: WebConfig, header: str | None) -> bool:
+        """True when this request passes without a bcrypt check (no users configured,
+        or its credentials succeeded before): cheap, for deciding where to run it."""
         if not config.users:
             return True
+        key = _key(config, header)
+        if key is None or not key[2]:
+            return False
+        with self._lock:
+            return key in self._ok
+
+    def allows(self, config: WebConfig, header: str | None, client: str = "") -> bool:
+        return self.check(config, header, client).allowed
+
+    def check(self, config: WebConfig, header: str | None, client: str = "") -> Verdict:
+        if not config.users:
+            return ALLOWED
         user, password = _credentials(header)
         if user is None or password is None:
-            return False
+            return DENIED  # nothing to check: costs nothing, counts for nothing
         hashed = config.users.get(user)
-        digest = hashlib.sha256(password).digest()
-        key = (user, digest, hashed or b"")
+        key = (user, hashlib.sha256(password).digest(), hashed or b"")
+        who = client_key(client)
         with self._lock:
+            now = self._clock()
             if hashed is not None and key in self._ok:
                 self._ok.move_to_end(key)
-                return True
-        if hashed is None or len(password) > BCRYPT_MAX_PASSWORD:
-            # As slow as a real check: no telling unknown users (or long guesses) apart.
-            bcrypt.checkpw(b"x", _dummy(_cost(hashed or max(config.users.values(),
-                                                              key=_cost))))
-            return False
-        if not bcrypt.checkpw(password, hashed):
-            return False
+                return ALLOWED
+            forget_at = self._bad.get(key)
+            if forget_at is not None:
+                if forget_at > now:
+                    return DENIED
+                del self._bad[key]
+            wait = self._spend(who, now)  # before the check: concurrent ones count too
+            if wait > 0:
+                return Verdict(THROTTLE, retry_after=max(1, math.ceil(wait)))
+        ok = self._bcrypt_check(password, hashed)
         with self._lock:
-            self._ok[key] = None
-            while len(self._ok) > CACHE_SIZE:
-                self._ok.popitem(last=False)
-        return True
+            if ok:
+                self._refund(who)
+                self._ok[key] = None
+                while len(self._ok) > CACHE_SIZE:
+                    self._ok.popitem(last=False)
+            else:
+                self._bad[key] = self._clock() + NEGATIVE_TTL_SECONDS
+                self._bad.move_to_end(key)
+                while len(self._bad) > NEGATIVE_CACHE_SIZE:
+                    self._bad.popitem(last=False)
+        return ALLOWED if ok else DENIED
+
+    def _bcrypt_check(self, password: bytes, hashed: bytes | None) -> bool:
+        with self._bcrypt:
+            try:
+                if hashed is None or len(password) > BCRYPT_MAX_PASSWORD:
+                    # As slow as a real check: unknown users (and long guesses) look alike.
+                    self._checkpw(password[:BCRYPT_MAX_PASSWORD], DUMMY_HASH)
+                    return False
+                return bool(self._checkpw(password, hashed))
+            except ValueError:  # a hash bcrypt cannot use: nobody gets in with it
+                return False
+
+    def _spend(self, who: str, now: float) -> float:
+        """Take one failure from `who`'s allowance; 0, or the seconds until there is one."""
+        tokens, at = self._clients.pop(who, (float(FAILURE_BURST), now))
+        tokens = min(float(FAILURE_BURST), tokens + max(0.0, now - at) / FAILURE_REFILL_SECONDS)
+        wait = 0.0
+        if tokens >= 1.0:
+            tokens -= 1.0
+        else:
+            wait = (1.0 - tokens) * FAILURE_REFILL_SECONDS
+        self._clients[who] = (tokens, now)
+        while len(self._clients) > CLIENTS_TRACKED:
+            self._clients.popitem(last=False)
+        return wait
+
+    def _refund(self, who: str) -> None:
+        """A success does not count against its address."""
+        if who in self._clients:
+            tokens, at = self._clients[who]
+            self._clients[who] = (min(float(FAILURE_BURST), tokens + 1.0), at)
+
+
+def _key(config: WebConfig, header: str | None) -> _Key | None:
+    user, password = _credentials(header)
+    if user is None or password is None:
+        return None
+    return (user, hashlib.sha256(password).digest(), config.users.get(user) or b"")
 
 
 def _credentials(header: str | None) -> tuple[str | None, bytes | None]:
@@ -90,11 +212,12 @@ def _credentials(header: str | None) -> tuple[str | None, bytes | None]:
 
 
 def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
-            exempt: Callable[[str], bool] = lambda path: False) -> WSGIApp:
+            exempt: Callable[[str], bool] = lambda path: False,
+            auth: BasicAuth | None = None) -> WSGIApp:
     """`app` behind the web config's basic auth (paths for which `exempt` is true are
     open: health checks, and endpoints with their own credentials), with its headers
-    added to every answer."""
-    auth = BasicAuth()
+    added to every answer. `auth` is shared with whoever routes requests by it."""
+    auth = auth if auth is not None else BasicAuth()
 
     def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         config = current()
@@ -103,7 +226,18 @@ def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
             return start_response(status, [*headers, *config.headers], *rest)
 
         path = environ.get("PATH_INFO", "")
-        if not exempt(path) and not auth.allows(config, environ.get("HTTP_AUTHORIZATION")):
+        if exempt(path):
+            return app(environ, start)
+        verdict = auth.check(config, environ.get("HTTP_AUTHORIZATION"),
+                             environ.get("REMOTE_ADDR") or "")
+        if verdict.outcome == THROTTLE:
+            body = json.dumps({"error": "too many failed logins from this address; retry "
+                                        f"in {verdict.retry_after} s"}).encode()
+            start("429 Too Many Requests", [("Content-Type", "application/json"),
+                                            ("Content-Length", str(len(body))),
+                                            ("Retry-After", str(verdict.retry_after))])
+            return [body]
+        if not verdict.allowed:
             body = json.dumps({"error": "unauthorized"}).encode()
             start("401 Unauthorized", [("Content-Type", "application/json"),
                                        ("Content-Length", str(len(body))),

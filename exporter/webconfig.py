@@ -21,7 +21,9 @@ serve HTTP/2, or restrict TLS 1.3 suites, so those are errors, never silently ig
 `WebConfigSource` re-reads the file, and the certificate files it names, when any of
 them changes (checked at most once a second, per connection), so certificate
 rotation and user changes need no restart; a broken edit keeps the last good
-configuration and is logged.
+configuration and is logged. A reload never takes a guard down: switching TLS on or
+off, dropping basic auth, or weakening client_auth_type each keep the last good
+configuration too (they take a restart).
 """
 
 from __future__ import annotations
@@ -333,6 +335,8 @@ class WebConfigSource:
         elif self._config.users and not config.users:
             # Also what a file caught half-written looks like: never fail open.
             problem = "basic auth cannot be switched off without a restart"
+        elif (weaker := _weaker_client_auth(self._config.tls, config.tls)) is not None:
+            problem = weaker
         if problem is not None:
             self._failed = seen
             log.error("web config %s: %s; keeping the last good one", self.path, problem)
@@ -340,3 +344,23 @@ class WebConfigSource:
         self._config, self._context = config, context
         self._seen, self._failed = after, None
         log.info("web config %s reloaded", self.path)
+
+
+#: How much each client_auth_type asks of a client, weakest first.
+_CLIENT_AUTH_STRENGTH = {ssl.CERT_NONE: 0, ssl.CERT_OPTIONAL: 1, ssl.CERT_REQUIRED: 2}
+
+
+def _weaker_client_auth(old: TlsConfig | None, new: TlsConfig | None) -> str | None:
+    """Why a reload from `old` to `new` would weaken client-certificate checks, or None.
+
+    Like basic auth, client certificates are a guard that only a restart may take down:
+    a reload that drops or relaxes client_auth_type (or its client_ca_file) is what a
+    file caught half-written, or an edit of the wrong copy, looks like. A new CA file
+    (rotation) is fine; so is asking more."""
+    if old is None or new is None:
+        return None
+    if _CLIENT_AUTH_STRENGTH[new.client_auth] < _CLIENT_AUTH_STRENGTH[old.client_auth]:
+        names = {mode: name for name, mode in CLIENT_AUTH.items()}
+        return (f"client_auth_type cannot be weakened from {names[old.client_auth]} to "
+                f"{names[new.client_auth]} without a restart")
+    return None

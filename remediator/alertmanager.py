@@ -446,8 +446,9 @@ class AlertmanagerClient:
             return None
         token = self._token()
         if token is None:
-            raise _Failure(UNAUTHORIZED,
-                           f"no token from credentials_file {self._credentials_file}")
+            why = getattr(self._token, "problem", None)
+            raise _Failure(UNAUTHORIZED, f"no token from credentials_file "
+                           f"{self._credentials_file}" + (f" ({why})" if why else ""))
         try:
             text = token.decode("ascii")
         except UnicodeDecodeError:

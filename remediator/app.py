@@ -15,6 +15,7 @@ import hmac
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.metrics import event_metrics, inspector_metrics
+from gpuguard.exporter.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
 from gpuguard.remediator.alertmanager import RESULTS
 from gpuguard.remediator.alerts import PayloadError, parse_notification
 from gpuguard.remediator.ledger import LedgerError
@@ -40,12 +42,37 @@ EXTENSION = "gpuguard_remediator"
 TokenSource = Callable[[], "bytes | None"]
 
 
+def private_file_problem(path: str, st: os.stat_result) -> str | None:
+    """Why a file holding a secret is not private, or None.
+
+    Private means a regular file that only its owner can read or write (mode 0600 or
+    stricter), owned by this daemon's user or by root: a file another user owns is one
+    they can rewrite (and so choose the token), a group- or world-readable one leaks it."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_mode & 0o077:
+        return (f"{path} is mode {stat.S_IMODE(st.st_mode):04o}: a token file must be "
+                "readable by its owner only (chmod 600)")
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        return (f"{path} is owned by uid {st.st_uid}: a token file must belong to this "
+                f"daemon's user (uid {euid}) or root")
+    return None
+
+
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode,
+            st.st_uid)
+
+
 class TokenFile:
     """A bearer token read from a file, re-read whenever the file changes (rotation).
 
-    Each call costs one stat(); the file is read again only when its inode,
-    size or mtime moved. An unreadable or empty file yields None, which rejects
-    every request: failing closed is the only safe answer for a kill endpoint.
+    Each call costs one stat(); the file is read again only when its inode, size,
+    mtime or ctime (a chmod or chown) moved. A file that is missing, unreadable, empty
+    or not private (private_file_problem) yields None, which rejects every request:
+    failing closed is the only safe answer for a kill endpoint. `problem` says why;
+    start-up refuses on it.
     """
 
     def __init__(self, path: str) -> None:
@@ -53,37 +80,53 @@ class TokenFile:
         self._lock = threading.Lock()
         self._signature: tuple[int, ...] | None = None
         self._token: bytes | None = None
-        self._warned = False
+        self._called = False
+        self.problem: str | None = None
 
     def __call__(self) -> bytes | None:
         try:
+            return self._read()
+        finally:
+            self._called = True
+
+    def _read(self) -> bytes | None:
+        try:
             st = os.stat(self.path)
         except OSError as exc:
-            self._warn(f"token file {self.path}: {exc.strerror}; rejecting every request")
+            self._fail(f"token file {self.path}: {exc.strerror}")
             return None
-        signature = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._lock:
-            if signature != self._signature:
+            if _signature(st) != self._signature:
+                self._token, self._signature = None, None
+                if (private := private_file_problem(self.path, st)) is not None:
+                    self._signature = _signature(st)  # (not opened: it may be a FIFO)
+                    self._fail(f"token file {private}")
+                    return None
                 try:
                     with open(self.path, "rb") as fh:
+                        st = os.fstat(fh.fileno())  # what is read is what is checked
+                        if (private := private_file_problem(self.path, st)) is not None:
+                            self._signature = _signature(st)
+                            self._fail(f"token file {private}")
+                            return None
                         token = fh.read(64 * 1024).strip()
                 except OSError as exc:
-                    self._warn(f"token file {self.path}: {exc.strerror}; rejecting every request")
+                    self._fail(f"token file {self.path}: {exc.strerror}")
                     return None
-                self._token = token or None
-                self._signature = signature
-                if self._token is None:
-                    self._warn(f"token file {self.path} is empty; rejecting every request")
-                else:
-                    self._warned = False
-                    if st.st_mode & 0o077:
-                        log.warning("token file %s is readable by group or others", self.path)
+                self._signature = _signature(st)
+                if not token:
+                    self._fail(f"token file {self.path} is empty")
+                    return None
+                self._token = token
+            if self._token is not None:
+                self.problem = None
             return self._token
 
-    def _warn(self, message: str) -> None:
-        if not self._warned:
-            log.error(message)
-            self._warned = True
+    def _fail(self, problem: str) -> None:
+        # The first call's failure is the caller's to report (start-up refuses on it).
+        if problem != self.problem and self._called:
+            log.error("%s; no token until that is fixed", problem)
+        self.problem = problem
 
 
 class RemediatorCollector(Collector):
@@ -145,6 +188,66 @@ class RemediatorCollector(Collector):
         yield from event_metrics(self.service.events)
 
 
+UNAUTHORIZED = "missing or wrong bearer token"
+BEARER_CHALLENGE = 'Bearer realm="gpuguard-remediator"'
+
+
+def bearer_ok(token: TokenSource | None, header: str) -> bool:
+    """Whether an Authorization header carries the bearer token (always, with no token:
+    --insecure-no-auth). Constant time in the token; one home for the HTTP layer and
+    for AlertsIntake, which asks before a body is read."""
+    if token is None:
+        return True
+    expected = token()
+    scheme, _, given = header.partition(" ")
+    if expected is None or scheme.lower() != "bearer":
+        hmac.compare_digest(b"x", b"y")  # same work on every path
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8", "replace"), expected)
+
+
+class AlertsIntake(BodyPolicy):
+    """Request bodies at the remediator (serving.BodyPolicy): only POST /alerts takes
+    one, up to MAX_BODY_BYTES, and only with the bearer token, asked from the request's
+    head before a byte of body is read. Without the token a body may be SMALL_BODY_BYTES
+    (read in memory; the app answers 401 and the connection stays open, as it does for
+    Alertmanager with a stale token); a larger one is answered 401 from the head. The
+    refusals are the app's own answers (JSON, counted in
+    gpuguard_remediator_rejected_requests_total)."""
+
+    ceiling = MAX_BODY_BYTES
+
+    def __init__(self, service: Remediator, token: TokenSource | None) -> None:
+        self.service = service
+        self.token = token
+
+    def _authorized(self, head: RequestHead) -> bool:
+        return bearer_ok(self.token, head.headers.get("AUTHORIZATION", ""))
+
+    def admit(self, head: RequestHead) -> Refusal | int:
+        if head.path == "/alerts" and head.method == "POST" and self._authorized(head):
+            return MAX_BODY_BYTES
+        return SMALL_BODY_BYTES
+
+    def too_large(self, head: RequestHead, limit: int) -> Refusal:
+        if head.path != "/alerts" or head.method != "POST":
+            return super().too_large(head, limit)
+        if not self._authorized(head):
+            self.service.reject("unauthorized")
+            return _refusal(401, "Unauthorized", UNAUTHORIZED,
+                            (("WWW-Authenticate", BEARER_CHALLENGE),))
+        self.service.reject("too_large")
+        size = f"body of {head.content_length} bytes" if head.content_length else "body"
+        return _refusal(413, "Request Entity Too Large",
+                        f"{size} is over the {limit}-byte limit")
+
+
+def _refusal(status: int, reason: str, message: str,
+             headers: tuple[tuple[str, str], ...] = ()) -> Refusal:
+    return Refusal(status, reason, (json.dumps({"error": message}) + "\n").encode(),
+                   content_type="application/json", headers=headers)
+
+
 def _error(status: int, message: str, **headers: str) -> Response:
     return Response(json.dumps({"error": message}) + "\n", status=status,
                     mimetype="application/json", headers=headers)
@@ -169,20 +272,11 @@ def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
     app.extensions[EXTENSION] = service
 
     def authorized() -> bool:
-        if token is None:
-            return True
-        expected = token()
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if expected is None or scheme.lower() != "bearer":
-            hmac.compare_digest(b"x", b"y")  # same work on every path
-            return False
-        return hmac.compare_digest(given.strip().encode("utf-8", "replace"), expected)
+        return bearer_ok(token, request.headers.get("Authorization", ""))
 
     def unauthorized() -> Response:
         service.reject("unauthorized")
-        return _error(401, "missing or wrong bearer token",
-                      **{"WWW-Authenticate": 'Bearer realm="gpuguard-remediator"'})
+        return _error(401, UNAUTHORIZED, **{"WWW-Authenticate": BEARER_CHALLENGE})
 
     @app.post("/alerts")
     def alerts() -> Response:
@@ -222,10 +316,18 @@ def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
         return _json({"accounts": [a.to_json() for a in accounts], "counts": counts,
                       "mode": policy.mode})
 
+    last_code = ["ok"]
+
     @app.get("/healthz")
     def healthz() -> Response:
-        ok, why = service.healthy()
-        return Response(why + "\n", status=200 if ok else 503, mimetype="text/plain")
+        # Open to anyone (probes carry no credentials): a status and a reason code, no
+        # paths, keys or errors. The detail is logged when the code changes, and is in
+        # /state (bearer token) as "health".
+        ok, code, detail = service.healthy()
+        if code != last_code[0]:
+            last_code[0] = code
+            (log.info if ok else log.warning)("health: %s (%s)", code, detail)
+        return Response(code + "\n", status=200 if ok else 503, mimetype="text/plain")
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -235,6 +337,8 @@ def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
     def state() -> Response:
         if not authorized():
             return unauthorized()
-        return _json(service.snapshot())
+        ok, code, detail = service.healthy()
+        return _json({**service.snapshot(), "health": {"ok": ok, "code": code,
+                                                        "detail": detail}})
 
     return app

@@ -30,8 +30,6 @@ PROG = "gpuguard-remediator"
 DEFAULT_LISTEN = "127.0.0.1:9878"
 TOKEN_ENV = "GPUGUARD_TOKEN_FILE"
 HTTP_THREADS = 4
-#: waitress's own hard cap (it answers 413 itself beyond); the app's 1 MiB limit is counted.
-WAITRESS_MAX_BODY = 16 * 1024 * 1024
 
 
 #: Paths the web config's basic auth leaves alone: they carry the bearer token (one
@@ -113,16 +111,23 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from gpuguard.remediator.app import TokenFile, create_app
+    from gpuguard.remediator.app import AlertsIntake, TokenFile, create_app
     from gpuguard.remediator.service import build_remediator
 
     token = None
     if token_path is not None:
         token = TokenFile(token_path)
         if token() is None:
-            return _fail(f"token file {token_path} is missing, unreadable or empty")
+            return _fail(token.problem or f"token file {token_path} is unusable")
     else:
         log.warning("--insecure-no-auth: POST /alerts accepts requests without a token")
+
+    credentials = config.remediate.alertmanager and config.remediate.alertmanager.credentials_file
+    if credentials:
+        # Checked here, once, like the token: at kill time an unusable one only refuses.
+        am_token = TokenFile(credentials)
+        if am_token() is None:
+            return _fail(f"remediate.alertmanager.credentials_file: {am_token.problem}")
 
     if (problem := other_users_problem(signal=True)) is not None:
         log.warning("%s", problem)  # a non-root remediator without its capabilities
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
-                               ident=PROG, max_request_body_size=WAITRESS_MAX_BODY, web=web,
+                               ident=PROG, web=web, body=AlertsIntake(service, token),
                                open_paths=lambda path: path in own_auth)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")

@@ -405,6 +405,7 @@ def test_bearer_token_from_credentials_file(fake: Callable[[Route], FakeAlertman
 
     rotated = tmp_path / "token.new"
     rotated.write_text("right-token\n")
+    rotated.chmod(0o600)  # a token file must be private
     rotated.replace(token)  # re-read on change, no restart
     assert confirm(c, tree("h")).state == FIRING
     assert server.requests[-1][1] == "Bearer right-token"

@@ -272,6 +272,7 @@ def test_token_file_from_the_environment(tmp_path: Path, fake_gpu: FakeGpuWorld,
                                          fake_nvml_lib: Path) -> None:
     token = tmp_path / "token"
     token.write_text(TOKEN)
+    token.chmod(0o600)
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(GPUGUARD_TOKEN_FILE=str(token)))
     server = ServerProcess("gpuguard.remediator", ["--config", str(write_config(tmp_path)),
                                           "--hostname", HOST, "--allow-pid-namespace"], env=env)
