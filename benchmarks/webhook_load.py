@@ -239,6 +239,9 @@ def body(result: Result, tmp: Path) -> None:
         "min_age_seconds": 0, "users": {"allow": ["*"], "deny": []},
         "allow_root_owned": True,  # dry-run: no signal is sent; we run as root here
         "rate_limit": {"max_reaps": 100, "per_seconds": 3600},
+        # The trees' launchers die before the remediator starts: with its listener on
+        # that reads launcher-unrecorded, not reaped by default; this measures intake.
+        "reasons": ["launcher-killed", "session-ended", "launcher-unrecorded"],
     }}))
     server = None
     try:

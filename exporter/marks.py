@@ -9,8 +9,10 @@ by `gpuguard keep PID` or by `gpuguard run` for itself.
 
 A file counts only if it is a regular file with one link, owned by root or by the
 uid of the process it names, and holds this boot's id: a user can mark only their
-own processes, a file left by an earlier boot (the same pid and start time) never
-matches, and nobody's registration can make anyone else's tree more reapable.
+own processes, and a file left by an earlier boot (the same pid and start time) never
+matches. Another user's file at the name (a squatter's: the sticky directory then
+keeps the owner from writing there) reads as "cannot tell", so the process is unknown,
+never reaped on it: nobody's file can make anyone else's tree more reapable.
 Looking one up is one lstat and, when it exists, one read: cost follows what a
 scan inspects, never how many files users leave.
 """
@@ -59,7 +61,10 @@ class Marks:
                     return False
                 return None
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in (0, uid):
-                return False  # not a registration anyone may make for this process
+                # Not a registration anyone may make for this process, but its name is
+                # taken (another user squatted it): whether the owner's own mark would
+                # be there cannot be told. Unknown, never "no mark".
+                return None
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError as exc:

@@ -115,10 +115,12 @@ class EnvironMarkers:
 _ENV_ENTRY = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def parse_environ_markers(raw: bytes) -> EnvironMarkers | None:
+def parse_environ_markers(raw: bytes, *, complete: bool = True) -> EnvironMarkers | None:
     """The markers in /proc/PID/environ's NUL-separated bytes; None when no entry is a
     well-formed KEY=VALUE: the process overwrote the area (setproctitle zero-fills it)
-    or had it emptied, and a marker it held cannot be told from none."""
+    or had it emptied, and a marker it held cannot be told from none. `complete` False:
+    only the first ENVIRON_CAP bytes were read; then only a keep marker found in them
+    answers, anything else is None (what was not read may hold one)."""
     keep = False
     run: bytes | None = None
     well_formed = False
@@ -131,8 +133,10 @@ def parse_environ_markers(raw: bytes) -> EnvironMarkers | None:
             keep = True
         elif entry.startswith(prefix) and run is None:  # the first, as getenv() reads it
             run = entry[len(prefix):]
-    if not well_formed:
+    if not well_formed or not (complete or keep):
         return None
+    if not complete:
+        run = None  # a later, different GPUGUARD_RUN cannot be ruled out either way
     pid, sep, start = (run or b"").partition(b":")
     ok = sep and pid.isdigit() and start.isdigit()
     return EnvironMarkers(keep=keep, run=(int(pid), int(start)) if ok else None)
@@ -202,6 +206,9 @@ def boottime() -> float:
 #: The most of a command line read: any user may make one as large as the kernel allows
 #: (and share one across many forked processes), and each read is cached per process.
 CMDLINE_CAP = 64 * 1024
+#: The same for the environment (read for the markers): a cut one answers only with a
+#: keep marker found in what was read.
+ENVIRON_CAP = 256 * 1024
 
 
 class Truncated(str):
@@ -362,7 +369,8 @@ class ProcessView:
 
         def read() -> EnvironMarkers | None:
             with open(f"{self._own_dir(info)}/environ", "rb") as fh:
-                return parse_environ_markers(fh.read())
+                raw = fh.read(ENVIRON_CAP + 1)
+            return parse_environ_markers(raw[:ENVIRON_CAP], complete=len(raw) <= ENVIRON_CAP)
 
         return self._extra(info, "environ", "proc_environ", read)  # type: ignore[return-value]
 

@@ -75,7 +75,14 @@ class Verdict:
 
 
 ALLOWED, DENIED = Verdict(ALLOW), Verdict(DENY)
-_Key = tuple[str, bytes, bytes]  # user, SHA-256 of the password, the hash it was checked on
+#: SHA-256 of the user name and of the password, the hash it was checked on: fixed-size
+#: keys, so a cache entry costs the same whatever a client puts in its header.
+_Key = tuple[bytes, bytes, bytes]
+
+
+def cache_key(user: str, password: bytes, hashed: bytes | None) -> _Key:
+    return (hashlib.sha256(user.encode("utf-8", "surrogateescape")).digest(),
+            hashlib.sha256(password).digest(), hashed or b"")
 
 
 def client_key(address: str) -> str:
@@ -127,7 +134,7 @@ class BasicAuth:
         if user is None or password is None:
             return DENIED  # nothing to check: costs nothing, counts for nothing
         hashed = config.users.get(user)
-        key = (user, hashlib.sha256(password).digest(), hashed or b"")
+        key = cache_key(user, password, hashed)
         who = client_key(client)
         with self._lock:
             now = self._clock()
@@ -192,7 +199,7 @@ def _key(config: WebConfig, header: str | None) -> _Key | None:
     user, password = _credentials(header)
     if user is None or password is None:
         return None
-    return (user, hashlib.sha256(password).digest(), config.users.get(user) or b"")
+    return cache_key(user, password, config.users.get(user))
 
 
 def _credentials(header: str | None) -> tuple[str | None, bytes | None]:

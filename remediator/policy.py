@@ -242,8 +242,8 @@ def user_refusal(uid: int | None, user: str | None,
     `uid:N` entries match the uid, every other entry is a glob pattern on the name; deny
     wins over allow. A uid without a name matches no name pattern, so it cannot be
     shown to be outside deny's patterns nor inside allow's: it is refused
-    (`user-unresolved`) unless a `uid:N` allow entry names it, or the filter names no
-    user at all (allow has "*", deny has no name pattern: only uid rules, or nothing).
+    (`user-unresolved`) whenever deny holds a name pattern, and otherwise unless a
+    `uid:N` allow entry names it or allow has "*".
     """
     allow_uids, allow_names = _entries(users.allow)
     deny_uids, deny_names = _entries(users.deny)
@@ -251,15 +251,18 @@ def user_refusal(uid: int | None, user: str | None,
     if uid in deny_uids:
         return "user-denied", f"{who} is denied by remediate.users.deny uid:{uid}"
     if user is None:
-        if uid in allow_uids or ("*" in allow_names and not deny_names):
-            return None
-        if not allow_names:  # only uid rules could admit it, and none does
+        admitted = uid in allow_uids or "*" in allow_names
+        if not admitted and not allow_names:  # only uid rules could admit it; none does
             return "user-denied", f"{who} is not allowed by remediate.users.allow"
+        # A deny pattern may name this uid's user: no allow entry outweighs that.
+        if admitted and not deny_names:
+            return None
         return "user-unresolved", (
             f"user of uid {uid} could not be resolved (no passwd entry, or NSS did not "
             "answer), and remediate.users names users: a uid without a name matches no "
             "name pattern" + (" and may be one that deny names" if deny_names else "")
-            + f"; allow it as uid:{uid} if it may be reaped")
+            + (f"; deny by uid (uid:0 for root) and allow it as uid:{uid} if it may be "
+               "reaped" if deny_names else f"; allow it as uid:{uid} if it may be reaped"))
     denied = next((p for p in deny_names if fnmatch.fnmatchcase(user, p)), None)
     if denied is not None:
         return "user-denied", f"{who} matches remediate.users.deny {denied!r}"
@@ -336,6 +339,10 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
     return None
 
 
+#: Rule 6's reasons for a gone launcher, least reapable first (classify's order).
+_LEADER_GONE = ("launcher-exited", "launcher-unrecorded", "session-ended", "launcher-killed")
+
+
 def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     """The full decision for one alert after a live inspection of its tree."""
     screened = screen(alert, state)
@@ -351,10 +358,13 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         return refused
 
     reason = live.reason
-    if reason == "session-ended" and alert.label("reason") == "launcher-exited":
-        # The exporter saw the launcher exit by itself; this remediator started too late
-        # to see it. Knowing less is no reason to judge more harshly.
-        reason = "launcher-exited"
+    said = alert.label("reason")
+    if (reason in _LEADER_GONE and said in _LEADER_GONE
+            and _LEADER_GONE.index(said) < _LEADER_GONE.index(reason)):
+        # The exporter knew more of how the launcher went (it saw the exit, or knew it
+        # had no record of it) than this remediator (started later, or without its
+        # listener): knowing less is no reason to judge more harshly.
+        reason = said
     if reason not in state.policy.reasons:
         return _ignore("reason-not-allowed", f"orphan reason {reason} is not in "
                        "remediate.reasons", key)

@@ -410,7 +410,7 @@ class Reaper:
                 if target is None:
                     continue
                 run.targets[pid] = target
-                if target.info.state in ("T", "t"):
+                if self._maybe_stopped(run, target):
                     self._send(run, target, signal.SIGCONT)
         finally:
             self._close(run)
@@ -856,6 +856,20 @@ class Reaper:
         return self._alive_info(run, target) is None
 
     # -- bounded waits ---------------------------------------------------------------
+
+    def _maybe_stopped(self, run: _Run, target: _Target) -> bool:
+        """Whether a thread of the process may be stopped: its main thread shows T, or it
+        is a zombie main thread (pthread_exit()) with a thread in T, or one whose threads
+        cannot be read (a SIGCONT too many changes nothing; one too few leaves it stopped)."""
+        if target.info.state in ("T", "t"):
+            return True
+        if not target.info.is_zombie:
+            return False
+        try:
+            states = run.view.thread_states(target.member.pid)
+        except ProcUnreadable:
+            return True
+        return states is not None and any(state in ("T", "t") for state in states)
 
     def _stopped_or_gone(self, run: _Run, target: _Target) -> bool:
         info = self._alive_info(run, target)

@@ -310,6 +310,19 @@ def test_bcrypt_checks_are_bounded(tmp_path: Path) -> None:
     assert check.most == 1
 
 
+def test_a_cached_failure_costs_the_same_whatever_the_user_name(tmp_path: Path) -> None:
+    """Review finding: the failure cache kept each user name whole (up to the header
+    limit, ~190 KiB each, 4,096 entries: ~764 MiB). Its keys are digests now."""
+    cheap = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    config = auth_config(tmp_path, cheap)
+    auth = BasicAuth(checkpw=CountingCheck())
+    huge = "u" * 190_000
+    assert not auth.allows(config, basic(huge, "x"), "192.0.2.1")
+    assert not auth.allows(config, basic(huge, "x"), "192.0.2.1")  # cached: no check
+    (key,) = auth._bad
+    assert sum(len(part) for part in key) <= 64
+
+
 def flood(port: int, clients: int, stop: threading.Event, answers: Counter[int]) -> list[
         threading.Thread]:
     """`clients` threads sending GET /metrics with wrong passwords (each one new: no cache

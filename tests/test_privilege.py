@@ -267,7 +267,7 @@ class Rig:
             "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
             "state_dir": str(home / "state"), "audit_log": str(home / "log" / "audit.jsonl"),
             # The owner has no passwd entry: deny [root] alone would refuse it (unresolved).
-            "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["root"]},
+            "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["uid:0"]},
         }}))
         config.chmod(0o644)
         server = ServerProcess(

@@ -13,6 +13,7 @@ import pytest
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.procfs import (
     CMDLINE_CAP,
+    ENVIRON_CAP,
     EnvironMarkers,
     ProcessView,
     ProcInfo,
@@ -282,3 +283,12 @@ def test_a_command_line_is_read_up_to_the_cap(trees: Trees) -> None:
     assert isinstance(cmd, Truncated) and len(cmd) <= CMDLINE_CAP
     short = view.cmdline(view.fresh_stat(tree.launcher.pid) or info)
     assert short is not None and not isinstance(short, Truncated)
+
+
+def test_an_environment_is_read_up_to_its_cap() -> None:
+    """Any user can make an environment huge and share it across a tree: a cut one
+    answers only with a keep marker found in what was read; otherwise unreadable."""
+    kept = b"GPUGUARD_KEEP=1\0GPUGUARD_RUN=7:8\0" + b"A=" + b"a" * 100 + b"\0"
+    assert parse_environ_markers(kept, complete=False) == EnvironMarkers(keep=True, run=None)
+    assert parse_environ_markers(b"A=1\0GPUGUARD_RUN=7:8\0", complete=False) is None
+    assert ENVIRON_CAP >= 64 * 1024

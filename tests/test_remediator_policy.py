@@ -456,3 +456,23 @@ def test_an_exporter_that_saw_the_launcher_exit_keeps_the_tree_from_session_ende
     killed = decide(make_alert(reason="launcher-killed"), orphan(reason="launcher-killed"),
                     state())
     assert (killed.action, killed.reason) == (REAP, "launcher-killed")
+
+
+@pytest.mark.parametrize(("said", "local", "reason"), [
+    ("launcher-unrecorded", "session-ended", "launcher-unrecorded"),  # no listener here
+    ("launcher-unrecorded", "launcher-killed", "launcher-unrecorded"),
+    ("launcher-exited", "launcher-unrecorded", "launcher-exited"),
+    ("launcher-killed", "launcher-unrecorded", "launcher-unrecorded"),  # never harsher
+    ("parent-exited", "session-ended", "session-ended"),  # not a launcher reason
+])
+def test_the_less_reapable_of_the_alert_and_the_local_launcher_reason_decides(
+        said: str, local: str, reason: str) -> None:
+    """A remediator whose listener did not start reads session-ended where the exporter
+    knew it had no record (launcher-unrecorded): the alert's label must not be outweighed
+    by knowing less. A label never makes a tree more reapable than the local reading."""
+    decision = decide(make_alert(reason=said), orphan(reason=local), state())
+    if reason in ("launcher-killed", "session-ended"):
+        assert (decision.action, decision.reason) == (REAP, reason)
+    else:
+        assert (decision.action, decision.reason) == ("ignore", "reason-not-allowed")
+        assert reason in decision.detail

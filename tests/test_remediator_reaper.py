@@ -354,3 +354,25 @@ def test_a_nohup_member_whose_main_thread_exited_found_at_the_freeze_aborts_and_
     assert zl not in {pid for pid, _ in sent(result)}
     assert orphan.all_alive() and zombie_leader(zl)
     assert not any(stopped(p) for p in (*orphan.members, zl))
+
+
+def test_crash_recovery_continues_a_stopped_process_whose_main_thread_exited(
+        trees: Trees, nvml: DriverLikeNvml) -> None:
+    """Review finding: recovery looked at the main thread's state only; a zombie main
+    thread (pthread_exit()) shows Z while its live threads stay stopped, and they stayed
+    stopped for good. Every freeze thaws."""
+    tree = trees.spawn("{holder} --zombie-leader --pidfile {dir}/zl & wait")
+    pid = tree.pid("zl")
+    assert zombie_leader(pid)
+    start = int(str((stat_fields(pid) or {})["start_time"]))
+    os.kill(pid, signal.SIGSTOP)  # as the crashed reap left it
+
+    def threads_stopped() -> bool:
+        return all((Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    .rsplit(")", 1)[1].split()[0]) in ("T", "t") for tid in live_threads(pid))
+
+    wait_for(threads_stopped, what="its live threads to stop")
+    signals = Reaper(nvml=nvml, counters=Counters()).thaw_interrupted([(pid, start)])
+    assert [(s.pid, s.signal, s.result) for s in signals] == [(pid, "SIGCONT", "sent")]
+    wait_for(lambda: not threads_stopped(), what="its threads to run again")
+    assert zombie_leader(pid)

@@ -132,7 +132,9 @@ def test_label_is_the_bare_uid_when_there_is_no_name() -> None:
     (["*", "alice"], ["root"], "user-unresolved"),
     (["*"], [], None),  # names no user: anyone, named or not
     (["*"], ["uid:0"], None),  # deny by uid only: still names no user
-    (["uid:54321"], ["root", "svc-*"], None),  # named by its uid
+    # Named by its uid, but a deny pattern may name its user: deny wins, unresolved.
+    (["uid:54321"], ["root", "svc-*"], "user-unresolved"),
+    (["uid:54321"], ["uid:0"], None),  # named by its uid, deny by uid only
     ([f"uid:{STRANGER_UID + 1}"], [], "user-denied"),  # only uids allowed, not this one
     (["*"], ["uid:54321"], "user-denied"),
     (["uid:54321"], ["uid:54321"], "user-denied"),  # deny wins
@@ -226,7 +228,7 @@ def test_decide_on_the_real_tree_refuses_it_when_the_filter_names_users(
         assert UNRESOLVED in refused.detail
         assert judged(orphan, live, ["*"], ["root"]).reason == "user-unresolved"  # default
         # A uid rule matches it: admitted by number, or denied by number.
-        assert judged(orphan, live, [f"uid:{STRANGER_UID}"], ["root", "svc-*"]).action == REAP
+        assert judged(orphan, live, [f"uid:{STRANGER_UID}"], ["uid:0"]).action == REAP
         denied = judged(orphan, live, ["*"], [f"uid:{STRANGER_UID}"])
         assert (denied.action, denied.reason) == (IGNORE, "user-denied"), denied
         assert judged(orphan, live, ["*"], []).action == REAP
@@ -268,7 +270,7 @@ def test_the_remediator_audits_why(harness: Callable[..., Harness], stranger: Or
 
 def test_a_uid_rule_lets_the_remediator_reap_it(harness: Callable[..., Harness],
                                                 stranger: Orphan) -> None:
-    h = harness(users={"allow": [f"uid:{STRANGER_UID}"], "deny": ["root", "svc-*"]})
+    h = harness(users={"allow": [f"uid:{STRANGER_UID}"], "deny": ["uid:0"]})
     assert account(h.post(payload(stranger.alert())))["status"] == "accepted"
     wait_for(stranger.none_alive, what="the reap of the uid-ruled tree")
     h.settle()

@@ -49,7 +49,8 @@ def cmd_keep(args: argparse.Namespace) -> int:
             return EXIT_OK
         marks.register(KEEP_MARK, info.pid, info.start_time)
     except MarkError as exc:
-        raise Failure(EXIT_REFUSED, f"keep: {exc}") from None
+        raise Failure(EXIT_REFUSED, f"keep: {exc} (a file another user made at the same "
+                      "name reads as unknown to the daemons: the tree is not reaped)") from None
     print(f"kept: {who}: its tree is protected (keep-marker) while it runs; "
           f"undo with: gpuguard keep --remove {info.pid}")
     return EXIT_OK
