@@ -57,6 +57,10 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                     "(bcrypt cost 10) from one address, and from a new address per request "
                     "(no throttle applies). Target: webhook p50 < 50 ms under each flood "
                     "(419 ms before issue 25)."),
+    "refusal_audit": (120.0,
+                      "One refused 40-process tree delivered 240 times 15 s apart (a "
+                      "simulated hour): audit bytes against a full record per delivery. "
+                      "Target: >= 20x fewer bytes."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

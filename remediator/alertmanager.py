@@ -37,6 +37,12 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from gpuguard.exporter.config import AlertmanagerConfig
+from gpuguard.remediator.alerts import (
+    MAX_ALERTS,
+    REMEDIATE_LABEL,
+    REMEDIATE_VALUE,
+    asks_for_remediation,
+)
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")
 
@@ -66,6 +72,18 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Silences looked up for creator and comment per confirmation (each is one request).
 MAX_SILENCE_LOOKUPS = 8
+#: Alerts one poll hands on at most (as many as one webhook notification may carry); the
+#: rest are counted as "over-limit" and the next poll sees them again.
+MAX_PULL_ALERTS = MAX_ALERTS
+
+#: Why a pulled alert was not handed on
+#: (gpuguard_remediator_pull_alerts_skipped_total{why}): not the shape Alertmanager sends
+#: (also a field remediator.alerts refuses), another host, an alertname not in
+#: remediate.alerts, no remediate="true", not active (silenced, inhibited, unprocessed),
+#: or past MAX_PULL_ALERTS in one poll.
+MALFORMED, OTHER_HOST, NOT_LISTED = "malformed", "other-host", "alertname-not-listed"
+NOT_REMEDIATE, NOT_ACTIVE, OVER_LIMIT = "not-remediate", "not-active", "over-limit"
+SKIP_REASONS = (MALFORMED, OTHER_HOST, NOT_LISTED, NOT_REMEDIATE, NOT_ACTIVE, OVER_LIMIT)
 
 T = TypeVar("T")
 TokenSource = Callable[[], "bytes | None"]
@@ -172,30 +190,47 @@ def _optional_str(where: str, value: Any) -> str:
     return value
 
 
+def _parse_alert(where: str, raw: Any) -> _ApiAlert:
+    if not isinstance(raw, dict):
+        raise _ShapeError(f"{where}: not an object")
+    status = raw.get("status")
+    if not isinstance(status, dict) or not isinstance(status.get("state"), str):
+        raise _ShapeError(f"{where}.status: no state")
+    return _ApiAlert(
+        labels=_strings(f"{where}.labels", raw.get("labels")),
+        annotations=_strings(f"{where}.annotations", raw.get("annotations"),
+                             required=False),
+        state=status["state"],
+        silenced_by=_ids(f"{where}.status.silencedBy", status.get("silencedBy")),
+        inhibited_by=_ids(f"{where}.status.inhibitedBy", status.get("inhibitedBy")),
+        starts_at=_optional_str(f"{where}.startsAt", raw.get("startsAt")),
+        generator_url=_optional_str(f"{where}.generatorURL", raw.get("generatorURL")),
+        fingerprint=_optional_str(f"{where}.fingerprint", raw.get("fingerprint")),
+    )
+
+
 def _parse_alerts(data: Any) -> list[_ApiAlert]:
     """GET /api/v2/alerts's body -> alerts; _ShapeError names the first thing that is off."""
     if not isinstance(data, list):
         raise _ShapeError("body: not a list")
-    out = []
+    return [_parse_alert(f"[{i}]", raw) for i, raw in enumerate(data)]
+
+
+def _parse_alerts_each(data: Any) -> tuple[list[_ApiAlert], int]:
+    """Pull mode's parse: (the well-formed alerts, how many were not); the body must be a list.
+
+    One odd alert must not hide the others of a poll, as it may for a confirmation
+    (where any doubt refuses the reap).
+    """
+    if not isinstance(data, list):
+        raise _ShapeError("body: not a list")
+    out, bad = [], 0
     for i, raw in enumerate(data):
-        where = f"[{i}]"
-        if not isinstance(raw, dict):
-            raise _ShapeError(f"{where}: not an object")
-        status = raw.get("status")
-        if not isinstance(status, dict) or not isinstance(status.get("state"), str):
-            raise _ShapeError(f"{where}.status: no state")
-        out.append(_ApiAlert(
-            labels=_strings(f"{where}.labels", raw.get("labels")),
-            annotations=_strings(f"{where}.annotations", raw.get("annotations"),
-                                 required=False),
-            state=status["state"],
-            silenced_by=_ids(f"{where}.status.silencedBy", status.get("silencedBy")),
-            inhibited_by=_ids(f"{where}.status.inhibitedBy", status.get("inhibitedBy")),
-            starts_at=_optional_str(f"{where}.startsAt", raw.get("startsAt")),
-            generator_url=_optional_str(f"{where}.generatorURL", raw.get("generatorURL")),
-            fingerprint=_optional_str(f"{where}.fingerprint", raw.get("fingerprint")),
-        ))
-    return out
+        try:
+            out.append(_parse_alert(f"[{i}]", raw))
+        except _ShapeError:
+            bad += 1
+    return out, bad
 
 
 def _parse_silence(data: Any) -> tuple[str, str]:
@@ -244,6 +279,8 @@ class AlertmanagerClient:
                                                    _NoRedirect())
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(RESULTS, 0)
+        self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._flooded = False  # the last poll had more than MAX_PULL_ALERTS: logged once
         self._failing: set[str] = set()
 
     # -- public API -------------------------------------------------------------------
@@ -256,6 +293,17 @@ class AlertmanagerClient:
         """
         with self._lock:
             return dict(self._counts)
+
+    def skip_counts(self) -> dict[str, int]:
+        """Pulled alerts not handed on, by SKIP_REASONS, every key present."""
+        with self._lock:
+            return dict(self._skipped)
+
+    def count_skipped(self, why: str, n: int = 1) -> None:
+        """Count `n` pulled alerts not handed on for `why` (one of SKIP_REASONS)."""
+        if n:
+            with self._lock:
+                self._skipped[why] += n
 
     def confirm(self, *, alertname: str, hostname: str, root_pid: str | int,
                 root_start_time: str | int) -> Confirmation:
@@ -314,21 +362,47 @@ class AlertmanagerClient:
 
     def active_alerts(self, *, hostname: str,
                       alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
-        """This host's active, unsilenced, uninhibited alerts named in `alertnames`.
+        """This host's active, unsilenced, uninhibited remediate="true" alerts named in
+        `alertnames`, at most MAX_PULL_ALERTS.
 
         Shaped like the alerts of a webhook notification (status "firing", endsAt the
         zero time as Alertmanager sends while firing) so remediator.alerts parses both
         the same way. None when no peer answered well: "no alerts" and "could not ask"
-        must stay different answers.
+        must stay different answers. An alert that is malformed or not for us is left
+        out and counted (skip_counts), never the whole answer.
         """
         names = frozenset(alertnames)
         params = [("active", "true"), ("silenced", "false"), ("inhibited", "false"),
-                  ("filter", matcher("hostname", hostname))]
+                  ("filter", matcher("hostname", hostname)),
+                  ("filter", matcher(REMEDIATE_LABEL, REMEDIATE_VALUE))]
         deadline = self._monotonic() + self.timeout * len(self.urls)
         got = self._first_answer(f"/api/v2/alerts?{urlencode(params, quote_via=quote)}",
-                                 deadline, _parse_alerts)
+                                 deadline, _parse_alerts_each)
         if isinstance(got, str):
             return None
+        parsed, malformed = got[1]
+        skipped = dict.fromkeys(SKIP_REASONS, 0)
+        skipped[MALFORMED] = malformed
+        kept: list[_ApiAlert] = []
+        for a in parsed:  # the filter narrows; these checks decide (a proxy may drop it)
+            why = (OTHER_HOST if a.labels.get("hostname") != hostname
+                   else NOT_LISTED if a.labels.get("alertname") not in names
+                   else NOT_REMEDIATE if not asks_for_remediation(a.labels)
+                   else NOT_ACTIVE if a.state != "active" or a.silenced_by or a.inhibited_by
+                   else None)
+            if why is not None:
+                skipped[why] += 1
+            elif len(kept) < MAX_PULL_ALERTS:
+                kept.append(a)
+            else:
+                skipped[OVER_LIMIT] += 1
+        for why, n in skipped.items():
+            self.count_skipped(why, n)
+        if skipped[OVER_LIMIT] and not self._flooded:
+            log.warning("pull: %d of this host's alerts past the first %d of a poll are "
+                        "skipped (counted as over-limit) while there are that many",
+                        skipped[OVER_LIMIT], MAX_PULL_ALERTS)
+        self._flooded = bool(skipped[OVER_LIMIT])
         return [
             {
                 "status": "firing",
@@ -339,9 +413,7 @@ class AlertmanagerClient:
                 "generatorURL": a.generator_url,
                 "fingerprint": a.fingerprint,
             }
-            for a in got[1]
-            if a.labels.get("hostname") == hostname and a.labels.get("alertname") in names
-            and a.state == "active" and not a.silenced_by and not a.inhibited_by
+            for a in kept
         ]
 
     # -- internals --------------------------------------------------------------------

@@ -20,6 +20,11 @@ STATUSES = ("firing", "resolved")
 MAX_ALERTS = 1000
 #: Alertmanager's "not set" time (endsAt while firing).
 ZERO_TIME = "0001-01-01T00:00:00Z"
+#: The label a rule sets to ask for a reap (alerts/rules.yml: remediate: "true"). The
+#: webhook path gets only such alerts from Alertmanager's route (alerts/alertmanager.yml
+#: matches it); pull mode asks for and re-checks it itself (`asks_for_remediation`).
+REMEDIATE_LABEL = "remediate"
+REMEDIATE_VALUE = "true"
 
 
 class PayloadError(ValueError):
@@ -114,6 +119,16 @@ def parse_time(where: str, value: Any) -> float | None:
     if when.tzinfo is None:
         raise PayloadError(f"{where}: time has no zone: {text[:64]!r}")
     return when.timestamp()
+
+
+def asks_for_remediation(labels: Mapping[str, str]) -> bool:
+    """Whether an alert's labels carry remediate="true", as the only reaping rule sets."""
+    return labels.get(REMEDIATE_LABEL) == REMEDIATE_VALUE
+
+
+def parse_alert(where: str, raw: Any) -> Alert:
+    """One alert of a notification (or of a pull); PayloadError names what is off."""
+    return _alert(where, raw)
 
 
 def _alert(where: str, raw: Any) -> Alert:

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.metrics import event_metrics, inspector_metrics
 from gpuguard.exporter.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
-from gpuguard.remediator.alertmanager import RESULTS
+from gpuguard.remediator.alertmanager import RESULTS, SKIP_REASONS
 from gpuguard.remediator.alerts import PayloadError, parse_notification
 from gpuguard.remediator.ledger import LedgerError
 from gpuguard.remediator.worker import Remediator
@@ -159,6 +159,10 @@ class RemediatorCollector(Collector):
         yield CounterMetricFamily("gpuguard_remediator_reap_failures",
                                   "Reaps that left survivors, raised, or were interrupted.",
                                   value=c["reap_failures"])
+        yield CounterMetricFamily("gpuguard_remediator_refusals_repeated",
+                                  "Refusals identical to the tree's last one (reason, members),"
+                                  " counted instead of audited in full again.",
+                                  value=c["refusals_repeated"])
         yield CounterMetricFamily("gpuguard_remediator_audit_write_failures",
                                   "Audit records that could not be written; no reap signals "
                                   "anything without its record.",
@@ -181,6 +185,15 @@ class RemediatorCollector(Collector):
         for result, count in sorted(counts.items()):
             requests.add_metric([result], count)
         yield requests
+        skipped = CounterMetricFamily(
+            "gpuguard_remediator_pull_alerts_skipped",
+            "Alerts a pull from Alertmanager left out, by why (malformed, other-host, "
+            "alertname-not-listed, not-remediate, not-active, over-limit).",
+            labels=["why"])
+        skips = client.skip_counts() if client is not None else dict.fromkeys(SKIP_REASONS, 0)
+        for why in SKIP_REASONS:
+            skipped.add_metric([why], skips[why])
+        yield skipped
         yield GaugeMetricFamily("gpuguard_remediator_queue_depth",
                                 "Accepted alerts not finished yet (queued or deferred).",
                                 value=self.service.queue_depth())

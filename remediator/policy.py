@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from gpuguard.exporter.classify import ORPHAN
 from gpuguard.exporter.config import Remediate, UserFilter, uid_rule
 from gpuguard.exporter.nvml import Holder
-from gpuguard.remediator.alerts import Alert
+from gpuguard.remediator.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
 
 if TYPE_CHECKING:
     from gpuguard.remediator.ledger import Ledger
@@ -208,6 +208,10 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
     if alertname not in state.policy.alerts:
         return _ignore("alertname-not-listed", f"alertname {alertname[:64]!r} is not in "
                        f"remediate.alerts")
+    if not asks_for_remediation(alert.labels):
+        # The one rule that may lead to a reap sets it (alerts/rules.yml); the webhook
+        # route and pull mode's filter both select on it, and so does the policy.
+        return _ignore("not-remediate", f"alert lacks {REMEDIATE_LABEL}=\"{REMEDIATE_VALUE}\"")
     hostname = alert.label("hostname")
     if hostname and hostname != state.hostname:
         return _ignore("other-host", f"hostname {hostname[:64]!r} is not this host "

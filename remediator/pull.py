@@ -3,10 +3,17 @@
 A fleet of GPU nodes with one central Alertmanager would otherwise need one route
 and receiver per node, or every node's kill endpoint open to the network. In pull
 mode each node's remediator asks Alertmanager, every `pull_interval_seconds`, for
-its own active, unsilenced, uninhibited alerts named in `remediate.alerts`, and
-hands them to the same intake a webhook delivery goes through (screening, dedupe,
-policy, audit, ledger), and every reap still confirms with Alertmanager right
-before its first signal. No inbound port is needed.
+its own active, unsilenced, uninhibited alerts named in `remediate.alerts` that
+carry remediate="true" (as the webhook route requires), and hands them to the same
+intake a webhook delivery goes through (screening, dedupe, policy, audit, ledger),
+and every reap still confirms with Alertmanager right before its first signal.
+No inbound port is needed.
+
+Each alert is taken or skipped alone (counted in
+gpuguard_remediator_pull_alerts_skipped_total{why}), and one poll hands on at most
+alertmanager.MAX_PULL_ALERTS: whatever else Alertmanager holds, this host's alerts
+still arrive. Anyone who can POST to Alertmanager can add an alert, so its API must
+be authenticated; the remediator re-verifies every tree locally either way.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ from __future__ import annotations
 import logging
 
 from gpuguard.exporter.periodic import Periodic
-from gpuguard.remediator.alertmanager import AlertmanagerClient
-from gpuguard.remediator.alerts import PayloadError, parse_notification
+from gpuguard.remediator.alertmanager import MALFORMED, AlertmanagerClient
+from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_alert
 from gpuguard.remediator.worker import Remediator
 
 log = logging.getLogger("gpuguard.remediator.pull")
@@ -51,17 +58,20 @@ class Puller:
         if self._failing:
             log.info("pull: Alertmanager answers again")
             self._failing = False
-        if not alerts:
+        parsed: list[Alert] = []
+        for i, raw in enumerate(alerts):
+            try:
+                parsed.append(parse_alert(f"alerts[{i}]", raw))
+            except PayloadError as exc:  # e.g. a startsAt that is no RFC 3339 time
+                self.client.count_skipped(MALFORMED)
+                log.debug("pull: alert skipped: %s", exc)
+        if not parsed:
             return 0
-        try:
-            notification = parse_notification({
-                "version": "4", "receiver": RECEIVER, "status": "firing", "alerts": alerts,
-                "groupKey": f"pull:{self.service.hostname}"})
-        except PayloadError as exc:  # the client shapes these; a failure here is a bug
-            log.error("pull: Alertmanager's alerts did not parse: %s", exc)
-            return None
-        self.service.submit(notification, source="pull")
-        return len(alerts)
+        self.service.submit(Notification(receiver=RECEIVER, status="firing",
+                                         alerts=tuple(parsed),
+                                         group_key=f"pull:{self.service.hostname}"),
+                            source="pull")
+        return len(parsed)
 
     def start(self) -> None:
         self._loop.start()

@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -61,6 +61,25 @@ STATE_RETRY_SECONDS = 1.0
 #: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
 MAX_IDLE_WAIT_SECONDS = 1.0
 RECENT_DECISIONS = 200
+#: A tree refused for the same reason, with the same members, is audited once in full and
+#: then only counted: the next full record says how many repeats it stands for. Within
+#: this many seconds (boot clock) of a refusal, a delivery for the same tree is counted
+#: without a new inspection (a refusal stands; a reap waits at most this long).
+REFUSAL_RECHECK_SECONDS = 60.0
+#: Trees whose last refusal is remembered (oldest forgotten first): junk alerts naming
+#: random roots cannot grow it.
+REFUSALS_REMEMBERED = 4096
+
+
+@dataclass
+class _Refusal:
+    """The last refusal of one tree: what it said, when it was inspected, and how many
+    identical ones were counted instead of audited since its full record."""
+
+    decision: Decision
+    signature: tuple[object, ...]
+    inspected_at: float  # boot clock
+    repeats: int = 0
 REJECT_CAUSES = ("unauthorized", "too_large", "not_json", "malformed", "state_unwritable")
 
 #: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
@@ -139,7 +158,9 @@ class Remediator:
         self._cancelled: set[TreeKey] = set()
         self._busy_since: float | None = None
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self._refusals: OrderedDict[TreeKey, _Refusal] = OrderedDict()
         # metrics
+        self.refusals_repeated = 0  # identical refusals counted instead of audited
         self.decisions: dict[tuple[str, str], int] = {}
         self.rejected = dict.fromkeys(REJECT_CAUSES, 0)
         self.reaped_processes = 0
@@ -168,6 +189,15 @@ class Remediator:
             companion.start()
         if self.policy.mode == "enforce":
             log.warning("enforce mode: %s", self.guarantee())
+        am = self.policy.alertmanager
+        plain = [u for u in am.url if u.lower().startswith("http://")] if am else []
+        if am is not None and am.credentials_file is None and plain:
+            log.warning("remediate.alertmanager: %s is plain http:// without credentials_file: "
+                        "nothing authenticates Alertmanager, and anyone who can POST alerts "
+                        "to it %s; put it behind authentication (its --web.config.file) "
+                        "and set credentials_file", ", ".join(plain),
+                        "chooses what this host reaps (pull mode)" if am.pull
+                        else "can confirm a reap")
 
     def guarantee(self) -> str:
         """What stops a reap once an alert has been delivered, for the start-up log."""
@@ -344,6 +374,7 @@ class Remediator:
                     "reaped_processes": self.reaped_processes,
                     "reclaimed_bytes": self.reclaimed_bytes,
                     "reap_failures": self.reap_failures,
+                    "refusals_repeated": self.refusals_repeated,
                     "audit_failures": self.audit_failures,
                     "audit_ok": self._audit_error is None}
 
@@ -394,6 +425,8 @@ class Remediator:
 
     def _process(self, item: PendingItem) -> None:
         key = item.key
+        if self._repeated(item):
+            return
         deadline = self._monotonic() + self.policy.worker_timeout_seconds
         self._protected = protected_pids()
         live: LiveTree | None
@@ -430,12 +463,52 @@ class Remediator:
                 self.ledger.remove_pending(key)
             self._note(decision, item.alert, item.group_key, source="worker")
         if decision.action == DEFER:
+            self._refusals.pop(key, None)
             return
+        if decision.action == IGNORE and live is not None:
+            self._audit_refusal(item, decision, live)
+            return
+        self._refusals.pop(key, None)
         if decision.action not in (REAP, DRY_RUN):
             self._audit(item, decision, live, None)
             return
         assert live is not None
         self._reap(item, decision, live, deadline, reap_id)
+
+    def _repeated(self, item: PendingItem) -> bool:
+        """A delivery for a tree refused less than REFUSAL_RECHECK_SECONDS ago: counted
+        against that refusal, not inspected again (its ledger entry settled as one)."""
+        known = self._refusals.get(item.key)
+        if known is None or self._boot_clock() - known.inspected_at >= REFUSAL_RECHECK_SECONDS:
+            return False
+        with self._lock:
+            if item.key in self._cancelled or item.key not in self.ledger.pending():
+                return False  # withdrawn meanwhile: the ordinary path says so
+            self.ledger.remove_pending(item.key)
+            self._note(known.decision, item.alert, item.group_key, source="worker")
+        known.repeats += 1
+        self.refusals_repeated += 1
+        return True
+
+    def _audit_refusal(self, item: PendingItem, decision: Decision, live: LiveTree) -> None:
+        """Audit a refusal in full unless it repeats the last one of this tree (same
+        action, reason and members): then count it. A full record carries how many
+        identical refusals it follows (`repeats_before`)."""
+        members = tuple((m.pid, m.start_time) for m in live.members)
+        signature = (decision.action, decision.reason, live.verdict, live.reason, members)
+        now = self._boot_clock()
+        known = self._refusals.pop(item.key, None)
+        if known is not None and known.signature == signature:
+            known.repeats += 1
+            known.inspected_at = now
+            self.refusals_repeated += 1
+            self._refusals[item.key] = known
+            return
+        self._refusals[item.key] = _Refusal(decision, signature, now)
+        while len(self._refusals) > REFUSALS_REMEMBERED:
+            self._refusals.popitem(last=False)
+        self._audit(item, decision, live, None,
+                    repeats_before=known.repeats if known is not None else 0)
 
     def _reap(self, item: PendingItem, decision: Decision, live: LiveTree,
               deadline: float, reap_id: str) -> None:
@@ -572,9 +645,11 @@ class Remediator:
 
     def _audit(self, item: PendingItem, decision: Decision, live: LiveTree | None,
                result: ReapResult | None, *, reap_id: str | None = None,
-               confirmation: Confirmation | None = None) -> None:
+               confirmation: Confirmation | None = None, repeats_before: int = 0) -> None:
         record = audit_record(self.hostname, self._clock(), decision, live, result,
                               key=item.key, mode=self.policy.mode, item=item, reap_id=reap_id)
+        if repeats_before:
+            record["repeats_before"] = repeats_before
         if confirmation is not None:
             record["alertmanager"] = confirmation.to_json()
         try:

@@ -23,11 +23,13 @@ from gpuguard.exporter.procevents import ProcessEvents
 from gpuguard.exporter.procfs import ProcessView
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
-from tests.proctree import Trees, alive, wait_for
+from tests.proctree import Trees, wait_for
 from tests.remediator_helpers import (
+    FakeClock,
     Harness,
     Run,
     account,
+    alert,
     payload,
     spawn_orphan,
 )
@@ -50,8 +52,6 @@ def final_of(h: Harness, root: int, after: int = 0) -> dict:
 
 
 def deliver(h: Harness, root: int, root_start: int, *, nth: int = 0) -> dict:
-    from tests.remediator_helpers import alert
-
     answer = account(h.post(payload(alert(root, root_start))))
     assert answer["status"] == "accepted", answer
     h.settle()
@@ -181,21 +181,25 @@ def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_go
     orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
     leader = orphan.tree.launcher.pid
     orphan.tree.launcher.wait(timeout=10)
-    wait_for(lambda: events.exit_of(leader, after=0), what="the launcher's exit record")
-    h = harness(events=events)
+    wait_for(lambda: events.exit_of(leader, after=0), what="the exit event")
+    clock = FakeClock()
+    h = harness(events=events, clock=clock)
     first = deliver(h, orphan.root, orphan.root_start)
     assert first["decision"]["reason"] == "reason-not-allowed", first["decision"]
     assert "launcher-exited" in first["decision"]["detail"]
 
     evict(events, trees, leader)
-    again = deliver(h, orphan.root, orphan.root_start, nth=1)
-    assert again["decision"]["reason"] == "reason-not-allowed", again["decision"]
-    assert "launcher-exited" in again["decision"]["detail"]
+    clock.now += 61  # past the refusal's re-check window: inspected again
+    answer = account(h.post(payload(alert(orphan.root, orphan.root_start))))
+    assert answer["status"] == "accepted", answer
+    h.settle()
+    (again,) = [d for d in h.decisions(orphan.root) if d["source"] == "worker"][-1:]
+    assert again["reason"] == "reason-not-allowed" and "launcher-exited" in again["detail"]
+    assert h.service.counts()["refusals_repeated"] == 1  # the same refusal: counted
 
     h.service.stop()  # a rollout: the listener and the store go with it
     restarted = harness(events=listener())
-    after = deliver(restarted, orphan.root, orphan.root_start, nth=2)
+    after = deliver(restarted, orphan.root, orphan.root_start, nth=1)
     assert after["decision"]["reason"] == "reason-not-allowed", after["decision"]
     assert "launcher-exited" in after["decision"]["detail"]
-    assert all(r["signals"] == [] for r in (first, again, after)) and orphan.all_alive()
-    assert alive(orphan.holder)
+    assert all(r["signals"] == [] for r in (first, after)) and orphan.all_alive()

@@ -476,3 +476,19 @@ def test_the_less_reapable_of_the_alert_and_the_local_launcher_reason_decides(
     else:
         assert (decision.action, decision.reason) == ("ignore", "reason-not-allowed")
         assert reason in decision.detail
+
+
+@pytest.mark.parametrize("value", [None, "false", "True"])
+def test_only_an_alert_that_asks_for_remediation_is_accepted(value: str | None) -> None:
+    """remediate="true" is set by the one reaping rule; the route and pull mode select on
+    it, and the policy checks it too: an alert posted straight to Alertmanager without it
+    (or with another value) never reaches a live check."""
+    raw = alert(KEY.root_pid, KEY.root_start_time, hostname=KEY.hostname)
+    if value is None:
+        del raw["labels"]["remediate"]
+    else:
+        raw["labels"]["remediate"] = value
+    (parsed,) = parse_notification(payload(raw)).alerts
+    decision = screen(parsed, state())
+    assert (decision.action, decision.reason) == ("ignore", "not-remediate")
+    assert screen(make_alert(), state()).action == "accept"
