@@ -33,19 +33,19 @@ events waiting to be read. The store is bounded by count and age (defaults:
 65,536 records, 600 s) in flat arrays of about 20 bytes a record (1.3 MiB,
 allocated up front), so it never grows with uptime.
 
-Limits: exits before `start()` are unknown (a launcher that died before
-gpuguard started reads as "no event seen"). A burst can overrun the socket
-(ENOBUFS): the kernel counts what it dropped on the socket (SO_MEMINFO), and so
-do we, under kind `dropped`, with a warning. The kernel reports pids of the
-initial PID namespace; a listener in a child PID namespace (a container without
-hostPID, `unshare --pid`) gets pids that name other processes there, so it
+Limits: exits before `start()` are unknown (a launcher that died before gpuguard
+started reads `launcher-unrecorded`: a listener runs and holds no record). A burst
+can overrun the socket (ENOBUFS): the kernel counts what it dropped on the socket
+(SO_MEMINFO), and so do we, under kind `dropped`, with a warning. The kernel reports
+pids of the initial PID namespace; a listener in a child PID namespace (a container
+without hostPID, `unshare --pid`) gets pids that name other processes there, so it
 refuses to start unless `allow_pid_namespace=True` says its callers query with
 initial-namespace pids. (With `--mount-proc`, not even NSpid shows those: the
 namespace cannot translate them; `host_pid` is this process's, learned from the
-kernel by a start-up probe.) There the kernel ignores the subscription request
-(no acknowledgement, no filter: every event kind arrives, about twice the cost)
-and yet delivers events to the bound socket (verified on 6.18; older kernels,
-which count subscribers instead, may send none: the probe then says so).
+kernel by a start-up probe.) There the kernel ignores the subscription request (no
+acknowledgement, no filter: every event kind arrives, about twice the cost) and yet
+delivers events to the bound socket (verified on 6.18; older kernels, which count
+subscribers instead, may send none: the probe then says so).
 """
 
 from __future__ import annotations
@@ -359,8 +359,8 @@ class ProcessEvents:
             self.available = False
             self.unavailable_reason = (str(exc) if isinstance(exc, _Unavailable)
                                        else f"unexpected error while subscribing: {exc!r}")
-            log.warning("process events unavailable (launchers' exits will read as "
-                        "'no event seen'): %s", self.unavailable_reason)
+            log.warning("process events unavailable (orphans whose launcher is gone "
+                        "will read session-ended): %s", self.unavailable_reason)
             return
         self.available = True
         self.unavailable_reason = ""
