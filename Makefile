@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(VENV)/bin/gpuguard-exporter $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check gpuguard/*.py exporter remediator alerts grafana tests benchmarks deploy
+	$(VENV)/bin/ruff check gpuguard/*.py gpuguard/host gpuguard/orphans gpuguard/web gpuguard/launch gpuguard/console exporter remediator alerts grafana tests benchmarks deploy
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -43,7 +43,7 @@ TRUE = shutil.which("true") or "/bin/true"
 
 def listen(allow_pid_namespace: bool) -> int:
     """The measured child: a listener, answering "counts" lines on stdin until EOF."""
-    from gpuguard.exporter.procevents import ProcessEvents
+    from gpuguard.host.procevents import ProcessEvents
 
     events = ProcessEvents(allow_pid_namespace=allow_pid_namespace)
     events.start()

@@ -26,9 +26,9 @@ TARGET_RATIO = 20.0  # at least this many times fewer bytes than a record per de
 
 
 def body(result: Result, tmp: Path) -> None:
-    from gpuguard.exporter.config import load_config
-    from gpuguard.exporter.counters import Counters
-    from gpuguard.exporter.nvml import Nvml
+    from gpuguard.config import load_config
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.nvml import Nvml
     from gpuguard.remediator.app import create_app
     from gpuguard.remediator.service import build_remediator
     from tests.proctree import Trees, children_of, wait_for

@@ -42,7 +42,7 @@ from tests.proctree import Trees, wait_for  # noqa: E402
 from tests.servers import child_env  # noqa: E402
 
 RUNS = 10
-LAUNCHER = f"{sys.executable} -m gpuguard.remediator.console run"
+LAUNCHER = f"{sys.executable} -m gpuguard.console run"
 #: CMD's tree: a retry loop and its worker, a background child, a setsid daemon.
 TREE = ("sh -c 'while :; do sleep 3600 & wait; done & sleep 3600 & "
         "(setsid sleep 3600 &); wait'")

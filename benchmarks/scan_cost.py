@@ -33,7 +33,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from gpuguard.exporter.nvml import Nvml
+    from gpuguard.host.nvml import Nvml
 
 LEVELS = (0, 1000, 5000)
 GPUGUARD_SCANS = 200
@@ -69,11 +69,11 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()  # before anything imports pynvml's library
     fake.world.add_gpu(0)
 
-    from gpuguard.exporter.classify import ORPHAN, Rules
-    from gpuguard.exporter.counters import CALLSITES, Counters
-    from gpuguard.exporter.nvml import Nvml
-    from gpuguard.exporter.procfs import ProcessView
     from gpuguard.exporter.scanner import Scanner
+    from gpuguard.host.counters import CALLSITES, Counters
+    from gpuguard.host.nvml import Nvml
+    from gpuguard.host.procfs import ProcessView
+    from gpuguard.orphans.classify import ORPHAN, Rules
     from tests.proctree import Trees, chain_lower_bound
 
     trees = Trees(tmp / "trees")

@@ -5,7 +5,7 @@ One GPU-holding orphan root with 100 forked children, all sharing one ~1.7 MiB a
 pays it once, every member shows it in /proc/PID/cmdline. Two real exporters run side
 by side over the same host: one whose fake NVML names the root as a GPU holder (so it
 classifies the tree and judges all 101 members), one whose fake NVML names nothing. The
-exporter reads at most 64 KiB of each command line (exporter/procfs.py CMDLINE_CAP) and
+exporter reads at most 64 KiB of each command line (gpuguard/host/procfs.py CMDLINE_CAP) and
 caches protect matches per process, not per text; before that, the first exporter's
 peak RSS went from 43 to 215 MiB.
 

@@ -15,9 +15,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from gpuguard.exporter.attribution import Attribution
-from gpuguard.exporter.classify import compile_protect
-from gpuguard.exporter.counters import COUNTERS
-from gpuguard.exporter.nvml import GpuSample, Holder
+from gpuguard.host.counters import COUNTERS
+from gpuguard.host.nvml import GpuSample, Holder
+from gpuguard.orphans.classify import compile_protect
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
 UNITS: dict[str, int] = {

@@ -11,21 +11,21 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gpuguard.exporter.config import ConfigError, load_config
-from gpuguard.exporter.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
-from gpuguard.exporter.marks import ensure_marks_dir
+from gpuguard.config import ConfigError, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView, boot_id, identity_alive, other_users_problem
 from gpuguard.exporter.scanner import Scanner
-from gpuguard.exporter.serving import (
+from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
+from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
+from gpuguard.web.serving import (
     create_server,
     listen_address,
     positive_float,
     serve_until_signalled,
 )
-from gpuguard.exporter.webconfig import WebConfigSource
+from gpuguard.web.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.exporter")
 

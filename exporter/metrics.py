@@ -14,11 +14,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.classify import ORPHAN
-from gpuguard.exporter.counters import CALLSITES, Counters
-from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procevents import EVICTION_CAUSES, KINDS, ProcessEvents
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.host.counters import CALLSITES, Counters
+from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.procevents import EVICTION_CAUSES, KINDS, ProcessEvents
+from gpuguard.orphans.classify import ORPHAN
 
 
 def _version() -> str:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas, account
 from gpuguard.exporter.attribution import attribute
-from gpuguard.exporter.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
-from gpuguard.exporter.counters import COUNTERS, Counters
-from gpuguard.exporter.nvml import Nvml, NvmlReading
-from gpuguard.exporter.periodic import Periodic
-from gpuguard.exporter.procfs import ProcessView, boottime
-from gpuguard.exporter.users import USERS
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.host.procfs import ProcessView, boottime
+from gpuguard.host.users import USERS
+from gpuguard.orphans.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
+from gpuguard.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Snapshot:
 def user_name(uid: int | None) -> str:
     """A uid's name for labels and accounting, or the bare uid when NSS has none.
 
-    Asks the one resolver (exporter/users.py), which never caches a failure: a user
+    Asks the one resolver (gpuguard/host/users.py), which never caches a failure: a user
     that NSS cannot name now is named on the first scan after it can.
     """
     return USERS.label(uid)

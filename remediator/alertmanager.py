@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-from gpuguard.exporter.config import AlertmanagerConfig
+from gpuguard.config import AlertmanagerConfig
 from gpuguard.remediator.alerts import (
     MAX_ALERTS,
     REMEDIATE_LABEL,

@@ -26,13 +26,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.metrics import event_metrics, inspector_metrics
-from gpuguard.exporter.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
+from gpuguard.host.counters import Counters
 from gpuguard.remediator.alertmanager import RESULTS, SKIP_REASONS
 from gpuguard.remediator.alerts import PayloadError, parse_notification
 from gpuguard.remediator.ledger import LedgerError
 from gpuguard.remediator.worker import Remediator
+from gpuguard.web.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
 
 log = logging.getLogger("gpuguard.remediator.http")
 

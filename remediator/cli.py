@@ -16,13 +16,13 @@ import os
 import socket
 import sys
 
-from gpuguard.exporter.config import ConfigError, load_config
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import in_host_pid_namespace, other_users_problem
-from gpuguard.exporter.serving import create_server, listen_address, serve_until_signalled
-from gpuguard.exporter.webconfig import WebConfigSource
+from gpuguard.config import ConfigError, load_config
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError
+from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
+from gpuguard.web.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.remediator")
 

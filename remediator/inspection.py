@@ -11,12 +11,12 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol
 
-from gpuguard.exporter.classify import Rules, classify
-from gpuguard.exporter.counters import COUNTERS, Counters
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procfs import ExitSource, ProcessView, ProcInfo
-from gpuguard.exporter.users import USERS
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.procfs import ExitSource, ProcessView, ProcInfo
+from gpuguard.host.users import USERS
+from gpuguard.orphans.classify import Rules, classify
 from gpuguard.remediator.policy import LiveTree, Member, TreeKey
 
 
@@ -27,7 +27,7 @@ class HolderSource(Protocol):
 
 
 def member_of(info: ProcInfo, view: ProcessView) -> Member:
-    """One process as policy.member_refusal() judges it; its owner named by exporter/users.py
+    """One process as policy.member_refusal() judges it; its owner named by gpuguard/host/users.py
     (every path that judges a member: the worker's inspection, the reaper's re-reads,
     `gpuguard reap`), which never remembers that a uid had no name."""
     status = view.status(info)
@@ -100,7 +100,7 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
     earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
     (the remediator's own process-event listener) says how a launcher died; `memory`
-    keeps the first reason established for each root (exporter/launcher_memory.py).
+    keeps the first reason established for each root (gpuguard/host/launcher_memory.py).
     `reading`, when given, is used instead of asking `nvml` (the reaper's re-check with
     the tree frozen reads NVML itself, bounded by its deadline).
     """

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuguard.exporter.procfs import BOOT_ID, boottime, read_boot_id
+from gpuguard.host.procfs import BOOT_ID, boottime, read_boot_id
 from gpuguard.remediator.alerts import Alert
 from gpuguard.remediator.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.policy import TreeKey

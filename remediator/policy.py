@@ -5,7 +5,7 @@ the shell (worker.py) gathers the facts into frozen dataclasses and this
 module only judges them, so every rule is tested with synthetic inputs
 (policy_state() copies the ledger's in-memory view into a PolicyState). The
 YAML side of the policy (`remediate:`) is parsed and validated by
-exporter/config.py into `Remediate`; this module never re-reads it.
+gpuguard/config.py into `Remediate`; this module never re-reads it.
 
 Each check refuses with a short kebab-case reason an on-call engineer can
 grep for; the order of the checks is the order of the reasons in README.
@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuguard.exporter.classify import ORPHAN
-from gpuguard.exporter.config import Remediate, UserFilter, uid_rule
-from gpuguard.exporter.nvml import Holder
+from gpuguard.config import Remediate, UserFilter, uid_rule
+from gpuguard.host.nvml import Holder
+from gpuguard.orphans.classify import ORPHAN
 from gpuguard.remediator.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 
-from gpuguard.exporter.periodic import Periodic
+from gpuguard.periodic import Periodic
 from gpuguard.remediator.alertmanager import MALFORMED, AlertmanagerClient
 from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_alert
 from gpuguard.remediator.worker import Remediator

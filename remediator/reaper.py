@@ -24,12 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuguard.exporter.classify import MEMBER_UNKNOWN, Rules, judge_member
-from gpuguard.exporter.config import Remediate
-from gpuguard.exporter.counters import COUNTERS, Counters
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.nvml import Holder, NvmlReading
-from gpuguard.exporter.procfs import (
+from gpuguard.config import Remediate
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.nvml import Holder, NvmlReading
+from gpuguard.host.procfs import (
     ExitSource,
     ProcessView,
     ProcInfo,
@@ -37,6 +36,7 @@ from gpuguard.exporter.procfs import (
     is_child_of,
     still_same,
 )
+from gpuguard.orphans.classify import MEMBER_UNKNOWN, Rules, judge_member
 from gpuguard.remediator.audit import INTENT, JOINED
 from gpuguard.remediator.inspection import (
     HolderSource,

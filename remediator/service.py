@@ -15,12 +15,12 @@ import socket
 import time
 from collections.abc import Callable
 
-from gpuguard.exporter.config import Config
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
-from gpuguard.exporter.marks import ensure_marks_dir
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import boot_id, boottime, identity_alive
+from gpuguard.config import Config
+from gpuguard.host.counters import Counters
+from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
+from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.alertmanager import AlertmanagerClient
 from gpuguard.remediator.audit import AuditLog
 from gpuguard.remediator.inspection import HolderSource
@@ -54,7 +54,7 @@ def build_remediator(
     """
     counters = counters if counters is not None else Counters()
     if nvml is None:
-        from gpuguard.exporter.nvml import Nvml
+        from gpuguard.host.nvml import Nvml
 
         nvml = Nvml(counters=counters)
     policy = config.remediate

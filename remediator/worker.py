@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuguard.exporter.config import Config
-from gpuguard.exporter.counters import COUNTERS, Counters
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.procevents import ProcessEvents
+from gpuguard.config import Config
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.procevents import ProcessEvents
 from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,

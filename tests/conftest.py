@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.host.procfs import in_host_pid_namespace
 from tests.ci import INITIAL_PIDNS, RUN_INITIAL_PIDNS, require
 from tests.proctree import Trees, become_subreaper, reap_zombie_children
 
@@ -38,10 +38,10 @@ def check_own_ancestry() -> None:
     that has exited), every tree the tests build would be rooted there instead of
     where the tests expect, and the remediator would rightly refuse to touch it.
     """
-    from gpuguard.exporter.classify import ORPHAN, Rules, classify_holder
-    from gpuguard.exporter.counters import Counters
-    from gpuguard.exporter.nvml import Holder
-    from gpuguard.exporter.procfs import ProcessView
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.nvml import Holder
+    from gpuguard.host.procfs import ProcessView
+    from gpuguard.orphans.classify import ORPHAN, Rules, classify_holder
 
     me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
     verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())

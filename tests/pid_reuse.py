@@ -17,11 +17,11 @@ import signal
 import subprocess
 import time
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.config import Remediate, UserFilter
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.config import Remediate, UserFilter
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Rules
 from gpuguard.remediator.inspection import member_of
 from gpuguard.remediator.policy import TreeKey
 from gpuguard.remediator.reaper import Reaper, ReapPlan

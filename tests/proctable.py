@@ -39,9 +39,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.nvml import Holder
-from gpuguard.exporter.procfs import ProcInfo, ProcStatus, ProcUnreadable
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.nvml import Holder
+from gpuguard.host.procfs import ProcInfo, ProcStatus, ProcUnreadable
 
 SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
 INIT_SCOPE = "/init.scope"
@@ -76,7 +76,7 @@ class FakeProc:
     #: The environment is unreadable although the rest is not (overwritten: no KEY=VALUE
     #: entry left, as setproctitle leaves it).
     environ_erased: bool = False
-    #: Registrations by identity (exporter/marks.py): `gpuguard keep PID`, and a `gpuguard
+    #: Registrations by identity (gpuguard/host/marks.py): `gpuguard keep PID`, and a `gpuguard
     #: run` launcher's own.
     keep_registered: bool = False
     run_registered: bool = False
@@ -239,7 +239,7 @@ class SyntheticView:
         self.exits: dict[int, Exit] = {}
         self.calls: list[tuple[str, int]] = []
         #: A process-event listener runs (record_exit turns it on); `memory`: the
-        #: launcher memory (exporter/launcher_memory.py), None for none.
+        #: launcher memory (gpuguard/host/launcher_memory.py), None for none.
         self.listener = listener
         self.memory = memory
 

@@ -21,11 +21,11 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
-from gpuguard.exporter.config import load_config
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import boottime
+from gpuguard.config import load_config
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app
 from gpuguard.remediator.reaper import Reaper
 from gpuguard.remediator.service import build_remediator
@@ -172,7 +172,7 @@ def gpuguard(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> Run:
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "gpuguard.remediator.console", *args],
+        return subprocess.run([sys.executable, "-m", "gpuguard.console", *args],
                               cwd=REPO, env=env, input=stdin, capture_output=True, text=True,
                               timeout=60)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.host.procfs import in_host_pid_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ from gpuguard.exporter.accounting import (
     track_hot,
 )
 from gpuguard.exporter.attribution import Attribution, attribute, cgroup_paths
-from gpuguard.exporter.nvml import GpuSample, Holder
+from gpuguard.host.nvml import GpuSample, Holder
 from tests.test_layering import IO_MODULES, REPO, imports, under
 
 ID = "4f1c2d9e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"
@@ -468,11 +468,11 @@ def test_accounting_reads_only_holders_and_only_once_per_process(trees, fake_gpu
     import shlex
     import sys
 
-    from gpuguard.exporter.classify import Rules, classify
-    from gpuguard.exporter.counters import Counters
-    from gpuguard.exporter.nvml import Nvml
-    from gpuguard.exporter.procfs import ProcessView
     from gpuguard.exporter.scanner import Scanner
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.nvml import Nvml
+    from gpuguard.host.procfs import ProcessView
+    from gpuguard.orphans.classify import Rules, classify
     from tests.proctree import HOLDER
 
     by_comm = trees.spawn(f"ln -s {shlex.quote(sys.executable)} {{dir}}/tmux && {{dir}}/tmux "

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.exporter.config import AlertmanagerConfig
+from gpuguard.config import AlertmanagerConfig
 from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,

@@ -11,7 +11,7 @@ from tests.servers import REPO, child_env
 
 
 def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuguard.remediator.console", "assets", *args],
+    return subprocess.run([sys.executable, "-m", "gpuguard.console", "assets", *args],
                           cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=60)
 
 

@@ -18,7 +18,9 @@ from collections import Counter
 
 import pytest
 
-from gpuguard.exporter.classify import (
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.procfs import Truncated
+from gpuguard.orphans.classify import (
     NORMAL,
     ORPHAN,
     PROTECTED,
@@ -28,8 +30,6 @@ from gpuguard.exporter.classify import (
     classify,
     managed_cgroup,
 )
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.procfs import Truncated
 from tests.proctable import (
     GIB,
     Exit,
@@ -832,7 +832,7 @@ def test_proctable_defaults_make_parents_older_and_record_calls():
 
 
 def test_proctable_unreadable_and_vanishing():
-    from gpuguard.exporter.procfs import ProcUnreadable
+    from gpuguard.host.procfs import ProcUnreadable
 
     view = SyntheticView(interactive(), unreadable={100}, vanish_after_reads={200: 1})
     with pytest.raises(ProcUnreadable):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from gpuguard.exporter.classify import DEFAULT_PROTECT
-from gpuguard.exporter.config import AlertmanagerConfig, ConfigError, load_config, parse_config
+from gpuguard.config import AlertmanagerConfig, ConfigError, load_config, parse_config
+from gpuguard.orphans.classify import DEFAULT_PROTECT
 
 FULL = """
 classify:

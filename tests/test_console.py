@@ -429,7 +429,7 @@ def test_reap_apply_refuses_a_silenced_tree_unless_forced(
 
 
 def test_every_exit_code_is_listed_once_in_the_help() -> None:
-    from gpuguard.remediator.console import contract
+    from gpuguard.console import contract
 
     codes = {v for k, v in vars(contract).items() if k.startswith("EXIT_") and isinstance(v, int)}
     listed = [int(line.split()[0]) for line in contract.EXIT_TABLE.splitlines()[1:-1]]
@@ -437,7 +437,7 @@ def test_every_exit_code_is_listed_once_in_the_help() -> None:
 
 
 def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
-    from gpuguard.remediator.console.reap import refusal
+    from gpuguard.console.reap import refusal
     from gpuguard.remediator.policy import LiveTree, Member, TreeKey, verify_live
 
     key = TreeKey(HOST, 4242, 99)

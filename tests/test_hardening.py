@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.config import ConfigError, parse_config
+from gpuguard.config import ConfigError, parse_config
+from gpuguard.orphans.classify import Rules
 from gpuguard.remediator.ledger import FILE_NAME
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
@@ -289,7 +289,7 @@ def test_a_request_trickling_in_is_closed_like_an_idle_one() -> None:
     """One header line every 0.3 s would keep waitress's own idle timer young forever."""
     import threading
 
-    from gpuguard.exporter.serving import create_server
+    from gpuguard.web.serving import create_server
 
     def app(environ: Any, start_response: Any) -> list[bytes]:
         start_response("200 OK", [("Content-Type", "text/plain")])

@@ -28,9 +28,9 @@ import pytest
 import requests
 import yaml
 
-from gpuguard.exporter import webauth
-from gpuguard.exporter.webauth import DUMMY_HASH, THROTTLE, BasicAuth, client_key
-from gpuguard.exporter.webconfig import load_web_config
+from gpuguard.web import webauth
+from gpuguard.web.webauth import DUMMY_HASH, THROTTLE, BasicAuth, client_key
+from gpuguard.web.webconfig import load_web_config
 from tests.certs import Certs, make_certs
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
@@ -407,8 +407,8 @@ def test_a_wrong_password_flood_cannot_slow_the_webhook_or_healthz(
 def test_behind_tls_the_client_address_reaches_the_app(tmp_path: Path, certs: Certs) -> None:
     """Failed logins are throttled per address; behind the TLS front waitress sees a Unix
     socket, and used to call every client "localhost"."""
-    from gpuguard.exporter.serving import create_server
-    from gpuguard.exporter.webconfig import WebConfigSource
+    from gpuguard.web.serving import create_server
+    from gpuguard.web.webconfig import WebConfigSource
 
     for name in ("server.crt", "server.key"):
         shutil.copy(certs.path(name), tmp_path / name)

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from gpuguard.exporter.classify import MEMBER_PROTECTED, ORPHAN, Rules, classify
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
+from gpuguard.host.counters import Counters
+from gpuguard.host.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
+from gpuguard.orphans.classify import MEMBER_PROTECTED, ORPHAN, Rules, classify
 from gpuguard.remediator.ledger import Ledger
 from gpuguard.remediator.policy import TreeKey
 from tests.fakenvml import FakeGpuWorld

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.config import load_config
 from gpuguard.exporter import cli as exporter_cli
-from gpuguard.exporter.config import load_config
 from gpuguard.remediator import cli as remediator_cli
 from tests.ci import require
 from tests.staging import stage, staged_python
@@ -368,7 +368,7 @@ def test_dockerfile_copies_what_the_wheel_is_built_from_and_runs_unprivileged():
 
 PROBE = """
 import json, os, signal, sys
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.host.procfs import ProcessView
 pid = int(sys.argv[1])
 view = ProcessView()
 info = view.stat(pid)
@@ -419,7 +419,7 @@ def staged() -> Iterator[tuple[str, dict[str, str]]]:
     try:
         root.chmod(0o755)
         env = {"PATH": "/usr/bin:/bin", **stage(root)}
-        python, tried = staged_python(_uid0_with(set()), env, "gpuguard.exporter.procfs")
+        python, tried = staged_python(_uid0_with(set()), env, "gpuguard.host.procfs")
         if python is None:
             require(False, f"no Python that uid 0 without capabilities may run: {tried}")
         assert python is not None

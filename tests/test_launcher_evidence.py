@@ -1,6 +1,6 @@
 """How the launcher died, live: the kernel's exit events name the orphan's reason.
 
-Real trees, the real listener (exporter/procevents.py), the exporter's scan. The
+Real trees, the real listener (gpuguard/host/procevents.py), the exporter's scan. The
 kernel reports host pids, which a child PID namespace cannot name, so these tests are
 marked `initial_pidns`: .ci/run runs them outside the namespace it gives the rest of the
 suite (elsewhere they skip, saying how to run them; under CI=true they fail). They do not
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.host.counters import Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
+from gpuguard.orphans.classify import Rules
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for

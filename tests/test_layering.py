@@ -1,7 +1,7 @@
 """Layering, checked on the source with `ast` (nothing is imported or run).
 
 - Nothing in exporter/ imports remediator/: the exporter ships and runs alone.
-- The pure modules import nothing that does I/O. exporter/classify.py has an
+- The pure modules import nothing that does I/O. gpuguard/orphans/classify.py has an
   explicit allow-list (every module and name it may import); remediator/policy.py,
   which is being reworked more often, a deny-list of I/O modules only.
 """
@@ -23,15 +23,15 @@ IO_MODULES = frozenset({
     "pynvml", "ctypes", "mmap", "fcntl", "pwd", "grp", "resource", "multiprocessing",
     "threading", "asyncio", "importlib", "logging", "json", "yaml", "sqlite3", "psutil",
     # this project's own I/O layers
-    "gpuguard.exporter.procfs", "gpuguard.exporter.scanner", "gpuguard.exporter.serving",
-    "gpuguard.exporter.cli", "gpuguard.exporter.procevents", "gpuguard.exporter.periodic",
+    "gpuguard.host.procfs", "gpuguard.exporter.scanner", "gpuguard.web.serving",
+    "gpuguard.exporter.cli", "gpuguard.host.procevents", "gpuguard.periodic",
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.reaper",
     "gpuguard.remediator.ledger", "gpuguard.remediator.audit", "gpuguard.remediator.app",
     "gpuguard.remediator.cli", "gpuguard.remediator.pull", "gpuguard.remediator.alertmanager",
-    "gpuguard.remediator.console",
+    "gpuguard.console",
 })
 
-#: exporter/classify.py: each module it may import, with the names it may take from it
+#: gpuguard/orphans/classify.py: each module it may import, with the names it may take from it
 #: (None: the module itself, or any name from it). procfs and nvml give types and pure
 #: helpers only; counters is the in-memory cost accounting; signal maps a number to its
 #: name and time formats a given timestamp (neither reads a clock or sends anything).
@@ -47,9 +47,9 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "signal": None,
     "time": None,
     "typing": None,
-    "gpuguard.exporter.counters": frozenset({"COUNTERS"}),
-    "gpuguard.exporter.nvml": frozenset({"Holder"}),
-    "gpuguard.exporter.procfs": frozenset(
+    "gpuguard.host.counters": frozenset({"COUNTERS"}),
+    "gpuguard.host.nvml": frozenset({"Holder"}),
+    "gpuguard.host.procfs": frozenset(
         {"ProcInfo", "ProcStatus", "ProcUnreadable", "Truncated", "still_same",
          "walk_members"}),
 }
@@ -130,23 +130,23 @@ def test_nothing_in_exporter_imports_remediator() -> None:
 
 
 def test_classify_imports_only_its_allow_list() -> None:
-    path = REPO / "exporter" / "classify.py"
+    path = REPO / "gpuguard" / "orphans" / "classify.py"
     bad = []
     for line, module, name in imports(path):
         if module not in CLASSIFY_ALLOWED or (
                 (names := CLASSIFY_ALLOWED[module]) is not None and name not in names):
             bad.append(f"classify.py:{line}: {module}" + (f" ({name})" if name else ""))
-    assert bad == [], "exporter/classify.py is pure; not allowed:\n" + "\n".join(bad)
+    assert bad == [], "gpuguard/orphans/classify.py is pure; not allowed:\n" + "\n".join(bad)
     # The one I/O module on the list gives named types and pure helpers only.
-    assert set(CLASSIFY_ALLOWED) & IO_MODULES == {"gpuguard.exporter.procfs"}
+    assert set(CLASSIFY_ALLOWED) & IO_MODULES == {"gpuguard.host.procfs"}
 
 
-@pytest.mark.parametrize("pure", ["exporter/classify.py", "remediator/policy.py"])
+@pytest.mark.parametrize("pure", ["gpuguard/orphans/classify.py", "remediator/policy.py"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" + (f" ({name})" if name else "")
            for line, module, name in imports(REPO / pure, with_typing_only=False)
            if under(module, IO_MODULES)
-           and not (pure == "exporter/classify.py"
+           and not (pure == "gpuguard/orphans/classify.py"
                     and name in (CLASSIFY_ALLOWED.get(module) or ()))]
     assert bad == [], f"{pure} must not do I/O; it imports:\n" + "\n".join(bad)
 

@@ -7,12 +7,12 @@ import os
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.exporter.accounting import Quotas
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.counters import Counters
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.nvml import Holder, Nvml, NvmlReading
-from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner, user_name
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Holder, Nvml, NvmlReading
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Rules
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees
 

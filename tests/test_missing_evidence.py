@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.classify import MEMBER_PROTECTED, MEMBER_UNKNOWN, Rules, classify
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.marks import ensure_marks_dir
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.host.counters import Counters
+from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import MEMBER_PROTECTED, MEMBER_UNKNOWN, Rules, classify
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
@@ -59,7 +59,7 @@ def deliver(h: Harness, root: int, root_start: int, *, nth: int = 0) -> dict:
 
 
 def one_tree(root: int, *, rules: Rules | None = None, events: ProcessEvents | None = None):
-    from gpuguard.exporter.nvml import Nvml
+    from gpuguard.host.nvml import Nvml
 
     counters = Counters()
     nvml = Nvml(counters=counters)

@@ -14,8 +14,8 @@ import pynvml
 import pytest
 
 from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import GpuSample, Holder, Nvml
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import GpuSample, Holder, Nvml
 from tests.fakenvml import FakeGpuWorld, default_uuid
 
 pytest_plugins = ["tests.fakenvml.plugin"]
@@ -166,7 +166,7 @@ def test_init_failure_reports_down_then_driver_appears(
     fake_gpu: FakeGpuWorld, nvml: Nvml, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake_gpu.set_init_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-    caplog.set_level(logging.WARNING, logger="gpuguard.exporter.nvml")
+    caplog.set_level(logging.WARNING, logger="gpuguard.host.nvml")
 
     for _ in range(3):
         reading = nvml.read()
@@ -174,7 +174,7 @@ def test_init_failure_reports_down_then_driver_appears(
         assert reading.errors == (("nvml_init", "Driver Not Loaded"),)
         assert reading.gpus == () and reading.holders == ()
         assert reading.driver_version is None
-    assert len([r for r in caplog.records if r.name == "gpuguard.exporter.nvml"]) == 1
+    assert len([r for r in caplog.records if r.name == "gpuguard.host.nvml"]) == 1
 
     fake_gpu.set_init_error(None)
     reading = nvml.read()

@@ -44,7 +44,7 @@ import pytest
 import requests
 import yaml
 
-from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.host.procfs import in_host_pid_namespace
 from tests.ci import require
 from tests.fakenvml import LIBRARY_NAME, STATE_ENV, FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, stat_fields, wait_for

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.procfs import (
+from gpuguard.host.counters import Counters
+from gpuguard.host.procfs import (
     CMDLINE_CAP,
     ENVIRON_CAP,
     EnvironMarkers,

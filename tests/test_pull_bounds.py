@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.exporter.config import load_config
+from gpuguard.config import load_config
 from gpuguard.remediator.alertmanager import MAX_PULL_ALERTS, SKIP_REASONS
 from gpuguard.remediator.alerts import Notification
 from gpuguard.remediator.pull import Puller

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.config import Remediate, UserFilter
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
+from gpuguard.config import Remediate, UserFilter
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.orphans.classify import Rules
 from gpuguard.remediator.inspection import inspect_tree
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import Reaper, ReapPlan, ReapResult
@@ -114,7 +114,7 @@ def test_a_signal_to_reap_apply_mid_freeze_thaws_the_tree_and_the_audit_says_why
     fake_gpu.set_delay_ms(200)
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
     with subprocess.Popen(
-            [sys.executable, "-m", "gpuguard.remediator.console", "reap", str(orphan.root),
+            [sys.executable, "-m", "gpuguard.console", "reap", str(orphan.root),
              "--apply", "--start-time", str(orphan.root_start), "--allow-pid-namespace",
              "--config", str(config), "--json"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -221,7 +221,7 @@ def test_the_verdict_derived_again_must_carry_an_allowed_reason(
 
 def console(fake_gpu: FakeGpuWorld, lib: Path, *args: str) -> subprocess.CompletedProcess:
     env = fake_gpu.subprocess_env(lib, child_env(NO_COLOR="1"))
-    return subprocess.run([sys.executable, "-m", "gpuguard.remediator.console", *args],
+    return subprocess.run([sys.executable, "-m", "gpuguard.console", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpuguard.exporter.config import load_config
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
+from gpuguard.config import load_config
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
 from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
 from gpuguard.remediator.ledger import Ledger
 from gpuguard.remediator.policy import TreeKey

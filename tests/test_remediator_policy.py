@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import gpuguard.remediator.policy
-from gpuguard.exporter.config import RateLimit, Remediate, UserFilter
-from gpuguard.exporter.nvml import Holder
+from gpuguard.config import RateLimit, Remediate, UserFilter
+from gpuguard.host.nvml import Holder
 from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.audit import AuditLog
 from gpuguard.remediator.ledger import Ledger, LedgerError, PendingItem

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.config import Remediate, UserFilter
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml, NvmlReading
-from gpuguard.exporter.procfs import ProcessView
+from gpuguard.config import Remediate, UserFilter
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Rules
 from gpuguard.remediator.inspection import inspect_tree, member_of
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.marks import ensure_marks_dir
+from gpuguard.host.marks import ensure_marks_dir
 from tests.ci import require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import HOLDER, Trees, alive, descendants_of, live_threads, stat_fields, wait_for
@@ -34,7 +34,7 @@ from tests.remediator_helpers import GIB, Run
 from tests.servers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = [sys.executable, "-m", "gpuguard.remediator.console", "run"]
+LAUNCHER = [sys.executable, "-m", "gpuguard.console", "run"]
 #: The unprivileged user the launcher runs as in the `user` variants.
 UID = 64200
 #: Above PID_MAX_LIMIT (4194304): never a process.
@@ -185,7 +185,7 @@ def unprivileged_prefix() -> tuple[str, ...]:
         return ()
     plain = (setpriv, "--reuid", str(UID), "--regid", str(UID), "--clear-groups")
     # As the launcher does: a process of that user starts this Python.
-    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.remediator.launcher; "
+    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.launch.launcher; "
              "subprocess.run([sys.executable, '-c', ''], check=True)"]
     if subprocess.run([*plain, *probe], cwd="/", env=child_env(), capture_output=True,
                       check=False, timeout=60).returncode == 0:
@@ -386,7 +386,7 @@ def test_a_parent_gone_before_the_launcher_watched_it_starts_nothing(rundir: Pat
     """The race check: the pid that started us is not our parent any more (here: a pid
     above the kernel's PID_MAX_LIMIT, never anybody's)."""
     marker = rundir / "started"
-    code = ("import sys; from gpuguard.remediator.launcher import Options, run; "
+    code = ("import sys; from gpuguard.launch.launcher import Options, run; "
             f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}).code)")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                           text=True, timeout=60, check=False)
@@ -402,12 +402,12 @@ STOP_AT_LAUNCHER_IMPORT = """
 import os, runpy, signal, sys
 pidfile = sys.argv.pop(1)
 def hook(event, args):
-    if event == "import" and args[0] == "gpuguard.remediator.launcher":
+    if event == "import" and args[0] == "gpuguard.launch.launcher":
         with open(pidfile, "w") as fh:
             fh.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
 sys.addaudithook(hook)
-runpy.run_module("gpuguard.remediator.console", run_name="__main__", alter_sys=True)
+runpy.run_module("gpuguard.console", run_name="__main__", alter_sys=True)
 """
 
 
@@ -683,7 +683,7 @@ def test_a_library_caller_that_forked_since_the_import_runs_cmd(tmp_path: Path) 
     """The parent read at import belongs to the process that imported gpuguard; a child
     forked later has another parent and must compare with that one, not refuse CMD."""
     script = ("import os, sys\n"
-              "from gpuguard.remediator.launcher import Options, end, run\n"
+              "from gpuguard.launch.launcher import Options, end, run\n"
               "pid = os.fork()\n"
               "if pid == 0:\n"
               "    sys.exit(end(run(['sh', '-c', 'exit 7'], Options())))\n"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.counters import CALLSITES, Counters
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.host.counters import CALLSITES, Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Rules
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, chain_lower_bound, children_of, descendants_of, wait_for
@@ -80,7 +80,7 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
                                                        fake_gpu: FakeGpuWorld) -> None:
     """5,000 short processes exit while the listener runs: its record grows, the scan's
     /proc reads do not (the evidence is a lookup in memory)."""
-    from gpuguard.exporter.procevents import ProcessEvents
+    from gpuguard.host.procevents import ProcessEvents
 
     events = ProcessEvents()
     events.start()

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.classify import Rules, Tree
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procevents import ProcessEvents
-from gpuguard.exporter.procfs import ProcessView
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Rules, Tree
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import (
     HOLDER,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.config import Config, load_config
 from gpuguard.exporter import cli as exporter_cli
-from gpuguard.exporter.config import Config, load_config
 from gpuguard.remediator import cli as remediator_cli
 from tests.ci import require
 from tests.servers import REPO

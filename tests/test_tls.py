@@ -208,7 +208,7 @@ def test_shipped_examples_are_valid(tmp_path: Path, certs: Certs) -> None:
                      ("ca.crt", "clients-ca.crt")):
         shutil.copy(certs.path(src), tmp_path / "tls" / dst)
     shutil.copy(REPO / "deploy" / "web-config.yml", tmp_path / "web-config.yml")
-    from gpuguard.exporter.webconfig import load_web_config
+    from gpuguard.web.webconfig import load_web_config
     web = load_web_config(str(tmp_path / "web-config.yml"))
     assert web.tls is not None and web.tls.client_auth == ssl.CERT_REQUIRED
     assert bcrypt.checkpw(b"change-me", web.users["prometheus"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.tlsfront import TlsFront
+from gpuguard.web.tlsfront import TlsFront
 from tests.certs import Certs, make_certs
 from tests.proctree import wait_for
 

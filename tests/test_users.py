@@ -1,4 +1,4 @@
-"""Users a policy cannot name: exporter/users.py's resolver and remediate.users' rules.
+"""Users a policy cannot name: gpuguard/host/users.py's resolver and remediate.users' rules.
 
 A uid with no passwd entry (a container without the host's users) or whose NSS does
 not answer (SSSD or LDAP down) has no name. Shown: such a failure is never cached
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from gpuguard.exporter.classify import Rules
-from gpuguard.exporter.config import Remediate, UserFilter
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procfs import boottime
-from gpuguard.exporter.users import UserNames
+from gpuguard.config import Remediate, UserFilter
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import boottime
+from gpuguard.host.users import UserNames
+from gpuguard.orphans.classify import Rules
 from gpuguard.remediator.alerts import Alert, parse_notification
 from gpuguard.remediator.inspection import inspect_tree
 from gpuguard.remediator.policy import (

@@ -12,9 +12,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuguard.exporter.config import ConfigError
-from gpuguard.exporter.webauth import BasicAuth
-from gpuguard.exporter.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
+from gpuguard.config import ConfigError
+from gpuguard.web.webauth import BasicAuth
+from gpuguard.web.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
 from tests.certs import Certs, make_certs
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()

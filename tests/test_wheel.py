@@ -64,14 +64,15 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
     assert {n.split("/")[0] for n in names} == {"gpuguard", "gpuguard-0.1.0.dist-info"}
     for name in assets.ASSETS:
         assert f"gpuguard/{name}" in names
-    for module in ("exporter/classify.py", "remediator/reaper.py", "remediator/console/reap.py"):
+    for module in ("orphans/classify.py", "remediator/reaper.py", "console/reap.py",
+                   "host/procfs.py", "web/serving.py", "launch/launcher.py", "__main__.py"):
         assert f"gpuguard/{module}" in names
     # Nothing of the tests, benchmarks or the checkout's tooling ships.
     assert not [n for n in names if n.startswith(("gpuguard/tests", "tests/", "benchmarks/"))]
     entry_points = zipfile.ZipFile(wheel).read("gpuguard-0.1.0.dist-info/entry_points.txt")
     for script in (b"gpuguard-exporter = gpuguard.exporter.cli:main",
                    b"gpuguard-remediator = gpuguard.remediator.cli:main",
-                   b"gpuguard = gpuguard.remediator.console:main"):
+                   b"gpuguard = gpuguard.console:main"):
         assert script in entry_points
 
 
@@ -79,7 +80,7 @@ def test_the_sdist_carries_the_source_folders(dist: Path) -> None:
     sdist = next(dist.glob("gpuguard-*.tar.gz"))
     names = tarfile.open(sdist).getnames()
     for path in ("pyproject.toml", "README.md", "gpuguard/__init__.py",
-                 "gpuguard/exporter/classify.py", "gpuguard/alerts/rules.yml"):
+                 "gpuguard/orphans/classify.py", "gpuguard/alerts/rules.yml"):
         assert f"gpuguard-0.1.0/{path}" in names
 
 

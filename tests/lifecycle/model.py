@@ -47,7 +47,7 @@ from __future__ import annotations
 import signal as signal_module
 from dataclasses import dataclass, field
 
-from gpuguard.exporter.procfs import ProcInfo
+from gpuguard.host.procfs import ProcInfo
 from tests.proctable import Exit, FakeProc, SyntheticView
 
 COMM_LEN = 15
@@ -222,7 +222,7 @@ class Proc:
 
 
 class ModelView(SyntheticView):
-    """SyntheticView plus the process-events listener's query as exporter/procevents.py
+    """SyntheticView plus the process-events listener's query as gpuguard/host/procevents.py
     answers it: the latest exit of `pid`, if it happened at or after `after_start_time`
     (SyntheticView ignores that bound)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.exporter.classify import Rules, managed_cgroup
+from gpuguard.orphans.classify import Rules, managed_cgroup
 from tests.lifecycle.model import (
     CGROUPS,
     DEFAULT,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.exporter.classify import (
+from gpuguard.orphans.classify import (
     ADOPTION_UNCERTAIN,
     LAUNCHER_KILLED,
     ORPHAN,

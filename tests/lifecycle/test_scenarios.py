@@ -4,7 +4,7 @@ truth that generated histories reach rarely, each checked by the same properties
 
 from __future__ import annotations
 
-from gpuguard.exporter.classify import NORMAL, ORPHAN, PROTECTED, classify
+from gpuguard.orphans.classify import NORMAL, ORPHAN, PROTECTED, classify
 from tests.lifecycle.model import (
     IGNORE,
     PROGRAMS,

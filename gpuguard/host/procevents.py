@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpuguard.exporter.procfs import in_host_pid_namespace
+from gpuguard.host.procfs import in_host_pid_namespace
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class ExitStore:
         self._next = 0  # records ever added; record n lives in slot n % max_records
         self._first = 0  # the oldest record still held
         #: Records dropped to make room (count) or for their age: what the launcher
-        #: memory (exporter/launcher_memory.py) answers for after they are gone.
+        #: memory (gpuguard/host/launcher_memory.py) answers for after they are gone.
         self.evicted = dict.fromkeys(EVICTION_CAUSES, 0)
 
     def add(self, *exits: Exit) -> None:

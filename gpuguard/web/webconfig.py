@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.exporter.config import ConfigError, bool_value, parse_yaml, section, str_list
+from gpuguard.config import ConfigError, bool_value, parse_yaml, section, str_list
 
 log = logging.getLogger("gpuguard.webconfig")
 

@@ -24,7 +24,7 @@ from gpuguard.exporter.accounting import (
     SustainedUtilization,
     parse_size,
 )
-from gpuguard.exporter.classify import (
+from gpuguard.orphans.classify import (
     DEFAULT_ADOPTERS,
     DEFAULT_MARKS_DIR,
     DEFAULT_MAX_DEPTH,

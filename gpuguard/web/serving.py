@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.exporter.tlsfront import TlsFront
-from gpuguard.exporter.webauth import BasicAuth, protect
-from gpuguard.exporter.webconfig import WebConfigSource
+from gpuguard.web.tlsfront import TlsFront
+from gpuguard.web.webauth import BasicAuth, protect
+from gpuguard.web.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.http")
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gpuguard import assets
-from gpuguard.remediator.console.contract import EXIT_OK, EXIT_USAGE, Failure
+from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
 
 
 def cmd_assets(args: argparse.Namespace) -> int:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuguard.exporter.counters import COUNTERS, Counters
-from gpuguard.exporter.launcher_memory import LauncherMemory
-from gpuguard.exporter.marks import Marks
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.marks import Marks
 
 PROC = "/proc"
 #: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.
@@ -399,7 +399,7 @@ class ProcessView:
         return value
 
     def registered(self, kind: str, info: ProcInfo, directory: str) -> bool | None:
-        """Whether `directory` holds a trusted registration of `kind` (exporter/marks.py)
+        """Whether `directory` holds a trusted registration of `kind` (gpuguard/host/marks.py)
         for this process; None when it cannot be read. Never cached: a registration
         made or removed since the last scan counts at once."""
         marks = self._marks.get(directory)
@@ -438,7 +438,7 @@ class ProcessView:
     def recall_launcher(self, root: ProcInfo, reason: str, detail: str, *,
                         recorded: bool) -> tuple[str, str]:
         """The launcher reason first established for this orphan root (see
-        exporter/launcher_memory.py); `reason` itself without a memory."""
+        gpuguard/host/launcher_memory.py); `reason` itself without a memory."""
         if self._memory is None:
             return reason, detail
         return self._memory.recall((root.pid, root.start_time, root.sid), reason, detail,

@@ -32,10 +32,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from gpuguard.exporter.classify import DEFAULT_MARKS_DIR
-from gpuguard.exporter.serving import positive_float
-from gpuguard.remediator.console.assets import cmd_assets
-from gpuguard.remediator.console.contract import (
+from gpuguard.console.assets import cmd_assets
+from gpuguard.console.contract import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TABLE,
@@ -47,12 +45,14 @@ from gpuguard.remediator.console.contract import (
     STATUS_EPILOG,
     Failure,
 )
-from gpuguard.remediator.console.explain import cmd_explain
-from gpuguard.remediator.console.keep import cmd_keep
-from gpuguard.remediator.console.policy_check import cmd_policy_check
-from gpuguard.remediator.console.reap import cmd_reap
-from gpuguard.remediator.console.run import DEFAULT_GRACE_SECONDS, cmd_run
-from gpuguard.remediator.console.status import cmd_status
+from gpuguard.console.explain import cmd_explain
+from gpuguard.console.keep import cmd_keep
+from gpuguard.console.policy_check import cmd_policy_check
+from gpuguard.console.reap import cmd_reap
+from gpuguard.console.run import DEFAULT_GRACE_SECONDS, cmd_run
+from gpuguard.console.status import cmd_status
+from gpuguard.orphans.classify import DEFAULT_MARKS_DIR
+from gpuguard.web.serving import positive_float
 
 
 def pid_arg(value: str) -> int:
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
     # NVML trouble is reported by the command itself, once, not by the library's logger.
-    logging.getLogger("gpuguard.exporter.nvml").setLevel(logging.ERROR)
+    logging.getLogger("gpuguard.host.nvml").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -10,14 +10,8 @@ from rich.console import Group
 from rich.spinner import Spinner
 from rich.text import Text
 
-from gpuguard.exporter.accounting import Accounting
-from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.classify import Tree
-from gpuguard.exporter.config import Config
-from gpuguard.exporter.nvml import Holder, Nvml
-from gpuguard.exporter.procfs import ProcessView
-from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
-from gpuguard.remediator.console.common import (
+from gpuguard.config import Config
+from gpuguard.console.common import (
     alert_line,
     gpu_json,
     holder_json,
@@ -28,13 +22,19 @@ from gpuguard.remediator.console.common import (
     process_age,
     tree_members,
 )
-from gpuguard.remediator.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
-from gpuguard.remediator.console.render import (
+from gpuguard.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
+from gpuguard.console.render import (
     make_console,
     nvml_down_line,
     print_json,
     status_renderable,
 )
+from gpuguard.exporter.accounting import Accounting
+from gpuguard.exporter.attribution import NONE as NO_CONTAINER
+from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.host.nvml import Holder, Nvml
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import Tree
 
 
 def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:

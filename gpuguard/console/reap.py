@@ -27,13 +27,8 @@ from typing import Any
 
 from rich.text import Text
 
-from gpuguard.exporter.classify import ORPHAN
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procfs import ProcessView, in_host_pid_namespace
-from gpuguard.remediator.alertmanager import SILENCED, UNREACHABLE
-from gpuguard.remediator.audit import AuditLog, UnsafePathError, audit_record
-from gpuguard.remediator.console.common import alert_line, alert_state, live_json, load, operator
-from gpuguard.remediator.console.contract import (
+from gpuguard.console.common import alert_line, alert_state, live_json, load, operator
+from gpuguard.console.contract import (
     EXIT_NO_PROCESS,
     EXIT_NOT_AUDITED,
     EXIT_OK,
@@ -45,7 +40,12 @@ from gpuguard.remediator.console.contract import (
     REFUSED,
     Failure,
 )
-from gpuguard.remediator.console.render import make_console, print_json, reap_renderable
+from gpuguard.console.render import make_console, print_json, reap_renderable
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.orphans.classify import ORPHAN
+from gpuguard.remediator.alertmanager import SILENCED, UNREACHABLE
+from gpuguard.remediator.audit import AuditLog, UnsafePathError, audit_record
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.policy import (
     DRY_RUN,

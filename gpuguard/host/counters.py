@@ -21,7 +21,7 @@ CALLSITES: tuple[str, ...] = (
     "proc_cmdline",  # /proc/PID/cmdline: protect patterns
     "proc_cgroup",  # /proc/PID/cgroup: managed-service check
     "proc_environ",  # /proc/PID/environ: GPUGUARD_KEEP marker
-    "marks",  # a keep or run registration (exporter/marks.py): lstat + read, not in /proc
+    "marks",  # a keep or run registration (gpuguard/host/marks.py): lstat + read, not in /proc
     "proc_fd",  # /proc/PID/cwd and /proc/PID/fd/0: detached-daemon check
     "proc_children",  # /proc/PID/task/TID/children: descendants of an orphan root
     "proc_task_stat",  # /proc/PID/task/TID/stat: the reaper's check that every thread stopped

@@ -42,7 +42,7 @@ from typing import Any
 
 import bcrypt
 
-from gpuguard.exporter.webconfig import WebConfig
+from gpuguard.web.webconfig import WebConfig
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 #: Successes remembered (least recently used goes first).

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuguard.exporter.config import Config
-from gpuguard.exporter.nvml import Nvml
-from gpuguard.exporter.procfs import boottime
+from gpuguard.config import Config
+from gpuguard.console.common import live_json, load
+from gpuguard.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from gpuguard.console.render import make_console, policy_renderable, print_json
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import boottime
 from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_notification
-from gpuguard.remediator.console.common import live_json, load
-from gpuguard.remediator.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
-from gpuguard.remediator.console.render import make_console, policy_renderable, print_json
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.ledger import FILE_NAME as LEDGER_FILE
 from gpuguard.remediator.ledger import Ledger, LedgerError

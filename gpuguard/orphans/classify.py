@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import re2
 
-from gpuguard.exporter.counters import COUNTERS
-from gpuguard.exporter.nvml import Holder
-from gpuguard.exporter.procfs import (
+from gpuguard.host.counters import COUNTERS
+from gpuguard.host.nvml import Holder
+from gpuguard.host.procfs import (
     ProcInfo,
     ProcStatus,
     ProcUnreadable,
@@ -125,7 +125,7 @@ DEFAULT_PROTECT = (
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
 DEFAULT_MAX_DEPTH = 64
-#: Keep and run registrations (exporter/marks.py): what a process cannot erase.
+#: Keep and run registrations (gpuguard/host/marks.py): what a process cannot erase.
 DEFAULT_MARKS_DIR = "/run/gpuguard/marks"
 KEEP_MARK = "keep"
 RUN_MARK = "run"

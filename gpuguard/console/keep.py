@@ -2,7 +2,7 @@
 
 GPUGUARD_KEEP=1 lives in the process's environment, which the process may overwrite
 (setproctitle does); this registers the process by identity in the daemons' directory
-(exporter/marks.py) instead. Only the process's owner or root may mark it: the daemons
+(gpuguard/host/marks.py) instead. Only the process's owner or root may mark it: the daemons
 ignore a registration anyone else wrote.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpuguard.exporter.classify import KEEP_MARK
-from gpuguard.exporter.marks import MarkError, Marks
-from gpuguard.exporter.procfs import ProcessView, boot_id
-from gpuguard.remediator.console.common import load
-from gpuguard.remediator.console.contract import (
+from gpuguard.console.common import load
+from gpuguard.console.contract import (
     EXIT_NO_PROCESS,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
     Failure,
 )
+from gpuguard.host.marks import MarkError, Marks
+from gpuguard.host.procfs import ProcessView, boot_id
+from gpuguard.orphans.classify import KEEP_MARK
 
 
 def cmd_keep(args: argparse.Namespace) -> int:

@@ -16,18 +16,18 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpuguard.console.common import alert_line, chain_roles, process_age, tree_members
 from gpuguard.exporter.accounting import Accounting
-from gpuguard.exporter.classify import NORMAL, ORPHAN, PROTECTED, UNKNOWN, Tree
-from gpuguard.exporter.nvml import Holder, NvmlReading
-from gpuguard.exporter.procfs import ProcInfo
 from gpuguard.exporter.scanner import Snapshot, user_name
-from gpuguard.remediator.console.common import alert_line, chain_roles, process_age, tree_members
+from gpuguard.host.nvml import Holder, NvmlReading
+from gpuguard.host.procfs import ProcInfo
+from gpuguard.orphans.classify import NORMAL, ORPHAN, PROTECTED, UNKNOWN, Tree
 from gpuguard.remediator.policy import ACCEPT, CANCEL, DEFER, DRY_RUN, IGNORE, REAP
 from gpuguard.remediator.reaper import Outcome
 
 if TYPE_CHECKING:
-    from gpuguard.remediator.console.explain import Explanation
-    from gpuguard.remediator.console.reap import ReapReport
+    from gpuguard.console.explain import Explanation
+    from gpuguard.console.reap import ReapReport
 
 #: What each of DESIGN.md's rules looks at; shown next to the rule number.
 RULE_NAMES = {

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.host.counters import COUNTERS, Counters
 
 log = logging.getLogger(__name__)
 

@@ -74,12 +74,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuguard import PARENT_AT_START, PARENT_READ_BY
-from gpuguard.exporter.classify import DEFAULT_MARKS_DIR, RUN_MARK, Rules
-from gpuguard.exporter.config import Remediate, UserFilter
-from gpuguard.exporter.counters import Counters
-from gpuguard.exporter.marks import MarkError, Marks
-from gpuguard.exporter.nvml import NvmlReading
-from gpuguard.exporter.procfs import (
+from gpuguard.config import Remediate, UserFilter
+from gpuguard.host.counters import Counters
+from gpuguard.host.marks import MarkError, Marks
+from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.procfs import (
     RUN_MARKER,
     ProcessView,
     ProcInfo,
@@ -87,6 +86,7 @@ from gpuguard.exporter.procfs import (
     live_children,
     walk_members,
 )
+from gpuguard.orphans.classify import DEFAULT_MARKS_DIR, RUN_MARK, Rules
 from gpuguard.remediator.inspection import member_of, protected_pids
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import (
@@ -144,7 +144,7 @@ FORWARDED_SIGNALS = frozenset(signal.valid_signals()) - {
 class Options:
     grace: float = DEFAULT_GRACE_SECONDS  # SIGINT -> reap wait, and the reap's TERM -> KILL
     keep_leftovers: bool = False  # when CMD exits by itself, leave its leftovers running
-    #: Where the launcher registers itself (exporter/marks.py): what CMD cannot erase.
+    #: Where the launcher registers itself (gpuguard/host/marks.py): what CMD cannot erase.
     marks_dir: str = DEFAULT_MARKS_DIR
 
 

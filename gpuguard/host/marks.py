@@ -24,7 +24,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpuguard.exporter.counters import COUNTERS, Counters
+from gpuguard.host.counters import COUNTERS, Counters
 
 #: Sticky, writable and searchable by everyone, readable by its owner (the daemons).
 DIR_MODE = 0o1733

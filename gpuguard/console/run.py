@@ -1,6 +1,6 @@
 """`gpuguard run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]`: parse and hand off.
 
-The launcher itself is remediator/launcher.py; this module turns the command line
+The launcher itself is gpuguard/launch/launcher.py; this module turns the command line
 into its Options and its start-up failures into the console's one-line exits.
 """
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from gpuguard.remediator.console.contract import (
+from gpuguard.console.contract import (
     EXIT_CANNOT_EXECUTE,
     EXIT_NOT_FOUND,
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.remediator.launcher import (
+from gpuguard.launch.launcher import (
     DEFAULT_GRACE_SECONDS,
     CannotStart,
     Options,

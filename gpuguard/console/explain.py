@@ -6,11 +6,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.exporter.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
-from gpuguard.exporter.config import Config
-from gpuguard.exporter.nvml import Holder, Nvml, NvmlReading
-from gpuguard.exporter.procfs import ProcessView, ProcInfo
-from gpuguard.remediator.console.common import (
+from gpuguard.config import Config
+from gpuguard.console.common import (
     alert_state,
     chain_roles,
     holder_json,
@@ -19,13 +16,16 @@ from gpuguard.remediator.console.common import (
     nvml_json,
     process_age,
 )
-from gpuguard.remediator.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
-from gpuguard.remediator.console.render import (
+from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
+from gpuguard.console.render import (
     RULE_NAMES,
     explain_renderable,
     make_console,
     print_json,
 )
+from gpuguard.host.nvml import Holder, Nvml, NvmlReading
+from gpuguard.host.procfs import ProcessView, ProcInfo
+from gpuguard.orphans.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
 
 
 @dataclass(frozen=True)

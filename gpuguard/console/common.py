@@ -7,11 +7,12 @@ import os
 import time
 from typing import Any
 
-from gpuguard.exporter.classify import ORPHAN, HolderVerdict, Tree
-from gpuguard.exporter.config import Config, ConfigError, load_config
-from gpuguard.exporter.nvml import GpuSample, Holder, NvmlReading
-from gpuguard.exporter.procfs import ProcInfo
+from gpuguard.config import Config, ConfigError, load_config
+from gpuguard.console.contract import EXIT_USAGE, Failure
 from gpuguard.exporter.scanner import Snapshot, user_name
+from gpuguard.host.nvml import GpuSample, Holder, NvmlReading
+from gpuguard.host.procfs import ProcInfo
+from gpuguard.orphans.classify import ORPHAN, HolderVerdict, Tree
 from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,
@@ -20,7 +21,6 @@ from gpuguard.remediator.alertmanager import (
     UNREACHABLE,
     AlertmanagerClient,
 )
-from gpuguard.remediator.console.contract import EXIT_USAGE, Failure
 from gpuguard.remediator.policy import LiveTree
 
 
