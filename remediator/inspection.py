@@ -14,9 +14,10 @@ from typing import Protocol
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.procfs import ExitSource, ProcessView, ProcInfo
+from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import Rules, classify
+from gpuguard.orphans.process import ProcInfo
 from gpuguard.remediator.policy import LiveTree, Member, TreeKey
 
 

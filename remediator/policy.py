@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuguard.config import Remediate, UserFilter, uid_rule
-from gpuguard.host.nvml import Holder
 from gpuguard.orphans.classify import ORPHAN
+from gpuguard.orphans.process import Holder
 from gpuguard.remediator.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
 
 if TYPE_CHECKING:

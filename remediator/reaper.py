@@ -27,16 +27,10 @@ from typing import Literal
 from gpuguard.config import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import Holder, NvmlReading
-from gpuguard.host.procfs import (
-    ExitSource,
-    ProcessView,
-    ProcInfo,
-    ProcUnreadable,
-    is_child_of,
-    still_same,
-)
+from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.classify import MEMBER_UNKNOWN, Rules, judge_member
+from gpuguard.orphans.process import Holder, ProcInfo, ProcUnreadable, is_child_of, still_same
 from gpuguard.remediator.audit import INTENT, JOINED
 from gpuguard.remediator.inspection import (
     HolderSource,

@@ -39,9 +39,9 @@ def check_own_ancestry() -> None:
     where the tests expect, and the remediator would rightly refuse to touch it.
     """
     from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Holder
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.classify import ORPHAN, Rules, classify_holder
+    from gpuguard.orphans.process import Holder
 
     me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
     verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())

@@ -40,8 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import Holder
-from gpuguard.host.procfs import ProcInfo, ProcStatus, ProcUnreadable
+from gpuguard.orphans.process import Holder, ProcInfo, ProcStatus, ProcUnreadable
 
 SESSION_SCOPE = "/user.slice/user-1000.slice/session-1.scope"
 INIT_SCOPE = "/init.scope"

@@ -37,7 +37,8 @@ from gpuguard.exporter.accounting import (
     track_hot,
 )
 from gpuguard.exporter.attribution import Attribution, attribute, cgroup_paths
-from gpuguard.host.nvml import GpuSample, Holder
+from gpuguard.host.nvml import GpuSample
+from gpuguard.orphans.process import Holder
 from tests.test_layering import IO_MODULES, REPO, imports, under
 
 ID = "4f1c2d9e8b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d"

@@ -19,7 +19,6 @@ from collections import Counter
 import pytest
 
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import Truncated
 from gpuguard.orphans.classify import (
     NORMAL,
     ORPHAN,
@@ -30,6 +29,7 @@ from gpuguard.orphans.classify import (
     classify,
     managed_cgroup,
 )
+from gpuguard.orphans.process import Truncated
 from tests.proctable import (
     GIB,
     Exit,
@@ -832,7 +832,7 @@ def test_proctable_defaults_make_parents_older_and_record_calls():
 
 
 def test_proctable_unreadable_and_vanishing():
-    from gpuguard.host.procfs import ProcUnreadable
+    from gpuguard.orphans.process import ProcUnreadable
 
     view = SyntheticView(interactive(), unreadable={100}, vanish_after_reads={200: 1})
     with pytest.raises(ProcUnreadable):

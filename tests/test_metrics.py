@@ -10,9 +10,10 @@ from gpuguard.exporter.accounting import Quotas
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Holder, Nvml, NvmlReading
+from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.process import Holder
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees
 

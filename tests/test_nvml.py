@@ -15,7 +15,8 @@ import pytest
 
 from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import GpuSample, Holder, Nvml
+from gpuguard.host.nvml import GpuSample, Nvml
+from gpuguard.orphans.process import Holder
 from tests.fakenvml import FakeGpuWorld, default_uuid
 
 pytest_plugins = ["tests.fakenvml.plugin"]

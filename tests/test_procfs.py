@@ -16,14 +16,11 @@ from gpuguard.host.procfs import (
     ENVIRON_CAP,
     EnvironMarkers,
     ProcessView,
-    ProcInfo,
-    ProcUnreadable,
-    Truncated,
     parse_environ_markers,
     parse_stat,
     parse_status,
-    walk_members,
 )
+from gpuguard.orphans.process import ProcInfo, ProcUnreadable, Truncated, walk_members
 from tests.proctree import (
     HOLDER,
     Trees,

@@ -19,7 +19,7 @@ import pytest
 
 import gpuguard.remediator.policy
 from gpuguard.config import RateLimit, Remediate, UserFilter
-from gpuguard.host.nvml import Holder
+from gpuguard.orphans.process import Holder
 from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.audit import AuditLog
 from gpuguard.remediator.ledger import Ledger, LedgerError, PendingItem

@@ -10,9 +10,9 @@ from typing import Any
 from gpuguard.config import Config, ConfigError, load_config
 from gpuguard.console.contract import EXIT_USAGE, Failure
 from gpuguard.exporter.scanner import Snapshot, user_name
-from gpuguard.host.nvml import GpuSample, Holder, NvmlReading
-from gpuguard.host.procfs import ProcInfo
+from gpuguard.host.nvml import GpuSample, NvmlReading
 from gpuguard.orphans.classify import ORPHAN, HolderVerdict, Tree
+from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,

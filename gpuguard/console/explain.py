@@ -23,9 +23,10 @@ from gpuguard.console.render import (
     make_console,
     print_json,
 )
-from gpuguard.host.nvml import Holder, Nvml, NvmlReading
-from gpuguard.host.procfs import ProcessView, ProcInfo
+from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
+from gpuguard.orphans.process import Holder, ProcInfo
 
 
 @dataclass(frozen=True)

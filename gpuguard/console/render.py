@@ -19,9 +19,9 @@ from rich.text import Text
 from gpuguard.console.common import alert_line, chain_roles, process_age, tree_members
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.scanner import Snapshot, user_name
-from gpuguard.host.nvml import Holder, NvmlReading
-from gpuguard.host.procfs import ProcInfo
+from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.classify import NORMAL, ORPHAN, PROTECTED, UNKNOWN, Tree
+from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.remediator.policy import ACCEPT, CANCEL, DEFER, DRY_RUN, IGNORE, REAP
 from gpuguard.remediator.reaper import Outcome
 

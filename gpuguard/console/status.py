@@ -32,9 +32,10 @@ from gpuguard.console.render import (
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
-from gpuguard.host.nvml import Holder, Nvml
+from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.classify import Tree
+from gpuguard.orphans.process import Holder
 
 
 def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:

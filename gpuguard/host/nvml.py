@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.orphans.process import Holder
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,6 @@ _DRIVER_GONE = frozenset(
 
 #: Return codes that mean one GPU is unusable: skip it, keep reporting the others.
 _DEVICE_GONE = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
-
-
-@dataclass(frozen=True)
-class Holder:
-    """One process with a GPU context on one GPU."""
-
-    pid: int
-    gpu_uuid: str
-    gpu_index: int
-    used_bytes: int | None  # None when the driver cannot say (pynvml gives None)
-    kind: str  # "C", "G" or "C+G"
 
 
 @dataclass(frozen=True)

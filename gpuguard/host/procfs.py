@@ -14,13 +14,20 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.marks import Marks
+from gpuguard.orphans.process import (
+    EXITED_STATES,
+    ProcInfo,
+    ProcStatus,
+    ProcUnreadable,
+    Truncated,
+)
 
 PROC = "/proc"
 #: Inode of the initial (host) PID namespace: PROC_PID_INIT_INO in the kernel.
@@ -37,67 +44,6 @@ class ExitSource(Protocol):
     available: bool  # subscribed: exits from then on are recorded (or counted as dropped)
 
     def exit_of(self, pid: int, *, after: float) -> Any: ...
-
-
-class ProcUnreadable(Exception):
-    """/proc/PID exists but could not be read (permissions, a malformed file)."""
-
-
-#: State letters of a task that has exited: zombie, dead.
-EXITED_STATES = frozenset({"Z", "X", "x"})
-#: ProcessView.thread_states: the state of every thread of a pid; None when it is gone.
-ThreadStates = Callable[[int], tuple[str, ...] | None]
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """One process as /proc/PID/stat showed it; (pid, start_time) is its identity."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    start_time: int  # field 22 of /proc/PID/stat, clock ticks since boot
-    state: str
-    uid: int
-    comm: str
-
-    @property
-    def identity(self) -> tuple[int, int]:
-        return (self.pid, self.start_time)
-
-    @property
-    def is_zombie(self) -> bool:
-        return self.state in EXITED_STATES
-
-    @property
-    def is_session_leader(self) -> bool:
-        return self.sid == self.pid
-
-    def is_live(self, thread_states: ThreadStates) -> bool:
-        """Whether this process, as read now, still runs: it is not a zombie, or it is a
-        zombie main thread with a thread still running.
-
-        A main thread that called pthread_exit() shows state Z in /proc/PID/stat while
-        the process runs on in its other threads, holding its GPU memory, its children
-        and its signal dispositions: it is alive wherever gpuguard asks (the member walk,
-        member judgement, the reaper, `gpuguard run`) and gone only once every thread
-        is. `thread_states` is ProcessView.thread_states: None means the process is
-        gone; threads that cannot be read raise ProcUnreadable, never read as gone.
-        """
-        if not self.is_zombie:
-            return True
-        states = thread_states(self.pid)
-        return states is not None and any(state not in EXITED_STATES for state in states)
-
-
-@dataclass(frozen=True)
-class ProcStatus:
-    """The parts of /proc/PID/status the classifier uses."""
-
-    sighup_ignored: bool
-    nspid: tuple[int, ...]  # this pid in each PID namespace, outermost first
-    kernel_thread: bool
 
 
 #: The environment variable `gpuguard run` gives CMD: "LAUNCHER_PID:START_TIME".
@@ -209,13 +155,6 @@ CMDLINE_CAP = 64 * 1024
 #: The same for the environment (read for the markers): a cut one answers only with a
 #: keep marker found in what was read.
 ENVIRON_CAP = 256 * 1024
-
-
-class Truncated(str):
-    """A command line cut at CMDLINE_CAP: what was not read may hold anything (a protect
-    pattern's match included), so a miss in it proves nothing."""
-
-    __slots__ = ()
 
 
 def _vanished(exc: OSError) -> bool:
@@ -599,56 +538,6 @@ def other_users_problem(*, signal: bool = False) -> str | None:
     return "; ".join(problems) + "; run as root or with the capabilities of deploy/systemd/"
 
 
-def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
-                 stat: Callable[[int], ProcInfo | None],
-                 stat_now: Callable[[int], ProcInfo | None],
-                 thread_states: ThreadStates, *,
-                 limit: int = 100_000) -> tuple[ProcInfo, ...]:
-    """The root and every live descendant, each collected by identity.
-
-    A pid read from a parent's children file counts only if `stat` shows a live
-    process (ProcInfo.is_live, asking `thread_states`: a zombie main thread with a
-    live thread is a member) whose ppid is that parent and which is not older than
-    it, and the parent, re-read with `stat_now` after its children, is still the
-    process the walk saw (same start time): a pid reused between the two reads names
-    someone else, and so do its children.
-    """
-    out = [root]
-    seen = {root.pid}
-    frontier = [root]
-    while frontier and len(out) < limit:
-        nxt: list[ProcInfo] = []
-        for parent in frontier:
-            for child in live_children(parent, children, stat, stat_now, thread_states,
-                                       skip=seen):
-                seen.add(child.pid)
-                out.append(child)
-                nxt.append(child)
-        frontier = nxt
-    return tuple(out)
-
-
-def live_children(parent: ProcInfo, children: Callable[[int], tuple[int, ...] | None],
-                  stat: Callable[[int], ProcInfo | None],
-                  stat_now: Callable[[int], ProcInfo | None],
-                  thread_states: ThreadStates, *,
-                  skip: Set[int] = frozenset()) -> tuple[ProcInfo, ...]:
-    """`parent`'s live children, each by identity (one level of `walk_members`); none
-    when `parent`, re-read with `stat_now` after its children file, is no longer the
-    process read: its pid was reused, and those children are someone else's."""
-    found: list[ProcInfo] = []
-    for pid in children(parent.pid) or ():
-        if pid in skip:
-            continue
-        child = stat(pid)
-        if is_child_of(child, parent, thread_states):
-            assert child is not None
-            found.append(child)
-    if not found or not still_same(stat_now(parent.pid), parent):
-        return ()
-    return tuple(found)
-
-
 def identity_alive(pid: int, start_time: int, *, proc_root: str = PROC) -> bool:
     """Whether `pid` still names the process that started at `start_time` (True when its
     stat cannot be read: what is remembered about it is kept, not dropped on a guess)."""
@@ -657,15 +546,3 @@ def identity_alive(pid: int, start_time: int, *, proc_root: str = PROC) -> bool:
     except ProcUnreadable:
         return True
     return info is not None and info.start_time == start_time
-
-
-def is_child_of(child: ProcInfo | None, parent: ProcInfo, thread_states: ThreadStates) -> bool:
-    """`child` (as read now) is a live child of `parent` (ProcInfo.is_live) and not older
-    than it."""
-    return (child is not None and child.ppid == parent.pid
-            and child.start_time >= parent.start_time and child.is_live(thread_states))
-
-
-def still_same(now: ProcInfo | None, then: ProcInfo) -> bool:
-    """The pid still names the process read earlier (a zombie of it still holds the pid)."""
-    return now is not None and now.start_time == then.start_time

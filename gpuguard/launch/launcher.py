@@ -78,15 +78,9 @@ from gpuguard.config import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import MarkError, Marks
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.procfs import (
-    RUN_MARKER,
-    ProcessView,
-    ProcInfo,
-    boot_id,
-    live_children,
-    walk_members,
-)
+from gpuguard.host.procfs import RUN_MARKER, ProcessView, boot_id
 from gpuguard.orphans.classify import DEFAULT_MARKS_DIR, RUN_MARK, Rules
+from gpuguard.orphans.process import ProcInfo, live_children, walk_members
 from gpuguard.remediator.inspection import member_of, protected_pids
 from gpuguard.remediator.policy import Member, TreeKey
 from gpuguard.remediator.reaper import (

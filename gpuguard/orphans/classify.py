@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import re2
 
 from gpuguard.host.counters import COUNTERS
-from gpuguard.host.nvml import Holder
-from gpuguard.host.procfs import (
+from gpuguard.orphans.process import (
+    Holder,
     ProcInfo,
     ProcStatus,
     ProcUnreadable,

@@ -47,7 +47,7 @@ from __future__ import annotations
 import signal as signal_module
 from dataclasses import dataclass, field
 
-from gpuguard.host.procfs import ProcInfo
+from gpuguard.orphans.process import ProcInfo
 from tests.proctable import Exit, FakeProc, SyntheticView
 
 COMM_LEN = 15

@@ -284,7 +284,7 @@ def check_walk(world: World, root_pick: int, steps) -> None:
     """(k) under pid reuse: walk_members from a live root while `steps` happen between
     its reads. Every process it returns must be, by identity, the root or a process
     that was in the root's subtree: never one that reused a member's pid elsewhere."""
-    from gpuguard.host.procfs import walk_members
+    from gpuguard.orphans.process import walk_members
 
     candidates = [p for p in world.live() if p is not world.init]
     if not candidates:
