@@ -73,7 +73,8 @@ def body(result: Result, tmp: Path) -> None:
     from gpuguard.host.counters import CALLSITES, Counters
     from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
-    from gpuguard.orphans.classify import ORPHAN, Rules
+    from gpuguard.orphans.rules_config import Rules
+    from gpuguard.orphans.vocabulary import ORPHAN
     from tests.proctree import Trees, chain_lower_bound
 
     trees = Trees(tmp / "trees")

@@ -17,8 +17,8 @@ from typing import Any
 from gpuguard.exporter.attribution import Attribution
 from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import GpuSample
-from gpuguard.orphans.classify import compile_protect
 from gpuguard.orphans.process import Holder
+from gpuguard.orphans.rules_config import compile_protect
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
 UNITS: dict[str, int] = {

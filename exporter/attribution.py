@@ -1,39 +1,7 @@
 """Container and pod identity from a process's cgroup paths: pure, text in, ids out.
 
-What each runtime writes, taken from its source. runc and crun turn a systemd cgroup
-path "SLICE:PREFIX:NAME" into "<SLICE expanded>/PREFIX-NAME.scope"; a cgroupfs path is
-used as it is.
-
-- Docker (moby, daemon/oci_linux.go WithCgroups): systemd driver
-  "system.slice:docker:<id>" -> /system.slice/docker-<id>.scope; cgroupfs driver
-  filepath.Join("/docker", id) -> /docker/<id>.
-- containerd's CRI plugin (internal/cri/server/podsandbox/helpers_linux.go
-  getCgroupsPath): a parent ending in .slice gives "<slice>:cri-containerd:<id>" ->
-  .../cri-containerd-<id>.scope; any other parent filepath.Join(parent, id).
-- kubelet (pkg/kubelet/cm/cgroup_manager_linux.go): CgroupName{"kubepods", "burstable",
-  "pod<uid>"}.ToSystemd() -> /kubepods.slice/kubepods-burstable.slice/
-  kubepods-burstable-pod<uid, "-" escaped to "_">.slice; ToCgroupfs() ->
-  /kubepods/burstable/pod<uid>. Guaranteed pods have no QoS level in either.
-- CRI-O (internal/config/cgmgr): systemd "<slice path>/crio-<id>.scope", cgroupfs
-  "<parent>/crio-<id>"; its conmon sits in crio-conmon-<id>.scope: not the container.
-- Podman (libpod/container_internal_linux.go getOCICgroupPath): systemd
-  "<slice>:libpod:<id>" -> /machine.slice/libpod-<id>.scope (rootless: under
-  user@UID.service/user.slice/), cgroupfs "/libpod_parent/libpod-<id>"; conmon in
-  libpod-conmon-<id>.scope. The payload may sit one level deeper (.../container).
-- nerdctl (pkg/cmd/container/run_cgroup_linux.go generateCgroupPath): systemd
-  "system.slice:nerdctl:<id>" (rootless: user.slice) -> /system.slice/nerdctl-<id>.scope;
-  cgroupfs: containerd's default "/<namespace>/<id>" (a bare id), or "<parent>/<id>".
-
-A pod is taken only under kubelet's node-level cgroup ("kubepods", "kubepods.slice", a
-QoS slice "kubepods-burstable.slice"; with --cgroup-root the root's name comes first:
-kind's /kubelet.slice/kubelet-kubepods.slice/...), and only with a UID's shape (8-4-4-4-12
-hex digits, "_" for "-" under systemd): "pod" and 32 hex digits elsewhere is not one.
-Static pods: kubelet names their cgroup after the manifest's hash (32 hex digits,
-pkg/kubelet/config/common.go applyDefaults), not after the UID the API server gives
-their mirror pod (the one kube_pod_info has), so their pod_uid is "" (container_id stays).
-
-/proc/PID/cgroup has one line per hierarchy on cgroup v1 ("N:controllers:/path") and
-one line on v2 ("0::/path"); procfs.ProcessView.cgroup() keeps the paths.
+The paths come from /proc/PID/cgroup (gpuguard/host/procfs.py cgroup_paths); the
+formats each runtime writes are noted at the patterns below, from their sources.
 """
 
 from __future__ import annotations
@@ -41,6 +9,30 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+# What each runtime writes, taken from its source. runc and crun turn a systemd cgroup
+# path "SLICE:PREFIX:NAME" into "<SLICE expanded>/PREFIX-NAME.scope"; a cgroupfs path is
+# used as it is.
+#
+# - Docker (moby, daemon/oci_linux.go WithCgroups): systemd driver
+#   "system.slice:docker:<id>" -> /system.slice/docker-<id>.scope; cgroupfs driver
+#   filepath.Join("/docker", id) -> /docker/<id>.
+# - containerd's CRI plugin (internal/cri/server/podsandbox/helpers_linux.go
+#   getCgroupsPath): a parent ending in .slice gives "<slice>:cri-containerd:<id>" ->
+#   .../cri-containerd-<id>.scope; any other parent filepath.Join(parent, id).
+# - kubelet (pkg/kubelet/cm/cgroup_manager_linux.go): CgroupName{"kubepods", "burstable",
+#   "pod<uid>"}.ToSystemd() -> /kubepods.slice/kubepods-burstable.slice/
+#   kubepods-burstable-pod<uid, "-" escaped to "_">.slice; ToCgroupfs() ->
+#   /kubepods/burstable/pod<uid>. Guaranteed pods have no QoS level in either.
+# - CRI-O (internal/config/cgmgr): systemd "<slice path>/crio-<id>.scope", cgroupfs
+#   "<parent>/crio-<id>"; its conmon sits in crio-conmon-<id>.scope: not the container.
+# - Podman (libpod/container_internal_linux.go getOCICgroupPath): systemd
+#   "<slice>:libpod:<id>" -> /machine.slice/libpod-<id>.scope (rootless: under
+#   user@UID.service/user.slice/), cgroupfs "/libpod_parent/libpod-<id>"; conmon in
+#   libpod-conmon-<id>.scope. The payload may sit one level deeper (.../container).
+# - nerdctl (pkg/cmd/container/run_cgroup_linux.go generateCgroupPath): systemd
+#   "system.slice:nerdctl:<id>" (rootless: user.slice) -> /system.slice/nerdctl-<id>.scope;
+#   cgroupfs: containerd's default "/<namespace>/<id>" (a bare id), or "<parent>/<id>".
 
 #: A container id as the runtimes above write it: 64 hex digits.
 _ID = r"[0-9a-f]{64}"
@@ -62,6 +54,14 @@ def _uid(dash: str) -> str:
     return dash.join(f"[0-9a-f]{{{n}}}" for n in (8, 4, 4, 4, 12))
 
 
+# A pod is taken only under kubelet's node-level cgroup ("kubepods", "kubepods.slice", a
+# QoS slice "kubepods-burstable.slice"; with --cgroup-root the root's name comes first:
+# kind's /kubelet.slice/kubelet-kubepods.slice/...), and only with a UID's shape (8-4-4-4-12
+# hex digits, "_" for "-" under systemd): "pod" and 32 hex digits elsewhere is not one.
+# Static pods: kubelet names their cgroup after the manifest's hash (32 hex digits,
+# pkg/kubelet/config/common.go applyDefaults), not after the UID the API server gives
+# their mirror pod (the one kube_pod_info has), so their pod_uid is "" (container_id stays).
+
 #: A pod's cgroup: "pod<uid>" (cgroupfs), "[<root>-]kubepods[-<qos>]-pod<uid>.slice"
 #: (systemd, the uid's dashes escaped to underscores).
 _POD_FS = re.compile(rf"^pod(?P<uid>{_uid('-')})$")
@@ -77,16 +77,6 @@ class Attribution:
 
 
 NONE = Attribution()
-
-
-def cgroup_paths(text: str) -> tuple[str, ...]:
-    """The paths of /proc/PID/cgroup's lines, v1 ("N:ctrl:/p") and v2 ("0::/p") alike."""
-    paths = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            paths.append(parts[2])
-    return tuple(paths)
 
 
 def _pod_uid(part: str) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from gpuguard.config import ConfigError, load_config
+from gpuguard.config import load_config
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
@@ -19,6 +19,7 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
+from gpuguard.validation import ConfigError
 from gpuguard.web.serving import (
     create_server,
     listen_address,

@@ -16,9 +16,10 @@ from prometheus_client.registry import Collector
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 from gpuguard.host.counters import CALLSITES, Counters
+from gpuguard.host.exit_store import EVICTION_CAUSES
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.procevents import EVICTION_CAUSES, KINDS, ProcessEvents
-from gpuguard.orphans.classify import ORPHAN
+from gpuguard.host.procevents import KINDS, ProcessEvents
+from gpuguard.orphans.vocabulary import ORPHAN
 
 
 def _version() -> str:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas, account
 from gpuguard.exporter.attribution import attribute
@@ -21,13 +22,23 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView, boottime
 from gpuguard.host.users import USERS
-from gpuguard.orphans.classify import ORPHAN, UNKNOWN, Rules, Tree, classify
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.protections import ProcSource
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.verdicts import Tree
+from gpuguard.orphans.vocabulary import ORPHAN, UNKNOWN
 from gpuguard.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
 #: Stages of gpuguard_scan_errors_total; fixed so every series exists from the start.
 ERROR_STAGES = ("nvml_init", "nvml_device", "nvml_processes", "procfs", "scan")
+
+
+class ScanSource(ProcSource, Protocol):
+    """A process source that scans repeatedly: `begin_scan()` ends the last scan's reads."""
+
+    def begin_scan(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ class GroupCache:
         return groups
 
 
-def holder_facts(trees: Sequence[Tree], view: ProcessView) -> dict[int, HolderFacts]:
+def holder_facts(trees: Sequence[Tree], view: ProcSource) -> dict[int, HolderFacts]:
     """Each visible holder's comm, command line and container, from the identity cache.
 
     classify() has read the command line and cgroup of most holders already (rules 3
@@ -122,7 +133,7 @@ class Scanner:
         *,
         rules: Rules,
         nvml: Nvml,
-        view: ProcessView | None = None,
+        view: ScanSource | None = None,
         counters: Counters = COUNTERS,
         interval: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -137,7 +148,7 @@ class Scanner:
         self.groups = groups if groups is not None else GroupCache()
         self.nvml = nvml
         self.counters = counters
-        self.view = view if view is not None else ProcessView(counters=counters)
+        self.view: ScanSource = view if view is not None else ProcessView(counters=counters)
         self.interval = interval
         self._clock = clock
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree

@@ -1,13 +1,24 @@
 """The alert rules and the Grafana dashboard, shipped inside the wheel as package data.
 
 A user who installed only the wheel has no checkout: `gpuguard assets` lists these files,
-prints one, or writes them all into a folder, in the same layout as the source tree.
+prints one, or writes them all into a folder, in the same layout as the source tree. The
+rules ship without runbook URLs and select the jobs gpuguard and gpuguard-remediator;
+render_rules writes a copy with the user's runbook site and job names.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
 
 #: Every shipped file, by its path in the source tree (and under the written folder).
 ASSETS: tuple[str, ...] = (
@@ -18,10 +29,195 @@ ASSETS: tuple[str, ...] = (
     "grafana/provisioning/dashboards/gpuguard.yml",
     "grafana/provisioning/datasources/prometheus.yml",
 )
+RULES = "alerts/rules.yml"
+RULES_TEST = "alerts/rules.test.yml"
+#: The scrape jobs the shipped rules select: the exporters' and the remediators'.
+EXPORTER_JOB = "gpuguard"
+REMEDIATOR_JOB = "gpuguard-remediator"
+
+_JOB_SELECTOR = re.compile(r'(?<![\w.])job="(gpuguard|gpuguard-remediator)"')
+_EXP_JOB_LABEL = re.compile(r"^(\s*)job: (gpuguard|gpuguard-remediator)[ \t]*$", re.MULTILINE)
+_ALERT_LINE = re.compile(r"^\s*- alert:\s*(\S+)\s*$")
+_ANNOTATIONS_LINE = re.compile(r"^(\s*)annotations:\s*$")
+_ALERTNAME_LINE = re.compile(r"^\s*(?:- )?alertname:\s*(\S+)\s*$")
+_EXP_ANNOTATIONS_LINE = re.compile(r"^(\s*)exp_annotations:\s*$")
+# RFC 3986 characters less "?" and "#": no spaces, quotes, braces (Go templates) or YAML
+# comment starts, so the URL stays one plain scalar and reaches the alert verbatim.
+_URL_TEXT = re.compile(r"[A-Za-z0-9\-._~:/@!$&'()*+,;=%\[\]]+")
 
 
 class AssetError(Exception):
     """An unknown asset name, or a write that would overwrite a different file."""
+
+
+@dataclass(frozen=True)
+class _Rendering:
+    """Validated settings: the runbook base (no trailing slash) and old -> new job names."""
+
+    base: str | None = None
+    jobs: dict[str, str] = field(default_factory=dict)
+
+    def url(self, alertname: str) -> str:
+        return f"{self.base}/{alertname.lower()}"
+
+    def sub_jobs(self, text: str) -> str:
+        return _JOB_SELECTOR.sub(lambda m: f'job="{self.jobs.get(m[1], m[1])}"', text)
+
+
+def _check_base(base: str) -> str:
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"runbook URL base {base!r} is not an absolute http(s) URL "
+                         "(e.g. https://runbooks.example.com/gpuguard)")
+    if "?" in base or "#" in base:
+        raise ValueError(f"runbook URL base {base!r} has a query or fragment: the alert's "
+                         "name is appended to it as a last path segment")
+    if not _URL_TEXT.fullmatch(base):
+        raise ValueError(f"runbook URL base {base!r} holds characters a URL does not "
+                         "(spaces, quotes, braces): percent-encode them")
+    return base.rstrip("/")
+
+
+def _check_job(value: str, what: str) -> str:
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    bad = next((c for c in value if c in '"\\' or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"{what} {value!r} contains {bad!r}: a job name in a PromQL "
+                         "selector cannot hold a quote, a backslash or a control character")
+    return value
+
+
+def _rendering(runbook_url_base: str | None, job: str | None,
+               remediator_job: str | None) -> _Rendering:
+    """Validate the settings. remediator_job defaults to JOB-remediator when job is given;
+    without job, only the remediators' selectors change (if remediator_job is given)."""
+    base = None if runbook_url_base is None else _check_base(runbook_url_base)
+    jobs: dict[str, str] = {}
+    if job is not None:
+        jobs[EXPORTER_JOB] = _check_job(job, "job")
+        jobs[REMEDIATOR_JOB] = f"{job}-remediator"
+    if remediator_job is not None:
+        jobs[REMEDIATOR_JOB] = _check_job(remediator_job, "remediator job")
+    if jobs.get(EXPORTER_JOB, EXPORTER_JOB) == jobs.get(REMEDIATOR_JOB, REMEDIATOR_JOB):
+        raise ValueError(f"job and remediator job are both {jobs.get(REMEDIATOR_JOB)!r}: "
+                         "the exporters' and the remediators' targets need their own jobs")
+    return _Rendering(base, jobs)
+
+
+def _insert_first_keys(text: str, owner: re.Pattern[str], block: re.Pattern[str],
+                       line_for: Callable[[str], str]) -> str:
+    """Before the first key under each `block` line, insert line_for(the owner's name),
+    the owner being the last line matching `owner` above it (the rule, the test case)."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    name: str | None = None
+    for i, line in enumerate(lines):
+        out.append(line)
+        if found := owner.match(line):
+            name = found[1]
+            continue
+        if not (opened := block.match(line)):
+            continue
+        following = (n for n in lines[i + 1:] if n.strip() and not n.lstrip().startswith("#"))
+        first = next(following, "")
+        indent = first[:len(first) - len(first.lstrip())]
+        if name is None or len(indent) <= len(opened[1]):
+            raise ValueError(f"line {i + 1}: {line.strip()} has no alert name above it or "
+                             "no keys below it")
+        out.append(f"{indent}{line_for(name)}\n")
+    return "".join(out)
+
+
+def _sub_strings(node: Any, sub: Callable[[str], str]) -> Any:
+    """The YAML document with sub applied to every string value (keys kept)."""
+    if isinstance(node, dict):
+        return {key: _sub_strings(value, sub) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_sub_strings(value, sub) for value in node]
+    return sub(node) if isinstance(node, str) else node
+
+
+def _parse(text: str, what: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what}: not YAML: {exc}") from None
+
+
+def _alerts(doc: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
+        raise ValueError(f"{what}: expected a top-level groups: list")
+    return [rule for group in doc["groups"] for rule in group.get("rules", [])
+            if isinstance(rule, dict) and "alert" in rule]
+
+
+def _same_meaning(rendered: str, expected: Any, what: str) -> None:
+    if _parse(rendered, what) != expected:
+        raise ValueError(f"{what}: rendering changed more than the runbook URLs and job "
+                         "selectors (a job name YAML cannot hold as written, such as one "
+                         "with ' #' or a quote?)")
+
+
+def render_rules(text: str, *, runbook_url_base: str | None = None, job: str | None = None,
+                 remediator_job: str | None = None) -> str:
+    """The rules file `text` with, per setting given, every alert's runbook_url set to
+    BASE/<alertname lowercase> (the first key of its annotations) and every selector
+    job="gpuguard" / job="gpuguard-remediator" renamed to job / remediator_job (default
+    JOB-remediator). Edited as text, so comments and layout survive; then checked to mean
+    what was asked (same alerts, nothing else changed). ValueError on bad settings."""
+    how = _rendering(runbook_url_base, job, remediator_job)
+    original = _parse(text, "rules")
+    expected = _sub_strings(copy.deepcopy(original), how.sub_jobs)
+    out = how.sub_jobs(text)
+    if how.base is not None:
+        for rule in _alerts(original, "rules"):
+            if "runbook_url" in (rule.get("annotations") or {}):
+                raise ValueError(f"rules: {rule['alert']} already has a runbook_url")
+        for rule in _alerts(expected, "rules"):
+            rule["annotations"] = {"runbook_url": how.url(rule["alert"]),
+                                   **(rule.get("annotations") or {})}
+        out = _insert_first_keys(out, _ALERT_LINE, _ANNOTATIONS_LINE,
+                                 lambda name: f"runbook_url: {how.url(name)}")
+    names = [rule["alert"] for rule in _alerts(_parse(out, "rendered rules"), "rendered rules")]
+    if names != [rule["alert"] for rule in _alerts(original, "rules")]:
+        raise ValueError("rendered rules: the alerts changed")
+    _same_meaning(out, expected, "rendered rules")
+    return out
+
+
+def _yaml_scalar(value: str) -> str:
+    """value as a YAML scalar: plain where that reads back as the same string."""
+    if _parse(f"k: {value}", "job name") == {"k": value}:
+        return value
+    return json.dumps(value)  # JSON strings are YAML double-quoted scalars
+
+
+def render_rules_test(text: str, *, runbook_url_base: str | None = None,
+                      job: str | None = None, remediator_job: str | None = None) -> str:
+    """The promtool unit tests `text` rendered like render_rules renders the rules, so the
+    written pair still passes `promtool test rules`: selectors and expected job labels
+    renamed, each expected alert's annotations given its runbook_url."""
+    how = _rendering(runbook_url_base, job, remediator_job)
+    original = _parse(text, "rule tests")
+    expected = _sub_strings(copy.deepcopy(original), how.sub_jobs)
+    out = how.sub_jobs(text)
+    out = _EXP_JOB_LABEL.sub(
+        lambda m: f"{m[1]}job: {_yaml_scalar(how.jobs.get(m[2], m[2]))}", out)
+    for test in expected.get("tests", []) if isinstance(expected, dict) else []:
+        for case in test.get("alert_rule_test", []):
+            for alert in case.get("exp_alerts") or []:
+                labels = alert.get("exp_labels") or {}
+                if labels.get("job") in how.jobs:
+                    labels["job"] = how.jobs[labels["job"]]
+                if how.base is not None and "exp_annotations" in alert:
+                    alert["exp_annotations"] = {"runbook_url": how.url(case["alertname"]),
+                                                **(alert["exp_annotations"] or {})}
+    if how.base is not None:
+        out = _insert_first_keys(out, _ALERTNAME_LINE, _EXP_ANNOTATIONS_LINE,
+                                 lambda name: f"runbook_url: {how.url(name)}")
+    _same_meaning(out, expected, "rendered rule tests")
+    return out
 
 
 def read(name: str) -> bytes:
@@ -32,13 +228,31 @@ def read(name: str) -> bytes:
     return files(f"gpuguard.{folder}").joinpath(rest).read_bytes()
 
 
-def write_all(dest: Path, *, force: bool = False) -> list[Path]:
-    """Write every asset under dest; return the paths written.
+def render(name: str, *, runbook_url_base: str | None = None, job: str | None = None,
+           remediator_job: str | None = None) -> bytes:
+    """One asset as written: the rules and their unit tests rendered with the settings
+    (see render_rules), every other file as shipped. ValueError on bad settings."""
+    data = read(name)
+    if runbook_url_base is None and job is None and remediator_job is None:
+        return data
+    renderer = {RULES: render_rules, RULES_TEST: render_rules_test}.get(name)
+    if renderer is None:
+        return data
+    return renderer(data.decode("utf-8"), runbook_url_base=runbook_url_base, job=job,
+                    remediator_job=remediator_job).encode("utf-8")
+
+
+def write_all(dest: Path, *, force: bool = False, runbook_url_base: str | None = None,
+              job: str | None = None, remediator_job: str | None = None) -> list[Path]:
+    """Write every asset under dest, the rules rendered with the settings (see render);
+    return the paths written.
 
     Nothing is lost: unless force, an existing file with other content stops the write
-    before anything is written (an identical one is left as it is).
+    before anything is written (an identical one is left as it is). Bad settings raise
+    ValueError before anything is written.
     """
-    planned = [(dest / name, read(name)) for name in ASSETS]
+    planned = [(dest / name, render(name, runbook_url_base=runbook_url_base, job=job,
+                                    remediator_job=remediator_job)) for name in ASSETS]
     blocked = [path for path, _ in planned if path.exists() and not path.is_file()]
     if blocked:
         raise AssetError(f"{blocked[0]} exists and is not a file")

@@ -1,29 +1,16 @@
-"""Ask Alertmanager (v2 API) whether an orphan-tree alert still fires, and for pull mode.
+"""Ask Alertmanager (v2 API) whether a tree's alert still fires, right before a reap; and,
+in pull mode, poll this host's active alerts.
 
-Why ask at all: a webhook delivery is at least once and can be minutes old by the
-time a reap would run (group_wait, retries, a deferred or rate-limited reap). In
-that window on-call may have silenced the tree, an inhibiting alert may have fired,
-or the alert may have resolved. Asking Alertmanager right before the kill closes
-the window; "the webhook said so an hour ago" is not enough to kill processes.
-
-The same client serves pull mode: polling this host's active alerts when
-Alertmanager cannot reach the remediator's webhook (a central Alertmanager behind
-a firewall, say).
-
-Standard library only (urllib.request): the remediator already has enough
-dependencies, and these are a handful of GETs. Several URLs are the peers of one
-HA cluster: they gossip silences and Prometheus sends every alert to each, so the
-first peer that answers well is as good as any.
-
-Every failure (connection refused, timeout, 5xx, 401/403, a body that is not the
-JSON Alertmanager sends) makes that peer count as unreachable and the next one is
-tried; when all fail the answer is "unreachable", which a caller must treat as
-"not confirmed", never as "firing".
+A webhook delivery can be minutes old when a reap runs (a silence, an inhibition or a
+resolve may have come since), so the reap asks again. Several URLs are the peers of one
+HA cluster. A peer that fails in any way counts as unreachable; when all do the answer is
+"unreachable", which callers treat as "not confirmed", never as "firing".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import http.client
 import json
 import logging
@@ -36,37 +23,55 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-from gpuguard.config import AlertmanagerConfig
 from gpuguard.remediator.alerts import (
     MAX_ALERTS,
     REMEDIATE_LABEL,
     REMEDIATE_VALUE,
+    ZERO_TIME,
+    AlertStatus,
     asks_for_remediation,
+)
+from gpuguard.remediator.settings import AlertmanagerConfig
+from gpuguard.validation import (
+    JSON_TYPES,
+    At,
+    Format,
+    Invalid,
+    of_type,
+    optional_string,
+    string_list,
+    string_map,
 )
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")
 
-#: Confirmation states.
-FIRING = "firing"
-SILENCED = "silenced"
-INHIBITED = "inhibited"
-NOT_FIRING = "not-firing"
-UNREACHABLE = "unreachable"
-STATES = (FIRING, SILENCED, INHIBITED, NOT_FIRING, UNREACHABLE)
 
-#: Results counted per HTTP request (gpuguard_remediator_alertmanager_requests_total{result}).
-OK, ERROR, TIMEOUT, UNAUTHORIZED = "ok", "error", "timeout", "unauthorized"
-RESULTS = (OK, ERROR, TIMEOUT, UNAUTHORIZED)
+class ConfirmationState(enum.StrEnum):
+    """Alertmanager's view of one tree's alert (`Confirmation.state`)."""
+
+    FIRING = "firing"
+    SILENCED = "silenced"
+    INHIBITED = "inhibited"
+    NOT_FIRING = "not-firing"
+    UNREACHABLE = "unreachable"
+
+
+class RequestResult(enum.StrEnum):
+    """How one HTTP request went (gpuguard_remediator_alertmanager_requests_total{result})."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    UNAUTHORIZED = "unauthorized"
+
 
 #: The labels that name one orphan tree on one host; all four must be equal.
 TREE_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
 
 #: When peers disagree, the answer that stops a reap wins; "firing" needs every peer that
 #: answered to say so.
-_PRECEDENCE = {SILENCED: 0, INHIBITED: 1, NOT_FIRING: 2, FIRING: 3}
-
-#: Alertmanager's "not set" time; the webhook sends it as endsAt while an alert fires.
-ZERO_TIME = "0001-01-01T00:00:00Z"
+_PRECEDENCE = {ConfirmationState.SILENCED: 0, ConfirmationState.INHIBITED: 1,
+               ConfirmationState.NOT_FIRING: 2, ConfirmationState.FIRING: 3}
 
 #: A filtered alert list for one host is small; anything this big is not Alertmanager.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -76,14 +81,27 @@ MAX_SILENCE_LOOKUPS = 8
 #: rest are counted as "over-limit" and the next poll sees them again.
 MAX_PULL_ALERTS = MAX_ALERTS
 
-#: Why a pulled alert was not handed on
-#: (gpuguard_remediator_pull_alerts_skipped_total{why}): not the shape Alertmanager sends
-#: (also a field remediator.alerts refuses), another host, an alertname not in
-#: remediate.alerts, no remediate="true", not active (silenced, inhibited, unprocessed),
-#: or past MAX_PULL_ALERTS in one poll.
-MALFORMED, OTHER_HOST, NOT_LISTED = "malformed", "other-host", "alertname-not-listed"
-NOT_REMEDIATE, NOT_ACTIVE, OVER_LIMIT = "not-remediate", "not-active", "over-limit"
-SKIP_REASONS = (MALFORMED, OTHER_HOST, NOT_LISTED, NOT_REMEDIATE, NOT_ACTIVE, OVER_LIMIT)
+
+class SkipReason(enum.StrEnum):
+    """Why a pulled alert was not handed on (gpuguard_remediator_pull_alerts_skipped_total{why})."""
+
+    MALFORMED = "malformed"  # not the shape Alertmanager sends, or refused by remediator.alerts
+    OTHER_HOST = "other-host"
+    NOT_LISTED = "alertname-not-listed"  # not in remediate.alerts
+    NOT_REMEDIATE = "not-remediate"  # no remediate="true"
+    NOT_ACTIVE = "not-active"  # silenced, inhibited, unprocessed
+    OVER_LIMIT = "over-limit"  # past MAX_PULL_ALERTS in one poll
+
+
+# Second names that other modules still import; to go once they import the enums.
+FIRING = ConfirmationState.FIRING
+SILENCED = ConfirmationState.SILENCED
+INHIBITED = ConfirmationState.INHIBITED
+NOT_FIRING = ConfirmationState.NOT_FIRING
+UNREACHABLE = ConfirmationState.UNREACHABLE
+RESULTS = tuple(RequestResult)
+SKIP_REASONS = tuple(SkipReason)
+MALFORMED = SkipReason.MALFORMED
 
 T = TypeVar("T")
 TokenSource = Callable[[], "bytes | None"]
@@ -99,7 +117,7 @@ class Confirmation:
     none did).
     """
 
-    state: str
+    state: ConfirmationState
     detail: str
     silenced_by: tuple[str, ...] = ()
     silence_creators: tuple[str, ...] = ()
@@ -109,7 +127,7 @@ class Confirmation:
     @property
     def firing(self) -> bool:
         """True only for an active, unsilenced, uninhibited alert: the one case to act on."""
-        return self.state == FIRING
+        return self.state == ConfirmationState.FIRING
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,14 +143,18 @@ class Confirmation:
 class _Failure(Exception):
     """One request did not give a usable answer; `result` is its counter label."""
 
-    def __init__(self, result: str, detail: str) -> None:
+    def __init__(self, result: RequestResult, detail: str) -> None:
         super().__init__(detail)
         self.result = result
         self.detail = detail
 
 
-class _ShapeError(ValueError):
+class _ShapeError(Invalid, ValueError):
     """The body is JSON but not what Alertmanager 0.25 sends."""
+
+
+#: Alertmanager's answers: a shape error only says what was expected where.
+_ANSWER = Format(_ShapeError, JSON_TYPES, terse=True)
 
 
 @dataclass(frozen=True)
@@ -165,55 +187,32 @@ def matcher(name: str, value: str) -> str:
     return f'{name}="{escaped}"'
 
 
-def _strings(where: str, value: Any, *, required: bool = True) -> dict[str, str]:
-    if value is None and not required:
-        return {}
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise _ShapeError(f"{where}: not an object of strings")
-    return dict(value)
-
-
-def _ids(where: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _ShapeError(f"{where}: not a list of strings")
-    return tuple(value)
-
-
-def _optional_str(where: str, value: Any) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise _ShapeError(f"{where}: not a string")
-    return value
-
-
-def _parse_alert(where: str, raw: Any) -> _ApiAlert:
-    if not isinstance(raw, dict):
-        raise _ShapeError(f"{where}: not an object")
+def _parse_alert(at: At, raw: Any) -> _ApiAlert:
+    of_type(at, raw, dict)
     status = raw.get("status")
     if not isinstance(status, dict) or not isinstance(status.get("state"), str):
-        raise _ShapeError(f"{where}.status: no state")
+        raise at.child("status").error("no state")
     return _ApiAlert(
-        labels=_strings(f"{where}.labels", raw.get("labels")),
-        annotations=_strings(f"{where}.annotations", raw.get("annotations"),
-                             required=False),
+        labels=string_map(at.child("labels"), raw.get("labels")),
+        annotations=string_map(at.child("annotations"), raw.get("annotations"),
+                               required=False),
         state=status["state"],
-        silenced_by=_ids(f"{where}.status.silencedBy", status.get("silencedBy")),
-        inhibited_by=_ids(f"{where}.status.inhibitedBy", status.get("inhibitedBy")),
-        starts_at=_optional_str(f"{where}.startsAt", raw.get("startsAt")),
-        generator_url=_optional_str(f"{where}.generatorURL", raw.get("generatorURL")),
-        fingerprint=_optional_str(f"{where}.fingerprint", raw.get("fingerprint")),
+        silenced_by=_ids(at.child("status").child("silencedBy"), status.get("silencedBy")),
+        inhibited_by=_ids(at.child("status").child("inhibitedBy"), status.get("inhibitedBy")),
+        starts_at=optional_string(at.child("startsAt"), raw.get("startsAt")),
+        generator_url=optional_string(at.child("generatorURL"), raw.get("generatorURL")),
+        fingerprint=optional_string(at.child("fingerprint"), raw.get("fingerprint")),
     )
+
+
+def _ids(at: At, value: Any) -> tuple[str, ...]:
+    return () if value is None else string_list(at, value)
 
 
 def _parse_alerts(data: Any) -> list[_ApiAlert]:
     """GET /api/v2/alerts's body -> alerts; _ShapeError names the first thing that is off."""
-    if not isinstance(data, list):
-        raise _ShapeError("body: not a list")
-    return [_parse_alert(f"[{i}]", raw) for i, raw in enumerate(data)]
+    body = of_type(At(_ANSWER, "body"), data, list)
+    return [_parse_alert(At(_ANSWER).item(i), raw) for i, raw in enumerate(body)]
 
 
 def _parse_alerts_each(data: Any) -> tuple[list[_ApiAlert], int]:
@@ -222,12 +221,10 @@ def _parse_alerts_each(data: Any) -> tuple[list[_ApiAlert], int]:
     One odd alert must not hide the others of a poll, as it may for a confirmation
     (where any doubt refuses the reap).
     """
-    if not isinstance(data, list):
-        raise _ShapeError("body: not a list")
     out, bad = [], 0
-    for i, raw in enumerate(data):
+    for i, raw in enumerate(of_type(At(_ANSWER, "body"), data, list)):
         try:
-            out.append(_parse_alert(f"[{i}]", raw))
+            out.append(_parse_alert(At(_ANSWER).item(i), raw))
         except _ShapeError:
             bad += 1
     return out, bad
@@ -235,12 +232,24 @@ def _parse_alerts_each(data: Any) -> tuple[list[_ApiAlert], int]:
 
 def _parse_silence(data: Any) -> tuple[str, str]:
     """GET /api/v2/silence/{id}'s body -> (createdBy, comment)."""
-    if not isinstance(data, dict):
-        raise _ShapeError("body: not an object")
-    creator, comment = data.get("createdBy"), data.get("comment")
+    body = of_type(At(_ANSWER, "body"), data, dict)
+    creator, comment = body.get("createdBy"), body.get("comment")
     if not isinstance(creator, str) or not isinstance(comment, str):
-        raise _ShapeError("createdBy/comment: not strings")
+        raise At(_ANSWER, "createdBy/comment").error("not strings")
     return creator, comment
+
+
+def _skip_reason(alert: _ApiAlert, hostname: str, names: frozenset[str]) -> SkipReason | None:
+    """Why a pulled alert is not for this remediator to act on; None when it is."""
+    if alert.labels.get("hostname") != hostname:
+        return SkipReason.OTHER_HOST
+    if alert.labels.get("alertname") not in names:
+        return SkipReason.NOT_LISTED
+    if not asks_for_remediation(alert.labels):
+        return SkipReason.NOT_REMEDIATE
+    if alert.state != "active" or alert.silenced_by or alert.inhibited_by:
+        return SkipReason.NOT_ACTIVE
+    return None
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
@@ -270,7 +279,7 @@ class AlertmanagerClient:
             # Imported here, not at the top: remediator.app imports the worker and the
             # rest of the service, so a top-level import would become a cycle as soon as
             # any of those imports this module.
-            from gpuguard.remediator.app import TokenFile
+            from gpuguard.remediator.tokens import TokenFile
 
             self._token = TokenFile(config.credentials_file)
         # No proxy from the environment (the path to Alertmanager is what is configured)
@@ -278,8 +287,8 @@ class AlertmanagerClient:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
                                                    _NoRedirect())
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(RESULTS, 0)
-        self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._counts: dict[str, int] = dict.fromkeys(RequestResult, 0)
+        self._skipped: dict[str, int] = dict.fromkeys(SkipReason, 0)
         self._flooded = False  # the last poll had more than MAX_PULL_ALERTS: logged once
         self._failing: set[str] = set()
 
@@ -295,12 +304,12 @@ class AlertmanagerClient:
             return dict(self._counts)
 
     def skip_counts(self) -> dict[str, int]:
-        """Pulled alerts not handed on, by SKIP_REASONS, every key present."""
+        """Pulled alerts not handed on, by SkipReason, every key present."""
         with self._lock:
             return dict(self._skipped)
 
-    def count_skipped(self, why: str, n: int = 1) -> None:
-        """Count `n` pulled alerts not handed on for `why` (one of SKIP_REASONS)."""
+    def count_skipped(self, why: SkipReason, n: int = 1) -> None:
+        """Count `n` pulled alerts not handed on for `why` (one of SkipReason)."""
         if n:
             with self._lock:
                 self._skipped[why] += n
@@ -332,9 +341,10 @@ class AlertmanagerClient:
                 continue
             answers.append(self._judge(base, alerts, want, deadline))
         if not answers:
-            return Confirmation(UNREACHABLE, "unreachable: " + "; ".join(failures))
+            return Confirmation(ConfirmationState.UNREACHABLE,
+                                "unreachable: " + "; ".join(failures))
         answer = min(answers, key=lambda a: _PRECEDENCE[a.state])
-        if answer.state == FIRING and len(self.urls) > 1:
+        if answer.state == ConfirmationState.FIRING and len(self.urls) > 1:
             unanswered = f"; no answer from {len(failures)}" if failures else ""
             answer = dataclasses.replace(answer, detail=f"{answer.detail} on all "
                                          f"{len(answers)} peer(s) that answered{unanswered}")
@@ -348,17 +358,21 @@ class AlertmanagerClient:
         inhibited_by = _unique(i for a in matching for i in a.inhibited_by)
         if silenced_by:
             creators, notes = self._silence_owners(base, silenced_by, deadline)
-            return Confirmation(SILENCED, "silenced: " + "; ".join(notes), silenced_by,
-                                creators, inhibited_by, base)
+            return Confirmation(ConfirmationState.SILENCED, "silenced: " + "; ".join(notes),
+                                silenced_by, creators, inhibited_by, base)
         if inhibited_by:
-            return Confirmation(INHIBITED, f"inhibited by alert(s) {', '.join(inhibited_by)}",
+            return Confirmation(ConfirmationState.INHIBITED,
+                                f"inhibited by alert(s) {', '.join(inhibited_by)}",
                                 (), (), inhibited_by, base)
         if any(a.state == "active" for a in matching):
-            return Confirmation(FIRING, "active, not silenced or inhibited", url=base)
+            return Confirmation(ConfirmationState.FIRING, "active, not silenced or inhibited",
+                                url=base)
         if matching:
             states = ", ".join(sorted({a.state for a in matching}))
-            return Confirmation(NOT_FIRING, f"matching alert is not active ({states})", url=base)
-        return Confirmation(NOT_FIRING, "no matching unresolved alert", url=base)
+            return Confirmation(ConfirmationState.NOT_FIRING,
+                                f"matching alert is not active ({states})", url=base)
+        return Confirmation(ConfirmationState.NOT_FIRING, "no matching unresolved alert",
+                            url=base)
 
     def active_alerts(self, *, hostname: str,
                       alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
@@ -381,31 +395,27 @@ class AlertmanagerClient:
         if isinstance(got, str):
             return None
         parsed, malformed = got[1]
-        skipped = dict.fromkeys(SKIP_REASONS, 0)
-        skipped[MALFORMED] = malformed
+        skipped = dict.fromkeys(SkipReason, 0)
+        skipped[SkipReason.MALFORMED] = malformed
         kept: list[_ApiAlert] = []
         for a in parsed:  # the filter narrows; these checks decide (a proxy may drop it)
-            why = (OTHER_HOST if a.labels.get("hostname") != hostname
-                   else NOT_LISTED if a.labels.get("alertname") not in names
-                   else NOT_REMEDIATE if not asks_for_remediation(a.labels)
-                   else NOT_ACTIVE if a.state != "active" or a.silenced_by or a.inhibited_by
-                   else None)
+            why = _skip_reason(a, hostname, names)
             if why is not None:
                 skipped[why] += 1
             elif len(kept) < MAX_PULL_ALERTS:
                 kept.append(a)
             else:
-                skipped[OVER_LIMIT] += 1
+                skipped[SkipReason.OVER_LIMIT] += 1
         for why, n in skipped.items():
             self.count_skipped(why, n)
-        if skipped[OVER_LIMIT] and not self._flooded:
+        if skipped[SkipReason.OVER_LIMIT] and not self._flooded:
             log.warning("pull: %d of this host's alerts past the first %d of a poll are "
                         "skipped (counted as over-limit) while there are that many",
-                        skipped[OVER_LIMIT], MAX_PULL_ALERTS)
-        self._flooded = bool(skipped[OVER_LIMIT])
+                        skipped[SkipReason.OVER_LIMIT], MAX_PULL_ALERTS)
+        self._flooded = bool(skipped[SkipReason.OVER_LIMIT])
         return [
             {
-                "status": "firing",
+                "status": AlertStatus.FIRING,
                 "labels": dict(a.labels),
                 "annotations": dict(a.annotations),
                 "startsAt": a.starts_at or None,
@@ -450,11 +460,11 @@ class AlertmanagerClient:
         try:
             value = parse(self._fetch_json(base + path, deadline))
         except _ShapeError as exc:
-            failure = _Failure(ERROR, f"unexpected answer: {exc}")
+            failure = _Failure(RequestResult.ERROR, f"unexpected answer: {exc}")
         except _Failure as exc:
             failure = exc
         else:
-            self._record(base, OK, "")
+            self._record(base, RequestResult.OK, "")
             return value
         self._record(base, failure.result, failure.detail)
         raise failure
@@ -462,7 +472,7 @@ class AlertmanagerClient:
     def _fetch_json(self, url: str, deadline: float) -> Any:
         remaining = deadline - self._monotonic()
         if remaining <= 0:
-            raise _Failure(TIMEOUT, "no time left")
+            raise _Failure(RequestResult.TIMEOUT, "no time left")
         headers = {"Accept": "application/json", "User-Agent": "gpuguard-remediator"}
         authorization = self._authorization()
         if authorization is not None:
@@ -477,22 +487,24 @@ class AlertmanagerClient:
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code in (401, 403):
-                raise _Failure(UNAUTHORIZED, f"HTTP {exc.code}") from None
-            raise _Failure(ERROR, f"HTTP {exc.code}") from None
+                raise _Failure(RequestResult.UNAUTHORIZED, f"HTTP {exc.code}") from None
+            raise _Failure(RequestResult.ERROR, f"HTTP {exc.code}") from None
         except TimeoutError:
-            raise _Failure(TIMEOUT, f"timed out after {self.timeout:g}s") from None
+            raise _Failure(RequestResult.TIMEOUT, f"timed out after {self.timeout:g}s") from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
-                raise _Failure(TIMEOUT, f"timed out after {self.timeout:g}s") from None
-            raise _Failure(ERROR, f"{exc.reason}") from None
+                raise _Failure(RequestResult.TIMEOUT,
+                               f"timed out after {self.timeout:g}s") from None
+            raise _Failure(RequestResult.ERROR, f"{exc.reason}") from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise _Failure(ERROR, f"{type(exc).__name__}: {exc}") from None
+            raise _Failure(RequestResult.ERROR, f"{type(exc).__name__}: {exc}") from None
         if status != 200:
-            raise _Failure(ERROR, f"HTTP {status}")
+            raise _Failure(RequestResult.ERROR, f"HTTP {status}")
         try:
             return json.loads(body)
         except (ValueError, RecursionError):  # UnicodeDecodeError included; deep nesting
-            raise _Failure(ERROR, "answer is not JSON Alertmanager would send") from None
+            raise _Failure(RequestResult.ERROR,
+                           "answer is not JSON Alertmanager would send") from None
 
     def _read(self, resp: Any, deadline: float) -> bytes:
         chunks: list[bytes] = []
@@ -503,9 +515,9 @@ class AlertmanagerClient:
                 return b"".join(chunks)
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                raise _Failure(ERROR, f"answer larger than {MAX_BODY_BYTES} bytes")
+                raise _Failure(RequestResult.ERROR, f"answer larger than {MAX_BODY_BYTES} bytes")
             if self._monotonic() > deadline:
-                raise _Failure(TIMEOUT, "answer not complete before the deadline")
+                raise _Failure(RequestResult.TIMEOUT, "answer not complete before the deadline")
             chunks.append(chunk)
 
     def _authorization(self) -> str | None:
@@ -519,28 +531,29 @@ class AlertmanagerClient:
         token = self._token()
         if token is None:
             why = getattr(self._token, "problem", None)
-            raise _Failure(UNAUTHORIZED, f"no token from credentials_file "
+            raise _Failure(RequestResult.UNAUTHORIZED, f"no token from credentials_file "
                            f"{self._credentials_file}" + (f" ({why})" if why else ""))
         try:
             text = token.decode("ascii")
         except UnicodeDecodeError:
-            raise _Failure(UNAUTHORIZED, "token is not ASCII") from None
+            raise _Failure(RequestResult.UNAUTHORIZED, "token is not ASCII") from None
         if not all(33 <= ord(c) < 127 for c in text):
-            raise _Failure(UNAUTHORIZED, "token contains spaces or control characters")
+            raise _Failure(RequestResult.UNAUTHORIZED,
+                           "token contains spaces or control characters")
         return f"Bearer {text}"
 
-    def _record(self, base: str, result: str, detail: str) -> None:
+    def _record(self, base: str, result: RequestResult, detail: str) -> None:
         """Count one request; log a peer going bad or coming back once, not every time."""
         with self._lock:
             self._counts[result] += 1
             was_failing = base in self._failing
-            if result == OK:
+            if result == RequestResult.OK:
                 self._failing.discard(base)
             else:
                 self._failing.add(base)
-        if result == OK and was_failing:
+        if result == RequestResult.OK and was_failing:
             log.info("alertmanager %s answers again", base)
-        elif result != OK and not was_failing:
+        elif result != RequestResult.OK and not was_failing:
             log.warning("alertmanager %s: %s (%s)", base, detail, result)
-        elif result != OK:
+        elif result != RequestResult.OK:
             log.debug("alertmanager %s: %s (%s)", base, detail, result)

@@ -8,13 +8,26 @@ names the offending path (`alerts[3].labels.root_pid`) so a 400 explains itself.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gpuguard.validation import (
+    JSON_TYPES,
+    At,
+    Format,
+    Invalid,
+    choice,
+    integer,
+    of_type,
+    optional_string,
+    string,
+    string_map,
+)
+
 VERSION = "4"
-STATUSES = ("firing", "resolved")
 #: More alerts than this in one notification is a sender bug or an attack; the
 #: remediator's route groups by tree, so a real notification carries one or a few.
 MAX_ALERTS = 1000
@@ -27,8 +40,17 @@ REMEDIATE_LABEL = "remediate"
 REMEDIATE_VALUE = "true"
 
 
-class PayloadError(ValueError):
+class AlertStatus(enum.StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class PayloadError(Invalid, ValueError):
     """The payload is JSON but not an Alertmanager notification; str names the problem."""
+
+
+#: A webhook body: JSON from the network, so a value shown in a message is clipped.
+PAYLOAD = Format(PayloadError, JSON_TYPES, clip=40)
 
 
 @dataclass(frozen=True)
@@ -80,44 +102,19 @@ class Notification:
     external_url: str = ""
 
 
-def _type_name(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _string(where: str, value: Any, *, required: bool = True, default: str = "") -> str:
-    if value is None and not required:
-        return default
-    if not isinstance(value, str):
-        raise PayloadError(f"{where}: must be a string, got {_type_name(value)}")
-    return value
-
-
-def _string_map(where: str, value: Any, *, required: bool) -> dict[str, str]:
-    if value is None and not required:
-        return {}
-    if not isinstance(value, dict):
-        raise PayloadError(f"{where}: must be an object of strings, got {_type_name(value)}")
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise PayloadError(f"{where}.{key}: must be a string, got {_type_name(item)}")
-    return dict(value)
-
-
-def parse_time(where: str, value: Any) -> float | None:
+def _time(at: At, value: Any) -> float | None:
     """RFC 3339 (Go's time.Time JSON, nanoseconds allowed) -> Unix seconds; zero time -> None."""
     if value is None:
         return None
-    text = _string(where, value)
+    text = string(at, value)
     if text.startswith("0001-01-01T"):
         return None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise PayloadError(f"{where}: not an RFC 3339 time: {text[:64]!r}") from None
+        raise at.error(f"not an RFC 3339 time: {text[:64]!r}") from None
     if when.tzinfo is None:
-        raise PayloadError(f"{where}: time has no zone: {text[:64]!r}")
+        raise at.error(f"time has no zone: {text[:64]!r}")
     return when.timestamp()
 
 
@@ -128,48 +125,40 @@ def asks_for_remediation(labels: Mapping[str, str]) -> bool:
 
 def parse_alert(where: str, raw: Any) -> Alert:
     """One alert of a notification (or of a pull); PayloadError names what is off."""
-    return _alert(where, raw)
+    return _alert(At(PAYLOAD, where), raw)
 
 
-def _alert(where: str, raw: Any) -> Alert:
-    if not isinstance(raw, dict):
-        raise PayloadError(f"{where}: must be an object, got {_type_name(raw)}")
-    status = raw.get("status")
-    if status not in STATUSES:
-        got = repr(status)[:40] if isinstance(status, str) else _type_name(status)
-        raise PayloadError(f"{where}.status: must be one of {', '.join(STATUSES)}, got {got}")
+def _alert(at: At, raw: Any) -> Alert:
+    of_type(at, raw, dict)
     return Alert(
-        status=status,
-        labels=_string_map(f"{where}.labels", raw.get("labels"), required=True),
-        annotations=_string_map(f"{where}.annotations", raw.get("annotations"), required=False),
-        starts_at=parse_time(f"{where}.startsAt", raw.get("startsAt")),
-        ends_at=parse_time(f"{where}.endsAt", raw.get("endsAt")),
-        fingerprint=_string(f"{where}.fingerprint", raw.get("fingerprint"), required=False),
-        generator_url=_string(f"{where}.generatorURL", raw.get("generatorURL"), required=False),
+        status=choice(at.child("status"), raw.get("status"), tuple(AlertStatus)),
+        labels=string_map(at.child("labels"), raw.get("labels")),
+        annotations=string_map(at.child("annotations"), raw.get("annotations"), required=False),
+        starts_at=_time(at.child("startsAt"), raw.get("startsAt")),
+        ends_at=_time(at.child("endsAt"), raw.get("endsAt")),
+        fingerprint=optional_string(at.child("fingerprint"), raw.get("fingerprint")),
+        generator_url=optional_string(at.child("generatorURL"), raw.get("generatorURL")),
     )
 
 
 def parse_notification(data: Any) -> Notification:
     """Validate a decoded JSON body; raise PayloadError naming the first problem."""
-    if not isinstance(data, dict):
-        raise PayloadError(f"body: must be an object, got {_type_name(data)}")
+    of_type(At(PAYLOAD, "body"), data, dict)
     version = data.get("version")
     if version != VERSION:
         got = repr(version)[:40] if version is not None else "nothing"
-        raise PayloadError(f"version: must be \"{VERSION}\", got {got}")
-    alerts = data.get("alerts")
-    if not isinstance(alerts, list):
-        raise PayloadError(f"alerts: must be a list, got {_type_name(alerts)}")
+        raise At(PAYLOAD, "version").error(f"must be \"{VERSION}\", got {got}")
+    alerts = of_type(At(PAYLOAD, "alerts"), data.get("alerts"), list)
     if len(alerts) > MAX_ALERTS:
-        raise PayloadError(f"alerts: {len(alerts)} alerts, at most {MAX_ALERTS} per notification")
-    truncated = data.get("truncatedAlerts", 0)
-    if isinstance(truncated, bool) or not isinstance(truncated, int):
-        raise PayloadError(f"truncatedAlerts: must be an integer, got {_type_name(truncated)}")
+        raise At(PAYLOAD, "alerts").error(f"{len(alerts)} alerts, at most {MAX_ALERTS} per "
+                                          "notification")
+    truncated = integer(At(PAYLOAD, "truncatedAlerts"), data.get("truncatedAlerts", 0),
+                        minimum=None)
     return Notification(
-        receiver=_string("receiver", data.get("receiver"), required=False),
-        status=_string("status", data.get("status"), required=False),
-        alerts=tuple(_alert(f"alerts[{i}]", raw) for i, raw in enumerate(alerts)),
-        group_key=_string("groupKey", data.get("groupKey"), required=False),
+        receiver=optional_string(At(PAYLOAD, "receiver"), data.get("receiver")),
+        status=optional_string(At(PAYLOAD, "status"), data.get("status")),
+        alerts=tuple(_alert(At(PAYLOAD, "alerts").item(i), raw) for i, raw in enumerate(alerts)),
+        group_key=optional_string(At(PAYLOAD, "groupKey"), data.get("groupKey")),
         truncated_alerts=truncated,
-        external_url=_string("externalURL", data.get("externalURL"), required=False),
+        external_url=optional_string(At(PAYLOAD, "externalURL"), data.get("externalURL")),
     )

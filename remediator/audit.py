@@ -1,18 +1,14 @@
-"""Append-only JSON-lines audit log, fsynced per record.
+"""Append-only JSON-lines audit log, one fsynced O_APPEND line per record.
 
-A kill must be explainable afterwards from this file alone: who asked (alert
-fingerprint, groupKey), what was decided and why, which processes (pid, start
-time, owner, comm), how they were signalled and with what result. Records are
-written ahead: an `intent` record names every process before its first signal
-(and a `joined` one names processes that join the tree while it is reaped);
-the `final` record follows the reap. A write that fails raises, and then the
-caller signals nothing. One line per
-record, written with O_APPEND and fsynced before the call returns, so a crash
-loses at most the record being written and never corrupts earlier ones.
+A kill must be explainable from this file alone: who asked, what was decided and why,
+which processes, how they were signalled. Records are written ahead (`intent`, `joined`
+before any signal, `final` after the reap); a write that fails raises, and then the
+caller signals nothing. A crash loses at most the record being written.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import stat
@@ -20,17 +16,21 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # types only: these modules import this one
-    from gpuguard.remediator.ledger import PendingItem
-    from gpuguard.remediator.policy import Decision, LiveTree, Member, TreeKey
-    from gpuguard.remediator.reaper import ReapResult, SignalRecord
+from gpuguard.remediator.outcome import ReapResult, SignalRecord
+from gpuguard.remediator.pending import PendingItem
+from gpuguard.remediator.policy import Decision
+from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
-#: Record phases: written before signals (intent, joined) and after the reap (final).
-INTENT = "intent"
-JOINED = "joined"
-FINAL = "final"
+
+class Phase(enum.StrEnum):
+    """When a record was written: before any signal (intent, joined) or after the reap."""
+
+    INTENT = "intent"  # every planned member, before the first SIGSTOP
+    JOINED = "joined"  # processes that joined the tree while it was reaped
+    FINAL = "final"
+
 
 
 def iso_time(when: float) -> str:
@@ -40,14 +40,14 @@ def iso_time(when: float) -> str:
 def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
                  result: ReapResult | None, *, key: TreeKey, mode: str,
                  item: PendingItem | None = None, fingerprint: str | None = None,
-                 phase: str = FINAL, members: tuple[Member, ...] | None = None,
+                 phase: str = Phase.FINAL, members: tuple[Member, ...] | None = None,
                  member_ids: list[tuple[int, int]] | None = None,
                  signals: tuple[SignalRecord, ...] = (),
                  reap_id: str | None = None,
                  manual: dict[str, Any] | None = None) -> dict[str, Any]:
     """One audit line; the worker and the manual `gpuguard reap` write the same shape.
 
-    `phase` intent/joined records name `members` before they are signalled; a final
+    `phase` (a Phase) intent/joined records name `members` before they are signalled; a final
     record lists the reap's members and signals. `member_ids` and `signals` describe
     a crash recovery, which knows members only as (pid, start_time). A manual reap
     (`manual`: who ran it, with which flags) has no alert: `alert` is null.
@@ -160,12 +160,12 @@ class AuditLog:
         recovery for state files from before reaps had ids (it trusts the clock)."""
         want = {"hostname": hostname, "root_pid": root_pid, "root_start_time": root_start_time}
         return any(r.get("key") == want and float(r.get("ts", 0)) >= since
-                   and r.get("phase", FINAL) == FINAL
+                   and r.get("phase", Phase.FINAL) == Phase.FINAL
                    for r in self._containing(f'"root_pid": {root_pid}'))
 
     def has_final(self, reap_id: str) -> bool:
         """Whether the final record of reap `reap_id` was written (crash recovery)."""
-        return any(r.get("reap_id") == reap_id and r.get("phase") == FINAL
+        return any(r.get("reap_id") == reap_id and r.get("phase") == Phase.FINAL
                    for r in self._containing(f'"reap_id": "{reap_id}"'))
 
     def _containing(self, needle: str) -> Iterator[dict[str, Any]]:

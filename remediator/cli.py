@@ -16,11 +16,12 @@ import os
 import socket
 import sys
 
-from gpuguard.config import ConfigError, load_config
+from gpuguard.config import load_config
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError
+from gpuguard.validation import ConfigError
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.web.webconfig import WebConfigSource
 
@@ -111,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
-    from gpuguard.remediator.app import AlertsIntake, TokenFile, create_app
+    from gpuguard.remediator.app import AlertsIntake, create_app
     from gpuguard.remediator.service import build_remediator
+    from gpuguard.remediator.tokens import TokenFile
 
     token = None
     if token_path is not None:
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
-                               ident=PROG, web=web, body=AlertsIntake(service, token),
+                               ident=PROG, web=web, body=AlertsIntake(service.intake, token),
                                open_paths=lambda path: path in own_auth)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")

@@ -16,9 +16,11 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
-from gpuguard.orphans.classify import Rules, classify
+from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import ProcInfo
-from gpuguard.remediator.policy import LiveTree, Member, TreeKey
+from gpuguard.orphans.protections import ProcSource
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
 class HolderSource(Protocol):
@@ -27,7 +29,7 @@ class HolderSource(Protocol):
     def read(self) -> NvmlReading: ...
 
 
-def member_of(info: ProcInfo, view: ProcessView) -> Member:
+def member_of(info: ProcInfo, view: ProcSource) -> Member:
     """One process as policy.member_refusal() judges it; its owner named by gpuguard/host/users.py
     (every path that judges a member: the worker's inspection, the reaper's re-reads,
     `gpuguard reap`), which never remembers that a uid had no name."""
@@ -129,7 +131,7 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                     gpu_bytes=tree.gpu_bytes, gpus=gpus)
 
 
-def protected_pids(view: ProcessView | None = None) -> frozenset[int]:
+def protected_pids(view: ProcSource | None = None) -> frozenset[int]:
     """PID 1, this process and every ancestor: never to be signalled, whatever the alert says."""
     view = view if view is not None else ProcessView(counters=Counters())
     pids = {1, os.getpid()}

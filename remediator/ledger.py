@@ -1,34 +1,17 @@
 """The remediator's durable memory: dedupe keys, pending work, the rate-limit window.
 
-Alertmanager delivers at least once, HA peers deliver twice, and the
-remediator restarts; none of that may cause a second reap or lose an accepted
-alert. So every state change is written to one JSON file under `state_dir`
-before it takes effect (write a temporary file, fsync, rename, fsync the
-directory): a crash leaves either the old or the new file, never half of one.
-
-A key is recorded as "reaping" *before* the first signal, and the members a
-reap may signal (pid, start time) are added before their first signal: if the
-process dies mid-reap, the restarted remediator treats that tree as done and
-continues (SIGCONT) whatever it left stopped, rather than risk signalling it twice.
-
-Keys name processes of one boot, so the file records the kernel's boot id
-(/proc/sys/kernel/random/boot_id): a wall-clock step (NTP at boot, a VM resumed)
-must not make a restart forget what it has done.
-
-Every time the policy counts with (first sightings, when pending items are due, when
-reaps began, how long done keys are kept) is on the boot clock (CLOCK_BOOTTIME:
-seconds since boot, suspend included), which no wall-clock step moves: a clock set
-forward by a day neither ages a tree past min_age_seconds nor empties the rate limit.
-Only the rate-limit window outlives a reboot, and the boot clock starts again at 0:
-so each file also records the boot clock when it was written, and a reap of an earlier
-boot is placed before 0 by how long before that last write it began, as if the
-machine had rebooted at once. It then counts for at least as long as it should (the
-downtime is never credited), and no clock, wall or boot, can make it leave early.
-Wall-clock times are kept for the audit's sake only (`at` of a done key).
+Every change is written to one JSON file under `state_dir` (temp file, fsync, rename,
+fsync the directory) before it takes effect: redeliveries, HA peers and restarts never
+reap twice. A key is recorded "reaping", and its members named, before the first signal;
+after a crash the tree counts as done and what it left stopped is continued. Keys name
+processes of one boot (the file records the boot id). Times are on the boot clock, which
+no wall-clock step moves; only the rate-limit window outlives a reboot, placed before 0
+so that downtime is never credited.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import tempfile
@@ -36,14 +19,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuguard.host.procfs import BOOT_ID, boottime, read_boot_id
-from gpuguard.remediator.alerts import Alert
 from gpuguard.remediator.audit import UnsafePathError, check_private_dir
-from gpuguard.remediator.policy import TreeKey
+from gpuguard.remediator.outcome import Outcome
+from gpuguard.remediator.pending import PendingItem
+from gpuguard.remediator.tree import TreeKey
 
 FILE_NAME = "remediator-state.json"
 #: 3: times on the boot clock, with `boot_clock` (when written); 2 and 1 had wall-clock times.
@@ -57,32 +40,16 @@ MAX_REAP_HISTORY = 10_000
 #: delivery and should not start its local age from zero again).
 FIRST_SEEN_RETENTION_SECONDS = 86400
 
-REAPING = "reaping"
-DONE = "done"
+
+class ReapStatus(enum.StrEnum):
+    """Where a done key's reap stands: under way (recovery owes it a look) or settled."""
+
+    REAPING = "reaping"
+    DONE = "done"
 
 
 class LedgerError(Exception):
     """The state file exists but cannot be used; starting anyway could reap twice."""
-
-
-@dataclass(frozen=True)
-class PendingItem:
-    """An accepted alert waiting for (or deferred by) the worker."""
-
-    key: TreeKey
-    alert: Alert
-    group_key: str
-    accepted_at: float  # boot clock
-    due: float  # when the worker should (re-)check it (boot clock)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"alert": self.alert.to_json(), "group_key": self.group_key,
-                "accepted_at": self.accepted_at, "due": self.due}
-
-    @classmethod
-    def from_json(cls, key: TreeKey, data: dict[str, Any]) -> PendingItem:
-        return cls(key, Alert.from_json(data["alert"]), str(data.get("group_key", "")),
-                   float(data["accepted_at"]), float(data["due"]))
 
 
 def _v1_boot_time() -> float:
@@ -152,7 +119,7 @@ class Ledger:
                 data = {"reaps": data.get("reaps", [])}
             self._apply(data)
             self.interrupted = [(k, v) for k, v in self._done.items()
-                                if v.get("status") == REAPING]
+                                if v.get("status") == ReapStatus.REAPING]
             self._prune()
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
@@ -235,7 +202,7 @@ class Ledger:
     def _prune(self) -> None:
         now = self.boot_clock()  # a wall step forward is no reason to forget anything
         self._done = {k: v for k, v in self._done.items()
-                      if v.get("status") == REAPING
+                      if v.get("status") == ReapStatus.REAPING
                       or now - float(v.get("at_boot", now)) < DONE_RETENTION_SECONDS}
         self._reaps = self._reaps[-MAX_REAP_HISTORY:]
         live = set(self._pending) | set(self._done)
@@ -321,7 +288,7 @@ class Ledger:
         with self._lock:
             now = self.boot_clock()
             reap_id = uuid.uuid4().hex
-            self._done[key] = {"status": REAPING, "mode": mode, "at": self._clock(),
+            self._done[key] = {"status": ReapStatus.REAPING, "mode": mode, "at": self._clock(),
                                "at_boot": now, "fingerprint": fingerprint,
                                "reap_id": reap_id}
             self._reaps.append((now, mode))
@@ -335,7 +302,7 @@ class Ledger:
         (stored as [pid, start_time, stopped already, held]: see mark_held)."""
         with self._lock:
             entry = self._done.get(key)
-            if entry is None or entry.get("status") != REAPING:
+            if entry is None or entry.get("status") != ReapStatus.REAPING:
                 raise LedgerError(f"{key} is not being reaped")
             known = [list(m) for m in entry.get("members", [])]
             seen = {(m[0], m[1]) for m in known}
@@ -350,7 +317,7 @@ class Ledger:
         after a crash continues only members marked held."""
         with self._lock:
             entry = self._done.get(key)
-            if entry is None or entry.get("status") != REAPING:
+            if entry is None or entry.get("status") != ReapStatus.REAPING:
                 raise LedgerError(f"{key} is not being reaped")
             wanted = set(members)
             known = [list(m) for m in entry.get("members", [])]
@@ -366,8 +333,8 @@ class Ledger:
             entry = self._done.get(key)
             if entry is None:
                 return
-            if signalled or outcome == "dry-run":
-                entry.update(status=DONE, outcome=outcome)
+            if signalled or outcome == Outcome.DRY_RUN:
+                entry.update(status=ReapStatus.DONE, outcome=outcome)
             else:
                 del self._done[key]
                 started = float(entry.get("at_boot", -1))
@@ -383,5 +350,5 @@ class Ledger:
         with self._lock:
             entry = self._done.get(key)
             if entry is not None:
-                entry.update(status=DONE, outcome=outcome)
+                entry.update(status=ReapStatus.DONE, outcome=outcome)
                 self._save()

@@ -1,14 +1,8 @@
 """The kill policy as pure functions: (alert, live tree, state) -> Decision.
 
-Nothing here reads /proc, talks to NVML, sends a signal or looks at a clock:
-the shell (worker.py) gathers the facts into frozen dataclasses and this
-module only judges them, so every rule is tested with synthetic inputs
-(policy_state() copies the ledger's in-memory view into a PolicyState). The
-YAML side of the policy (`remediate:`) is parsed and validated by
-gpuguard/config.py into `Remediate`; this module never re-reads it.
-
-Each check refuses with a short kebab-case reason an on-call engineer can
-grep for; the order of the checks is the order of the reasons in README.
+No /proc, NVML, signal or clock here: callers gather the facts (tree.py, PolicyState),
+so every rule is tested with synthetic inputs. Each check refuses with a short
+kebab-case reason; their order is the order of the reasons in README.
 """
 
 from __future__ import annotations
@@ -17,15 +11,12 @@ import enum
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gpuguard.config import Remediate, UserFilter, uid_rule
-from gpuguard.orphans.classify import ORPHAN
-from gpuguard.orphans.process import Holder
+from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
-
-if TYPE_CHECKING:
-    from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
+from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
 class Action(enum.StrEnum):
@@ -39,13 +30,13 @@ class Action(enum.StrEnum):
     IGNORE = "ignore"  # nothing to do; `reason` says why
 
 
+# Second names kept only for tests/test_users.py and tests/test_remediator_policy.py.
 ACCEPT = Action.ACCEPT
 REAP = Action.REAP
 DRY_RUN = Action.DRY_RUN
 DEFER = Action.DEFER
 CANCEL = Action.CANCEL
 IGNORE = Action.IGNORE
-ACTIONS = tuple(Action)
 
 #: Linux pids fit in 7 digits (pid_max <= 4194304); start times are 64-bit tick counts.
 MAX_PID_DIGITS = 7
@@ -56,64 +47,6 @@ REQUIRED_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
 ROOT_UID = 0
 #: member_refusal() reasons, most fundamental first: the one reported when several apply.
 _MEMBER_REASONS = ("protected-pid", "root-owned", "user-denied", "user-unresolved")
-
-
-@dataclass(frozen=True, order=True)
-class TreeKey:
-    """The dedupe key: one tree on one host, by process identity (pid, start time)."""
-
-    hostname: str
-    root_pid: int
-    root_start_time: int
-
-    def __str__(self) -> str:
-        return f"{self.hostname}/{self.root_pid}/{self.root_start_time}"
-
-    @classmethod
-    def parse(cls, text: str) -> TreeKey:
-        host, pid, start = text.rsplit("/", 2)
-        return cls(host, int(pid), int(start))
-
-
-@dataclass(frozen=True)
-class Member:
-    """One process of a tree as read just now (identity, owner, name)."""
-
-    pid: int
-    ppid: int
-    start_time: int
-    uid: int
-    user: str  # the owner's name; the decimal uid when NSS could not name it (user_known)
-    comm: str
-    state: str = "S"
-    kernel_thread: bool = False
-    user_known: bool = False  # NSS named the uid: `user` is a name, not just the number
-
-    @property
-    def user_name(self) -> str | None:
-        """The owner's name as remediate.users judges it: None when it could not be resolved."""
-        return self.user if self.user_known else None
-
-    @property
-    def gone(self) -> bool:
-        return self.state in ("Z", "X", "x")
-
-
-@dataclass(frozen=True)
-class LiveTree:
-    """What a fresh local inspection found for the tree an alert names."""
-
-    root: Member | None  # the process at root_pid now; None when there is none
-    tree_found: bool = False  # classify() has a tree with exactly this root identity
-    verdict: str = ""
-    reason: str = ""
-    detail: str = ""  # the classifier's evidence for verdict and reason
-    members: tuple[Member, ...] = ()  # root first, then descendants (breadth first)
-    holders: tuple[Holder, ...] = ()
-    gpu_bytes: int = 0
-    nvml_error: str | None = None  # NVML could not confirm the holders: nothing is verified
-    nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
-    gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
 
 
 @dataclass(frozen=True)
@@ -335,7 +268,7 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
         return _ignore(live.nvml_reason, f"cannot re-check GPU holders: {live.nvml_error}", key)
     if not live.tree_found:
         return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
-    if live.verdict != ORPHAN and require_orphan:
+    if live.verdict != Verdict.ORPHAN and require_orphan:
         # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
         reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
         return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
@@ -404,7 +337,16 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
                     f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)
 
 
-def policy_state(policy: Remediate, hostname: str, ledger: Ledger | None, now: float,
+class ReapHistory(Protocol):
+    """What policy_state() reads of the past: the ledger's in-memory view."""
+
+    def done_modes(self) -> Mapping[TreeKey, str]: ...
+    def pending(self) -> Mapping[TreeKey, object]: ...
+    def first_seen(self) -> Mapping[TreeKey, float]: ...
+    def reap_times(self, mode: str) -> tuple[float, ...]: ...
+
+
+def policy_state(policy: Remediate, hostname: str, ledger: ReapHistory | None, now: float,
                  protected: frozenset[int], *, wall_now: float,
                  exclude: TreeKey | None = None) -> PolicyState:
     """What decide() needs to know about the past, from the ledger (None: a fresh start).

@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 
 from gpuguard.periodic import Periodic
-from gpuguard.remediator.alertmanager import MALFORMED, AlertmanagerClient
+from gpuguard.remediator.alertmanager import AlertmanagerClient, SkipReason
 from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_alert
-from gpuguard.remediator.worker import Remediator
+from gpuguard.remediator.decision_log import DecisionSource
+from gpuguard.remediator.intake import Intake
 
 log = logging.getLogger("gpuguard.remediator.pull")
 
@@ -33,9 +34,9 @@ RECEIVER = "gpuguard-remediator-pull"
 class Puller:
     """One background thread; each poll is one delivery of this host's firing alerts."""
 
-    def __init__(self, service: Remediator, client: AlertmanagerClient, *,
+    def __init__(self, intake: Intake, client: AlertmanagerClient, *,
                  interval: float) -> None:
-        self.service = service
+        self.intake = intake
         self.client = client
         self.interval = interval
         self.polls = 0
@@ -45,8 +46,8 @@ class Puller:
 
     def poll_once(self) -> int | None:
         """Deliver what Alertmanager says fires for this host now; None when it did not say."""
-        alerts = self.client.active_alerts(hostname=self.service.hostname,
-                                           alertnames=self.service.policy.alerts)
+        alerts = self.client.active_alerts(hostname=self.intake.hostname,
+                                           alertnames=self.intake.policy.alerts)
         self.polls += 1
         if alerts is None:
             self.failed_polls += 1
@@ -63,14 +64,14 @@ class Puller:
             try:
                 parsed.append(parse_alert(f"alerts[{i}]", raw))
             except PayloadError as exc:  # e.g. a startsAt that is no RFC 3339 time
-                self.client.count_skipped(MALFORMED)
+                self.client.count_skipped(SkipReason.MALFORMED)
                 log.debug("pull: alert skipped: %s", exc)
         if not parsed:
             return 0
-        self.service.submit(Notification(receiver=RECEIVER, status="firing",
-                                         alerts=tuple(parsed),
-                                         group_key=f"pull:{self.service.hostname}"),
-                            source="pull")
+        self.intake.submit(Notification(receiver=RECEIVER, status="firing",
+                                        alerts=tuple(parsed),
+                                        group_key=f"pull:{self.intake.hostname}"),
+                           source=DecisionSource.PULL)
         return len(parsed)
 
     def start(self) -> None:

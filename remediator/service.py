@@ -1,10 +1,10 @@
-"""Build the remediator's services from the config: where start-up's side effects live.
+"""The remediator service: its parts wired together, started and stopped as one.
 
 `build_remediator` opens (or creates) the ledger in `state_dir`, checks that the
-audit log can be written safely, and wires NVML, the reaper, the Alertmanager
-client and pull mode's poller into one `Remediator`. It starts nothing: the
-caller starts the worker (crash recovery, audit records, threads) once it is
-ready to serve, and `remediator.app.create_app` only binds HTTP to it.
+audit log can be written safely, and wires NVML, the reaper, the Alertmanager client
+and pull mode's poller into one `Remediator`. It starts nothing: the caller starts it
+(crash recovery, audit records, threads) once it is ready to serve, and
+`remediator.app.create_app` only binds HTTP to it.
 """
 
 from __future__ import annotations
@@ -14,22 +14,161 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from gpuguard.config import Config
-from gpuguard.host.counters import Counters
+from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.alertmanager import AlertmanagerClient
 from gpuguard.remediator.audit import AuditLog
+from gpuguard.remediator.audit_trail import AuditTrail
+from gpuguard.remediator.clocks import Clocks
+from gpuguard.remediator.decision_log import DecisionLog
 from gpuguard.remediator.inspection import HolderSource
+from gpuguard.remediator.intake import Intake
+from gpuguard.remediator.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.metrics import Counts, RemediatorMetrics
 from gpuguard.remediator.pull import Puller
 from gpuguard.remediator.reaper import Reaper
-from gpuguard.remediator.worker import Remediator
+from gpuguard.remediator.refusals import RefusalMemory
+from gpuguard.remediator.settings import Mode
+from gpuguard.remediator.status import HealthCode, Liveness, Status
+from gpuguard.remediator.worker import Worker
+from gpuguard.remediator.workstate import WorkState
 
 log = logging.getLogger(__name__)
+daemon_log = logging.getLogger("gpuguard.remediator")
+
+
+class Companion(Liveness, Protocol):
+    """A background loop that lives and dies with the worker (pull mode's poller)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Remediator:
+    """Intake (thread-safe, fast) plus the worker thread that inspects, decides and reaps,
+    over one shared WorkState; `status` answers /healthz and /state."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        hostname: str,
+        nvml: HolderSource,
+        ledger: Ledger,
+        audit: AuditLog,
+        counters: Counters = COUNTERS,
+        reaper: Reaper | None = None,
+        alertmanager: AlertmanagerClient | None = None,
+        events: ProcessEvents | None = None,
+        launchers: LauncherMemory | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.policy = config.remediate
+        self.hostname = hostname
+        self.nvml = nvml
+        self.counters = counters
+        self.ledger = ledger
+        self.audit = audit
+        self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
+        self.alertmanager = alertmanager
+        self.events = events  # the kernel's process events: how launchers died
+        self.launchers = launchers  # the first reason established per orphan root
+        self.metrics = RemediatorMetrics()
+        # The wall clock dates the audit and /state only; ages, rate-limit windows and
+        # due times are on the ledger's boot clock, which no wall-clock step moves.
+        clocks = Clocks(wall=clock, boot=ledger.boot_clock, monotonic=monotonic)
+        work = WorkState(config, hostname, ledger, clocks, self.metrics,
+                         DecisionLog(self.metrics, clocks))
+        self._work = work
+        self._trail = AuditTrail(work, audit)
+        self.interrupted = InterruptedReaps(work, self._trail, self.reaper)
+        self.intake = Intake(work)
+        self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
+                             interrupted=self.interrupted, reaper=self.reaper, nvml=nvml,
+                             counters=counters, alertmanager=alertmanager, events=events,
+                             launchers=launchers)
+        self._companions: list[Companion] = []
+        self.status = Status(work, worker=self.worker, companions=self._companions,
+                             interrupted=self.interrupted, trail=self._trail)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def attach(self, companion: Companion) -> None:
+        """A background loop that lives and dies with the worker (pull mode's poller)."""
+        self._companions.append(companion)
+
+    def start(self) -> None:
+        """Recover what a crash left (continue stopped trees), then start working."""
+        self.interrupted.settle()
+        if self.events is not None:
+            self.events.start()  # never raises; without the connector it says so once
+        self.worker.start()
+        for companion in self._companions:
+            companion.start()
+        if self.policy.mode == Mode.ENFORCE:
+            daemon_log.warning("enforce mode: %s", self.guarantee())
+        am = self.policy.alertmanager
+        plain = [u for u in am.url if u.lower().startswith("http://")] if am else []
+        if am is not None and am.credentials_file is None and plain:
+            daemon_log.warning(
+                "remediate.alertmanager: %s is plain http:// without credentials_file: "
+                "nothing authenticates Alertmanager, and anyone who can POST alerts "
+                "to it %s; put it behind authentication (its --web.config.file) "
+                "and set credentials_file", ", ".join(plain),
+                "chooses what this host reaps (pull mode)" if am.pull else "can confirm a reap")
+
+    def guarantee(self) -> str:
+        """What stops a reap once an alert has been delivered, for the start-up log."""
+        if self.alertmanager is not None:
+            return ("every reap asks Alertmanager (" + ", ".join(self.alertmanager.urls)
+                    + ") right before its first signal; a silence, an inhibition or a "
+                    "resolved alert cancels it, and no answer refuses it")
+        return ("remediate.alertmanager is not set: a reap runs only on a delivery (a tree "
+                "too young waits for the next one, which a silence or inhibition prevents); "
+                "once a delivery finds the tree old enough, it is reaped within milliseconds")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.worker.request_stop()
+        for companion in self._companions:
+            companion.stop()
+        if self.events is not None:
+            self.events.stop()
+        self.worker.join(timeout)
+
+    def wake(self) -> None:
+        """Re-check the queue now (new work, or an injected clock moved)."""
+        self._work.notify()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """True once nothing is due or in flight (tests; graceful shutdown)."""
+        return self.worker.wait_idle(timeout)
+
+    # -- what it reports -------------------------------------------------------------
+
+    def healthy(self) -> tuple[bool, HealthCode, str]:
+        """(ok, reason code, detail): see Status.health."""
+        return self.status.health()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The JSON behind GET /state."""
+        return self.status.snapshot()
+
+    def counts(self) -> Counts:
+        """A consistent copy of the counters for one scrape (HTTP threads mutate them)."""
+        with self._work.lock:
+            return self.metrics.counts(audit_ok=self._trail.error is None)
+
+    def queue_depth(self) -> int:
+        return len(self.ledger.pending())
 
 
 def build_remediator(
@@ -76,6 +215,6 @@ def build_remediator(
                          clock=clock,
                          monotonic=monotonic)
     if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
-        service.attach(Puller(service, alertmanager,
+        service.attach(Puller(service.intake, alertmanager,
                               interval=policy.alertmanager.pull_interval_seconds))
     return service

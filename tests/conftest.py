@@ -40,8 +40,10 @@ def check_own_ancestry() -> None:
     """
     from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import ProcessView
-    from gpuguard.orphans.classify import ORPHAN, Rules, classify_holder
+    from gpuguard.orphans.classify import classify_holder
     from gpuguard.orphans.process import Holder
+    from gpuguard.orphans.rules_config import Rules
+    from gpuguard.orphans.vocabulary import ORPHAN
 
     me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
     verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())

@@ -17,14 +17,15 @@ import signal
 import subprocess
 import time
 
-from gpuguard.config import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.inspection import member_of
-from gpuguard.remediator.policy import TreeKey
-from gpuguard.remediator.reaper import Reaper, ReapPlan
+from gpuguard.remediator.reap_plan import ReapPlan
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.settings import Remediate, UserFilter
+from gpuguard.remediator.tree import TreeKey
 from tests.proctree import reap_zombie_children
 
 POLICY = Remediate(mode="enforce", term_timeout_seconds=1.0, allow_root_owned=True,

@@ -28,8 +28,7 @@ from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app
 from gpuguard.remediator.reaper import Reaper
-from gpuguard.remediator.service import build_remediator
-from gpuguard.remediator.worker import Remediator
+from gpuguard.remediator.service import Remediator, build_remediator
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Tree, Trees, alive, stat_fields
 from tests.servers import REPO, child_env

@@ -36,8 +36,9 @@ from gpuguard.exporter.accounting import (
     resolve_quota,
     track_hot,
 )
-from gpuguard.exporter.attribution import Attribution, attribute, cgroup_paths
+from gpuguard.exporter.attribution import Attribution, attribute
 from gpuguard.host.nvml import GpuSample
+from gpuguard.host.procfs import cgroup_paths
 from gpuguard.orphans.process import Holder
 from tests.test_layering import IO_MODULES, REPO, imports, under
 
@@ -473,7 +474,8 @@ def test_accounting_reads_only_holders_and_only_once_per_process(trees, fake_gpu
     from gpuguard.host.counters import Counters
     from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
-    from gpuguard.orphans.classify import Rules, classify
+    from gpuguard.orphans.classify import classify
+    from gpuguard.orphans.rules_config import Rules
     from tests.proctree import HOLDER
 
     by_comm = trees.spawn(f"ln -s {shlex.quote(sys.executable)} {{dir}}/tmux && {{dir}}/tmux "

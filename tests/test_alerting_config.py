@@ -25,9 +25,31 @@ RULES = REPO / "alerts" / "rules.yml"
 RULES_TEST = REPO / "alerts" / "rules.test.yml"
 ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
 
-RUNBOOK_BASE = "https://github.com/gpuguard/gpuguard/blob/main/README.md"
+RUNBOOKS = REPO / "docs" / "runbooks"
 REMEDIATOR_RECEIVER = "gpuguard-remediator"
 PAGER_RECEIVER = "pager"
+TEAM_RECEIVER = "team"
+#: kube-prometheus's severities; `info` is held back by its InfoInhibitor.
+SEVERITIES = frozenset({"critical", "warning", "info"})
+#: Each rule's severity (README "Alerting"): was page -> critical, ticket -> warning.
+EXPECTED_SEVERITY = {
+    "GPUOrphanTree": "warning",  # never info: an inhibited GPUOrphanTree is never reaped
+    "GPUGuardExporterDown": "critical",
+    "GPUGuardExporterAbsent": "critical",
+    "GPUGuardNVMLDown": "critical",
+    "GPUGuardScanStale": "critical",
+    "GPUGuardScanErrors": "warning",
+    "GPUGuardScanSlow": "warning",
+    "GPUGuardRemediatorDown": "warning",
+    "GPUGuardRemediatorRejecting": "warning",
+    "GPUGuardReapFailed": "critical",
+    "GPUGuardAuditLogFailing": "critical",
+    "GPUGuardAlertmanagerUnreachable": "warning",
+    "GPUUserOverQuota": "warning",
+    "GPUSuspectProcess": "critical",
+    "GPUSuspectProcessSustained": "warning",
+    "GPUMemoryUnattributed": "warning",
+}
 
 # DESIGN.md "Metric contract (exporter)" + the remediator's metrics + `up`.
 EXPORTER_METRICS = frozenset(
@@ -249,9 +271,21 @@ def test_health_alerts_never_reach_remediator(rule):
     result, receivers = _route(amtool, labels)
     assert result.returncode == 0, result.stdout + result.stderr
     assert REMEDIATOR_RECEIVER not in receivers
-    if rule["labels"]["severity"] == "page":
-        result, _ = _route(amtool, labels, verify=PAGER_RECEIVER)
-        assert result.returncode == 0, result.stdout + result.stderr
+    expected = PAGER_RECEIVER if rule["labels"]["severity"] == "critical" else TEAM_RECEIVER
+    result, _ = _route(amtool, labels, verify=expected)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("severity,receiver", [("critical", PAGER_RECEIVER),
+                                               ("warning", TEAM_RECEIVER),
+                                               ("info", TEAM_RECEIVER)])
+def test_severities_route_as_kube_prometheus_does(severity, receiver):
+    """critical reaches the pager (alone), warning and info the team receiver (alone)."""
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    labels = {"alertname": "SomeAlert", "severity": severity, "instance": "gpu-node-1:9877"}
+    result, receivers = _route(amtool, labels, verify=receiver)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert receivers == {receiver}
 
 
 @pytest.mark.parametrize(
@@ -294,24 +328,53 @@ def test_every_rule_has_severity_and_annotations():
     assert rules
     for rule in rules:
         assert rule["labels"].get("severity"), rule["alert"]
-        for key in ("summary", "description", "runbook_url"):
+        for key in ("summary", "description"):
             assert str(rule.get("annotations", {}).get(key, "")).strip(), (rule["alert"], key)
 
 
-def test_runbook_urls_use_readme_runbook_anchors():
+def test_severities_are_kube_prometheus_severities():
+    assert {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()} \
+        == EXPECTED_SEVERITY
+    assert set(EXPECTED_SEVERITY.values()) <= SEVERITIES
+
+
+def test_shipped_rules_carry_no_runbook_url():
+    """No default URL that points at nothing: `gpuguard assets` adds the user's own."""
     for rule in alert_rules():
-        url = rule["annotations"]["runbook_url"]
-        base, _, anchor = url.partition("#")
-        assert base == RUNBOOK_BASE, url
-        assert re.fullmatch(r"runbook-[a-z0-9-]+", anchor), url
-        assert anchor == f"runbook-{rule['alert'].lower()}", url
+        assert "runbook_url" not in rule["annotations"], rule["alert"]
+    for path in (RULES, RULES_TEST):
+        assert not re.search(r"^\s*runbook_url:", path.read_text(), re.MULTILINE), path
 
 
-def test_every_rule_has_its_runbook_section_in_the_readme():
-    headings = set(re.findall(r"^### Runbook: (\S+)$", (REPO / "README.md").read_text(),
-                              re.MULTILINE))
-    missing = {rule["alert"] for rule in alert_rules()} - headings
-    assert not missing, f"README.md lacks '### Runbook: NAME' for {sorted(missing)}"
+def test_every_rule_has_its_runbook_page():
+    index = (RUNBOOKS / "index.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    for rule in alert_rules():
+        name = rule["alert"]
+        page = RUNBOOKS / f"{name.lower()}.md"
+        assert page.is_file(), f"no runbook page {page.relative_to(REPO)}"
+        text = page.read_text()
+        assert text.startswith(f"# {name}\n"), page
+        assert f"Severity `{rule['labels']['severity']}`" in text, page
+        assert f"]({name.lower()}.md)" in index, name
+        assert f"](docs/runbooks/{name.lower()}.md)" in readme, name
+    pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"index"}
+    assert pages == {rule["alert"].lower() for rule in alert_rules()}
+
+
+def test_runbook_pages_link_to_what_exists():
+    """Relative links from docs/runbooks/ resolve; README anchors name a README heading."""
+    readme = (REPO / "README.md").read_text()
+    anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", readme, re.MULTILINE)}
+    for page in RUNBOOKS.glob("*.md"):
+        for target in re.findall(r"\]\(([^)]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            assert (page.parent / path).resolve().exists(), (page.name, target)
+            if anchor and path.endswith("README.md"):
+                assert anchor in anchors, (page.name, target)
 
 
 def test_only_the_orphan_rule_can_remediate():
@@ -322,7 +385,7 @@ def test_only_the_orphan_rule_can_remediate():
             assert rule["for"] == "1m"
         else:
             assert "remediate" not in labels, rule["alert"]
-            assert labels["severity"] in {"page", "ticket"}, rule["alert"]
+            assert labels["severity"] in SEVERITIES, rule["alert"]
 
 
 def test_rules_use_contract_metrics_only():

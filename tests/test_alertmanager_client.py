@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.config import AlertmanagerConfig
 from gpuguard.remediator.alertmanager import (
     FIRING,
     INHIBITED,
@@ -33,6 +32,7 @@ from gpuguard.remediator.alertmanager import (
     matcher,
 )
 from gpuguard.remediator.alerts import parse_notification
+from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.proctree import wait_for
 from tests.promstack import ALERTMANAGER, Alertmanager, free_port
 
@@ -117,7 +117,7 @@ def dead_url() -> str:
 
 def test_firing(am: Alertmanager) -> None:
     labels = tree("host-firing")
-    fire(am, {**labels, "remediate": "true", "severity": "ticket"})
+    fire(am, {**labels, "remediate": "true", "severity": "warning"})
     c = client(am.url)
     got = confirm(c, labels)
     assert got.state == FIRING and got.firing and got.url == am.url, got

@@ -19,17 +19,11 @@ from collections import Counter
 import pytest
 
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.orphans.classify import (
-    NORMAL,
-    ORPHAN,
-    PROTECTED,
-    UNKNOWN,
-    Rules,
-    Tree,
-    classify,
-    managed_cgroup,
-)
+from gpuguard.orphans.classify import classify, managed_cgroup
 from gpuguard.orphans.process import Truncated
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.verdicts import Tree
+from gpuguard.orphans.vocabulary import NORMAL, ORPHAN, PROTECTED, UNKNOWN
 from tests.proctable import (
     GIB,
     Exit,

@@ -6,8 +6,10 @@ import time
 
 import pytest
 
-from gpuguard.config import AlertmanagerConfig, ConfigError, load_config, parse_config
-from gpuguard.orphans.classify import DEFAULT_PROTECT
+from gpuguard.config import load_config, parse_config
+from gpuguard.orphans.rules_config import DEFAULT_PROTECT
+from gpuguard.remediator.settings import AlertmanagerConfig
+from gpuguard.validation import ConfigError
 
 FULL = """
 classify:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.exporter.attribution import attribute, cgroup_paths
+from gpuguard.exporter.attribution import attribute
+from gpuguard.host.procfs import cgroup_paths
 from tests.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.proctree import Trees, alive, descendants_of, stat_fields, wait_for
 from tests.remediator_helpers import (
@@ -438,7 +439,8 @@ def test_every_exit_code_is_listed_once_in_the_help() -> None:
 
 def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
     from gpuguard.console.reap import refusal
-    from gpuguard.remediator.policy import LiveTree, Member, TreeKey, verify_live
+    from gpuguard.remediator.policy import verify_live
+    from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
     key = TreeKey(HOST, 4242, 99)
     root = Member(pid=4242, ppid=1, start_time=99, uid=1000, user="alice", comm="sh")

@@ -120,7 +120,7 @@ def test_orphan_is_reaped_and_the_alert_resolves(stack: Stack) -> None:
     assert labels["hostname"] == HOST and labels["reason"] == LATE_REASON
     assert labels["comm"] == "sh" and labels["root_start_time"]
     assert labels["remediate"] == "true"
-    assert "runbook-gpuorphantree" in alert["annotations"]["runbook_url"]
+    assert "runbook_url" not in alert["annotations"]  # only `gpuguard assets --runbook-url-base`
 
     wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
              what="the orphan tree to be reaped")
@@ -182,7 +182,7 @@ def test_a_suspect_alerts_people_and_is_never_reaped(stack: Stack) -> None:
     (alert,) = prom.firing("GPUSuspectProcess", pid=pid)
     labels = alert["labels"]
     assert (labels["why"], labels["hostname"], labels["severity"]) == ("cmdline-pattern", HOST,
-                                                                       "page")
+                                                                       "critical")
     assert "remediate" not in labels
     wait_for(lambda: not any(alive(p) for p in stack.reaped_members), timeout=60,
              what="the other tree's reap")

@@ -172,7 +172,7 @@ def test_with_kill_time_confirmation(world: World, loop: Callable[..., Loop]) ->
     # Delivered and pending; on-call acts in the minutes before the kill.
     sid = lp.alertmanager.silence(silence.matchers())
     lp.alertmanager.post_alert({"alertname": "GPUNodeMaintenance", "hostname": HOST,
-                                "root_pid": str(inhibit.root), "severity": "ticket"})
+                                "root_pid": str(inhibit.root), "severity": "warning"})
 
     record = reaped_not_before(lp, reap, deferral)
     assert record["alertmanager"]["state"] == "firing"

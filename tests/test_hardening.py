@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.config import ConfigError, parse_config
-from gpuguard.orphans.classify import Rules
+from gpuguard.config import parse_config
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.ledger import FILE_NAME
+from gpuguard.validation import ConfigError
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for
 from tests.remediator_helpers import (

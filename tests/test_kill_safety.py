@@ -23,9 +23,11 @@ import pytest
 
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
-from gpuguard.orphans.classify import MEMBER_PROTECTED, ORPHAN, Rules, classify
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import MEMBER_PROTECTED, ORPHAN
 from gpuguard.remediator.ledger import Ledger
-from gpuguard.remediator.policy import TreeKey
+from gpuguard.remediator.tree import TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, stat_fields, wait_for, zombie_leader
 from tests.remediator_helpers import (

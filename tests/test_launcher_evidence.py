@@ -22,7 +22,7 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for

@@ -12,8 +12,8 @@ from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Rules
 from gpuguard.orphans.process import Holder
+from gpuguard.orphans.rules_config import Rules
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees
 

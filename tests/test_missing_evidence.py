@@ -20,7 +20,9 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import MEMBER_PROTECTED, MEMBER_UNKNOWN, Rules, classify
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import MEMBER_PROTECTED, MEMBER_UNKNOWN
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, wait_for

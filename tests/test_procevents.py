@@ -27,17 +27,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host import procevents
-from gpuguard.host.procevents import (
-    KINDS,
-    PROC_EVENT_EXIT,
-    PROC_EVENT_NONE,
-    EventCounts,
-    Exit,
-    ExitStore,
-    ProcessEvents,
-    decode,
-    split_exit_code,
-)
+from gpuguard.host.exit_store import Exit, ExitStore, split_exit_code
+from gpuguard.host.proc_connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
+from gpuguard.host.procevents import KINDS, EventCounts, ProcessEvents
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.proctree import Trees, children_of, wait_for
 

@@ -24,13 +24,15 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.config import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.inspection import inspect_tree
-from gpuguard.remediator.policy import Member, TreeKey
-from gpuguard.remediator.reaper import Reaper, ReapPlan, ReapResult
+from gpuguard.remediator.outcome import ReapResult
+from gpuguard.remediator.reap_plan import ReapPlan
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.settings import Remediate, UserFilter
+from gpuguard.remediator.tree import Member, TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, stat_fields, wait_for
 from tests.remediator_helpers import (

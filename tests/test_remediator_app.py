@@ -16,8 +16,8 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
 from gpuguard.remediator.ledger import Ledger
-from gpuguard.remediator.policy import TreeKey
 from gpuguard.remediator.service import build_remediator
+from gpuguard.remediator.tree import TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for
 from tests.promstack import free_port
@@ -330,7 +330,7 @@ def test_state_and_metrics(harness: Callable[..., Harness]) -> None:
 
 
 def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWorld) -> None:
-    from gpuguard.remediator.app import TokenFile
+    from gpuguard.remediator.tokens import TokenFile
 
     path = tmp_path / "token"
     path.write_text("first-token\n")
@@ -366,7 +366,7 @@ def test_body_read_is_capped_without_content_length(harness: Callable[..., Harne
                          headers={"Authorization": f"Bearer {TOKEN}"},
                          environ_overrides={"wsgi.input_terminated": True})
     assert resp.status_code == 413 and "limit" in resp.get_json()["error"]
-    assert h.service.rejected["too_large"] == 1
+    assert h.service.metrics.rejected["too_large"] == 1
 
 
 def test_a_reap_cut_short_by_a_crash_is_audited_once_and_never_retried(

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 import gpuguard.remediator.policy
-from gpuguard.config import RateLimit, Remediate, UserFilter
 from gpuguard.orphans.process import Holder
 from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.audit import AuditLog
-from gpuguard.remediator.ledger import Ledger, LedgerError, PendingItem
+from gpuguard.remediator.ledger import Ledger, LedgerError
+from gpuguard.remediator.pending import PendingItem
 from gpuguard.remediator.policy import (
     ACCEPT,
     CANCEL,
@@ -30,15 +30,14 @@ from gpuguard.remediator.policy import (
     DRY_RUN,
     IGNORE,
     REAP,
-    LiveTree,
-    Member,
     PolicyState,
-    TreeKey,
     decide,
     rate_budget,
     screen,
     user_allowed,
 )
+from gpuguard.remediator.settings import RateLimit, Remediate, UserFilter
+from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 from tests.remediator_helpers import alert, payload
 
 NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)

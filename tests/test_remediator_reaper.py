@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.config import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.inspection import inspect_tree, member_of
-from gpuguard.remediator.policy import Member, TreeKey
-from gpuguard.remediator.reaper import PID, PIDFD, Journal, Reaper, ReapPlan, ReapResult
+from gpuguard.remediator.outcome import KillPath, ReapResult
+from gpuguard.remediator.reap_plan import ReapPlan
+from gpuguard.remediator.reap_run import Journal
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.settings import Remediate, UserFilter
+from gpuguard.remediator.tree import Member, TreeKey
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, alive, live_threads, stat_fields, wait_for, zombie_leader
 from tests.remediator_helpers import GIB, HOST, STUBBORN, Orphan, spawn_orphan
@@ -88,7 +91,7 @@ def test_term_ignoring_member_gets_sigkill_through_its_pidfd(
     orphan = spawn_orphan(trees, fake_gpu, STUBBORN)
     policy = dataclasses.replace(POLICY, term_timeout_seconds=0.3)
     result = reap(plan_for(orphan, nvml), nvml, policy=policy)
-    assert (result.outcome, result.kill_path) == ("reaped", PIDFD), result
+    assert (result.outcome, result.kill_path) == ("reaped", KillPath.PIDFD), result
     assert orphan.none_alive()
     signals = sent(result)
     assert signals[:2] == [(orphan.root, "SIGSTOP"), (orphan.holder, "SIGSTOP")]
@@ -114,7 +117,7 @@ def test_without_pidfd_it_refuses_unless_the_policy_opts_in(
 
     weaker = dataclasses.replace(POLICY, allow_without_pidfd=True)
     result = reap(plan, nvml, policy=weaker, pidfd_open=enosys)
-    assert (result.outcome, result.kill_path) == ("reaped", PID)
+    assert (result.outcome, result.kill_path) == ("reaped", KillPath.PID)
     assert orphan.none_alive()
 
 

@@ -386,7 +386,8 @@ def test_a_parent_gone_before_the_launcher_watched_it_starts_nothing(rundir: Pat
     """The race check: the pid that started us is not our parent any more (here: a pid
     above the kernel's PID_MAX_LIMIT, never anybody's)."""
     marker = rundir / "started"
-    code = ("import sys; from gpuguard.launch.launcher import Options, run; "
+    code = ("import sys; from gpuguard.launch.events import Options; "
+            "from gpuguard.launch.launcher import run; "
             f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}).code)")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                           text=True, timeout=60, check=False)
@@ -683,7 +684,8 @@ def test_a_library_caller_that_forked_since_the_import_runs_cmd(tmp_path: Path) 
     """The parent read at import belongs to the process that imported gpuguard; a child
     forked later has another parent and must compare with that one, not refuse CMD."""
     script = ("import os, sys\n"
-              "from gpuguard.launch.launcher import Options, end, run\n"
+              "from gpuguard.launch.events import Options\n"
+              "from gpuguard.launch.launcher import end, run\n"
               "pid = os.fork()\n"
               "if pid == 0:\n"
               "    sys.exit(end(run(['sh', '-c', 'exit 7'], Options())))\n"

@@ -16,7 +16,7 @@ from gpuguard.exporter.scanner import Scanner
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from tests.ci import RUN_INITIAL_PIDNS, require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, chain_lower_bound, children_of, descendants_of, wait_for

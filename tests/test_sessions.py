@@ -37,7 +37,8 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Rules, Tree
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.verdicts import Tree
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import (
     HOLDER,

@@ -137,7 +137,7 @@ def test_bad_web_config_is_a_one_line_start_up_error(tmp_path: Path, edit: str,
     (tmp_path / "token").write_text("t0ken\n")
     remediator = ["--config", str(tmp_path / "gpuguard.yml"), "--token-file",
                   str(tmp_path / "token")]
-    for module, args in (("exporter", []), ("remediator", remediator)):
+    for module, args in (("gpuguard.exporter", []), ("gpuguard.remediator", remediator)):
         done = subprocess.run([sys.executable, "-m", module, *args, "--web-config-file",
                                str(path), "--listen", "127.0.0.1:0"], cwd=REPO,
                               env=child_env(), capture_output=True, text=True, timeout=60)

@@ -19,25 +19,18 @@ from typing import Any
 
 import pytest
 
-from gpuguard.config import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
-from gpuguard.orphans.classify import Rules
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.alerts import Alert, parse_notification
 from gpuguard.remediator.inspection import inspect_tree
-from gpuguard.remediator.policy import (
-    IGNORE,
-    REAP,
-    Decision,
-    LiveTree,
-    PolicyState,
-    TreeKey,
-    decide,
-    user_refusal,
-)
-from gpuguard.remediator.reaper import Reaper, ReapPlan
+from gpuguard.remediator.policy import IGNORE, REAP, Decision, PolicyState, decide, user_refusal
+from gpuguard.remediator.reap_plan import ReapPlan
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.settings import Remediate, UserFilter
+from gpuguard.remediator.tree import LiveTree, TreeKey
 from tests.ci import require
 from tests.fakenvml import FakeGpuWorld
 from tests.proctree import Trees, stat_fields, wait_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuguard.config import ConfigError
+from gpuguard.validation import ConfigError
 from gpuguard.web.webauth import BasicAuth
 from gpuguard.web.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
 from tests.certs import Certs, make_certs

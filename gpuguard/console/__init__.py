@@ -1,28 +1,10 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
-Every subcommand reuses what the exporter and the remediator run: one scan is
-`exporter.scanner.Scanner.scan_once` (NVML + `ProcessView` + `classify`), a
-verdict is `exporter.classify.classify_holder`, a policy answer is the
-remediator's own live re-inspection (`remediator.inspection`) fed to
-`remediator.policy.decide`, and a reap is `remediator.reaper` with a
-`remediator.audit` record. Nothing here classifies, decides or signals on its
-own, so the console can never disagree with the daemons about what is an orphan
-or what may be killed.
-
-Subcommands, one module each (status, explain, policy_check, reap, keep, assets, run)::
-
-    gpuguard status  [--json] [--watch SECONDS] [--config FILE] [--hostname NAME]
-    gpuguard explain PID [--json] [--config FILE] [--hostname NAME]
-    gpuguard policy check --config FILE [--json] [--hostname NAME] ALERT.json|-
-    gpuguard reap ROOT_PID [--apply] [--force] [--start-time TICKS] [--json] [--config FILE]
-                  [--hostname NAME] [--allow-pid-namespace]
-    gpuguard keep    PID [--start-time TICKS] [--remove] [--config FILE] [--marks-dir DIR]
-    gpuguard assets  [DIR] [--print NAME] [--force]
-    gpuguard run     [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]
-
-Exit codes and the JSON schemas (`gpuguard.status/v1`, ...) are stable; they are
-defined once, in contract.py, which also writes the `--help` text that lists them.
-render.py draws everything people read. This module parses and hands off.
+Each subcommand (one module each: status, explain, policy_check, reap, keep, assets, run)
+reuses what the exporter and the remediator run (the scanner, classify(), the live
+re-inspection, policy.decide(), the reaper and its audit record), so the console never
+disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
+JSON schemas are contract.py's; render.py draws what people read; this module parses.
 """
 
 from __future__ import annotations
@@ -31,6 +13,7 @@ import argparse
 import socket
 import sys
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from gpuguard.console.assets import cmd_assets
 from gpuguard.console.contract import (
@@ -49,10 +32,15 @@ from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
 from gpuguard.console.policy_check import cmd_policy_check
 from gpuguard.console.reap import cmd_reap
-from gpuguard.console.run import DEFAULT_GRACE_SECONDS, cmd_run
+from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
-from gpuguard.orphans.classify import DEFAULT_MARKS_DIR
+from gpuguard.launch.events import DEFAULT_GRACE_SECONDS
+from gpuguard.orphans.rules_config import DEFAULT_MARKS_DIR
 from gpuguard.web.serving import positive_float
+
+RAW = argparse.RawDescriptionHelpFormatter
+#: What add_subparsers() returns (argparse names its class privately).
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def pid_arg(value: str) -> int:
@@ -61,54 +49,52 @@ def pid_arg(value: str) -> int:
     return int(value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=PROG, formatter_class=raw,
-        description="Inspect GPU-holding process trees, explain verdicts, check the kill "
-                    "policy and reap orphans by hand, through the same code as "
-                    "gpuguard-exporter and gpuguard-remediator.",
-        epilog=EXIT_TABLE,
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def add_common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
+    """--config, --json and --hostname, as status, explain, policy check and reap take them."""
+    p.add_argument("--config", metavar="FILE", required=config_required,
+                   help="gpuguard YAML config" + ("" if config_required else
+                                                  " (default: built-in defaults)"))
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
+                   help="this host's name as the alerts' hostname label spells it, as "
+                        "the remediator's --hostname (default: this host's name)")
 
-    def common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
-        p.add_argument("--config", metavar="FILE", required=config_required,
-                       help="gpuguard YAML config" + ("" if config_required else
-                                                      " (default: built-in defaults)"))
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
-                       help="this host's name as the alerts' hostname label spells it, as "
-                            "the remediator's --hostname (default: this host's name)")
 
-    p = sub.add_parser("status", formatter_class=raw, epilog=STATUS_EPILOG,
+def add_status(sub: Subparsers) -> None:
+    p = sub.add_parser("status", formatter_class=RAW, epilog=STATUS_EPILOG,
                        help="GPUs and the process trees holding them, with verdicts",
                        description="One scan: GPUs, holders grouped into trees, verdicts.")
-    common(p)
+    add_common(p)
     p.add_argument("--watch", type=positive_float, metavar="SECONDS",
                    help="rescan every SECONDS until Ctrl-C (which exits 0)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("explain", formatter_class=raw, epilog=EXPLAIN_EPILOG,
+
+def add_explain(sub: Subparsers) -> None:
+    p = sub.add_parser("explain", formatter_class=RAW, epilog=EXPLAIN_EPILOG,
                        help="why a pid gets its verdict: chain, rule, evidence",
                        description="The chain from PID to its root and the rule that decided.")
     p.add_argument("pid", type=pid_arg, metavar="PID")
-    common(p)
+    add_common(p)
     p.set_defaults(func=cmd_explain)
 
+
+def add_policy(sub: Subparsers) -> None:
     p = sub.add_parser("policy", help="check the kill policy against an alert payload",
                        description="Policy tools.")
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
-    p = psub.add_parser("check", formatter_class=raw, epilog=POLICY_EPILOG,
+    p = psub.add_parser("check", formatter_class=RAW, epilog=POLICY_EPILOG,
                         help="what the remediator would decide for an Alertmanager payload",
                         description="Validate --config, then say per alert of ALERT.json what "
                                     "the remediator would decide and why, after the same live "
                                     "re-inspection. Never signals, never writes its ledger.")
     p.add_argument("payload", metavar="ALERT.json", help="webhook payload file, or - for stdin")
-    common(p, config_required=True)
+    add_common(p, config_required=True)
     p.set_defaults(func=cmd_policy_check)
 
-    p = sub.add_parser("reap", formatter_class=raw, epilog=REAP_EPILOG,
+
+def add_reap(sub: Subparsers) -> None:
+    p = sub.add_parser("reap", formatter_class=RAW, epilog=REAP_EPILOG,
                        help="reap one orphan tree by hand (dry run unless --apply)",
                        description="Verify ROOT_PID's tree like the remediator does, then run "
                                    "its reaper: a dry run unless --apply.")
@@ -125,9 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-pid-namespace", action="store_true",
                    help="allow --apply outside the host PID namespace (only where NVML reports "
                         "this namespace's pids)")
-    common(p)
+    add_common(p)
     p.set_defaults(func=cmd_reap)
 
+
+def add_keep(sub: Subparsers) -> None:
     p = sub.add_parser("keep", help="mark a process so that no reap touches its tree, where "
                                     "the process cannot erase the mark",
                        description="Register PID by identity in the daemons' directory "
@@ -144,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"config's classify.marks_dir, {DEFAULT_MARKS_DIR})")
     p.set_defaults(func=cmd_keep)
 
+
+def add_assets(sub: Subparsers) -> None:
     p = sub.add_parser("assets", help="the alert rules and Grafana dashboard shipped in the "
                                       "package: list, print one, or write them all to DIR",
                        description="Without arguments, list the shipped files. With DIR, write "
@@ -155,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite files that differ")
     p.set_defaults(func=cmd_assets)
 
-    p = sub.add_parser("run", formatter_class=raw, epilog=RUN_EPILOG,
+
+def add_run(sub: Subparsers) -> None:
+    p = sub.add_parser("run", formatter_class=RAW, epilog=RUN_EPILOG,
                        usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] "
                              "-- CMD [ARGS...]",
                        help="run CMD so that its whole process tree dies with this launcher",
@@ -176,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]",
                    help="the command to run, after --")
     p.set_defaults(func=cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, formatter_class=RAW,
+        description="Inspect GPU-holding process trees, explain verdicts, check the kill "
+                    "policy and reap orphans by hand, through the same code as "
+                    "gpuguard-exporter and gpuguard-remediator.",
+        epilog=EXIT_TABLE,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (add_status, add_explain, add_policy, add_reap, add_keep, add_assets, add_run):
+        add(sub)
     return parser
 
 

@@ -61,7 +61,7 @@ POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
-#: (the reaper's own outcomes are remediator.reaper.Outcome).
+#: (the reaper's own outcomes are remediator.outcome.Outcome).
 REFUSED = "refused"
 
 # status: "taken_at" is Unix seconds at the end of the scan; "rule" is DESIGN.md's rule;

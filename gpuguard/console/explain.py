@@ -3,44 +3,27 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config import Config
-from gpuguard.console.common import (
-    alert_state,
-    chain_roles,
-    holder_json,
-    load,
-    member_json,
-    nvml_json,
-    process_age,
-)
+from gpuguard.console.alert_state import alert_state
+from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
+from gpuguard.console.json_records import holder_json, member_json, nvml_json
+from gpuguard.console.lineage import chain_roles, process_age
 from gpuguard.console.render import (
     RULE_NAMES,
     explain_renderable,
     make_console,
     print_json,
 )
-from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.console.reports import Explanation, LeaderState
+from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import ORPHAN, HolderVerdict, Tree, classify, classify_holder
+from gpuguard.orphans.classify import classify, classify_holder
 from gpuguard.orphans.process import Holder, ProcInfo
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """One pid's verdict with everything `explain` shows, gathered once."""
-
-    info: ProcInfo
-    reading: NvmlReading
-    holdings: tuple[Holder, ...]
-    verdict: HolderVerdict
-    note: str | None
-    tree: Tree | None = None  # the tree it belongs to, members judged too
-    alert: dict[str, Any] | None = None  # Alertmanager's state of its alert, if configured
-    sessions: list[dict[str, Any]] = field(default_factory=list)  # see session_states()
+from gpuguard.orphans.verdicts import HolderVerdict
+from gpuguard.orphans.vocabulary import Verdict
 
 
 def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
@@ -72,7 +55,7 @@ def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
     tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
                  if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
     alert = None
-    if tree is not None and tree.verdict == ORPHAN and tree.root is not None:
+    if tree is not None and tree.verdict == Verdict.ORPHAN and tree.root is not None:
         alert = alert_state(config, hostname, tree.root.pid, tree.root.start_time)
     return Explanation(info, reading, holdings, hv, note, tree, alert,
                        session_states(info, hv))
@@ -86,7 +69,8 @@ def session_states(info: ProcInfo, hv: HolderVerdict) -> list[dict[str, Any]]:
         if sid <= 0:
             continue
         leader = view.stat(sid)
-        state = "gone" if leader is None else ("zombie" if leader.is_zombie else "alive")
+        state = (LeaderState.GONE if leader is None
+                 else LeaderState.ZOMBIE if leader.is_zombie else LeaderState.ALIVE)
         out.append({"sid": sid, "leader": state,
                     "comm": leader.comm if leader is not None else None})
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpuguard.console.common import load
+from gpuguard.console.config_file import load
 from gpuguard.console.contract import (
     EXIT_NO_PROCESS,
     EXIT_OK,
@@ -21,7 +21,7 @@ from gpuguard.console.contract import (
 )
 from gpuguard.host.marks import MarkError, Marks
 from gpuguard.host.procfs import ProcessView, boot_id
-from gpuguard.orphans.classify import KEEP_MARK
+from gpuguard.orphans.rules_config import KEEP_MARK
 
 
 def cmd_keep(args: argparse.Namespace) -> int:

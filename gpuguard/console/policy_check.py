@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.config import Config
-from gpuguard.console.common import live_json, load
+from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
@@ -23,15 +24,8 @@ from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.ledger import FILE_NAME as LEDGER_FILE
 from gpuguard.remediator.ledger import Ledger, LedgerError
-from gpuguard.remediator.policy import (
-    ACCEPT,
-    DEFER,
-    PolicyState,
-    TreeKey,
-    decide,
-    policy_state,
-    screen,
-)
+from gpuguard.remediator.policy import Action, PolicyState, decide, policy_state, screen
+from gpuguard.remediator.tree import TreeKey
 
 
 def read_payload(path: str) -> Notification:
@@ -84,7 +78,7 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
         "then": None,
         "live": None,
     }
-    if intake.action != ACCEPT or intake.key is None:
+    if intake.action != Action.ACCEPT or intake.key is None:
         return out
     key = intake.key
     pending.add(key)
@@ -93,7 +87,7 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     decision = decide(alert, live, worker_state)
     out["decision"] = decision.to_json()
     out["live"] = live_json(live)
-    if decision.action == DEFER and decision.recheck_at is not None:
+    if decision.action == Action.DEFER and decision.recheck_at is not None:
         out["decision"]["recheck_at"] += state.wall_now - state.now  # boot clock -> Unix
         # What the worker's re-check would say once the tree is old enough, if nothing changes.
         first_seen = dict(worker_state.first_seen)

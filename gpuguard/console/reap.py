@@ -1,15 +1,10 @@
 """`gpuguard reap ROOT_PID`: the remediator's verification and reaper, driven by a person.
 
-`reap --apply` signals whatever `remediate.mode` says: the mode governs the
-alert-driven path; a person typing --apply has decided. It still goes through the
-same live verification as policy.decide(), the reaper's guards, and writes the
-remediator's audit record, marked `manual`, to the audit log the remediator would use
-(its directory checked the remediator's way: audit.check_private_dir).
-
-`--apply` names the process as well as the pid (`--start-time`): a pid alone names
-whichever process holds it when the command runs. While it may signal, SIGINT, SIGTERM
-and SIGHUP stop the reap (the reaper continues what it stopped), the final record is
-written, and the command exits 128+N.
+`--apply` signals whatever `remediate.mode` says (a person typing it has decided), after the
+same live verification as policy.decide() and the reaper's guards, and writes the
+remediator's audit record, marked `manual`. It names the process as well as the pid
+(`--start-time`). SIGINT, SIGTERM and SIGHUP stop the reap (what it stopped is continued),
+the final record is written, and the command exits 128+N.
 """
 
 from __future__ import annotations
@@ -17,17 +12,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import enum
+import getpass
+import os
 import signal
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from rich.console import Console
 from rich.text import Text
 
-from gpuguard.console.common import alert_line, alert_state, live_json, load, operator
+from gpuguard.config import Config
+from gpuguard.console.alert_state import alert_line, alert_state
+from gpuguard.console.config_file import load
 from gpuguard.console.contract import (
     EXIT_NO_PROCESS,
     EXIT_NOT_AUDITED,
@@ -36,35 +36,22 @@ from gpuguard.console.contract import (
     EXIT_REFUSED,
     EXIT_USAGE,
     PROG,
-    REAP_SCHEMA,
-    REFUSED,
     Failure,
 )
 from gpuguard.console.render import make_console, print_json, reap_renderable
+from gpuguard.console.reports import ReapReport
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
-from gpuguard.orphans.classify import ORPHAN
-from gpuguard.remediator.alertmanager import SILENCED, UNREACHABLE
+from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediator.alertmanager import ConfirmationState
 from gpuguard.remediator.audit import AuditLog, UnsafePathError, audit_record
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.policy import (
-    DRY_RUN,
-    IGNORE,
-    REAP,
-    Decision,
-    LiveTree,
-    Member,
-    TreeKey,
-    verify_live,
-)
-from gpuguard.remediator.reaper import (
-    INTERRUPTED,
-    Interrupted,
-    Outcome,
-    Reaper,
-    ReapPlan,
-    ReapResult,
-)
+from gpuguard.remediator.outcome import Outcome, ReapResult
+from gpuguard.remediator.policy import Action, Decision, verify_live
+from gpuguard.remediator.reap_plan import ReapPlan
+from gpuguard.remediator.reaper import INTERRUPTED, Interrupted, Reaper
+from gpuguard.remediator.settings import Mode
+from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 #: What stops `reap --apply` part-way (a terminal's Ctrl-C or hangup, a supervisor).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -130,46 +117,6 @@ def close_within(nvml: Nvml, seconds: float) -> None:
     done.wait(seconds)
 
 
-@dataclass(frozen=True)
-class ReapReport:
-    """Everything `reap` prints, for people or as gpuguard.reap/v1."""
-
-    key: TreeKey
-    live: LiveTree
-    decision: Decision
-    result: ReapResult | None
-    apply: bool
-    forced: bool
-    audited: str | None  # the audit file, or None with `audit_error`
-    audit_error: str | None
-    alert: dict[str, Any] | None = None  # Alertmanager's state of the tree's alert
-
-    def to_json(self, code: int) -> dict[str, Any]:
-        res = self.result
-        return {
-            "schema": REAP_SCHEMA,
-            "exit_code": code,
-            "key": {"hostname": self.key.hostname, "root_pid": self.key.root_pid,
-                    "root_start_time": self.key.root_start_time},
-            "apply": self.apply,
-            "forced": self.forced,
-            "decision": self.decision.to_json(),
-            "live": live_json(self.live),
-            "outcome": res.outcome if res is not None else REFUSED,
-            "reason": res.reason if res is not None else self.decision.reason,
-            "detail": res.detail if res is not None else self.decision.detail,
-            "kill_path": res.kill_path if res is not None else None,
-            "members": [{"pid": m.pid, "start_time": m.start_time, "user": m.user,
-                         "comm": m.comm} for m in (res.members if res else self.live.members)],
-            "signals": [s.to_json() for s in res.signals] if res is not None else [],
-            "survivors": list(res.survivors) if res is not None else [],
-            "reclaimed_bytes": res.reclaimed_bytes if res is not None else None,
-            "audit_log": self.audited,
-            "audit_error": self.audit_error,
-            "alert": self.alert,
-        }
-
-
 def reap_exit_code(report: ReapReport) -> int:
     res = report.result
     if res is None or res.outcome == Outcome.ABORTED:
@@ -196,10 +143,22 @@ def refusal(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
     return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
 
 
-def cmd_reap(args: argparse.Namespace) -> int:
-    """The remediator's verification and reaper, driven by a person instead of an alert."""
-    config = load(args.config)
-    hostname = args.hostname
+class ManualReason(enum.StrEnum):
+    """The reasons only the manual path gives (the others are the remediator's)."""
+
+    AUDIT_UNSAFE = "audit-unsafe"
+    SILENCED = "silenced"
+    ALERTMANAGER_UNREACHABLE = "alertmanager-unreachable"
+    FORCED = "forced"  # --force over a tree the classifier gave no reason for
+
+
+def operator() -> str:
+    """Who asked: the sudo caller when there is one, else the login name."""
+    return os.environ.get("SUDO_USER") or getpass.getuser()
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """What --apply needs before anything is read: the host PID namespace, --start-time."""
     if args.apply and not in_host_pid_namespace() and not args.allow_pid_namespace:
         raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
                       "reports host pids; pass --allow-pid-namespace only if NVML reports "
@@ -209,128 +168,170 @@ def cmd_reap(args: argparse.Namespace) -> int:
                       f"process you mean (a dry run, `{PROG} status --json` or `{PROG} "
                       "explain PID` shows it): a pid alone names whichever process holds it "
                       "now")
+
+
+def tree_key(args: argparse.Namespace) -> TreeKey:
+    """ROOT_PID with --start-time, or with its start time now (a dry run's)."""
     info = ProcessView().fresh_stat(args.root_pid)
     if info is None or info.is_zombie:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
     start_time = args.start_time if args.start_time is not None else info.start_time
-    key = TreeKey(hostname, args.root_pid, start_time)
-    nvml = Nvml()
-    err = make_console(stderr=True)
-    manual = {"by": operator(), "command": f"{PROG} reap", "apply": args.apply,
-              "force": args.force}
-    mode = "enforce" if args.apply else "dry-run"
-    audit = AuditLog(config.remediate.audit_log)
-    unsafe: str | None = None  # where the remediator would refuse to start: never written
-    try:
-        audit.check_writable()  # the remediator's own check (audit.check_private_dir)
-    except UnsafePathError as exc:
-        unsafe = str(exc)
-    except OSError:
-        pass  # not writable now: an --apply then stops at its intent record (audit-failed)
-    stop = StopOnSignal() if args.apply else None
-    live = LiveTree(root=None)
-    result: ReapResult | None = None
-    decision = Decision(IGNORE, INTERRUPTED, "not inspected", key)  # replaced below
-    alert: dict[str, Any] | None = None
-    reap_id = uuid.uuid4().hex
+    return TreeKey(args.hostname, args.root_pid, start_time)
 
-    def journal(phase: str, members: tuple[Member, ...]) -> None:
-        audit.append(audit_record(hostname, time.time(), decision, live, None, key=key,
-                                  mode=mode, phase=phase, members=members,
-                                  reap_id=reap_id, manual=manual))
 
-    def confirm() -> tuple[str, str] | None:
+class ManualReap:
+    """One `gpuguard reap`: what it was asked, and what it found as it went (the reaper's
+    journal() and confirm() read it while they run)."""
+
+    def __init__(self, args: argparse.Namespace, config: Config, key: TreeKey) -> None:
+        self.args = args
+        self.config = config
+        self.key = key
+        self.nvml = Nvml()
+        self.err: Console = make_console(stderr=True)
+        self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
+                                       "apply": args.apply, "force": args.force}
+        self.mode = Mode.ENFORCE if args.apply else Mode.DRY_RUN
+        self.audit = AuditLog(config.remediate.audit_log)
+        self.unsafe: str | None = None  # where the remediator would refuse to start
+        try:
+            self.audit.check_writable()  # the remediator's own check (audit.check_private_dir)
+        except UnsafePathError as exc:
+            self.unsafe = str(exc)
+        except OSError:
+            pass  # not writable now: an --apply then stops at its intent record (audit-failed)
+        self.stop = StopOnSignal() if args.apply else None
+        self.live = LiveTree(root=None)
+        self.result: ReapResult | None = None
+        self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
+        self.alert: dict[str, Any] | None = None
+        self.reap_id = uuid.uuid4().hex
+
+    def journal(self, phase: str, members: tuple[Member, ...]) -> None:
+        self.audit.append(audit_record(self.args.hostname, time.time(), self.decision,
+                                       self.live, None, key=self.key, mode=self.mode,
+                                       phase=phase, members=members, reap_id=self.reap_id,
+                                       manual=self.manual))
+
+    def confirm(self) -> tuple[str, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) needs --force."""
-        nonlocal alert
-        alert = alert_state(config, hostname, key.root_pid, key.root_start_time)
-        if alert is None or args.force or alert["state"] not in (SILENCED, UNREACHABLE):
+        alert = self.alert = alert_state(self.config, self.args.hostname, self.key.root_pid,
+                                         self.key.root_start_time)
+        if alert is None or self.args.force or alert["state"] not in (
+                ConfirmationState.SILENCED, ConfirmationState.UNREACHABLE):
             return None
-        reason = "silenced" if alert["state"] == SILENCED else "alertmanager-unreachable"
+        reason = (ManualReason.SILENCED if alert["state"] == ConfirmationState.SILENCED
+                  else ManualReason.ALERTMANAGER_UNREACHABLE)
         return reason, f"{alert_line(alert)}; pass --force to reap it anyway"
 
-    try:
+    def run(self) -> None:
+        """Inspect and reap; a stop signal interrupts it (with --apply) until it is over."""
+        stop = self.stop
         try:
             with stop if stop is not None else contextlib.nullcontext():
                 try:
                     if stop is not None:
                         stop.arm()
-                    live = inspect_tree(key, nvml=nvml, rules=config.classify)
-                    manual["verdict"] = live.verdict or None
-                    refused = refusal(key, live, args.force)
-                    if refused is None and args.apply and unsafe is not None:
-                        refused = Decision(IGNORE, "audit-unsafe", f"{unsafe}: no audit "
-                                           "record is written there, so nothing is "
-                                           "signalled; run this as the directory's owner "
-                                           "(the remediator's user, with CAP_KILL), or "
-                                           "give --config a remediate.audit_log in a "
-                                           "directory this user owns", key)
-                    if refused is not None:
-                        decision = refused
-                    else:
-                        if live.verdict != ORPHAN:
-                            err.print(Text(
-                                f"WARNING: --force: pid {key.root_pid} is NOT an orphan: "
-                                f"verdict {live.verdict} ({live.reason}). "
-                                + ("Reaping it anyway." if args.apply
-                                   else "Dry run only; --apply would reap it."),
-                                style="bold red"))
-                        decision = Decision(REAP if args.apply else DRY_RUN,
-                                            live.reason or "forced",
-                                            f"manual reap by {operator()}"
-                                            + (f" (--force over verdict {live.verdict})"
-                                               if live.verdict != ORPHAN else ""), key)
-                        plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                                        gpu_bytes=live.gpu_bytes, dry_run=not args.apply,
-                                        gpus=live.gpus)
-                        deadline = time.monotonic() + config.remediate.worker_timeout_seconds
-                        # --force overrides the classifier (verdict and member protections),
-                        # never the policy's guards: pid 1, kernel threads, root-owned,
-                        # remediate.users. A signal during the reap reaches the reaper as
-                        # Interrupted: it continues what it stopped and says so.
-                        result = Reaper(nvml=nvml).reap(
-                            plan, policy=config.remediate, rules=config.classify,
-                            protected_pids=protected_pids(), deadline=deadline,
-                            journal=journal if args.apply else None, force=args.force,
-                            confirm=confirm)
-                        if result.outcome == Outcome.ABORTED:
-                            decision = Decision(IGNORE, result.reason, result.detail, key)
+                    self.inspect_and_reap()
                 except Interrupted as stopped:  # outside the reaper: nothing was signalled
-                    if result is None:
-                        decision = Decision(IGNORE, INTERRUPTED, f"{stopped.why} before the "
-                                            "reap began; nothing was signalled", key)
+                    if self.result is None:
+                        self.decision = Decision(Action.IGNORE, INTERRUPTED,
+                                                 f"{stopped.why} before the reap began; "
+                                                 "nothing was signalled", self.key)
                 finally:
                     if stop is not None:
                         stop.disarm()
         except Interrupted:
             pass  # in the instant between the reap's end and the disarm: nothing to stop
-        audited: str | None = None
-        audit_error: str | None = None
-        if unsafe is not None:
-            audit_error = unsafe
+
+    def inspect_and_reap(self) -> None:
+        args, key = self.args, self.key
+        live = self.live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify)
+        self.manual["verdict"] = live.verdict or None
+        refused = self.refused()
+        if refused is not None:
+            self.decision = refused
+            return
+        if live.verdict != Verdict.ORPHAN:
+            self.err.print(Text(
+                f"WARNING: --force: pid {key.root_pid} is NOT an orphan: "
+                f"verdict {live.verdict} ({live.reason}). "
+                + ("Reaping it anyway." if args.apply
+                   else "Dry run only; --apply would reap it."),
+                style="bold red"))
+        self.decision = Decision(Action.REAP if args.apply else Action.DRY_RUN,
+                                 live.reason or ManualReason.FORCED,
+                                 f"manual reap by {operator()}"
+                                 + (f" (--force over verdict {live.verdict})"
+                                    if live.verdict != Verdict.ORPHAN else ""), key)
+        plan = ReapPlan(key=key, members=live.members, holders=live.holders,
+                        gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus)
+        deadline = time.monotonic() + self.config.remediate.worker_timeout_seconds
+        # --force overrides the classifier (verdict and member protections), never the
+        # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
+        # during the reap reaches the reaper as Interrupted: it continues what it stopped.
+        result = self.result = Reaper(nvml=self.nvml).reap(
+            plan, policy=self.config.remediate, rules=self.config.classify,
+            protected_pids=protected_pids(), deadline=deadline,
+            journal=self.journal if args.apply else None, force=args.force,
+            confirm=self.confirm)
+        if result.outcome == Outcome.ABORTED:
+            self.decision = Decision(Action.IGNORE, result.reason, result.detail, key)
+
+    def refused(self) -> Decision | None:
+        """refusal(), and with --apply an audit directory the remediator would refuse."""
+        refused = refusal(self.key, self.live, self.args.force)
+        if refused is None and self.args.apply and self.unsafe is not None:
+            refused = Decision(Action.IGNORE, ManualReason.AUDIT_UNSAFE,
+                               f"{self.unsafe}: no audit record is written there, so nothing "
+                               "is signalled; run this as the directory's owner (the "
+                               "remediator's user, with CAP_KILL), or give --config a "
+                               "remediate.audit_log in a directory this user owns", self.key)
+        return refused
+
+    def final_record(self) -> tuple[str | None, str | None]:
+        """Append the final audit record: (the audit file, None), or (None, why not)."""
+        if self.unsafe is not None:
+            return None, self.unsafe
+        try:
+            record = audit_record(self.args.hostname, time.time(), self.decision, self.live,
+                                  self.result, key=self.key, mode=self.mode,
+                                  reap_id=self.reap_id, manual=self.manual)
+            if self.alert is not None:
+                record["alertmanager"] = self.alert
+            self.audit.append(record)
+            return str(self.audit.path), None
+        except OSError as exc:
+            return None, f"{self.audit.path}: {exc.strerror}"
+
+    def show(self, report: ReapReport) -> int:
+        """Print the report (and what stopped it); return the exit code."""
+        code = reap_exit_code(report)
+        stop = self.stop
+        if stop is not None and stop.signum is not None:
+            code = 128 + stop.signum
+            self.err.print(Text(f"interrupted by {signal.Signals(stop.signum).name}: the reap "
+                                "stopped there; what it had stopped was continued (see the "
+                                "audit record)", style="bold red"))
+        if self.args.json:
+            print_json(report.to_json(code))
         else:
-            try:
-                record = audit_record(hostname, time.time(), decision, live, result,
-                                      key=key, mode=mode, reap_id=reap_id, manual=manual)
-                if alert is not None:
-                    record["alertmanager"] = alert
-                audit.append(record)
-                audited = str(audit.path)
-            except OSError as exc:
-                audit_error = f"{audit.path}: {exc.strerror}"
+            make_console().print(reap_renderable(report))
+        if report.audit_error is not None:
+            self.err.print(Text(f"error: not audited: {report.audit_error}", style="bold red"))
+        return code
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    """The remediator's verification and reaper, driven by a person instead of an alert."""
+    config = load(args.config)
+    check_arguments(args)
+    key = tree_key(args)
+    reap = ManualReap(args, config, key)
+    try:
+        reap.run()
+        audited, audit_error = reap.final_record()
     finally:
-        close_within(nvml, NVML_CLOSE_SECONDS)
-    report = ReapReport(key, live, decision, result, args.apply, args.force, audited, audit_error,
-                        alert)
-    code = reap_exit_code(report)
-    if stop is not None and stop.signum is not None:
-        code = 128 + stop.signum
-        err.print(Text(f"interrupted by {signal.Signals(stop.signum).name}: the reap stopped "
-                       "there; what it had stopped was continued (see the audit record)",
-                       style="bold red"))
-    if args.json:
-        print_json(report.to_json(code))
-    else:
-        make_console().print(reap_renderable(report))
-    if audit_error is not None:
-        err.print(Text(f"error: not audited: {audit_error}", style="bold red"))
-    return code
+        close_within(reap.nvml, NVML_CLOSE_SECONDS)
+    return reap.show(ReapReport(key, reap.live, reap.decision, reap.result, args.apply,
+                                args.force, audited, audit_error, reap.alert))

@@ -10,24 +10,23 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpuguard.console.common import alert_line, chain_roles, process_age, tree_members
+from gpuguard.console.alert_state import alert_line
+from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_members
+from gpuguard.console.reports import Explanation, ReapReport
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.scanner import Snapshot, user_name
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.orphans.classify import NORMAL, ORPHAN, PROTECTED, UNKNOWN, Tree
 from gpuguard.orphans.process import Holder, ProcInfo
-from gpuguard.remediator.policy import ACCEPT, CANCEL, DEFER, DRY_RUN, IGNORE, REAP
-from gpuguard.remediator.reaper import Outcome
-
-if TYPE_CHECKING:
-    from gpuguard.console.explain import Explanation
-    from gpuguard.console.reap import ReapReport
+from gpuguard.orphans.verdicts import Tree
+from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediator.outcome import Outcome, SignalResult
+from gpuguard.remediator.policy import Action
 
 #: What each of DESIGN.md's rules looks at; shown next to the rule number.
 RULE_NAMES = {
@@ -42,10 +41,10 @@ RULE_NAMES = {
 
 
 VERDICT_STYLE: dict[str, str] = {
-    ORPHAN: "bold red",
-    PROTECTED: "yellow",
-    NORMAL: "green",
-    UNKNOWN: "magenta",
+    Verdict.ORPHAN: "bold red",
+    Verdict.PROTECTED: "yellow",
+    Verdict.NORMAL: "green",
+    Verdict.UNKNOWN: "magenta",
 }
 
 
@@ -195,7 +194,8 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
             hs = held.get(member.pid, [])
             name = ("└─ " if depth else "") + member.comm
             suspect = snap.accounting.suspect_of(member.pid) if hs else None
-            pid_style = VERDICT_STYLE[ORPHAN] if is_root and tree.verdict == ORPHAN else ""
+            pid_style = (VERDICT_STYLE[Verdict.ORPHAN]
+                         if is_root and tree.verdict == Verdict.ORPHAN else "")
             reason = ""
             if is_root:
                 reason = f"{tree.reason} ({tree.evidence.rule})"
@@ -238,7 +238,7 @@ def status_renderable(snap: Snapshot, hostname: str,
     if acc.users:
         parts += [users_line(acc), Text("")]
     if snap.trees:
-        orphans = sum(1 for t in snap.trees if t.verdict == ORPHAN)
+        orphans = sum(1 for t in snap.trees if t.verdict == Verdict.ORPHAN)
         parts.append(Text(f"Trees holding GPU memory: {len(snap.trees)}, {orphans} orphan",
                           style="bold underline"))
         parts.append(trees_table(snap, watched_for))
@@ -280,7 +280,7 @@ def explain_renderable(ex: Explanation) -> RenderableType:
     if ex.alert is not None:
         parts.append(Text(f"alert: {alert_line(ex.alert)}"))
     if hv.root is not None:
-        what = ("a reap would signal it and all its descendants" if hv.verdict == ORPHAN
+        what = ("a reap would signal it and all its descendants" if hv.verdict == Verdict.ORPHAN
                 else "never reaped: only orphans are")
         parts.append(Text(f"root: {hv.root.pid} ({hv.root.comm}, start_time "
                           f"{hv.root.start_time}); {what}"))
@@ -290,10 +290,10 @@ def explain_renderable(ex: Explanation) -> RenderableType:
                           ("STATE", "left"), ("USER", "left"), ("COMM", "left"),
                           ("AGE", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    rows = chain_roles(hv) or [("holder", info)]
+    rows = chain_roles(hv) or [(ChainRole.HOLDER, info)]
     for role, m in rows:
-        style = "dim" if role == "above-root" else (
-            VERDICT_STYLE[ORPHAN] if "root" == role.split(",")[-1] and hv.verdict == ORPHAN
+        style = "dim" if role == ChainRole.ABOVE_ROOT else (
+            VERDICT_STYLE[Verdict.ORPHAN] if role.is_root and hv.verdict == Verdict.ORPHAN
             else "")
         table.add_row(role, str(m.pid), str(m.ppid), str(m.start_time), str(m.sid),
                       str(m.pgid), m.state, user_name(m.uid), m.comm,
@@ -319,8 +319,8 @@ def policy_renderable(doc: dict[str, Any]) -> RenderableType:
     if not doc["alerts"]:
         parts.append(Text("payload has no alerts"))
         return Group(*parts)
-    style = {REAP: "bold red", DRY_RUN: "bold yellow", DEFER: "cyan", IGNORE: "dim",
-             CANCEL: "dim", ACCEPT: ""}
+    style = {Action.REAP: "bold red", Action.DRY_RUN: "bold yellow", Action.DEFER: "cyan",
+             Action.IGNORE: "dim", Action.CANCEL: "dim", Action.ACCEPT: ""}
 
     def line(label: str, d: dict[str, Any]) -> Text:
         detail = f": {d['detail']}" if d.get("detail") else ""
@@ -357,7 +357,7 @@ def reap_renderable(report: ReapReport) -> RenderableType:
     if members:
         sent: dict[int, list[str]] = {}
         for s in res.signals if res is not None else ():
-            sent.setdefault(s.pid, []).append(s.signal[3:] if s.result == "sent"
+            sent.setdefault(s.pid, []).append(s.signal[3:] if s.result == SignalResult.SENT
                                               else f"{s.signal[3:]}:{s.result}")
         table = Table(box=None, header_style="bold", pad_edge=False)
         columns = [("PID", "right"), ("START_TIME", "right"), ("USER", "left"), ("COMM", "left")]
@@ -369,9 +369,10 @@ def reap_renderable(report: ReapReport) -> RenderableType:
         parts += [Text(""), table, Text("")]
     if res is not None:
         if res.outcome == Outcome.DRY_RUN:
+            # The flags on a line of their own: a wrapped line would break what is copied.
             parts.append(Text(f"dry run: would signal {len(res.members)} process(es); "
-                              "nothing was sent. To reap this tree, the process shown: "
-                              f"--apply --start-time {key.root_start_time}",
+                              "nothing was sent. To reap this tree, the process shown:\n"
+                              f"  --apply --start-time {key.root_start_time}",
                               style="bold yellow"))
         elif res.outcome == Outcome.ABORTED:
             parts.append(Text(f"refused by the reaper: {res.reason}: {res.detail}",

@@ -1,6 +1,6 @@
 """`gpuguard run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]`: parse and hand off.
 
-The launcher itself is gpuguard/launch/launcher.py; this module turns the command line
+The launcher itself is gpuguard/launch/; this module turns the command line
 into its Options and its start-up failures into the console's one-line exits.
 """
 
@@ -14,16 +14,8 @@ from gpuguard.console.contract import (
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.launch.launcher import (
-    DEFAULT_GRACE_SECONDS,
-    CannotStart,
-    Options,
-    Unsupported,
-    end,
-    run,
-)
-
-__all__ = ["DEFAULT_GRACE_SECONDS", "cmd_run"]
+from gpuguard.launch.events import Options
+from gpuguard.launch.launcher import CannotStart, Unsupported, end, run
 
 USAGE = "run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"
 

@@ -11,18 +11,11 @@ from rich.spinner import Spinner
 from rich.text import Text
 
 from gpuguard.config import Config
-from gpuguard.console.common import (
-    alert_line,
-    gpu_json,
-    holder_json,
-    load,
-    member_json,
-    nvml_json,
-    orphan_alerts,
-    process_age,
-    tree_members,
-)
+from gpuguard.console.alert_state import alert_line, orphan_alerts
+from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
+from gpuguard.console.json_records import gpu_json, holder_json, member_json, nvml_json
+from gpuguard.console.lineage import process_age, tree_members
 from gpuguard.console.render import (
     make_console,
     nvml_down_line,
@@ -34,8 +27,8 @@ from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.classify import Tree
 from gpuguard.orphans.process import Holder
+from gpuguard.orphans.verdicts import Tree
 
 
 def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:

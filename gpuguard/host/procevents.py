@@ -1,56 +1,17 @@
 """The kernel's process exit events: how a launcher died, told as it happened.
 
-Why: an orphan tree's launcher is gone by the time a scan sees the orphan, and
-/proc keeps nothing of a reaped process. Whether the launcher was killed (a
-signal: an agent stopping its shell, the OOM killer, `kill -9`) or exited on
-purpose (a launch script that ran `cmd &` and finished) is what tells an
-abandoned job from a detached one, and only the kernel saw it. So one socket
-listens to the process-events connector and keeps a short memory of exits.
-
-What the kernel gives: `socket(AF_NETLINK, SOCK_DGRAM, NETLINK_CONNECTOR)`
-bound to the CN_IDX_PROC group, then PROC_CN_MCAST_LISTEN, brings one datagram
-per event: nlmsghdr (16 bytes), cn_msg (20), struct proc_event (40): `what`
-u32, `cpu` u32, `timestamp_ns` u64 (CLOCK_MONOTONIC), then the union; an exit
-(`what` 0x80000000) carries process_pid, process_tgid, exit_code, exit_signal,
-parent_pid, parent_tgid (i32, i32, u32, u32, i32, i32). exit_code is a wait
-status: low 7 bits the killing signal, else the exit status in bits 8-15.
-Since Linux 6.6 a listener may narrow the stream to exits (struct proc_input)
-and needs no privilege (6.18: an unprivileged user listens; older kernels want
-CAP_NET_ADMIN); the listener asks for the filter once the kernel acknowledged
-its LISTEN, and reads the full stream where a kernel ignores that. Only
-thread-group leaders (pid == tgid) are recorded; threads' exits count as other.
-The kernel builds the event after the exit is announced to the parent, so a
-parent that reaps at once can win the race: the parent fields are then 0 (our
-`parent_pid` None); the pid and exit code are always there.
-
-Cost: a process exit costs the listener one recv and a row in the store; the
-reader wakes at most every 50 ms and drains what queued meanwhile. Measured
-(benchmarks/procevents_cost.py, 6.18): about 0.6% of one core at 1,000 exits/s
-(~6 us per exit), ~0.01-0.1% on an idle host; unfiltered (below) about 1.2%.
-The socket buffer asks for 4 MiB (doubled by the kernel: ~10,000 queued
-events; past rmem_max only with CAP_NET_ADMIN), kernel memory taken only by
-events waiting to be read. The store is bounded by count and age (defaults:
-65,536 records, 600 s) in flat arrays of about 20 bytes a record (1.3 MiB,
-allocated up front), so it never grows with uptime.
-
-Limits: exits before `start()` are unknown (a launcher that died before gpuguard
-started reads `launcher-unrecorded`: a listener runs and holds no record). A burst
-can overrun the socket (ENOBUFS): the kernel counts what it dropped on the socket
-(SO_MEMINFO), and so do we, under kind `dropped`, with a warning. The kernel reports
-pids of the initial PID namespace; a listener in a child PID namespace (a container
-without hostPID, `unshare --pid`) gets pids that name other processes there, so it
-refuses to start unless `allow_pid_namespace=True` says its callers query with
-initial-namespace pids. (With `--mount-proc`, not even NSpid shows those: the
-namespace cannot translate them; `host_pid` is this process's, learned from the
-kernel by a start-up probe.) There the kernel ignores the subscription request (no
-acknowledgement, no filter: every event kind arrives, about twice the cost) and yet
-delivers events to the bound socket (verified on 6.18; older kernels, which count
-subscribers instead, may send none: the probe then says so).
+An orphan's launcher is gone by the time a scan sees the orphan, and /proc keeps nothing
+of a reaped process: whether a signal killed it or it exited on purpose (what tells an
+abandoned job from a detached one) only the kernel saw. One netlink socket listens to the
+process-events connector (proc_connector.py) and keeps a bounded memory of exits
+(exit_store.py). Exits before `start()` are unknown; what an overrun socket lost is
+counted as `dropped`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import logging
 import os
@@ -59,128 +20,53 @@ import socket
 import struct
 import threading
 import time
-from array import array
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable
 
+from gpuguard.host.exit_store import EvictionCause, Exit, ExitStore, Row
+from gpuguard.host.proc_connector import (
+    CN_IDX_PROC,
+    EXIT_DATAGRAM,
+    NETLINK_CONNECTOR,
+    NLMSG_DONE,
+    PROC_CN_MCAST_IGNORE,
+    PROC_CN_MCAST_LISTEN,
+    PROC_EVENT_COMM,
+    PROC_EVENT_EXIT,
+    PROC_EVENT_NONE,
+    Event,
+    decode,
+    request,
+)
 from gpuguard.host.procfs import in_host_pid_namespace
 
 log = logging.getLogger(__name__)
 
-NETLINK_CONNECTOR = 11
-CN_IDX_PROC = 1
-CN_VAL_PROC = 1
-PROC_CN_MCAST_LISTEN = 1
-PROC_CN_MCAST_IGNORE = 2
-PROC_EVENT_NONE = 0x00000000  # an acknowledgement of a LISTEN/IGNORE request
-PROC_EVENT_COMM = 0x00000200  # a thread renamed itself (the start-up probe's beacon)
-PROC_EVENT_EXIT = 0x80000000
-NLMSG_DONE = 3  # the connector sends every message as one NLMSG_DONE
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_MEMINFO = 55  # u32[SK_MEMINFO_VARS]; [8] is sk_drops: messages the kernel dropped
 SK_MEMINFO_DROPS = 8
-
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, port id
-_CN_MSG = struct.Struct("=IIIIHH")  # id.idx, id.val, seq, ack, len, flags
-_EVENT = struct.Struct("=IIQ")  # what, cpu, timestamp_ns
-_EXIT = struct.Struct("=iiIIii")  # process_pid/tgid, exit_code/signal, parent_pid/tgid
-_ACK = struct.Struct("=I")  # event_data.ack.err
-_COMM = struct.Struct("=ii16s")  # process_pid, process_tgid, comm
 PR_SET_NAME = 15
-_I32 = struct.Struct("=i")
-#: A whole one-exit datagram, for the hot path: nlmsghdr, cn_msg, proc_event head, exit.
-_EXIT_DATAGRAM = struct.Struct("=IHHII" "IIIIHH" "IIQ" "iiIIii")
-_Row = tuple[int, int, int, float]  # pid, exit_code, parent pid (0: unknown), at
-_HEADERS = _NLMSGHDR.size + _CN_MSG.size  # 36: where struct proc_event starts
-_DATA = _HEADERS + _EVENT.size  # 52: where its union starts
-assert _EXIT_DATAGRAM.size == _DATA + _EXIT.size == 76
 
-#: Event kinds counted (gpuguard_process_events_total{kind}); a fixed set, as callsites are.
-KINDS: tuple[str, ...] = (
-    "exit",  # a process (thread-group leader) exited: recorded
-    "other",  # anything else that arrived: a thread's exit, an acknowledgement, other kinds
-    "dropped",  # events the kernel dropped because our socket was full (ENOBUFS)
-)
 
-#: Why records left the store: room for newer ones, or older than retention.
-EVICTION_CAUSES: tuple[str, ...] = ("count", "age")
+class EventKind(enum.StrEnum):
+    """Event kinds counted (gpuguard_process_events_total{kind})."""
+
+    EXIT = "exit"  # a process (thread-group leader) exited: recorded
+    OTHER = "other"  # anything else that arrived: a thread's exit, an acknowledgement, ...
+    DROPPED = "dropped"  # events the kernel dropped because our socket was full (ENOBUFS)
+
+
+KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
 RECV_SIZE = 8192
 BATCH = 256  # exits recorded per store lock
 #: After draining, the reader lets events queue for up to this long before it looks
 #: again: a wake-up costs more than the events it brings (Python, a thread switch), so
-#: batching cuts the CPU per exit several-fold. Shorter when the socket buffer is small,
-#: so that a burst of DESIGN_RATE exits a second fills at most half of it meanwhile.
+#: batching cuts the CPU per exit several-fold (benchmarks/procevents_cost.py: ~0.6% of a
+#: core at 1,000 exits/s). Shorter when the socket buffer is small, so that a burst of
+#: DESIGN_RATE exits a second fills at most half of it meanwhile.
 MAX_PACE_S = 0.05
 DESIGN_RATE = 10_000
 EVENT_TRUESIZE = 1024  # bytes of receive buffer one queued event takes (832 on 6.18 x86-64)
-
-
-@dataclass(frozen=True, slots=True)
-class Exit:
-    """One process's exit as the kernel reported it; `at` is Unix time."""
-
-    pid: int
-    exit_code: int  # the raw wait status
-    signal: int | None  # the signal that killed it; None when it exited by itself
-    status: int | None  # its exit status; None when a signal killed it
-    parent_pid: int | None  # its parent (parent_tgid); None: reaped before the event was made
-    at: float
-
-    @property
-    def core_dumped(self) -> bool:
-        return bool(self.exit_code & 0x80)
-
-
-def split_exit_code(code: int) -> tuple[int | None, int | None]:
-    """(signal, status) of a wait status: killed when the low 7 bits are set."""
-    sig = code & 0x7F
-    if sig:
-        return sig, None
-    return None, (code >> 8) & 0xFF
-
-
-class Event(NamedTuple):
-    """One decoded proc_event: `data` is the exit fields, (err,) for an ack, (pid, tgid)
-    for a rename (with `comm`), else ()."""
-
-    what: int
-    ack: int  # cn_msg.ack: the kernel answers a request with its ack + 1
-    timestamp_ns: int
-    data: tuple[int, ...]
-    comm: bytes = b""
-
-
-def decode(buf: bytes | bytearray | memoryview, size: int | None = None) -> Iterator[Event]:
-    """The proc_events in one datagram (normally one); malformed parts are skipped."""
-    end = len(buf) if size is None else size
-    offset = 0
-    while offset + _NLMSGHDR.size <= end:
-        length, kind = _NLMSGHDR.unpack_from(buf, offset)[:2]
-        if length < _NLMSGHDR.size or offset + length > end:
-            return
-        if kind == NLMSG_DONE and length >= _DATA:
-            ack = _CN_MSG.unpack_from(buf, offset + _NLMSGHDR.size)[3]
-            what, _cpu, stamp = _EVENT.unpack_from(buf, offset + _HEADERS)
-            data: tuple[int, ...] = ()
-            comm = b""
-            if what == PROC_EVENT_EXIT and length >= _DATA + _EXIT.size:
-                data = _EXIT.unpack_from(buf, offset + _DATA)
-            elif what == PROC_EVENT_NONE and length >= _DATA + _ACK.size:
-                data = _ACK.unpack_from(buf, offset + _DATA)
-            elif what == PROC_EVENT_COMM and length >= _DATA + _COMM.size:
-                pid, tgid, raw = _COMM.unpack_from(buf, offset + _DATA)
-                data, comm = (pid, tgid), raw.split(b"\0", 1)[0]
-            yield Event(what, ack, stamp, data, comm)
-        offset += (length + 3) & ~3  # NLMSG_ALIGN
-
-
-def request(op: int, *, ack: int, events: int | None = None) -> bytes:
-    """A LISTEN/IGNORE request; with `events`, the 6.6+ form that also sets a filter."""
-    payload = struct.pack("=I", op) if events is None else struct.pack("=II", op, events)
-    cn = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, ack, len(payload), 0) + payload
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(cn), NLMSG_DONE, 0, 0, 0) + cn
 
 
 class EventCounts:
@@ -188,7 +74,7 @@ class EventCounts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(KINDS, 0)
+        self._counts: dict[str, int] = dict.fromkeys(KINDS, 0)
 
     def add(self, kind: str, n: int = 1) -> None:
         if kind not in self._counts:
@@ -201,110 +87,43 @@ class EventCounts:
             return dict(self._counts)
 
 
-class ExitStore:
-    """Exits in a ring of fixed size, bounded by count and by age (oldest evicted first).
+class SocketDrops:
+    """What the kernel dropped on our full socket (SO_MEMINFO sk_drops), counted as
+    `dropped`; on a kernel without it, each overrun counts as one, at least."""
 
-    Columns in flat arrays, about 20 bytes a record (a dict of objects would take ten
-    times that): the store's size is paid up front and never grows. A query is rare (a
-    launcher per orphan tree per scan) and finds a pid's latest record with one rfind
-    over the packed pids.
-    """
+    def __init__(self, counters: EventCounts) -> None:
+        self._counters = counters
+        self._seen = 0  # the kernel's sk_drops when last read
+        self._meminfo = True
+        self._last_warning = -float("inf")
+        self.total = 0
 
-    def __init__(self, *, max_records: int, retention: float,
-                 clock: Callable[[], float]) -> None:
-        if max_records < 1 or retention <= 0:
-            raise ValueError("max_records and retention must be positive")
-        self.max_records = max_records
-        self.retention = retention
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._pids = bytearray(4 * max_records)  # native i32, searched with rfind
-        self._codes = array("I", [0]) * max_records
-        self._parents = array("i", [0]) * max_records
-        self._at = array("d", [0.0]) * max_records
-        self._next = 0  # records ever added; record n lives in slot n % max_records
-        self._first = 0  # the oldest record still held
-        #: Records dropped to make room (count) or for their age: what the launcher
-        #: memory (gpuguard/host/launcher_memory.py) answers for after they are gone.
-        self.evicted = dict.fromkeys(EVICTION_CAUSES, 0)
+    def sync(self, sock: socket.socket, *, overrun: bool = False) -> None:
+        """Bring `total` up to the kernel's count for `sock`."""
+        if self._meminfo:
+            try:
+                raw = sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, 64)
+                drops = struct.unpack_from(f"={len(raw) // 4}I", raw)[SK_MEMINFO_DROPS]
+            except (OSError, IndexError, struct.error):
+                self._meminfo = False  # an old kernel
+            else:
+                delta = drops - self._seen
+                self._seen = drops
+                if delta > 0:
+                    self.total += delta
+                    self._counters.add(EventKind.DROPPED, delta)
+                return
+        if overrun:
+            self.total += 1
+            self._counters.add(EventKind.DROPPED, 1)
 
-    def add(self, *exits: Exit) -> None:
-        self.add_rows([(e.pid, e.exit_code, e.parent_pid or 0, e.at) for e in exits])
-
-    def add_rows(self, rows: list[_Row]) -> None:
-        """Record (pid, exit_code, parent pid or 0, at) rows: the reader's form, no objects."""
-        with self._lock:
-            size, n = self.max_records, self._next
-            pids, codes, parents, ats, pack = (self._pids, self._codes, self._parents,
-                                               self._at, _I32.pack_into)
-            for pid, code, parent, at in rows:
-                slot = n % size
-                pack(pids, 4 * slot, pid)
-                codes[slot], parents[slot], ats[slot] = code, parent, at
-                n += 1
-            self._next = n
-            if n - size > self._first:
-                self.evicted["count"] += n - size - self._first
-                self._first = n - size
-            self._evict(self._clock())
-
-    def exit_of(self, pid: int, *, after: float) -> Exit | None:
-        """The latest record of `pid` if it is at or after `after`: if the latest is older,
-        every earlier one is too."""
-        with self._lock:
-            now = self._clock()
-            self._evict(now)
-            slot = self._latest_slot(pid)
-            # Eviction goes in arrival order; a record can be older than one before it.
-            if slot is None or self._at[slot] < max(after, now - self.retention):
-                return None
-            return self._record(slot)
-
-    def records(self) -> list[Exit]:
-        """Every record still held, oldest first."""
-        with self._lock:
-            self._evict(self._clock())
-            size = self.max_records
-            return [self._record(n % size) for n in range(self._first, self._next)]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return self._next - self._first
-
-    def _evict(self, now: float) -> None:
-        """Drop records older than retention from the old end (arrival order)."""
-        oldest, size = now - self.retention, self.max_records
-        first = self._first
-        while first < self._next and self._at[first % size] < oldest:
-            first += 1
-        self.evicted["age"] += first - self._first
-        self._first = first
-
-    def _latest_slot(self, pid: int) -> int | None:
-        held = self._next - self._first
-        if held <= 0:
-            return None
-        size = self.max_records
-        start, stop = self._first % size, self._next % size or size
-        # Newest first: [0, stop) then [start, size) when the held range wraps.
-        segments = [(start, stop)] if start < stop else [(0, stop), (start, size)]
-        needle = _I32.pack(pid)
-        for lo, hi in segments:
-            end = 4 * hi
-            while True:
-                at = self._pids.rfind(needle, 4 * lo, end)
-                if at < 0:
-                    break
-                if at % 4 == 0:
-                    return at // 4
-                end = at + 3  # straddles two pids: look further back
-        return None
-
-    def _record(self, slot: int) -> Exit:
-        code = self._codes[slot]
-        signal, status = split_exit_code(code)
-        return Exit(_I32.unpack_from(self._pids, 4 * slot)[0], code, signal, status,
-                    self._parents[slot] or None, self._at[slot])
+    def warn(self) -> None:
+        """Say that exits were lost, at most once a minute."""
+        now = time.monotonic()
+        if now - self._last_warning >= 60.0:
+            self._last_warning = now
+            log.warning("process events: socket overrun, %d events dropped since start; "
+                        "some exits were not recorded", self.total)
 
 
 class ProcessEvents:
@@ -336,10 +155,7 @@ class ProcessEvents:
         self.host_pid: int | None = None
         self._sock: socket.socket | None = None
         self._sock_lock = threading.Lock()  # the socket's life vs counts() reading its drops
-        self._drops_seen = 0  # the kernel's sk_drops when last read
-        self._dropped = 0
-        self._meminfo = True
-        self._last_warning = -float("inf")
+        self._drops = SocketDrops(self.counters)
         self._wake_r, self._wake_w = -1, -1
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -409,10 +225,9 @@ class ProcessEvents:
         self._sync_drops()
         return self.counters.snapshot()
 
-    def evictions(self) -> dict[str, int]:
+    def evictions(self) -> dict[EvictionCause, int]:
         """Exit records dropped from the store since start, by cause (count, age)."""
-        with self._store._lock:
-            return dict(self._store.evicted)
+        return self._store.evictions()
 
     # -- subscribing ---------------------------------------------------------------------
 
@@ -429,7 +244,8 @@ class ProcessEvents:
         except OSError as exc:
             raise _Unavailable(f"no netlink connector ({_why(exc)})") from exc
         self._sock = sock
-        self._grow_receive_buffer(sock)
+        granted = grow_receive_buffer(sock, self._receive_buffer)
+        self._pace = min(MAX_PACE_S, granted / EVENT_TRUESIZE / 2 / DESIGN_RATE)
         cookie = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         try:
             sock.bind((0, CN_IDX_PROC))
@@ -474,20 +290,6 @@ class ProcessEvents:
                                "serves only acknowledged listeners?)")
         self.host_pid = seen.data[1]
 
-    def _grow_receive_buffer(self, sock: socket.socket) -> None:
-        """A bigger buffer rides out bursts; FORCE passes rmem_max where CAP_NET_ADMIN allows."""
-        for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, option, self._receive_buffer)
-                break
-            except OSError:
-                continue
-        try:
-            granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        except OSError:
-            granted = 0
-        self._pace = min(MAX_PACE_S, granted / EVENT_TRUESIZE / 2 / DESIGN_RATE)
-
     def _read_until(self, match: Callable[[Event], bool], timeout: float) -> Event | None:
         """Handle what arrives (recording as usual) until an event matches or time is up."""
         sock = self._sock
@@ -531,11 +333,11 @@ class ProcessEvents:
         """
         buf, view = self._buf, memoryview(self._buf)
         wall, mono = self._clock(), time.monotonic_ns()
-        rows: list[_Row] = []
+        rows: list[Row] = []
         found: Event | None = None
         n_exit = n_other = 0
         overrun = False
-        recv_into, unpack = sock.recv_into, _EXIT_DATAGRAM.unpack_from
+        recv_into, unpack = sock.recv_into, EXIT_DATAGRAM.unpack_from
         while True:
             try:
                 size = recv_into(buf)
@@ -548,7 +350,7 @@ class ProcessEvents:
                 if exc.errno == errno.EINTR:
                     continue
                 raise
-            if size == _EXIT_DATAGRAM.size and match is None:
+            if size == EXIT_DATAGRAM.size and match is None:
                 fields = unpack(buf)
                 if fields[1] == NLMSG_DONE and fields[11] == PROC_EVENT_EXIT:
                     stamp, pid, tgid, code, parent = fields[13:17] + fields[19:]
@@ -575,44 +377,22 @@ class ProcessEvents:
         if rows:
             self._store.add_rows(rows)
         if n_exit:
-            self.counters.add("exit", n_exit)
+            self.counters.add(EventKind.EXIT, n_exit)
         if n_other:
-            self.counters.add("other", n_other)
+            self.counters.add(EventKind.OTHER, n_other)
         if overrun:
             self._overrun()
         return found
 
     def _overrun(self) -> None:
-        """The socket overflowed: count what the kernel dropped and say so (once a minute)."""
+        """The socket overflowed: count what the kernel dropped and say so."""
         self._sync_drops(overrun=True)
-        now = time.monotonic()
-        if now - self._last_warning >= 60.0:
-            self._last_warning = now
-            log.warning("process events: socket overrun, %d events dropped since start; "
-                        "some exits were not recorded", self._dropped)
+        self._drops.warn()
 
     def _sync_drops(self, *, overrun: bool = False) -> None:
-        """Bring `dropped` up to the kernel's count for our socket (SO_MEMINFO sk_drops)."""
-        with self._sock_lock:
-            sock = self._sock
-            if sock is None:
-                return
-            if self._meminfo:
-                try:
-                    raw = sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, 64)
-                    drops = struct.unpack_from(f"={len(raw) // 4}I", raw)[SK_MEMINFO_DROPS]
-                except (OSError, IndexError, struct.error):
-                    self._meminfo = False  # an old kernel: count each overrun as one, at least
-                else:
-                    delta = drops - self._drops_seen
-                    self._drops_seen = drops
-                    if delta > 0:
-                        self._dropped += delta
-                        self.counters.add("dropped", delta)
-                    return
-            if overrun:
-                self._dropped += 1
-                self.counters.add("dropped", 1)
+        with self._sock_lock:  # vs the socket's close
+            if self._sock is not None:
+                self._drops.sync(self._sock, overrun=overrun)
 
     def _close(self) -> None:
         self._sync_drops()
@@ -650,3 +430,18 @@ def _rename_thread(name: bytes) -> bool:
         return int(libc.prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def grow_receive_buffer(sock: socket.socket, size: int) -> int:
+    """Ask for a `size` receive buffer (FORCE passes rmem_max where CAP_NET_ADMIN allows):
+    a bigger one rides out bursts. The size granted (doubled by the kernel), 0 if unknown."""
+    for option in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, size)
+            break
+        except OSError:
+            continue
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    except OSError:
+        return 0

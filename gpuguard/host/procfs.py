@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.identity_cache import IdentityCache
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.marks import Marks
 from gpuguard.orphans.process import (
@@ -34,12 +35,14 @@ PROC = "/proc"
 PROC_PID_INIT_INO = 0xEFFFFFFC
 
 
-#: Clock ticks per second: the unit of /proc/PID/stat's start time.
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+@functools.cache
+def clock_ticks() -> int:
+    """Clock ticks per second: the unit of /proc/PID/stat's start time."""
+    return os.sysconf("SC_CLK_TCK")
 
 
 class ExitSource(Protocol):
-    """The process-event listener as procfs needs it (exporter/procevents.ProcessEvents)."""
+    """The process-event listener as procfs needs it (gpuguard/host/procevents.py)."""
 
     available: bool  # subscribed: exits from then on are recorded (or counted as dropped)
 
@@ -123,6 +126,17 @@ def parse_status(text: str) -> ProcStatus:
     return ProcStatus(sighup_ignored=bool(sig_ign & (1 << 0)), nspid=nspid, kernel_thread=kthread)
 
 
+def cgroup_paths(text: str) -> tuple[str, ...]:
+    """The paths of /proc/PID/cgroup's lines, v1 ("N:ctrl:/p", one per hierarchy) and v2
+    ("0::/p") alike."""
+    paths = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            paths.append(parts[2])
+    return tuple(paths)
+
+
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -179,8 +193,7 @@ class ProcessView:
         self._boot_wall: float | None = None
         self._lock = threading.RLock()
         self._scan_stat: dict[int, ProcInfo | None] = {}
-        self._extras: dict[tuple[int, int], dict[object, object]] = {}
-        self._comm_at_cache: dict[tuple[int, int], str] = {}
+        self._extras = IdentityCache(self._lock)
         self._own_nspid_depth: int | None = None
         self._marks: dict[str, Marks] = {}
 
@@ -190,8 +203,7 @@ class ProcessView:
         """Forget this scan's stat reads; drop extras of processes not seen last scan."""
         with self._lock:
             seen = {info.identity for info in self._scan_stat.values() if info is not None}
-            self._extras = {k: v for k, v in self._extras.items() if k in seen}
-            self._comm_at_cache = {k: v for k, v in self._comm_at_cache.items() if k in seen}
+            self._extras.keep_only(seen)
             self._scan_stat = {}
 
     # -- stat: one read per pid per scan ---------------------------------------------
@@ -204,11 +216,7 @@ class ProcessView:
             info = self._read_stat(pid)
             self._scan_stat[pid] = info
             if info is not None:
-                cached_comm = self._comm_at_cache.get(info.identity)
-                if cached_comm is not None and cached_comm != info.comm:
-                    # exec() keeps the identity but changes what the extras describe.
-                    self._extras.pop(info.identity, None)
-                self._comm_at_cache[info.identity] = info.comm
+                self._extras.saw(info)
             return info
 
     def _read_stat(self, pid: int) -> ProcInfo | None:
@@ -244,18 +252,14 @@ class ProcessView:
     # -- extras: cached by identity --------------------------------------------------
 
     def _extra(self, info: ProcInfo, key: str, callsite: str, read) -> object:
-        with self._lock:
-            slot = self._extras.setdefault(info.identity, {})
-            if key in slot:
-                return slot[key]
-        with self._counters.track(callsite, proc_reads=1):
-            try:
-                value = read()
-            except OSError:
-                value = None  # gone or not ours to read: the caller decides what None means
-        with self._lock:
-            self._extras.setdefault(info.identity, {})[key] = value
-        return value
+        def counted() -> object:
+            with self._counters.track(callsite, proc_reads=1):
+                try:
+                    return read()
+                except OSError:
+                    return None  # gone or not ours to read: the caller decides what None means
+
+        return self._extras.get(info, key, counted)
 
     def _read_text(self, pid: int | str, name: str) -> str:
         with open(f"{self._root}/{pid}/{name}", "rb") as fh:
@@ -287,12 +291,7 @@ class ProcessView:
         """Every cgroup path of the process (v1 has one per hierarchy, v2 one)."""
 
         def read() -> tuple[str, ...]:
-            paths = []
-            for line in self._read_text(info.pid, "cgroup").splitlines():
-                parts = line.split(":", 2)
-                if len(parts) == 3:
-                    paths.append(parts[2])
-            return tuple(paths)
+            return cgroup_paths(self._read_text(info.pid, "cgroup"))
 
         return self._extra(info, "cgroup", "proc_cgroup", read)  # type: ignore[return-value]
 
@@ -328,14 +327,7 @@ class ProcessView:
         """`compute()` once per process identity (dropped with its other extras): what a
         pure rule derives from this process's facts, a protect match say, is cached by
         the process it is about, never by its (user-sized) text."""
-        with self._lock:
-            slot = self._extras.setdefault(info.identity, {})
-            if key in slot:
-                return slot[key]
-        value = compute()
-        with self._lock:
-            self._extras.setdefault(info.identity, {})[key] = value
-        return value
+        return self._extras.get(info, key, compute)
 
     def registered(self, kind: str, info: ProcInfo, directory: str) -> bool | None:
         """Whether `directory` holds a trusted registration of `kind` (gpuguard/host/marks.py)
@@ -389,7 +381,7 @@ class ProcessView:
             with open(f"{self._root}/stat", encoding="ascii") as fh:
                 btime = next(line for line in fh if line.startswith("btime "))
             self._boot_wall = float(btime.split()[1])
-        return self._boot_wall + start_time / CLOCK_TICKS
+        return self._boot_wall + start_time / clock_ticks()
 
     def own_nspid_depth(self) -> int:
         """How many PID namespaces this process sits in (1 on the host)."""

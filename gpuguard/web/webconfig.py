@@ -39,7 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.config import ConfigError, bool_value, parse_yaml, section, str_list
+from gpuguard.validation import (
+    CONFIG_FILE,
+    At,
+    ConfigError,
+    boolean,
+    mapping,
+    parse_yaml,
+    string_list,
+)
 
 log = logging.getLogger("gpuguard.webconfig")
 
@@ -120,31 +128,31 @@ class WebConfig:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-def _file(base: Path) -> Callable[[str, str, Any], str]:
-    def check(path: str, key: str, value: Any) -> str:
+def _file(base: Path) -> Callable[[At, Any], str]:
+    def check(at: At, value: Any) -> str:
         if not isinstance(value, str) or not value:
-            raise ConfigError(path, key, "must be a file name")
+            raise at.error("must be a file name")
         full = (base / value) if not os.path.isabs(value) else Path(value)
         try:
             with open(full, "rb"):
                 pass
         except OSError as exc:
-            raise ConfigError(path, key, f"cannot read {full}: {exc.strerror}") from None
+            raise at.error(f"cannot read {full}: {exc.strerror}") from None
         return str(full)
 
     return check
 
 
-def _unsupported(why: str) -> Callable[[str, str, Any], None]:
-    def check(path: str, key: str, value: Any) -> None:
-        raise ConfigError(path, key, f"not supported: {why}")
+def _unsupported(why: str) -> Callable[[At, Any], None]:
+    def check(at: At, value: Any) -> None:
+        raise at.error(f"not supported: {why}")
 
     return check
 
 
-def _tls(base: Path) -> Callable[[str, str, Any], TlsConfig]:
-    def check(path: str, key: str, value: Any) -> TlsConfig:
-        got = section(path, key, value, {
+def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
+    def check(at: At, value: Any) -> TlsConfig:
+        got = mapping(at, value, {
             "cert_file": _file(base),
             "key_file": _file(base),
             "client_auth_type": _client_auth,
@@ -152,7 +160,7 @@ def _tls(base: Path) -> Callable[[str, str, Any], TlsConfig]:
             "min_version": _version,
             "max_version": _version,
             "cipher_suites": _ciphers,
-            "prefer_server_cipher_suites": bool_value,  # OpenSSL servers always prefer theirs
+            "prefer_server_cipher_suites": boolean,  # OpenSSL servers always prefer theirs
             "cert": _unsupported("inline certificates; use cert_file"),
             "key": _unsupported("inline keys; use key_file"),
             "curve_preferences": _unsupported("Python's ssl cannot choose curves"),
@@ -160,18 +168,18 @@ def _tls(base: Path) -> Callable[[str, str, Any], TlsConfig]:
         })
         for required in ("cert_file", "key_file"):
             if required not in got:
-                raise ConfigError(path, f"{key}.{required}", "is required for TLS")
+                raise at.child(required).error("is required for TLS")
         low, high = got.get("min_version"), got.get("max_version")
         if low is not None and high is not None and high < low:
-            raise ConfigError(path, f"{key}.max_version", "is below min_version: no "
-                              "handshake could succeed")
+            raise at.child("max_version").error("is below min_version: no handshake could "
+                                                "succeed")
         auth = got.get("client_auth_type", ssl.CERT_NONE)
         if auth != ssl.CERT_NONE and "client_ca_file" not in got:
-            raise ConfigError(path, f"{key}.client_ca_file",
-                              "is required to verify client certificates")
+            raise at.child("client_ca_file").error("is required to verify client certificates")
         if "client_ca_file" in got and auth == ssl.CERT_NONE:
-            raise ConfigError(path, f"{key}.client_auth_type", "client_ca_file is set but "
-                              "client_auth_type is NoClientCert: say how to use it")
+            raise at.child("client_auth_type").error("client_ca_file is set but "
+                                                     "client_auth_type is NoClientCert: say "
+                                                     "how to use it")
         tls = TlsConfig(
             cert_file=got["cert_file"], key_file=got["key_file"], client_auth=auth,
             client_ca_file=got.get("client_ca_file"),
@@ -181,83 +189,83 @@ def _tls(base: Path) -> Callable[[str, str, Any], TlsConfig]:
         try:
             tls.context()
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(path, key, f"unusable certificate, key or CA: {exc}") from None
+            raise at.error(f"unusable certificate, key or CA: {exc}") from None
         return tls
 
     return check
 
 
-def _client_auth(path: str, key: str, value: Any) -> ssl.VerifyMode:
+def _client_auth(at: At, value: Any) -> ssl.VerifyMode:
     if value in CLIENT_AUTH_UNSUPPORTED:
-        raise ConfigError(path, key, f"{value} is not supported: Python's ssl verifies every "
-                          "client certificate it asks for; use VerifyClientCertIfGiven or "
-                          "RequireAndVerifyClientCert")
+        raise at.error(f"{value} is not supported: Python's ssl verifies every client "
+                       "certificate it asks for; use VerifyClientCertIfGiven or "
+                       "RequireAndVerifyClientCert")
     if value not in CLIENT_AUTH:
-        raise ConfigError(path, key, f"must be one of {', '.join(CLIENT_AUTH)}, got {value!r}")
+        raise at.error(f"must be one of {', '.join(CLIENT_AUTH)}, got {value!r}")
     return CLIENT_AUTH[value]
 
 
-def _version(path: str, key: str, value: Any) -> ssl.TLSVersion:
+def _version(at: At, value: Any) -> ssl.TLSVersion:
     if value not in TLS_VERSIONS:
-        raise ConfigError(path, key, f"must be one of {', '.join(TLS_VERSIONS)}, got {value!r}")
+        raise at.error(f"must be one of {', '.join(TLS_VERSIONS)}, got {value!r}")
     return TLS_VERSIONS[value]
 
 
-def _ciphers(path: str, key: str, value: Any) -> tuple[str, ...]:
-    names = str_list(path, key, value)
+def _ciphers(at: At, value: Any) -> tuple[str, ...]:
+    names = string_list(at, value)
     unknown = [n for n in names if n not in CIPHER_SUITES]
     if unknown:
-        raise ConfigError(path, key, f"{unknown[0]!r} is not a TLS 1.2 suite this server "
-                          "can offer (TLS 1.3 suites cannot be chosen)")
+        raise at.error(f"{unknown[0]!r} is not a TLS 1.2 suite this server can offer (TLS "
+                       "1.3 suites cannot be chosen)")
     return tuple(CIPHER_SUITES[n] for n in names)
 
 
-def _http(path: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
-    got = section(path, key, value, {
+def _http(at: At, value: Any) -> tuple[tuple[str, str], ...]:
+    got = mapping(at, value, {
         "headers": _headers,
-        "http2": lambda p, k, v: _no_http2(p, k, v),
+        "http2": _no_http2,
     })
     return got.get("headers", ())
 
 
-def _no_http2(path: str, key: str, value: Any) -> None:
+def _no_http2(at: At, value: Any) -> None:
     if value is not False:
-        raise ConfigError(path, key, "HTTP/2 is not supported: set false or leave it out")
+        raise at.error("HTTP/2 is not supported: set false or leave it out")
 
 
-def _headers(path: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
+def _headers(at: At, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
-        raise ConfigError(path, key, "must be a mapping of header to value")
+        raise at.error("must be a mapping of header to value")
     out = []
     for name, text in value.items():
         if name not in HEADERS:
-            raise ConfigError(path, f"{key}.{name}", f"must be one of {', '.join(HEADERS)}")
+            raise at.child(name).error(f"must be one of {', '.join(HEADERS)}")
         if not isinstance(text, str) or "\n" in text or "\r" in text:
-            raise ConfigError(path, f"{key}.{name}", "must be a one-line string")
+            raise at.child(name).error("must be a one-line string")
         out.append((name, text))
     return tuple(out)
 
 
-def _users(path: str, key: str, value: Any) -> dict[str, bytes]:
+def _users(at: At, value: Any) -> dict[str, bytes]:
     if not isinstance(value, dict):
-        raise ConfigError(path, key, "must be a mapping of user name to bcrypt hash")
+        raise at.error("must be a mapping of user name to bcrypt hash")
     out = {}
     for user, hashed in value.items():
-        where = f"{key}.{user}"
+        where = at.child(user)
         if not isinstance(user, str) or not user or ":" in user:
-            raise ConfigError(path, where, "a user name must be a non-empty string without ':'")
+            raise where.error("a user name must be a non-empty string without ':'")
         if not isinstance(hashed, str):
-            raise ConfigError(path, where, "must be a bcrypt hash")
+            raise where.error("must be a bcrypt hash")
         if not BCRYPT_HASH.fullmatch(hashed):
-            raise ConfigError(path, where, "is not a bcrypt hash ($2a$/$2b$/$2y$, cost, "
-                              "53 characters of salt and hash)")
+            raise where.error("is not a bcrypt hash ($2a$/$2b$/$2y$, cost, 53 characters of "
+                              "salt and hash)")
         out[user] = hashed.encode()
     return out
 
 
 def parse_web_config(text: str, *, source: str) -> WebConfig:
     base = Path(source).resolve().parent
-    got = section(source, "", parse_yaml(text, source=source) or {}, {
+    got = mapping(At(CONFIG_FILE, source=source), parse_yaml(text, source=source) or {}, {
         "tls_server_config": _tls(base),
         "http_server_config": _http,
         "basic_auth_users": _users,

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gpuguard.orphans.classify import (
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.members import judge_member
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.verdicts import HolderVerdict
+from gpuguard.orphans.vocabulary import (
     ADOPTION_UNCERTAIN,
     MEMBER_PROTECTED,
     NORMAL,
     ORPHAN,
     SESSION_ORPHANED,
     UNKNOWN,
-    HolderVerdict,
-    Rules,
-    classify,
-    judge_member,
 )
 from tests.lifecycle.model import SIGKILL, ZOMBIE, World, apply
 from tests.lifecycle.truth import (

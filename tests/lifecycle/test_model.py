@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.orphans.classify import Rules, managed_cgroup
+from gpuguard.orphans.classify import managed_cgroup
+from gpuguard.orphans.rules_config import Rules
 from tests.lifecycle.model import (
     CGROUPS,
     DEFAULT,

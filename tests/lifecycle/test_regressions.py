@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.orphans.classify import (
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.vocabulary import (
     ADOPTION_UNCERTAIN,
     LAUNCHER_KILLED,
     ORPHAN,
@@ -17,7 +18,6 @@ from gpuguard.orphans.classify import (
     SESSION_ENDED,
     SESSION_ORPHANED,
     UNKNOWN,
-    classify,
 )
 from tests.lifecycle.model import PROGRAMS, SIGKILL, Proc, World, login
 from tests.lifecycle.properties import RULES, check_moment

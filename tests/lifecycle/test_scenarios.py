@@ -4,7 +4,8 @@ truth that generated histories reach rarely, each checked by the same properties
 
 from __future__ import annotations
 
-from gpuguard.orphans.classify import NORMAL, ORPHAN, PROTECTED, classify
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.vocabulary import NORMAL, ORPHAN, PROTECTED
 from tests.lifecycle.model import (
     IGNORE,
     PROGRAMS,

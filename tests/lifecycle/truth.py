@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuguard.orphans.classify import (
+from gpuguard.orphans.vocabulary import (
     LAUNCHER_EXITED,
     LAUNCHER_KILLED,
     LAUNCHER_UNRECORDED,

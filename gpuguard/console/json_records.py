@@ -1,0 +1,73 @@
+"""The JSON form of the core's records (a process, a GPU holder, NVML's reading, a GPU, a
+live tree), shared by the subcommands' --json documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.exporter.scanner import user_name
+from gpuguard.host.nvml import GpuSample, NvmlReading
+from gpuguard.orphans.process import Holder, ProcInfo
+from gpuguard.remediator.tree import LiveTree
+
+
+def member_json(info: ProcInfo) -> dict[str, Any]:
+    return {
+        "pid": info.pid,
+        "ppid": info.ppid,
+        "sid": info.sid,
+        "pgid": info.pgid,
+        "start_time": info.start_time,
+        "state": info.state,
+        "uid": info.uid,
+        "user": user_name(info.uid),
+        "comm": info.comm,
+    }
+
+
+def holder_json(holder: Holder) -> dict[str, Any]:
+    return {
+        "pid": holder.pid,
+        "gpu": holder.gpu_index,
+        "uuid": holder.gpu_uuid,
+        "used_bytes": holder.used_bytes,
+        "kind": holder.kind,
+    }
+
+
+def nvml_json(reading: NvmlReading) -> dict[str, Any]:
+    return {
+        "up": reading.up,
+        "driver_version": reading.driver_version,
+        "errors": [{"stage": s, "message": m} for s, m in reading.errors],
+    }
+
+
+def gpu_json(gpu: GpuSample) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "memory_total_bytes": gpu.memory_total_bytes,
+        "memory_used_bytes": gpu.memory_used_bytes,
+        "utilization_ratio": gpu.utilization_ratio,
+        "temperature_celsius": gpu.temperature_celsius,
+        "power_watts": gpu.power_watts,
+    }
+
+
+def live_json(live: LiveTree | None) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    return {
+        "root": None if live.root is None else {
+            "pid": live.root.pid, "start_time": live.root.start_time, "comm": live.root.comm,
+            "user": live.root.user, "state": live.root.state},
+        "tree_found": live.tree_found,
+        "verdict": live.verdict or None,
+        "reason": live.reason or None,
+        "gpu_bytes": live.gpu_bytes,
+        "nvml_error": live.nvml_error,
+        "members": [{"pid": m.pid, "ppid": m.ppid, "start_time": m.start_time, "uid": m.uid,
+                     "user": m.user, "comm": m.comm} for m in live.members],
+    }

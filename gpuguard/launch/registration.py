@@ -1,0 +1,40 @@
+"""The launcher's `run` mark: it registers itself by identity in the daemons' directory.
+
+A CMD that overwrites its environment (setproctitle) loses the GPUGUARD_RUN marker, not
+this mark: the daemons keep reading what the launcher adopted as attached to it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuguard.host.counters import Counters
+from gpuguard.host.marks import MarkError, Marks
+from gpuguard.host.procfs import ProcessView, boot_id
+from gpuguard.launch.stderr import say
+from gpuguard.orphans.rules_config import RUN_MARK
+
+
+def register_launcher(directory: str) -> tuple[Marks, int, int] | None:
+    """Register this launcher by identity with the daemons (a `run` mark): a CMD that
+    overwrites its environment (setproctitle) loses GPUGUARD_RUN, not this. Without the
+    daemons' directory there is nothing to register with; the marker still counts."""
+    me = ProcessView(counters=Counters()).fresh_stat(os.getpid())
+    if me is None or not os.path.isdir(directory):
+        return None
+    marks = Marks(directory, boot_id())
+    try:
+        marks.register(RUN_MARK, me.pid, me.start_time)
+    except MarkError as exc:
+        say(f"gpuguard run: {exc}; only the GPUGUARD_RUN environment marker names this "
+            "launcher")
+        return None
+    return marks, me.pid, me.start_time
+
+
+def unregister_launcher(marks: Marks, pid: int, start_time: int) -> None:
+    try:
+        marks.unregister(RUN_MARK, pid, start_time)
+    except MarkError as exc:
+        say(f"gpuguard run: {exc}")
+

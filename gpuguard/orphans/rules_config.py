@@ -1,0 +1,100 @@
+"""The classifier's settings (the config file's `classify:` section) and its defaults,
+with the protect patterns compiled for RE2 and their matches cached."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import re2
+
+from gpuguard.host.counters import COUNTERS
+
+DEFAULT_PROTECT = (
+    "jupyter",
+    "ipykernel",
+    "tmux",
+    "screen",
+    "code-server",  # also matches VS Code's ~/.vscode-server
+    "cursor-server",
+    "vscodium-server",
+    "windsurf-server",
+    "slurmstepd",
+    "raylet",
+    "containerd-shim",
+)
+#: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
+DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
+DEFAULT_MAX_DEPTH = 64
+#: Keep and run registrations (gpuguard/host/marks.py): what a process cannot erase.
+DEFAULT_MARKS_DIR = "/run/gpuguard/marks"
+KEEP_MARK = "keep"
+RUN_MARK = "run"
+COMM_LEN = 15  # the kernel truncates comm to 15 bytes
+
+
+class ProtectPatternError(ValueError):
+    """A protect pattern the linear-time matcher (RE2) does not accept."""
+
+
+def compile_protect(pattern: str) -> Any:
+    """One protect pattern, case-insensitive, for RE2: matching time is linear in the text.
+
+    Any user names their processes and chooses their arguments, so a backtracking
+    engine (Python's `re`) would let one `aaaa...!` command line stall every scan on a
+    pattern like `(a+)+$` (and `re` holds the GIL while it does). RE2 has no
+    back-references or look-arounds: patterns that need them are config errors.
+    Patterns are compiled one by one, so groups in one cannot change another.
+    """
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        raise ProtectPatternError(str(message)) from None
+
+
+#: Texts up to this long (comms, short command lines) are cached by text; at 4,096
+#: entries the cache holds at most 1 MiB of them, whatever users run.
+_CACHED_TEXT = 256
+
+
+@functools.lru_cache(maxsize=4096)
+def _protect_hit(pattern: Any, text: str) -> bool:
+    """One protect pattern on one comm or short command line, cached by text."""
+    return _protect_search(pattern, text)
+
+
+def _protect_search(pattern: Any, text: str) -> bool:
+    """One protect pattern on one text (linear time: RE2), its time counted."""
+    with COUNTERS.track("protect_match"):
+        return pattern.search(text) is not None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The `classify:` section of the config file."""
+
+    protect: tuple[str, ...] = DEFAULT_PROTECT
+    adopters: tuple[str, ...] = DEFAULT_ADOPTERS
+    max_depth: int = DEFAULT_MAX_DEPTH
+    marks_dir: str = DEFAULT_MARKS_DIR
+    _protect: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_protect", tuple(compile_protect(p) for p in self.protect))
+
+    def protects(self, text: str) -> bool:
+        if len(text) > _CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
+            return any(_protect_search(pattern, text) for pattern in self._protect)
+        return any(_protect_hit(pattern, text) for pattern in self._protect)
+
+    def is_adopter(self, comm: str) -> bool:
+        """A process named like a child subreaper or init (tini, systemd, ...): it adopts
+        orphans (the remediator's killer is the `Reaper`; this is not it)."""
+        return any(comm == name[:COMM_LEN] for name in self.adopters)

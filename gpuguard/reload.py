@@ -1,0 +1,72 @@
+"""SIGHUP reloads a daemon's configuration, as Prometheus and Alertmanager do.
+
+The signal handler only starts a thread: the reload reads files and takes locks, which
+must not happen inside a handler that interrupted the serving loop (or a reap). A bad
+file is refused with one log line and the running configuration stays; the outcome is
+exported under Prometheus's own names with our prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class ReloadRefused(Exception):
+    """A new configuration that this daemon cannot take while running (the message says
+    which key and why); the running one is kept."""
+
+
+class Reloader(Collector):
+    """One reload at a time, started from SIGHUP; also the collector of its outcome."""
+
+    def __init__(self, program: str, reload: Callable[[], None], *,
+                 log: logging.Logger, clock: Callable[[], float] = time.time) -> None:
+        self.program = program
+        self._reload = reload
+        self._log = log
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.successful = True  # the configuration the daemon started with loaded
+        self.success_time = clock()
+        self.attempts = 0
+
+    def request(self, _signum: int = 0, _frame: object = None) -> None:
+        """The SIGHUP handler: hand the reload to a thread and return at once."""
+        threading.Thread(target=self.run, name=f"{self.program}-reload", daemon=True).start()
+
+    def run(self) -> bool:
+        """Reload now; True when the new configuration is in use."""
+        with self._lock:
+            self.attempts += 1
+            try:
+                self._reload()
+            except ReloadRefused as exc:
+                self._log.error("reload refused, running configuration kept: %s", exc)
+                self.successful = False
+                return False
+            except Exception as exc:  # a ConfigError, an unreadable file: keep running
+                self._log.error("reload failed, running configuration kept: %s", exc)
+                self.successful = False
+                return False
+            self.successful = True
+            self.success_time = self._clock()
+            self._log.info("configuration reloaded")
+            return True
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(self.collect())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "gpuguard_config_last_reload_successful",
+            "Whether the last configuration reload (SIGHUP) succeeded (1) or was refused (0).",
+            value=1.0 if self.successful else 0.0)
+        yield GaugeMetricFamily(
+            "gpuguard_config_last_reload_success_timestamp_seconds",
+            "When the configuration in use was loaded (Unix time).", value=self.success_time)

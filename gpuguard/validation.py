@@ -1,0 +1,260 @@
+"""Typed readers for untrusted input: the config file, webhook payloads, Alertmanager's answers.
+
+Each reader checks one value and returns it typed, or raises its format's error naming
+where the value sits and what is wrong: `FILE: KEY: PROBLEM` for the config file,
+`alerts[3].labels: PROBLEM` for a JSON body. Also YAML loading that refuses duplicate keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+S = TypeVar("S", bound=str)
+
+
+class Invalid(Exception):
+    """A value a reader refused: `SOURCE: KEY: PROBLEM`, or `KEY: PROBLEM` without a source."""
+
+    def __init__(self, source: str | None, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if source is None else f"{source}: {key}: {problem}")
+        self.source, self.key, self.problem = source, key, problem
+
+
+class ConfigError(Invalid):
+    """A config file problem, already phrased as `FILE: KEY: PROBLEM` for one line of output."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        super().__init__(path, key, problem)
+        self.path = path
+
+
+#: How a YAML file's messages name the type of a value, and how a JSON body's do.
+YAML_TYPES: Mapping[type, str] = {
+    dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+    float: "a number", type(None): "nothing"}
+JSON_TYPES: Mapping[type, str] = {
+    dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+    float: "a number", type(None): "null"}
+
+
+@dataclass(frozen=True)
+class Format:
+    """One kind of input: the error its readers raise and how their messages are worded.
+
+    A terse format says only what was expected (`not a list of strings`), naming the
+    container rather than the item; others say what came instead (`got a string`).
+    `clip`: a value is shown by its repr, clipped to that many characters and only for
+    a string (remote input may be huge); None shows any value's whole repr.
+    """
+
+    error: type[Invalid]
+    types: Mapping[type, str]
+    terse: bool = False
+    clip: int | None = None
+
+    def describe(self, value: Any) -> str:
+        return self.types.get(type(value), type(value).__name__)
+
+    def show(self, value: Any) -> str:
+        if self.clip is None:
+            return repr(value)
+        return repr(value)[:self.clip] if isinstance(value, str) else self.describe(value)
+
+
+#: The config file (and the web config file): YAML, ConfigError.
+CONFIG_FILE = Format(ConfigError, YAML_TYPES)
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a value sits: its key (`remediate.users.deny[1]`), its source, its format."""
+
+    format: Format
+    key: str = ""
+    source: str | None = None
+
+    def child(self, name: object) -> At:
+        return At(self.format, f"{self.key}.{name}" if self.key else str(name), self.source)
+
+    def item(self, index: int) -> At:
+        return At(self.format, f"{self.key}[{index}]", self.source)
+
+    def error(self, problem: str) -> Invalid:
+        return self.format.error(self.source, self.key or "(top level)", problem)
+
+    def wrong(self, expected: str, value: Any) -> Invalid:
+        """The error for a value that is not `expected` ("a list of strings")."""
+        if self.format.terse:
+            return self.error(f"not {expected}")
+        return self.error(f"must be {expected}, got {self.format.describe(value)}")
+
+
+#: A reader of one field: where it is, and its raw value -> the typed value.
+Reader = Callable[[At, Any], Any]
+
+
+def of_type(at: At, value: Any, kind: type[T]) -> T:
+    """`value` if it is a `kind` (dict, list), named as the format names it."""
+    if not isinstance(value, kind):
+        raise at.wrong(at.format.types[kind], value)
+    return value
+
+
+def string(at: At, value: Any, *, non_empty: bool = False) -> str:
+    if not isinstance(value, str) or (non_empty and not value):
+        raise at.wrong("a non-empty string" if non_empty else "a string", value)
+    return value
+
+
+def optional_string(at: At, value: Any) -> str:
+    """A string that may be absent (None, read as "")."""
+    return "" if value is None else string(at, value)
+
+
+def string_list(at: At, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise at.wrong("a list of strings", value)
+    return tuple(value)
+
+
+def string_map(at: At, value: Any, *, required: bool = True) -> dict[str, str]:
+    """An object of strings (absent, None, reads as {} unless `required`); a wrong value
+    is named by its key unless the format is terse."""
+    if value is None and not required:
+        return {}
+    expected = f"{at.format.types[dict]} of strings"
+    if not isinstance(value, dict):
+        raise at.wrong(expected, value)
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            if at.format.terse:
+                raise at.wrong(expected, value)
+            string(at.child(key), item)
+    return dict(value)
+
+
+def number(at: At, value: Any, *, minimum: float = 0.0, above: float | None = None) -> float:
+    """A finite number: YAML's .nan passes every comparison, and .inf every lower bound."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise at.wrong("a number", value)
+    if not math.isfinite(value):
+        raise at.error(f"must be a finite number, got {value}")
+    if above is not None and value <= above:
+        raise at.error(f"must be > {above:g}, got {value}")
+    if value < minimum:
+        raise at.error(f"must be >= {minimum:g}, got {value}")
+    return float(value)
+
+
+def integer(at: At, value: Any, *, minimum: int | None = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise at.wrong("an integer", value)
+    if minimum is not None and value < minimum:
+        raise at.error(f"must be >= {minimum}, got {value}")
+    return value
+
+
+def boolean(at: At, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise at.wrong("true or false", value)
+    return value
+
+
+def choice(at: At, value: Any, options: Sequence[S]) -> S:
+    """The option equal to `value` (an enum member for its string)."""
+    for option in options:
+        if option == value:
+            return option
+    raise at.error(f"must be one of {', '.join(options)}, got {at.format.show(value)}")
+
+
+def choice_list(at: At, value: Any, options: Sequence[S]) -> tuple[S, ...]:
+    """A list of options, as `choice` reads each."""
+    chosen = []
+    for item in string_list(at, value):
+        if item not in options:
+            raise at.error(f"{item!r} is not one of {', '.join(options)}")
+        chosen.append(choice(at, item, options))
+    return tuple(chosen)
+
+
+def mapping(at: At, value: Any, readers: Mapping[str, Reader]) -> dict[str, Any]:
+    """A mapping whose every key is one of `readers`, each value read by its reader.
+
+    Nothing (None) reads as {}: `section:` with nothing after it takes the defaults.
+    """
+    if value is None:
+        return {}
+    out = {}
+    for sub, raw in of_type(at, value, dict).items():
+        if sub not in readers:
+            known = ", ".join(sorted(readers))
+            raise at.child(sub).error(f"unknown key (known keys: {known})")
+        out[sub] = readers[sub](at.child(sub), raw)
+    return out
+
+
+def _duplicate_key(node: yaml.Node | None, path: str = "",
+                   visited: set[int] | None = None) -> tuple[str, int, int] | None:
+    """The first key given twice in one mapping, at any depth: (dotted key, line, line).
+
+    PyYAML keeps the last value, so `mode: dry-run` at the top of a section and
+    `mode: enforce` further down would load as enforce: one file, two readings. A key
+    that a `<<` merge brings in and the mapping sets again counts as given twice.
+    Each node is walked once, so aliases (even to themselves) cost nothing more.
+    """
+    visited = set() if visited is None else visited
+    if node is None or id(node) in visited:
+        return None
+    visited.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        merged: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            name = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) \
+                    else [value_node]
+                for source in sources:
+                    if isinstance(source, yaml.MappingNode):
+                        for merged_key, _ in source.value:
+                            merged.setdefault(str(merged_key.value), line)
+                continue
+            full = f"{path}.{name}" if path else name
+            if name in seen:
+                return full, seen[name], line
+            seen[name] = line
+            if (found := _duplicate_key(value_node, full, visited)) is not None:
+                return found
+        for name, line in seen.items():
+            if name in merged:
+                full = f"{path}.{name}" if path else name
+                return full, merged[name], line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            if (found := _duplicate_key(item, f"{path}[{i}]", visited)) is not None:
+                return found
+    return None
+
+
+def parse_yaml(text: str, *, source: str) -> Any:
+    """YAML text as data; a duplicate key or invalid YAML is a ConfigError naming the line."""
+    try:
+        duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
+        if duplicate is not None:
+            key, first, again = duplicate
+            raise ConfigError(source, key, f"duplicate key (lines {first} and {again}): "
+                              "YAML would silently keep only the last")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(document)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, where, f"invalid YAML: {problem}") from None

@@ -1,0 +1,88 @@
+"""The remediator's /metrics: Prometheus families built fresh on every scrape from its
+counters, its Alertmanager client's, the inspector's and the process events'."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuguard.exporter.metrics import event_metrics, inspector_metrics
+from gpuguard.remediator.alertmanager import RequestResult, SkipReason
+from gpuguard.remediator.service import Remediator
+
+
+class RemediatorCollector(Collector):
+    def __init__(self, service: Remediator) -> None:
+        self.service = service
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples, so `/metrics?name[]=...` can find them."""
+        for family in self.collect():
+            family.samples = []
+            yield family
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._own()
+        yield from self._alertmanager()
+        yield GaugeMetricFamily("gpuguard_remediator_queue_depth",
+                                "Accepted alerts not finished yet (queued or deferred).",
+                                value=self.service.queue_depth())
+        yield from inspector_metrics(self.service.counters)
+        yield from event_metrics(self.service.events)
+
+    def _own(self) -> Iterator[Metric]:
+        c = self.service.counts()
+        decisions = CounterMetricFamily("gpuguard_remediator_decisions",
+                                        "Decisions by action and reason code.",
+                                        labels=["action", "reason"])
+        for (action, reason), count in sorted(c["decisions"].items()):
+            decisions.add_metric([action, reason], count)
+        yield decisions
+        yield CounterMetricFamily("gpuguard_remediator_reaped_processes",
+                                  "Processes a reap in enforce mode left gone or zombie.",
+                                  value=c["reaped_processes"])
+        yield CounterMetricFamily("gpuguard_remediator_reclaimed_bytes",
+                                  "GPU memory freed by reaps, as NVML reported after each.",
+                                  value=c["reclaimed_bytes"])
+        yield CounterMetricFamily("gpuguard_remediator_reap_failures",
+                                  "Reaps that left survivors, raised, or were interrupted.",
+                                  value=c["reap_failures"])
+        yield CounterMetricFamily("gpuguard_remediator_refusals_repeated",
+                                  "Refusals identical to the tree's last one (reason, members),"
+                                  " counted instead of audited in full again.",
+                                  value=c["refusals_repeated"])
+        yield CounterMetricFamily("gpuguard_remediator_audit_write_failures",
+                                  "Audit records that could not be written; no reap signals "
+                                  "anything without its record.",
+                                  value=c["audit_failures"])
+        yield GaugeMetricFamily("gpuguard_remediator_audit_ok",
+                                "1 while the last audit write succeeded (0: reaps are refused).",
+                                value=1 if c["audit_ok"] else 0)
+        rejected = CounterMetricFamily("gpuguard_remediator_rejected_requests",
+                                       "POST /alerts requests refused, by cause.",
+                                       labels=["cause"])
+        for cause, count in c["rejected"].items():
+            rejected.add_metric([cause], count)
+        yield rejected
+
+    def _alertmanager(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "gpuguard_remediator_alertmanager_requests",
+            "Requests to Alertmanager's API (kill-time confirmation, pull), by result.",
+            labels=["result"])
+        client = self.service.alertmanager
+        counts = client.request_counts() if client is not None else dict.fromkeys(RequestResult, 0)
+        for result, count in sorted(counts.items()):
+            requests.add_metric([result], count)
+        yield requests
+        skipped = CounterMetricFamily(
+            "gpuguard_remediator_pull_alerts_skipped",
+            "Alerts a pull from Alertmanager left out, by why (malformed, other-host, "
+            "alertname-not-listed, not-remediate, not-active, over-limit).",
+            labels=["why"])
+        skips = client.skip_counts() if client is not None else dict.fromkeys(SkipReason, 0)
+        for why in SkipReason:
+            skipped.add_metric([why], skips[why])
+        yield skipped

@@ -1,0 +1,85 @@
+"""Reaps a crash cut short ("reaping" in the ledger), settled at start and retried by the
+worker: what they may have stopped is continued, each is audited, nothing is re-killed."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from gpuguard.remediator.audit import Phase, audit_record
+from gpuguard.remediator.audit_trail import AuditTrail
+from gpuguard.remediator.policy import Action, Decision
+from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.workstate import WorkState
+
+log = logging.getLogger("gpuguard.remediator")
+
+#: (pid, start time, stopped already when the reap held it, held) as the ledger recorded.
+_Recorded = tuple[int, int, bool, bool]
+
+
+class InterruptedReaps:
+    def __init__(self, work: WorkState, trail: AuditTrail, reaper: Reaper) -> None:
+        self._work = work
+        self._trail = trail
+        self._reaper = reaper
+        #: reaps a crash cut short, not yet settled (/healthz: reaps-unsettled)
+        self.unsettled: list[tuple[TreeKey, dict[str, Any]]] = list(work.ledger.interrupted)
+
+    def settle(self) -> None:
+        """Reaps a crash cut short: continue what they left stopped, audit, never re-kill.
+
+        One that cannot be audited now stays unsettled (the tree may stay stopped):
+        /healthz says so and the worker tries again every loop, since no signal, a
+        SIGCONT included, goes out without its record.
+        """
+        left: list[tuple[TreeKey, dict[str, Any]]] = []
+        for key, entry in self.unsettled:
+            if not self._settle_one(key, entry):
+                left.append((key, entry))
+        self.unsettled = left
+
+    def _settle_one(self, key: TreeKey, entry: dict[str, Any]) -> bool:
+        """Settle one interrupted reap; False when its records cannot be written now."""
+        work = self._work
+        reap_id = entry.get("reap_id")
+        audit = self._trail.log
+        finished = (audit.has_final(str(reap_id)) if reap_id else
+                    audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                     since=float(entry.get("at", 0))))
+        if finished:
+            work.ledger.settle_interrupted(key)  # the final record made it; only settle
+            return True
+        recorded: list[_Recorded] = [
+            (int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,
+             bool(m[3]) if len(m) > 3 else True)
+            for m in entry.get("members", [])]
+        # Only what this reap may have stopped: marked held (right before its SIGSTOP,
+        # cleared once the reap continued it: see Reaper.thaw_interrupted for what that
+        # can and cannot tell), and not stopped already when the reap held it (Ctrl-Z,
+        # a scheduler): that one is left as its owner left it. A state file from
+        # before the marks (3 fields) counts every member as held.
+        thaw = [(pid, start) for pid, start, was_stopped, held in recorded
+                if held and not was_stopped]
+        decision = Decision(Action.IGNORE, "interrupted-thawed" if recorded else "interrupted",
+                            "the remediator stopped during this reap; members it may "
+                            "have stopped are continued (SIGCONT) and left alive", key)
+        record = functools.partial(
+            audit_record, work.hostname, live=None, result=None, decision=decision,
+            key=key, mode=str(entry.get("mode")), reap_id=reap_id,
+            fingerprint=str(entry.get("fingerprint", "")),
+            member_ids=[(pid, start) for pid, start, _, _ in recorded])
+        try:
+            if thaw:  # the SIGCONTs are signals too: written down first
+                self._trail.append(record(now=work.clocks.wall(), phase=Phase.INTENT))
+            signals = self._reaper.thaw_interrupted(thaw)
+            self._trail.append(record(now=work.clocks.wall(), signals=signals))
+        except OSError:
+            log.error("interrupted reap of %s not settled: the audit log cannot be "
+                      "written; retried while the worker runs", key)
+            return False
+        work.metrics.reap_failures += 1
+        work.ledger.settle_interrupted(key, decision.reason)
+        return True

@@ -1,0 +1,191 @@
+"""The `remediate:` section of the config file: what the remediator may kill, and how.
+
+The kill policy's schema and its reader. Strict, because a typo in a kill policy must
+never be silently ignored: unknown keys and wrong types are errors naming the key.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from gpuguard.orphans.vocabulary import Reason
+from gpuguard.validation import (
+    At,
+    boolean,
+    choice,
+    choice_list,
+    integer,
+    mapping,
+    number,
+    string,
+    string_list,
+)
+
+
+class Mode(enum.StrEnum):
+    DRY_RUN = "dry-run"  # everything a reap does but the signals
+    ENFORCE = "enforce"
+
+
+#: The orphan reasons (classify rule 6) `remediate.reasons` may name, in the order its
+#: errors list them: the launcher killed by a signal, gone where no listener runs, exited
+#: by itself, gone with its exit not recorded by the listener that runs; or only a parent
+#: in between died; or the holder's own session lives under a process whose launcher is gone.
+ORPHAN_REASONS = (Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED, Reason.LAUNCHER_EXITED,
+                  Reason.LAUNCHER_UNRECORDED, Reason.PARENT_EXITED, Reason.SESSION_ORPHANED)
+
+#: A `remediate.users` entry naming a uid, not a user name pattern: `uid:1001`.
+UID_RULE = "uid:"
+#: The largest uid (uid_t is 32 bits; 4294967295, (uid_t)-1, means "no uid").
+MAX_UID = 2**32 - 2
+
+
+@dataclass(frozen=True)
+class UserFilter:
+    """`remediate.users`: glob patterns on user names and `uid:N` rules (policy.user_refusal)."""
+
+    allow: tuple[str, ...] = ("*",)
+    deny: tuple[str, ...] = ("root",)
+
+
+def uid_rule(entry: str) -> int | None:
+    """The uid a `uid:N` entry names; None for a user name pattern."""
+    digits = entry.removeprefix(UID_RULE)
+    if digits == entry or not (digits.isascii() and digits.isdigit()) or len(digits) > 10:
+        return None
+    return int(digits)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    max_reaps: int = 5
+    per_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class AlertmanagerConfig:
+    """The `remediate.alertmanager:` section: where to double-check alerts before a reap.
+
+    Several URLs are the peers of one HA cluster, asked in order until one answers
+    (they share silences, and Prometheus sends every alert to each of them).
+    """
+
+    url: tuple[str, ...]
+    credentials_file: str | None = None  # bearer token, re-read when it changes
+    timeout_seconds: float = 3.0  # per request; one confirmation takes at most this * len(url)
+    pull: bool = False  # also poll Alertmanager for this host's alerts, not only the webhook
+    pull_interval_seconds: float = 15.0
+
+
+@dataclass(frozen=True)
+class Remediate:
+    """The `remediate:` section: what the remediator may kill, and how."""
+
+    mode: str = Mode.DRY_RUN  # a Mode; its plain string is accepted too
+    alerts: tuple[str, ...] = ("GPUOrphanTree",)
+    reasons: tuple[Reason, ...] = (Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED)
+    min_age_seconds: float = 300.0
+    users: UserFilter = field(default_factory=UserFilter)
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    term_timeout_seconds: float = 10.0
+    allow_root_owned: bool = False
+    allow_without_pidfd: bool = False
+    worker_timeout_seconds: float = 60.0
+    max_pending: int = 256
+    state_dir: str = "/var/lib/gpuguard"
+    audit_log: str = "/var/log/gpuguard/audit.jsonl"
+    alertmanager: AlertmanagerConfig | None = None
+
+
+def _user_entries(at: At, value: Any) -> tuple[str, ...]:
+    """User name patterns and `uid:N` rules; a bare number is neither, and says so."""
+    for i, item in enumerate(value if isinstance(value, list) else ()):
+        if isinstance(item, int) and not isinstance(item, bool):
+            raise at.item(i).error(f"{item} is a number: write \"uid:{item}\" to name a uid "
+                                   "(user names are strings)")
+    entries = string_list(at, value)
+    for i, entry in enumerate(entries):
+        if entry.startswith(UID_RULE):
+            uid = uid_rule(entry)
+            if uid is None or uid > MAX_UID:
+                raise at.item(i).error(f"{entry!r} is not a uid rule: write uid: and a decimal "
+                                       f"uid from 0 to {MAX_UID}, e.g. uid:1001")
+        elif entry.isascii() and entry.isdigit():
+            raise at.item(i).error(f"{entry!r} is a number, which no user name is: write "
+                                   f"\"uid:{entry}\" to name a uid")
+        elif not entry:
+            raise at.item(i).error("an empty pattern matches no user")
+    return entries
+
+
+def _users(at: At, value: Any) -> UserFilter:
+    return UserFilter(**mapping(at, value, {"allow": _user_entries, "deny": _user_entries}))
+
+
+def _rate_limit(at: At, value: Any) -> RateLimit:
+    return RateLimit(**mapping(at, value, {
+        "max_reaps": lambda at, v: integer(at, v, minimum=0),
+        "per_seconds": lambda at, v: number(at, v, minimum=1),
+    }))
+
+
+def _alertmanager_url(at: At, value: Any) -> str:
+    text = string(at, value, non_empty=True)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise at.error(f"not a valid URL {text!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise at.error(f"must be an http:// or https:// URL with a host, got {text!r}")
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise at.error(f"must not contain spaces or control characters: {text!r}")
+    if parts.query or parts.fragment:
+        raise at.error(f"must not have a query or fragment, got {text!r}")
+    if parts.username is not None or parts.password is not None:
+        raise at.error("must not carry credentials (use credentials_file)")
+    return text
+
+
+def _alertmanager_urls(at: At, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (_alertmanager_url(at, value),)
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if value == [] else at.format.describe(value)
+        raise at.error(f"must be a URL or a non-empty list of URLs, got {got}")
+    return tuple(_alertmanager_url(at.item(i), item) for i, item in enumerate(value))
+
+
+def _alertmanager(at: At, value: Any) -> AlertmanagerConfig:
+    got = mapping(at, value, {
+        "url": _alertmanager_urls,
+        "credentials_file": lambda at, v: string(at, v, non_empty=True),
+        "timeout_seconds": lambda at, v: number(at, v, above=0),
+        "pull": boolean,
+        "pull_interval_seconds": lambda at, v: number(at, v, minimum=1),
+    })
+    if "url" not in got:
+        raise at.child("url").error("required when the alertmanager section is present")
+    return AlertmanagerConfig(**got)
+
+
+def parse_remediate(at: At, value: Any) -> Remediate:
+    return Remediate(**mapping(at, value, {
+        "mode": lambda at, v: choice(at, v, tuple(Mode)),
+        "alerts": string_list,
+        "reasons": lambda at, v: choice_list(at, v, ORPHAN_REASONS),
+        "min_age_seconds": number,
+        "users": _users,
+        "rate_limit": _rate_limit,
+        "term_timeout_seconds": lambda at, v: number(at, v, minimum=0.1),
+        "worker_timeout_seconds": lambda at, v: number(at, v, minimum=1),
+        "max_pending": lambda at, v: integer(at, v, minimum=1),
+        "allow_root_owned": boolean,
+        "allow_without_pidfd": boolean,
+        "state_dir": lambda at, v: string(at, v, non_empty=True),
+        "audit_log": lambda at, v: string(at, v, non_empty=True),
+        "alertmanager": _alertmanager,
+    }))

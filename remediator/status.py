@@ -1,0 +1,96 @@
+"""The remediator's health (/healthz, /state's "health") and GET /state's document."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gpuguard.remediator.audit_trail import AuditTrail
+from gpuguard.remediator.interrupted_reaps import InterruptedReaps
+from gpuguard.remediator.killing import KILL_CONFIRM_SECONDS
+from gpuguard.remediator.policy import rate_budget
+from gpuguard.remediator.workstate import WorkState
+
+
+class HealthCode(enum.StrEnum):
+    """The reason code /healthz answers (it is open to anyone: no paths, keys or errors)."""
+
+    OK = "ok"
+    WORKER_STOPPED = "worker-stopped"
+    POLLER_STOPPED = "poller-stopped"
+    STATE_UNWRITABLE = "state-unwritable"
+    REAPS_UNSETTLED = "reaps-unsettled"
+    AUDIT_LOG_UNWRITABLE = "audit-log-unwritable"
+    WORKER_STUCK = "worker-stuck"
+
+
+class Liveness(Protocol):
+    def alive(self) -> bool: ...
+
+
+class WorkerHealth(Liveness, Protocol):
+    """What health needs of the worker: its thread, and its last state-write error."""
+
+    state_error: str | None
+
+
+class Status:
+    def __init__(self, work: WorkState, *, worker: WorkerHealth, companions: Sequence[Liveness],
+                 interrupted: InterruptedReaps, trail: AuditTrail) -> None:
+        self._work = work
+        self._worker = worker
+        self._companions = companions
+        self._interrupted = interrupted
+        self._trail = trail
+
+    def health(self) -> tuple[bool, HealthCode, str]:
+        """(ok, reason code, detail): /healthz answers the code alone (it is open to
+        anyone); the detail (paths, keys) is for the log and for /state."""
+        if not self._worker.alive():
+            return False, HealthCode.WORKER_STOPPED, "worker thread is not running"
+        if not all(companion.alive() for companion in self._companions):
+            return False, HealthCode.POLLER_STOPPED, "the Alertmanager poller is not running"
+        if (state_error := self._worker.state_error) is not None:
+            return False, HealthCode.STATE_UNWRITABLE, (f"state cannot be written "
+                                                        f"({state_error}): no work proceeds")
+        if unsettled := self._interrupted.unsettled:
+            keys = ", ".join(str(k) for k, _ in unsettled)
+            return False, HealthCode.REAPS_UNSETTLED, (f"interrupted reap(s) {keys} not "
+                                                       "settled (audit log not writable): "
+                                                       "their trees may be left stopped")
+        if (audit_error := self._trail.error) is not None:
+            return False, HealthCode.AUDIT_LOG_UNWRITABLE, (f"audit log cannot be written "
+                                                            f"({audit_error}): no reap can run")
+        busy = self._work.busy_since
+        policy = self._work.policy
+        limit = (policy.worker_timeout_seconds + policy.term_timeout_seconds
+                 + KILL_CONFIRM_SECONDS + 30)
+        if busy is not None and self._work.clocks.monotonic() - busy > limit:
+            return False, HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
+        return True, HealthCode.OK, "ok"
+
+    def snapshot(self) -> dict[str, Any]:
+        """The JSON behind GET /state."""
+        work = self._work
+        on_wall = work.clocks.on_wall
+        with work.lock:
+            now = work.clocks.boot()
+            budget = rate_budget(work.policy_state(now))
+            recent = work.decisions.recent()
+            current = work.current
+        pending = sorted(work.ledger.pending().values(), key=lambda i: i.due)
+        return {  # times as Unix seconds: the boot clock means nothing to a person
+            "hostname": work.hostname,
+            "mode": work.policy.mode,
+            "in_flight": str(current) if current else None,
+            "pending": [{"key": str(i.key), "due": on_wall(i.due),
+                         "accepted_at": on_wall(i.accepted_at),
+                         "fingerprint": i.alert.fingerprint, "group_key": i.group_key}
+                        for i in pending if i.key != current],
+            "rate_limit": {"max_reaps": budget.max_reaps, "per_seconds": budget.per_seconds,
+                           "used": budget.used, "remaining": budget.remaining,
+                           "next_slot_at": None if budget.next_slot_at is None
+                           else on_wall(budget.next_slot_at)},
+            "recent_decisions": recent[::-1],
+        }

@@ -1,0 +1,67 @@
+"""The tree an alert names, as plain data: its identity (TreeKey), its processes (Member)
+and what a live inspection found (LiveTree). Pure: the policy judges these, the
+inspection and the reaper fill them in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuguard.orphans.process import EXITED_STATES, Holder
+
+
+@dataclass(frozen=True, order=True)
+class TreeKey:
+    """The dedupe key: one tree on one host, by process identity (pid, start time)."""
+
+    hostname: str
+    root_pid: int
+    root_start_time: int
+
+    def __str__(self) -> str:
+        return f"{self.hostname}/{self.root_pid}/{self.root_start_time}"
+
+    @classmethod
+    def parse(cls, text: str) -> TreeKey:
+        host, pid, start = text.rsplit("/", 2)
+        return cls(host, int(pid), int(start))
+
+
+@dataclass(frozen=True)
+class Member:
+    """One process of a tree as read just now (identity, owner, name)."""
+
+    pid: int
+    ppid: int
+    start_time: int
+    uid: int
+    user: str  # the owner's name; the decimal uid when NSS could not name it (user_known)
+    comm: str
+    state: str = "S"
+    kernel_thread: bool = False
+    user_known: bool = False  # NSS named the uid: `user` is a name, not just the number
+
+    @property
+    def user_name(self) -> str | None:
+        """The owner's name as remediate.users judges it: None when it could not be resolved."""
+        return self.user if self.user_known else None
+
+    @property
+    def gone(self) -> bool:
+        return self.state in EXITED_STATES
+
+
+@dataclass(frozen=True)
+class LiveTree:
+    """What a fresh local inspection found for the tree an alert names."""
+
+    root: Member | None  # the process at root_pid now; None when there is none
+    tree_found: bool = False  # classify() has a tree with exactly this root identity
+    verdict: str = ""
+    reason: str = ""
+    detail: str = ""  # the classifier's evidence for verdict and reason
+    members: tuple[Member, ...] = ()  # root first, then descendants (breadth first)
+    holders: tuple[Holder, ...] = ()
+    gpu_bytes: int = 0
+    nvml_error: str | None = None  # NVML could not confirm the holders: nothing is verified
+    nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
+    gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
