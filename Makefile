@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m tests.demo
+	$(PY) -m tests.support.demo
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -61,8 +61,8 @@ def sample(url: str) -> dict[str, float]:
 
 
 def body(result: Result, tmp: Path) -> None:
-    from tests.proctree import Trees, wait_for
-    from tests.servers import Exporter
+    from tests.support.proctree import Trees, wait_for
+    from tests.support.servers import Exporter
 
     fake = FakeNvml(tmp)
     for index in range(GPUS):

@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.fakenvml import STATE_ENV, FakeGpuWorld, build_library  # noqa: E402
-from tests.proctree import Trees, become_subreaper, children_of, stat_fields  # noqa: E402
-from tests.servers import child_env  # noqa: E402
+from tests.support.fakenvml import STATE_ENV, FakeGpuWorld, build_library  # noqa: E402
+from tests.support.proctree import Trees, become_subreaper, children_of, stat_fields  # noqa: E402
+from tests.support.servers import child_env  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GIB = 2**30

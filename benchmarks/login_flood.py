@@ -158,8 +158,8 @@ def get(port: int, path: str, auth: str | None = None) -> int:
 
 
 def body(result: Result, tmp: Path) -> None:
-    from tests.proctree import wait_for
-    from tests.servers import ServerProcess
+    from tests.support.proctree import wait_for
+    from tests.support.servers import ServerProcess
 
     fake = FakeNvml(tmp)
     fake.world.add_gpu(0)

@@ -33,7 +33,7 @@ from benchmarks.harness import (  # noqa: E402
     reap,
     run_benchmark,
 )
-from tests.servers import child_env  # noqa: E402
+from tests.support.servers import child_env  # noqa: E402
 
 WINDOW_S = 10.0
 RATE = 1000  # exits per second in the loaded window

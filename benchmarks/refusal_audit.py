@@ -31,8 +31,14 @@ def body(result: Result, tmp: Path) -> None:
     from gpuguard.host.nvml import Nvml
     from gpuguard.remediator.app import create_app
     from gpuguard.remediator.service import build_remediator
-    from tests.proctree import Trees, children_of, wait_for
-    from tests.remediator_helpers import TOKEN, FakeClock, payload, spawn_orphan, write_config
+    from tests.support.proctree import Trees, children_of, wait_for
+    from tests.support.remediator_harness import (
+        TOKEN,
+        FakeClock,
+        payload,
+        spawn_orphan,
+        write_config,
+    )
 
     fake = FakeNvml(tmp)
     fake.load_here()

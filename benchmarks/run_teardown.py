@@ -38,8 +38,8 @@ from benchmarks.harness import (  # noqa: E402
     rss_mib,
     run_benchmark,
 )
-from tests.proctree import Trees, wait_for  # noqa: E402
-from tests.servers import child_env  # noqa: E402
+from tests.support.proctree import Trees, wait_for  # noqa: E402
+from tests.support.servers import child_env  # noqa: E402
 
 RUNS = 10
 LAUNCHER = f"{sys.executable} -m gpuguard.console run"

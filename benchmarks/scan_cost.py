@@ -74,8 +74,8 @@ def body(result: Result, tmp: Path) -> None:
     from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.rules_config import Rules
-    from gpuguard.orphans.vocabulary import ORPHAN
-    from tests.proctree import Trees, chain_lower_bound
+    from gpuguard.orphans.vocabulary import Verdict
+    from tests.support.proctree import Trees, chain_lower_bound
 
     trees = Trees(tmp / "trees")
     orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & wait' & wait")
@@ -99,7 +99,7 @@ def body(result: Result, tmp: Path) -> None:
     scanner = Scanner(rules=Rules(), nvml=nvml, view=view, counters=counters)
     first = scanner.scan_once()
     verdicts = [(t.verdict, t.reason) for t in first.trees]
-    if verdicts != [(ORPHAN, "session-ended")]:
+    if verdicts != [(Verdict.ORPHAN, "session-ended")]:
         raise RuntimeError(f"expected one session-ended orphan tree, got {verdicts}")
 
     times = Table(

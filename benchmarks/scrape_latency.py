@@ -67,8 +67,8 @@ def phase(session: requests.Session, url: str) -> tuple[list[float], list[float]
 
 
 def body(result: Result, tmp: Path) -> None:
-    from tests.proctree import Trees, wait_for
-    from tests.servers import Exporter
+    from tests.support.proctree import Trees, wait_for
+    from tests.support.servers import Exporter
 
     fake = FakeNvml(tmp)
     for index in range(GPUS):
@@ -134,9 +134,9 @@ def tls_phase(result: Result, tmp: Path, fake: FakeNvml, table: Table) -> float:
     once the plain one has stopped. Returns its p99."""
     import bcrypt
 
-    from tests.certs import make_certs
-    from tests.proctree import wait_for
-    from tests.servers import Exporter
+    from tests.support.certs import make_certs
+    from tests.support.proctree import wait_for
+    from tests.support.servers import Exporter
 
     certs = make_certs(tmp / "certs")
     web = tmp / "web.yml"

@@ -31,8 +31,8 @@ EXTRA_TARGET_MIB = 16.0
 
 
 def body(result: Result, tmp: Path) -> None:
-    from tests.proctree import Trees, wait_for
-    from tests.servers import Exporter, find
+    from tests.support.proctree import Trees, wait_for
+    from tests.support.servers import Exporter, find
 
     seen, blind = FakeNvml(tmp / "seen"), FakeNvml(tmp / "blind")
     for fake in (seen, blind):

@@ -223,8 +223,8 @@ def burst(url: str, reqs: list[Request], client: str, server_pid: int) -> Burst:
 
 
 def body(result: Result, tmp: Path) -> None:
-    from tests.proctree import Trees, stat_fields, wait_for
-    from tests.servers import ServerProcess
+    from tests.support.proctree import Trees, stat_fields, wait_for
+    from tests.support.servers import ServerProcess
 
     fake = FakeNvml(tmp)
     fake.world.add_gpu(0)

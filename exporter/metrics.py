@@ -19,7 +19,7 @@ from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.exit_store import EVICTION_CAUSES
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procevents import KINDS, ProcessEvents
-from gpuguard.orphans.vocabulary import ORPHAN
+from gpuguard.orphans.vocabulary import Verdict
 
 
 def _version() -> str:
@@ -134,7 +134,7 @@ class GpuguardCollector(Collector):
                 me = hv.chain[0] if hv.chain else None
                 # The holder's own verdict (two users' jobs grouped under one root each keep
                 # theirs), unless a member of its tree is what makes it unreapable.
-                tree_decides = hv.verdict == ORPHAN and tree.verdict != ORPHAN
+                tree_decides = hv.verdict == Verdict.ORPHAN and tree.verdict != Verdict.ORPHAN
                 where = snap.accounting.attribution.get(pid, NO_CONTAINER)
                 pinfo.add_metric([
                     str(pid),

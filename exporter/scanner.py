@@ -26,7 +26,7 @@ from gpuguard.orphans.classify import classify
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
-from gpuguard.orphans.vocabulary import ORPHAN, UNKNOWN
+from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -184,11 +184,11 @@ class Scanner:
             self.view.begin_scan()
             trees = classify(reading.holders, self.view, self.rules)
             for tree in trees:
-                if tree.verdict == UNKNOWN and tree.reason in ("not-visible", "unreadable"):
+                if tree.verdict == Verdict.UNKNOWN and tree.reason in ("not-visible", "unreadable"):
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
             seen: set[tuple[int, int]] = set()
             for tree in trees:
-                if tree.verdict != ORPHAN or tree.root is None:
+                if tree.verdict != Verdict.ORPHAN or tree.root is None:
                     continue
                 key = tree.root.identity
                 seen.add(key)

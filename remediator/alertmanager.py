@@ -93,16 +93,6 @@ class SkipReason(enum.StrEnum):
     OVER_LIMIT = "over-limit"  # past MAX_PULL_ALERTS in one poll
 
 
-# Second names that other modules still import; to go once they import the enums.
-FIRING = ConfirmationState.FIRING
-SILENCED = ConfirmationState.SILENCED
-INHIBITED = ConfirmationState.INHIBITED
-NOT_FIRING = ConfirmationState.NOT_FIRING
-UNREACHABLE = ConfirmationState.UNREACHABLE
-RESULTS = tuple(RequestResult)
-SKIP_REASONS = tuple(SkipReason)
-MALFORMED = SkipReason.MALFORMED
-
 T = TypeVar("T")
 TokenSource = Callable[[], "bytes | None"]
 

@@ -30,14 +30,6 @@ class Action(enum.StrEnum):
     IGNORE = "ignore"  # nothing to do; `reason` says why
 
 
-# Second names kept only for tests/test_users.py and tests/test_remediator_policy.py.
-ACCEPT = Action.ACCEPT
-REAP = Action.REAP
-DRY_RUN = Action.DRY_RUN
-DEFER = Action.DEFER
-CANCEL = Action.CANCEL
-IGNORE = Action.IGNORE
-
 #: Linux pids fit in 7 digits (pid_max <= 4194304); start times are 64-bit tick counts.
 MAX_PID_DIGITS = 7
 MAX_START_TIME_DIGITS = 20
@@ -98,7 +90,7 @@ class RateBudget:
 
 
 def _ignore(reason: str, detail: str, key: TreeKey | None = None, **kw: object) -> Decision:
-    return Decision(IGNORE, reason, detail, key, **kw)  # type: ignore[arg-type]
+    return Decision(Action.IGNORE, reason, detail, key, **kw)  # type: ignore[arg-type]
 
 
 def tree_key(alert: Alert) -> TreeKey | Decision:
@@ -132,7 +124,8 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
     key = tree_key(alert)
     if alert.status != "firing":
         if isinstance(key, TreeKey) and key in state.pending:
-            return Decision(CANCEL, "resolved", "resolved alert withdrew the pending reap", key)
+            return Decision(Action.CANCEL, "resolved", "resolved alert withdrew the pending reap",
+                            key)
         return _ignore("not-firing", f"alert status is {alert.status}",
                        key if isinstance(key, TreeKey) else None)
     alertname = alert.label("alertname")
@@ -162,7 +155,7 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
     if len(state.pending) >= state.policy.max_pending:
         return _ignore("queue-full", f"{len(state.pending)} trees are pending already "
                        f"(remediate.max_pending); Alertmanager's next delivery tries again", key)
-    return Decision(ACCEPT, "queued", "queued for a live check", key)
+    return Decision(Action.ACCEPT, "queued", "queued for a live check", key)
 
 
 def _entries(patterns: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]]:
@@ -283,7 +276,7 @@ _LEADER_GONE = ("launcher-exited", "launcher-unrecorded", "session-ended", "laun
 def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     """The full decision for one alert after a live inspection of its tree."""
     screened = screen(alert, state)
-    if screened.action != ACCEPT:
+    if screened.action != Action.ACCEPT:
         return screened
     key = screened.key
     assert key is not None
@@ -323,7 +316,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     age = state.now - first_seen
     if age < state.policy.min_age_seconds:
         recheck = first_seen + state.policy.min_age_seconds
-        return Decision(DEFER, "too-young", f"orphan for {max(age, 0.0):.1f}s of "
+        return Decision(Action.DEFER, "too-young", f"orphan for {max(age, 0.0):.1f}s of "
                         f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
 
     budget = rate_budget(state)
@@ -332,7 +325,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
                        f"{budget.per_seconds:g}s (max {budget.max_reaps})", key,
                        first_seen=first_seen)
 
-    action = REAP if state.policy.mode == "enforce" else DRY_RUN
+    action = Action.REAP if state.policy.mode == "enforce" else Action.DRY_RUN
     return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
                     f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)
 

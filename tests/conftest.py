@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host.procfs import in_host_pid_namespace
-from tests.ci import INITIAL_PIDNS, RUN_INITIAL_PIDNS, require
-from tests.proctree import Trees, become_subreaper, reap_zombie_children
+from tests.support.ci import INITIAL_PIDNS, RUN_INITIAL_PIDNS, require
+from tests.support.proctree import Trees, become_subreaper, reap_zombie_children
 
 #: Fixtures: the fake NVML world, and the in-process remediator `harness`.
-pytest_plugins = ["tests.fakenvml.plugin", "tests.remediator_helpers"]
+pytest_plugins = ["tests.support.fakenvml.plugin", "tests.support.remediator_harness"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,11 +43,11 @@ def check_own_ancestry() -> None:
     from gpuguard.orphans.classify import classify_holder
     from gpuguard.orphans.process import Holder
     from gpuguard.orphans.rules_config import Rules
-    from gpuguard.orphans.vocabulary import ORPHAN
+    from gpuguard.orphans.vocabulary import Verdict
 
     me = Holder(pid=os.getpid(), gpu_uuid="self-check", gpu_index=0, used_bytes=0, kind="C")
     verdict = classify_holder(me, ProcessView(counters=Counters()), Rules())
-    if verdict.verdict == ORPHAN:
+    if verdict.verdict == Verdict.ORPHAN:
         pytest.exit(
             f"the test runner's ancestry contains an adopted process "
             f"({verdict.evidence.detail}); run the tests from a shell whose launchers are "

@@ -59,7 +59,8 @@ def _indent(text: str, by: int) -> str:
 
 def _header(source: str) -> str:
     return (f"# Generated from {source} by {COMMAND}: do not edit by hand.\n"
-            f"# After changing {source}, run `{COMMAND}` (tests/test_kubernetes.py checks it).\n")
+            f"# After changing {source}, run `{COMMAND}` "
+            "(tests/deploy/test_kubernetes.py checks it).\n")
 
 
 def prometheus_rule(rules_text: str, source: str = "alerts/rules.yml") -> str:

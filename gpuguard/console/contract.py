@@ -64,7 +64,8 @@ REAP_SCHEMA = "gpuguard.reap/v1"
 #: (the reaper's own outcomes are remediator.outcome.Outcome).
 REFUSED = "refused"
 
-# status: "taken_at" is Unix seconds at the end of the scan; "rule" is DESIGN.md's rule;
+# status: "taken_at" is Unix seconds at the end of the scan; "rule" is the rule number of
+# docs/design.md, Orphan rules;
 # "processes" counts an orphan's root and all its descendants; "members" are the processes
 # classify() walked.
 STATUS_EPILOG = f"""\

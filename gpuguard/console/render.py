@@ -28,7 +28,7 @@ from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.outcome import Outcome, SignalResult
 from gpuguard.remediator.policy import Action
 
-#: What each of DESIGN.md's rules looks at; shown next to the rule number.
+#: What each rule (docs/design.md, Orphan rules) looks at; shown next to its number.
 RULE_NAMES = {
     "1": "holder visibility",
     "2": "chain readability",

@@ -1,8 +1,8 @@
 """Pure orphan classification: (holders, view, rules) -> [Tree].
 
 No I/O happens here: everything about processes comes through a `ProcSource` (the live
-`procfs.ProcessView`, or a synthetic table in tests). The rules and their order are
-DESIGN.md's "Orphan rules on Linux" (`RULES`); each verdict carries the rule that
+`gpuguard.host.procfs.ProcessView`, or a synthetic table in tests). The rules and their
+order are docs/design.md, Orphan rules (`RULES`); each verdict carries the rule that
 decided it and the pids that were its evidence, so `explain` can show why.
 """
 
@@ -258,7 +258,8 @@ def session(chain: Chain, view: ProcSource, rules: Rules) -> HolderVerdict | Non
 
 ChainRule = Callable[[Chain, ProcSource, Rules], HolderVerdict | None]
 
-#: Rules 3-7 over a chain that rules 1 and 2 read (read_chain), in DESIGN.md's order: the
+#: Rules 3-7 over a chain that rules 1 and 2 read (read_chain), in the order of docs/design.md,
+#: Orphan rules: the
 #: first verdict stands. Protections (3, 4) come before anything that could call the
 #: chain normal or orphan; rule 6 decides every adopted chain, so rule 7 sees only the
 #: rest. The order of reads is theirs too: each rule reads only when reached.
@@ -276,7 +277,7 @@ RULES: tuple[ChainRule, ...] = (
 
 
 def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
-    """Apply DESIGN.md's rules 1-7, in order, to one GPU holder."""
+    """Apply rules 1-7 (docs/design.md, Orphan rules), in order, to one GPU holder."""
     try:
         chain = read_chain(holder, view, rules)
         if isinstance(chain, HolderVerdict):

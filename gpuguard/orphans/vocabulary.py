@@ -18,7 +18,7 @@ class Verdict(enum.StrEnum):
 
 
 class Rule(enum.StrEnum):
-    """DESIGN.md's orphan rules, by number: the rule that decided a verdict."""
+    """The orphan rules by number (docs/design.md, Orphan rules): the rule that decided."""
 
     HOLDER = "1"  # the holder itself: visible, not a zombie
     CHAIN = "2"  # the parent chain (and a member's facts) readable and sane
@@ -67,20 +67,3 @@ class Reason(enum.StrEnum):
     MEMBER_PROTECTED = "member-protected"
     MEMBER_UNKNOWN = "member-unknown"
     MEMBER_NORMAL = "member-normal"  # a GPU holder below the root that is not an orphan
-
-
-# Second names, to be removed:
-NORMAL = Verdict.NORMAL
-ORPHAN = Verdict.ORPHAN
-PROTECTED = Verdict.PROTECTED
-UNKNOWN = Verdict.UNKNOWN
-VERDICTS = tuple(Verdict)
-LAUNCHER_KILLED = Reason.LAUNCHER_KILLED
-LAUNCHER_EXITED = Reason.LAUNCHER_EXITED
-LAUNCHER_UNRECORDED = Reason.LAUNCHER_UNRECORDED
-SESSION_ENDED = Reason.SESSION_ENDED
-PARENT_EXITED = Reason.PARENT_EXITED
-ADOPTION_UNCERTAIN = Reason.ADOPTION_UNCERTAIN
-SESSION_ORPHANED = Reason.SESSION_ORPHANED
-MEMBER_PROTECTED = Reason.MEMBER_PROTECTED
-MEMBER_UNKNOWN = Reason.MEMBER_UNKNOWN

@@ -1,0 +1,61 @@
+"""`gpuguard assets`: the shipped rules and dashboard, listed, printed and written out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuguard import assets
+from tests.support.servers import REPO, child_env
+
+
+def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuguard.console", "assets", *args],
+                          cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_every_rule_and_dashboard_file_is_an_asset() -> None:
+    """A new file under alerts/ or grafana/ that is not shipped fails here, not in the field."""
+    on_disk = {str(p.relative_to(REPO)) for top in ("alerts", "grafana")
+               for p in (REPO / top).rglob("*") if p.is_file()
+               and p.name != "__init__.py" and "__pycache__" not in p.parts}
+    assert on_disk == set(assets.ASSETS)
+
+
+def test_list_print_and_write(tmp_path: Path) -> None:
+    listed = run()
+    assert listed.returncode == 0 and listed.stdout.split() == list(assets.ASSETS)
+    printed = run("--print", "alerts/rules.yml")
+    assert printed.returncode == 0
+    assert printed.stdout == (REPO / "alerts/rules.yml").read_text()
+    done = run(str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    for name in assets.ASSETS:
+        assert (tmp_path / "out" / name).read_bytes() == (REPO / name).read_bytes()
+    again = run(str(tmp_path / "out"))
+    assert again.returncode == 0 and f"0 written, {len(assets.ASSETS)} already up to date" \
+        in again.stdout
+
+
+def test_an_edited_file_is_not_overwritten_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run(str(out)).returncode == 0
+    edited = out / "alerts/rules.yml"
+    edited.write_text("# my local edits\n")
+    refused = run(str(out))
+    assert refused.returncode == 2 and not refused.stdout
+    assert refused.stderr.count("\n") == 1 and str(edited) in refused.stderr
+    assert edited.read_text() == "# my local edits\n"  # nothing lost
+    forced = run(str(out), "--force")
+    assert forced.returncode == 0 and f"wrote {edited}" in forced.stdout
+    assert edited.read_bytes() == (REPO / "alerts/rules.yml").read_bytes()
+
+
+def test_unknown_name_and_blocked_path_are_one_line_errors(tmp_path: Path) -> None:
+    unknown = run("--print", "alerts/nope.yml")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert "no asset 'alerts/nope.yml'" in unknown.stderr
+    (tmp_path / "out" / "alerts" / "rules.yml").mkdir(parents=True)
+    blocked = run(str(tmp_path / "out"), "--force")
+    assert blocked.returncode == 2 and "is not a file" in blocked.stderr

@@ -1,0 +1,166 @@
+"""Rendering the shipped rules for a site: runbook URLs on the user's own pages, job names.
+
+The shipped rules carry no runbook_url (a default would point at nothing) and select the
+jobs gpuguard and gpuguard-remediator; gpuguard.assets renders a copy with both set.
+promtool checks skip without Debian's `prometheus` package, except under CI=true.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuguard import assets
+from tests.support.ci import require
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_TEXT = (REPO / "alerts" / "rules.yml").read_text(encoding="utf-8")
+RULES_TEST_TEXT = (REPO / "alerts" / "rules.test.yml").read_text(encoding="utf-8")
+BASE = "https://runbooks.example.com/gpuguard"
+JOB = "gpu-exporters"
+SELECTOR = re.compile(r'job="([^"]*)"')
+
+
+def _alerts(text: str) -> list[dict]:
+    return [rule for group in yaml.safe_load(text)["groups"] for rule in group["rules"]
+            if "alert" in rule]
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    require(promtool, "promtool not installed: apt-get install prometheus")
+    assert promtool is not None
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def _rendered(**settings: str | None) -> tuple[str, str]:
+    return (assets.render_rules(RULES_TEXT, **settings),
+            assets.render_rules_test(RULES_TEST_TEXT, **settings))
+
+
+def test_shipped_rules_have_no_runbook_url_and_select_the_shipped_jobs() -> None:
+    for rule in _alerts(RULES_TEXT):
+        assert "runbook_url" not in rule["annotations"], rule["alert"]
+    assert set(SELECTOR.findall(RULES_TEXT)) == {"gpuguard", "gpuguard-remediator"}
+
+
+def test_without_settings_the_text_is_unchanged() -> None:
+    assert _rendered() == (RULES_TEXT, RULES_TEST_TEXT)
+    assert assets.render("alerts/rules.yml") == assets.read("alerts/rules.yml")
+
+
+@pytest.mark.parametrize("base", [BASE, BASE + "/", BASE + "//"])
+def test_every_alert_gets_its_runbook_page_url_first(base: str) -> None:
+    rendered = assets.render_rules(RULES_TEXT, runbook_url_base=base)
+    alerts = _alerts(rendered)
+    assert [a["alert"] for a in alerts] == [a["alert"] for a in _alerts(RULES_TEXT)]
+    for rule in alerts:
+        url = rule["annotations"]["runbook_url"]
+        assert url == BASE + "/" + rule["alert"].lower()
+        assert next(iter(rule["annotations"])) == "runbook_url", rule["alert"]
+        page = url.removeprefix(BASE + "/")
+        assert (REPO / "docs" / "runbooks" / f"{page}.md").is_file(), url
+
+
+def test_rendering_changes_the_job_selectors_and_nothing_else() -> None:
+    rendered = assets.render_rules(RULES_TEXT, runbook_url_base=BASE, job=JOB)
+    assert set(SELECTOR.findall(rendered)) == {JOB, f"{JOB}-remediator"}
+    assert rendered.count(f'job="{JOB}-remediator"') == RULES_TEXT.count(
+        'job="gpuguard-remediator"')
+    # Undo exactly what was asked: the original text comes back, comments and all.
+    undone = re.sub(r"^ *runbook_url: .*\n", "", rendered, flags=re.MULTILINE)
+    undone = undone.replace(f'job="{JOB}-remediator"', 'job="gpuguard-remediator"')
+    undone = undone.replace(f'job="{JOB}"', 'job="gpuguard"')
+    assert undone == RULES_TEXT
+    assert rendered.count("runbook_url: ") == len(_alerts(RULES_TEXT))
+
+
+@pytest.mark.parametrize("job,remediator_job,exporters,remediators", [
+    (JOB, None, JOB, f"{JOB}-remediator"),
+    (JOB, "reaper", JOB, "reaper"),
+    (None, "reaper", "gpuguard", "reaper"),
+])
+def test_remediator_job_defaults_to_job_remediator(job, remediator_job, exporters,
+                                                   remediators) -> None:
+    rendered = assets.render_rules(RULES_TEXT, job=job, remediator_job=remediator_job)
+    assert set(SELECTOR.findall(rendered)) == {exporters, remediators}
+    exprs = {r["alert"]: r["expr"] for r in _alerts(rendered)}
+    assert exprs["GPUGuardExporterDown"] == f'up{{job="{exporters}"}} == 0'
+    assert exprs["GPUGuardRemediatorDown"] == f'up{{job="{remediators}"}} == 0'
+
+
+@pytest.mark.parametrize("job", [JOB, "gpu exporters", "1234", "true"])
+def test_rendered_rules_pass_promtool_with_their_unit_tests(tmp_path: Path, job: str) -> None:
+    rules, tests = _rendered(runbook_url_base=BASE, job=job)
+    (tmp_path / "rules.yml").write_text(rules)
+    (tmp_path / "rules.test.yml").write_text(tests)
+    checked = _promtool("check", "rules", "--lint=all", "--lint-fatal", "rules.yml",
+                        cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(_alerts(RULES_TEXT))} rules found" in checked.stdout
+    tested = _promtool("test", "rules", "rules.test.yml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+@pytest.mark.parametrize("base", [
+    "", "runbooks.example.com/gpuguard", "/docs/runbooks", "ftp://example.com/runbooks",
+    "https://", "https:///runbooks", "https://example.com/run books",
+    "https://example.com/runbooks?page=", "https://example.com/runbooks#",
+    "https://example.com/{{ $labels.cluster }}", 'https://example.com/"x"',
+])
+def test_a_base_that_is_not_an_absolute_http_url_is_refused(base: str) -> None:
+    with pytest.raises(ValueError, match="runbook URL base"):
+        assets.render_rules(RULES_TEXT, runbook_url_base=base)
+
+
+@pytest.mark.parametrize("bad", ["", 'gpu"guard', "gpu\\guard", "gpu\nguard", "gpu\rguard"])
+@pytest.mark.parametrize("key", ["job", "remediator_job"])
+def test_a_job_name_a_selector_cannot_hold_is_refused(key: str, bad: str) -> None:
+    with pytest.raises(ValueError, match="job"):
+        assets.render_rules(RULES_TEXT, **{key: bad})
+    with pytest.raises(ValueError, match="job"):
+        assets.render_rules_test(RULES_TEST_TEXT, **{key: bad})
+
+
+def test_one_job_for_exporters_and_remediators_is_refused() -> None:
+    with pytest.raises(ValueError, match="their own jobs"):
+        assets.render_rules(RULES_TEXT, job="gpu", remediator_job="gpu")
+    with pytest.raises(ValueError, match="their own jobs"):
+        assets.render_rules(RULES_TEXT, remediator_job="gpuguard")
+
+
+def test_a_job_name_yaml_would_misread_is_refused() -> None:
+    """` #` starts a comment in the plain scalar `expr: up{job="..."} == 0`."""
+    with pytest.raises(ValueError, match="rendered rules"):
+        assets.render_rules(RULES_TEXT, job="gpu #1")
+
+
+def test_rules_that_already_have_runbook_urls_are_refused() -> None:
+    once = assets.render_rules(RULES_TEXT, runbook_url_base=BASE)
+    with pytest.raises(ValueError, match="already has a runbook_url"):
+        assets.render_rules(once, runbook_url_base=BASE)
+
+
+def test_write_all_writes_the_rendered_pair(tmp_path: Path) -> None:
+    written = assets.write_all(tmp_path, runbook_url_base=BASE, job=JOB)
+    assert len(written) == len(assets.ASSETS)
+    rules, tests = _rendered(runbook_url_base=BASE, job=JOB)
+    assert (tmp_path / "alerts/rules.yml").read_text() == rules
+    assert (tmp_path / "alerts/rules.test.yml").read_text() == tests
+    assert (tmp_path / "alerts/alertmanager.yml").read_bytes() \
+        == assets.read("alerts/alertmanager.yml")
+    assert assets.write_all(tmp_path, runbook_url_base=BASE, job=JOB) == []
+    with pytest.raises(assets.AssetError, match="other content"):
+        assets.write_all(tmp_path)  # the shipped rules differ from the rendered ones
+
+
+def test_write_all_with_a_bad_setting_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        assets.write_all(tmp_path / "out", runbook_url_base="not a url")
+    assert not (tmp_path / "out").exists()

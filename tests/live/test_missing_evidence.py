@@ -1,0 +1,207 @@
+"""Missing evidence never permits a kill (issue 24): real processes, the real remediator in
+enforce mode with the default reasons.
+
+- A GPUGUARD_KEEP=1 job that overwrites its environment (setproctitle does; the holder's
+  --erase-environ does the same with ctypes) is not read as unmarked, and `gpuguard keep`
+  marks it where it cannot erase the mark.
+- A launcher's exit, once established, outlives its record in the listener's bounded
+  store and a restart of the remediator (marked initial_pidns: the real connector).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpuguard.host.counters import Counters
+from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.classify import classify
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import Reason
+from tests.support.ci import RUN_INITIAL_PIDNS, require
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import Trees, wait_for
+from tests.support.remediator_harness import (
+    FakeClock,
+    Harness,
+    Run,
+    account,
+    alert,
+    payload,
+    spawn_orphan,
+)
+
+#: bash (killed) -> sh (the adopted root) -> a GPUGUARD_KEEP=1 holder that then erases its
+#: environment: /proc/PID/environ is all zeros, getenv() still answers.
+ERASED_KEEP = ('sh -c "GPUGUARD_KEEP=1 {holder} --erase-environ --pidfile {dir}/holder" & '
+               'echo $! > {dir}/root; wait')
+#: The same chain, the launcher leaving by itself (`exit 0`): launcher-exited.
+LEAVES = 'sh -c "{holder} --pidfile {dir}/holder" & echo $! > {dir}/root; exit 0'
+
+
+def final_of(h: Harness, root: int, after: int = 0) -> dict:
+    """The final audit record of the `after`-th delivery for `root` (0: the first)."""
+    def finals() -> list[dict]:
+        return [r for r in h.audit() if r["key"]["root_pid"] == root and r["phase"] == "final"]
+
+    wait_for(lambda: len(finals()) > after, what=f"final record {after + 1} of {root}")
+    return finals()[after]
+
+
+def deliver(h: Harness, root: int, root_start: int, *, nth: int = 0) -> dict:
+    answer = account(h.post(payload(alert(root, root_start))))
+    assert answer["status"] == "accepted", answer
+    h.settle()
+    return final_of(h, root, nth)
+
+
+def one_tree(root: int, *, rules: Rules | None = None, events: ProcessEvents | None = None):
+    from gpuguard.host.nvml import Nvml
+
+    counters = Counters()
+    nvml = Nvml(counters=counters)
+    try:
+        holders = nvml.read().holders
+    finally:
+        nvml.close()
+    view = ProcessView(counters=counters, events=events)
+    (tree,) = [t for t in classify(holders, view, rules or Rules()) if t.root_pid == root]
+    return tree
+
+
+def environ_of(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return fh.read()
+
+
+# -- markers the process erased -----------------------------------------------------------
+
+
+def test_an_erased_keep_marker_is_not_read_as_none_and_refuses_the_reap(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    orphan = spawn_orphan(trees, fake_gpu, ERASED_KEEP)
+    assert set(environ_of(orphan.holder)) == {0}  # erased as setproctitle does
+    tree = one_tree(orphan.root)
+    assert (tree.verdict, tree.reason) == ("unknown", Reason.MEMBER_UNKNOWN), tree.evidence
+    assert orphan.holder in tree.evidence.pids and "setproctitle" in tree.evidence.detail
+    record = deliver(harness(), orphan.root, orphan.root_start)
+    assert record["decision"]["reason"] == Reason.MEMBER_UNKNOWN, record["decision"]
+    assert record["signals"] == [] and orphan.all_alive()
+
+
+def test_gpuguard_keep_marks_a_process_where_it_cannot_erase_the_mark(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        gpuguard: Run, tmp_path: Path) -> None:
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None  # what the daemons do at start
+    assert marks.stat().st_mode & 0o7777 == 0o1733
+    orphan = spawn_orphan(trees, fake_gpu, ERASED_KEEP)
+    done = gpuguard("keep", str(orphan.holder), "--marks-dir", str(marks))
+    assert done.returncode == 0, done.stderr
+    assert f"kept: {orphan.holder}" in done.stdout
+    rules = Rules(marks_dir=str(marks))
+    tree = one_tree(orphan.root, rules=rules)
+    assert (tree.verdict, tree.reason) == ("protected", Reason.MEMBER_PROTECTED), tree.evidence
+    h = harness(classify={"marks_dir": str(marks)})
+    record = deliver(h, orphan.root, orphan.root_start)
+    assert record["decision"]["reason"] == Reason.MEMBER_PROTECTED, record["decision"]
+    assert record["signals"] == [] and orphan.all_alive()
+
+    # A mark names one identity: a wrong start time is refused, nothing is written.
+    stale = gpuguard("keep", str(orphan.root), "--start-time", str(orphan.root_start + 1),
+                     "--marks-dir", str(marks))
+    assert stale.returncode == 4 and "now names another process" in stale.stderr
+    assert sorted(p.name for p in marks.iterdir()) == [
+        f"keep-{orphan.holder}-{one_start(orphan.holder)}"]
+    removed = gpuguard("keep", "--remove", str(orphan.holder), "--marks-dir", str(marks))
+    assert removed.returncode == 0 and "no longer kept" in removed.stdout
+    again = one_tree(orphan.root, rules=rules)
+    assert (again.verdict, again.reason) == ("unknown", Reason.MEMBER_UNKNOWN)
+
+
+def one_start(pid: int) -> int:
+    from tests.support.remediator_harness import start_time_of
+
+    return start_time_of(pid)
+
+
+def test_a_mark_from_another_user_is_not_trusted(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """The daemons trust a registration only from root or the process's owner: a file
+    another uid wrote at this process's name protects nothing, and since it keeps the
+    owner from writing there (sticky directory), it is read as "cannot tell": unknown,
+    never reaped on it (review finding: it read "no mark")."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: writes a file as another uid")
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None
+    orphan = spawn_orphan(trees, fake_gpu)
+    name = f"keep-{orphan.holder}-{one_start(orphan.holder)}"
+    (marks / name).write_text(Path("/proc/sys/kernel/random/boot_id").read_text())
+    os.chown(marks / name, 54321, 54321)  # as if uid 54321 had written it
+    tree = one_tree(orphan.root, rules=Rules(marks_dir=str(marks)))
+    assert (tree.verdict, tree.reason) == ("unknown", Reason.MEMBER_UNKNOWN), tree.evidence
+    assert "environ" in tree.evidence.detail
+    os.chown(marks / name, 0, 0)  # the same file, root's: trusted
+    tree = one_tree(orphan.root, rules=Rules(marks_dir=str(marks)))
+    assert (tree.verdict, tree.reason) == ("protected", Reason.MEMBER_PROTECTED)
+
+
+# -- launcher evidence that outlives its record and a restart ------------------------------
+
+
+def listener(**options: object) -> ProcessEvents:
+    events = ProcessEvents(**options)  # type: ignore[arg-type]
+    events.start()
+    require(events.available, f"process-events connector unavailable "
+            f"({events.unavailable_reason}); {RUN_INITIAL_PIDNS}")
+    return events
+
+
+def evict(events: ProcessEvents, trees: Trees, pid: int) -> None:
+    """Push `pid`'s exit record out of the listener's (small) store with other exits."""
+    burst = trees.spawn("for i in $(seq 50); do /bin/true; done; echo done > {dir}/ok")
+    wait_for(lambda: (burst.dir / "ok").exists(), timeout=60, what="50 exits")
+    wait_for(lambda: events.exit_of(pid, after=0) is None and events.evictions()["count"] > 0,
+             what=f"the record of {pid} to be evicted")
+
+
+@pytest.mark.initial_pidns
+def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_gone(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """launcher-exited is not reaped by default; the record ages out (forced: a store of
+    16), the remediator restarts (its memory lives in state_dir): still launcher-exited.
+    Before, the same tree read session-ended after either, and was reaped."""
+    events = listener(max_records=16)
+    orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
+    leader = orphan.tree.launcher.pid
+    orphan.tree.launcher.wait(timeout=10)
+    wait_for(lambda: events.exit_of(leader, after=0), what="the exit event")
+    clock = FakeClock()
+    h = harness(events=events, clock=clock)
+    first = deliver(h, orphan.root, orphan.root_start)
+    assert first["decision"]["reason"] == "reason-not-allowed", first["decision"]
+    assert "launcher-exited" in first["decision"]["detail"]
+
+    evict(events, trees, leader)
+    clock.now += 61  # past the refusal's re-check window: inspected again
+    answer = account(h.post(payload(alert(orphan.root, orphan.root_start))))
+    assert answer["status"] == "accepted", answer
+    h.settle()
+    (again,) = [d for d in h.decisions(orphan.root) if d["source"] == "worker"][-1:]
+    assert again["reason"] == "reason-not-allowed" and "launcher-exited" in again["detail"]
+    assert h.service.counts()["refusals_repeated"] == 1  # the same refusal: counted
+
+    h.service.stop()  # a rollout: the listener and the store go with it
+    restarted = harness(events=listener())
+    after = deliver(restarted, orphan.root, orphan.root_start, nth=1)
+    assert after["decision"]["reason"] == "reason-not-allowed", after["decision"]
+    assert "launcher-exited" in after["decision"]["detail"]
+    assert all(r["signals"] == [] for r in (first, after)) and orphan.all_alive()

@@ -1,0 +1,388 @@
+"""exporter.nvml over the real pynvml and the fake libnvidia-ml.so.1."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import GpuSample, Nvml
+from gpuguard.orphans.process import Holder
+from tests.support.fakenvml import FakeGpuWorld, default_uuid
+
+pytest_plugins = ["tests.support.fakenvml.plugin"]
+
+GiB = 2**30
+
+
+@pytest.fixture
+def counters() -> Counters:
+    return Counters()
+
+
+@pytest.fixture
+def nvml(fake_gpu: FakeGpuWorld, counters: Counters) -> Iterator[Nvml]:
+    reader = Nvml(counters=counters)
+    yield reader
+    reader.close()
+
+
+def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(
+        0, memory_total=80 * GiB, memory_used=3 * GiB, util_gpu=42, temp=61, power_mw=250_500
+    )
+    fake_gpu.add_gpu(
+        1,
+        uuid="GPU-11111111-2222-3333-4444-555555555555",
+        name="NVIDIA Fake A100 80GB PCIe",
+        memory_total=40 * GiB,
+        memory_used=0,
+        util_gpu=0,
+        temp=35,
+        power_mw=60_000,
+    )
+    fake_gpu.set_driver_version("560.35.03")
+
+    reading = nvml.read()
+
+    assert reading.up
+    assert reading.errors == ()
+    assert reading.driver_version == "560.35.03"
+    assert reading.gpus == (
+        GpuSample(0, default_uuid(0), "NVIDIA Fake H100", 80 * GiB, 3 * GiB, 0.42, 61.0, 250.5),
+        GpuSample(
+            1,
+            "GPU-11111111-2222-3333-4444-555555555555",
+            "NVIDIA Fake A100 80GB PCIe",
+            40 * GiB,
+            0,
+            0.0,
+            35.0,
+            60.0,
+        ),
+    )
+    assert reading.holders == ()
+
+
+def test_holders_compute_graphics_and_merged(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.add_process(0, 100, 5 * GiB, "C")
+    fake_gpu.add_process(0, 200, 64 * 2**20, "G")
+    fake_gpu.add_process(0, 300, 2 * GiB, "C")
+    fake_gpu.add_process(0, 300, 1 * GiB, "G")
+    fake_gpu.add_process(1, 100, 7 * GiB, "C")  # same pid on another GPU: its own holder
+
+    holders = nvml.read().holders
+
+    assert sorted(holders, key=lambda h: (h.gpu_index, h.pid)) == [
+        Holder(100, default_uuid(0), 0, 5 * GiB, "C"),
+        Holder(200, default_uuid(0), 0, 64 * 2**20, "G"),
+        Holder(300, default_uuid(0), 0, 2 * GiB, "C+G"),
+        Holder(100, default_uuid(1), 1, 7 * GiB, "C"),
+    ]
+
+
+def test_unavailable_used_memory_is_none(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_process(0, 100, None, "C")
+    fake_gpu.add_process(0, 200, None, "C")
+    fake_gpu.add_process(0, 200, 4096, "G")  # a known figure beside "na" is not the figure
+
+    holders = {h.pid: h for h in nvml.read().holders}
+
+    assert holders[100].used_bytes is None
+    assert holders[200].used_bytes is None
+    assert holders[200].kind == "C+G"
+
+
+def test_a_pid_listed_twice_sums_unless_one_entry_is_unavailable(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    """MIG lists a pid once per instance it runs in: separate memory, so the entries
+    add up; one entry the driver cannot size makes the pid's usage unknown, and the
+    GPU's unattributed memory with it (2 GiB of 10 used is not "8 GiB held by nobody")."""
+    fake_gpu.update_gpu(0, memory_used=10 * GiB)
+    fake_gpu.add_gpu(1, memory_used=10 * GiB)
+    fake_gpu.add_process(0, 100, 2 * GiB, "C")
+    fake_gpu.add_process(0, 100, None, "C")
+    fake_gpu.add_process(1, 100, 2 * GiB, "C")
+    fake_gpu.add_process(1, 100, 3 * GiB, "C")
+
+    reading = nvml.read()
+
+    assert sorted(reading.holders, key=lambda h: h.gpu_index) == [
+        Holder(100, default_uuid(0), 0, None, "C"),
+        Holder(100, default_uuid(1), 1, 5 * GiB, "C"),
+    ]
+    unknown, known = balance(reading.gpus, reading.holders)
+    assert (unknown.unattributed_bytes, unknown.why_unknown) == (
+        None, "usage of pid 100 unavailable")
+    assert (known.processes_bytes, known.unattributed_bytes) == (5 * GiB, 5 * GiB)
+
+
+def test_many_processes_survive_the_two_pass_protocol(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    for pid in range(1000, 1300):
+        fake_gpu.add_process(0, pid, pid)
+
+    holders = nvml.read().holders
+
+    assert [h.pid for h in holders] == list(range(1000, 1300))
+    assert all(h.used_bytes == h.pid for h in holders)
+
+
+def test_lost_gpu_is_skipped_and_others_still_report(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.add_gpu(2)
+    fake_gpu.add_process(0, 100, GiB)
+    fake_gpu.add_process(1, 200, GiB)
+    fake_gpu.set_gpu_lost(1)
+
+    reading = nvml.read()
+
+    assert reading.up
+    assert [g.index for g in reading.gpus] == [0, 2]
+    assert [h.pid for h in reading.holders] == [100]
+    assert reading.errors == (("nvml_device", "GPU 1: GPU is lost"),)
+
+
+def test_gpu_lost_during_a_field_read_skips_that_gpu(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.set_field_error(1, "power", pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    reading = nvml.read()
+
+    assert [g.index for g in reading.gpus] == [0]
+    assert reading.errors == (("nvml_device", "GPU 1: GPU is lost"),)
+
+
+def test_init_failure_reports_down_then_driver_appears(
+    fake_gpu: FakeGpuWorld, nvml: Nvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_gpu.set_init_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    caplog.set_level(logging.WARNING, logger="gpuguard.host.nvml")
+
+    for _ in range(3):
+        reading = nvml.read()
+        assert not reading.up
+        assert reading.errors == (("nvml_init", "Driver Not Loaded"),)
+        assert reading.gpus == () and reading.holders == ()
+        assert reading.driver_version is None
+    assert len([r for r in caplog.records if r.name == "gpuguard.host.nvml"]) == 1
+
+    fake_gpu.set_init_error(None)
+    reading = nvml.read()
+    assert reading.up
+    assert [g.index for g in reading.gpus] == [0]
+    assert reading.errors == ()
+
+
+def test_missing_state_file_means_no_driver(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.remove_file()
+    assert nvml.read().errors == (("nvml_init", "Driver Not Loaded"),)
+    fake_gpu.save()
+    assert nvml.read().up
+
+
+def test_driver_lost_at_runtime_marks_down_and_reinitialises(
+    fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters
+) -> None:
+    assert nvml.read().up
+    fake_gpu.set_runtime_error(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    reading = nvml.read()
+    assert not reading.up
+    assert reading.errors == (("nvml_device", "device count: Uninitialized"),)
+
+    fake_gpu.set_runtime_error(None)
+    before = counters.snapshot()["nvml_init"].calls
+    assert nvml.read().up
+    # init + driver version again: the library was initialised afresh
+    assert counters.snapshot()["nvml_init"].calls == before + 2
+
+
+def test_driver_unloaded_mid_scan_is_down(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    assert nvml.read().up
+    fake_gpu.set_field_error(0, "compute", pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    reading = nvml.read()
+
+    assert not reading.up
+    assert reading.errors == (("nvml_processes", "GPU 0: Driver Not Loaded"),)
+
+
+def test_not_supported_field_is_none_and_not_an_error(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.update_gpu(0, temp=55, power_mw=123_000)
+    fake_gpu.set_not_supported(0, "temperature")
+
+    reading = nvml.read()
+
+    (gpu,) = reading.gpus
+    assert gpu.temperature_celsius is None
+    assert gpu.power_watts == 123.0
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert gpu.utilization_ratio == 0.0
+    assert gpu.name == "NVIDIA Fake H100"
+    assert reading.errors == ()
+
+
+def test_other_field_error_is_none_with_an_error(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_field_error(0, "power", pynvml.NVML_ERROR_UNKNOWN)
+    fake_gpu.set_not_supported(0, "memory")
+
+    reading = nvml.read()
+
+    (gpu,) = reading.gpus
+    assert gpu.power_watts is None
+    assert gpu.memory_total_bytes is None and gpu.memory_used_bytes is None
+    assert gpu.temperature_celsius == 40.0
+    assert reading.errors == (("nvml_device", "GPU 0: power: Unknown Error"),)
+
+
+def test_driver_without_memory_v2_falls_back_and_says_so(fake_gpu: FakeGpuWorld,
+                                                         nvml: Nvml) -> None:
+    """_v1's "used" includes the driver's reserved memory, which no process holds: the
+    reading says so, and unattributed memory is unknown rather than reserved + leak."""
+    fake_gpu.update_gpu(0, memory_used=5 * GiB, memory_reserved=GiB)
+    fake_gpu.add_process(0, 100, 5 * GiB)
+    (v2,) = nvml.read().gpus
+    assert (v2.memory_used_bytes, v2.used_excludes_reserved) == (5 * GiB, True)
+    assert balance([v2], [Holder(100, v2.uuid, 0, 5 * GiB, "C")])[0].unattributed_bytes == 0
+
+    fake_gpu.set_missing("nvmlDeviceGetMemoryInfo_v2")
+    older = Nvml(counters=Counters())
+    try:
+        reading = older.read()
+    finally:
+        older.close()
+
+    (v1,) = reading.gpus
+    assert (v1.memory_used_bytes, v1.used_excludes_reserved) == (6 * GiB, False)
+    assert reading.errors == ()
+    (b,) = balance(reading.gpus, reading.holders)
+    assert (b.used_bytes, b.unattributed_bytes, b.why_unknown) == (6 * GiB, None, WHY_V1_MEMORY)
+
+
+def test_process_list_error_skips_that_gpus_holders(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.add_process(0, 100, GiB)
+    fake_gpu.add_process(0, 101, GiB, "G")
+    fake_gpu.add_process(1, 200, GiB)
+    fake_gpu.set_field_error(0, "graphics", pynvml.NVML_ERROR_NO_PERMISSION)
+
+    reading = nvml.read()
+
+    assert reading.up
+    assert [g.index for g in reading.gpus] == [0, 1]
+    assert [h.pid for h in reading.holders] == [200]
+    assert reading.errors == (("nvml_processes", "GPU 0: Insufficient Permissions"),)
+
+
+def test_counters_count_every_call_per_callsite(
+    fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters
+) -> None:
+    fake_gpu.add_gpu(1)
+
+    nvml.read()
+    first = counters.snapshot()
+    # init + driver version; count + 2 x (handle, uuid, name, memory, util, temp, power);
+    # 2 x (compute, graphics)
+    assert first["nvml_init"].calls == 2
+    assert first["nvml_device"].calls == 1 + 2 * 7
+    assert first["nvml_processes"].calls == 2 * 2
+    assert all(c.proc_reads == 0 for c in first.values())
+    assert all(c.calls == 0 for name, c in first.items() if not name.startswith("nvml_"))
+
+    nvml.read()
+    second = counters.snapshot()
+    assert second["nvml_init"].calls == 2  # initialised once
+    assert second["nvml_device"].calls == 2 * 15
+    assert second["nvml_processes"].calls == 2 * 4
+
+    nvml.close()
+    assert counters.snapshot()["nvml_init"].calls == 3  # nvmlShutdown
+
+
+def test_state_change_between_reads_is_visible(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_process(0, 100, GiB)
+    first = nvml.read()
+    assert [h.pid for h in first.holders] == [100]
+
+    fake_gpu.remove_process(100)
+    fake_gpu.add_process(0, 200, 2 * GiB, "G")
+    fake_gpu.update_gpu(0, memory_used=2 * GiB, temp=77)
+    fake_gpu.add_gpu(1)
+
+    second = nvml.read()
+    assert [(h.pid, h.kind) for h in second.holders] == [(200, "G")]
+    assert second.gpus[0].memory_used_bytes == 2 * GiB
+    assert second.gpus[0].temperature_celsius == 77.0
+    assert len(second.gpus) == 2
+
+
+def test_reads_from_several_threads_are_serialised(
+    fake_gpu: FakeGpuWorld, counters: Counters, nvml_max_in_flight: Callable[[], int]
+) -> None:
+    """No two NVML calls overlap: the fake's own mutex does not count, its probe spans
+    each whole call (the injected delay included), so only our lock keeps it at 1."""
+    fake_gpu.add_process(0, 100, GiB)
+    fake_gpu.set_delay_ms(1)
+    readers = [Nvml(counters=counters) for _ in range(4)]
+    results: list[bool] = []
+
+    def work(reader: Nvml) -> None:
+        for _ in range(3):
+            reading = reader.read()
+            results.append(reading.up and [h.pid for h in reading.holders] == [100])
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in readers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for r in readers:
+        r.close()
+    assert results == [True] * 12
+    assert nvml_max_in_flight() == 1, f"{nvml_max_in_flight()} NVML calls ran at once"
+
+
+def test_fake_rejects_a_wrong_memory_struct_version(fake_gpu: FakeGpuWorld) -> None:
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLError) as info:
+            pynvml.nvmlDeviceGetMemoryInfo(handle, version=0x01000028)
+        assert info.value.value == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        assert pynvml.nvmlDeviceGetMemoryInfo(handle).total == 80 * GiB  # v1 struct
+        assert pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU) == 40
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_fake_loads_in_a_subprocess_via_ld_library_path(
+    fake_gpu: FakeGpuWorld, fake_nvml_lib: Path
+) -> None:
+    fake_gpu.set_driver_version("999.1.2")
+    code = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlSystemGetDriverVersion())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=fake_gpu.subprocess_env(fake_nvml_lib),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip() == "999.1.2"
+
+
+def test_pynvml_uses_the_preloaded_fake(fake_nvml_lib: Path) -> None:
+    lib = ctypes.CDLL(str(fake_nvml_lib / "libnvidia-ml.so.1"))
+    pynvml._LoadNvmlLibrary()
+    assert pynvml.nvmlLib._handle == lib._handle

@@ -1,0 +1,1027 @@
+"""`gpuguard run -- CMD` on real process trees.
+
+Each tree is started by a small intermediate process the test spawns (the "parent":
+an agent's shell, in miniature), so the launcher's parent can be SIGKILLed. CMD is
+the script below: it records every signal it gets and builds the tree it is told to
+(a lingering child, a retry loop that respawns its worker, a double-forked `setsid`
+daemon, a GPU holder), writing each pid to a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pty
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuguard.host.marks import ensure_marks_dir
+from tests.support.ci import require
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import (
+    HOLDER,
+    Trees,
+    alive,
+    descendants_of,
+    live_threads,
+    stat_fields,
+    wait_for,
+)
+from tests.support.remediator_harness import GIB, Run
+from tests.support.servers import child_env
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = [sys.executable, "-m", "gpuguard.console", "run"]
+#: The unprivileged user the launcher runs as in the `user` variants.
+UID = 64200
+#: Above PID_MAX_LIMIT (4194304): never a process.
+NO_PID = 4_194_305
+
+#: A setuid-root program (compiled by the test, chmod 4755 root): it becomes root in all
+#: three uids, so an unprivileged launcher may not signal it (EPERM), then writes its
+#: pid to argv[1] and waits. Stands in for sudo and its kind inside CMD. With argv[2] and
+#: argv[3] it forks, argv[3] ms later, a child that goes back to the invoking user (sudo's
+#: command, as that user) and writes its pid to argv[2]. With argv[4] = N it forks N such
+#: children, each ignoring SIGTERM and writing its pid to argv[2].I, one after another: the
+#: next once the last one has stopped (a reap froze it) or ended.
+SETUID_HELPER = r"""
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static int note(const char *path) {
+    char tmp[4096];
+    FILE *f;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!(f = fopen(tmp, "w"))) return 1;
+    fprintf(f, "%d\n", (int)getpid());
+    fclose(f);
+    return rename(tmp, path) != 0;
+}
+int main(int argc, char **argv) {
+    uid_t user = getuid();
+    if (argc < 2 || setresuid(0, 0, 0) != 0 || note(argv[1])) return 1;
+    if (argc >= 4) {
+        int chain = argc >= 5 ? atoi(argv[4]) : 0;
+        usleep(atoi(argv[3]) * 1000);
+        for (int i = 0; i < (chain ? chain : 1); i++) {
+            pid_t child = fork();
+            if (child == 0) {
+                char path[4096];
+                snprintf(path, sizeof path, chain ? "%s.%d" : "%s", argv[2], i);
+                if (chain) signal(SIGTERM, SIG_IGN);
+                if (setresuid(user, user, user) != 0 || note(path)) return 1;
+                for (;;) pause();
+            }
+            if (chain) waitpid(child, NULL, WUNTRACED);
+        }
+    }
+    for (;;) pause();
+}
+"""
+
+CMD = r'''
+"""CMD for tests/live/test_run.py: DIR ACTION...; records signals in DIR/signals."""
+import os, signal, subprocess, sys, time
+
+d, *actions = sys.argv[1:]
+
+
+def note(name, value):
+    tmp = os.path.join(d, name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(str(value))
+    os.replace(tmp, os.path.join(d, name))
+
+
+def record(signum, _frame):
+    with open(os.path.join(d, "signals"), "a") as fh:
+        fh.write(signal.Signals(signum).name + "\n")
+    if signum == signal.SIGTERM or (signum == signal.SIGINT and "exit-on-int" in actions):
+        os._exit(128 + signum)
+
+
+def ignore_sigterm():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def double_fork(name, setsid):
+    middle = os.fork()
+    if middle == 0:
+        if setsid:
+            os.setsid()
+        pid = os.fork()
+        if pid == 0:
+            os.execvp("sleep", ["sleep", "3600"])
+        note(name, pid)
+        os._exit(0)
+    os.waitpid(middle, 0)
+
+
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT):
+    signal.signal(signum, record)
+note("launcher", os.getppid())
+for action in actions:
+    if action == "child":  # a background child that outlives CMD
+        note("child", subprocess.Popen(["sleep", "3600"]).pid)
+    elif action == "loop":  # a retry loop: respawns its worker whenever it dies
+        loop = f"while :; do sleep 3600 & echo $! > {d}/w.tmp; mv {d}/w.tmp {d}/worker; wait; done"
+        note("loop", subprocess.Popen(["bash", "-c", loop]).pid)
+    elif action == "daemon":  # double fork + setsid: adopted by the launcher, own session
+        double_fork("daemon", setsid=True)
+    elif action.startswith("erased-daemon="):  # a daemon that zero-fills its environment
+        middle = os.fork()
+        if middle == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, action[14:], "--erase-environ",
+                                          "--pidfile", os.path.join(d, "daemon")])
+            os._exit(0)
+        os.waitpid(middle, 0)
+    elif action == "stray":  # double fork, same session: adopted by the launcher
+        double_fork("stray", setsid=False)
+    elif action == "stubborn":  # a background child that ignores SIGTERM
+        note("stubborn", subprocess.Popen(["sleep", "3600"], preexec_fn=ignore_sigterm).pid)
+    elif action.startswith("setuid="):  # a setuid-root program: DIR/setuid once it is root
+        subprocess.Popen([action[7:], os.path.join(d, "setuid")])
+    elif action.startswith("setuid-late="):  # the same; 1 s later it forks DIR/late (user's)
+        subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
+                          "1000"])
+    elif action.startswith("setuid-chain="):  # =N:PATH: the same; DIR/late.0 .. N-1 in turn
+        count, _, path = action[13:].partition(":")
+        subprocess.Popen([path, os.path.join(d, "setuid"), os.path.join(d, "late"), "0", count])
+    elif action.startswith("zombie-leader="):  # a child whose main thread exited (Z), alive
+        subprocess.Popen([sys.executable, action[14:], "--zombie-leader", "--pidfile",
+                          f"{d}/zl"])
+    elif action.startswith("await="):  # wait until DIR/NAME exists (a child is ready)
+        while not os.path.exists(os.path.join(d, action[6:])):
+            time.sleep(0.01)
+    elif action.startswith("holder="):  # a GPU holder below CMD
+        subprocess.Popen([sys.executable, action[7:], "--pidfile", f"{d}/holder"])
+    elif action.startswith("exit="):
+        note("cmd", os.getpid())
+        sys.exit(int(action[5:]))
+note("cmd", os.getpid())
+while True:
+    signal.pause()
+'''
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def unprivileged_prefix() -> tuple[str, ...]:
+    """setpriv to uid UID with no capabilities, or, where this Python lives in a folder
+    only root may enter (a pyenv under /root), with CAP_DAC_READ_SEARCH alone to reach
+    it: no capability that concerns signals, /proc access or prctl."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ()
+    plain = (setpriv, "--reuid", str(UID), "--regid", str(UID), "--clear-groups")
+    # As the launcher does: a process of that user starts this Python.
+    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.launch.launcher; "
+             "subprocess.run([sys.executable, '-c', ''], check=True)"]
+    if subprocess.run([*plain, *probe], cwd="/", env=child_env(), capture_output=True,
+                      check=False, timeout=60).returncode == 0:
+        return plain
+    return (*plain, "--inh-caps", "+dac_read_search", "--ambient-caps", "+dac_read_search")
+
+
+@pytest.fixture
+def rundir() -> Iterator[Path]:
+    """A folder the CMD writes its pid files to, writable for the unprivileged user too."""
+    path = Path(tempfile.mkdtemp(prefix="gpuguard-test-run-"))
+    path.chmod(0o777)
+    (path / "cmd.py").write_text(CMD)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Launch:
+    """One `gpuguard run` under an intermediate parent (a `bash -c` session leader)."""
+
+    def __init__(self, trees: Trees, d: Path, actions: list[str], *, options: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = (), background: bool = False) -> None:
+        self.trees, self.d = trees, d
+        argv = [*prefix, *LAUNCHER, *options, "--", sys.executable, str(d / "cmd.py"), str(d),
+                *actions]
+        run = " ".join(shlex.quote(a) for a in argv) + f" 2> {shlex.quote(str(d / 'stderr'))}"
+        status = f"echo $? > {shlex.quote(str(d / 'status'))}"
+        # In the foreground: a non-interactive bash starts `cmd &` with SIGINT ignored.
+        script = f"{run} & wait $!; {status}" if background else f"{run}; {status}"
+        self.tree = trees.spawn(script, env=child_env())
+        self.parent = self.tree.launcher.pid
+        self.launcher = self.pid("launcher")
+        self.cmd = self.pid("cmd")
+
+    def pid(self, name: str) -> int:
+        """A pid CMD wrote to DIR/NAME, registered so that cleanup kills it (and its session)."""
+        path = self.d / name
+        text = wait_for(lambda: path.exists() and path.read_text().strip(), what=f"{path}")
+        pid = int(str(text))
+        fields = stat_fields(pid)
+        self.trees.pids.append((pid, fields))
+        if fields is not None:
+            self.trees.sessions.add(int(fields["sid"]))  # type: ignore[call-overload]
+        return pid
+
+    def status(self) -> int:
+        path = self.d / "status"
+        return int(str(wait_for(lambda: path.exists() and path.read_text().strip(),
+                                timeout=30, what="the launcher's exit status")))
+
+    def signals(self) -> list[str]:
+        path = self.d / "signals"
+        return path.read_text().split() if path.exists() else []
+
+    def stderr(self) -> list[str]:
+        """The launcher's lines (CMD's tree shares the stream: bash reports its killed jobs)."""
+        return [line for line in (self.d / "stderr").read_text().splitlines()
+                if line.startswith("gpuguard")]
+
+
+def gone_within(pids: list[int], seconds: float) -> float:
+    """Wait until none of `pids` is alive (zombies count as gone); the time it took."""
+    start = time.monotonic()
+    wait_for(lambda: not any(alive(p) for p in pids), timeout=max(10.0, seconds * 10),
+             interval=0.005, what=f"{pids} to be gone")
+    return time.monotonic() - start
+
+
+def reaped_pids(line: str) -> set[int]:
+    """The pids a launcher's stderr line names ("PID (comm)")."""
+    return {int(m) for m in re.findall(r"(\d+) \(", line)}
+
+
+def wait_status(pid: int, timeout: float = 30.0) -> int:
+    """waitpid() an adopted launcher (this process is a subreaper); its raw wait status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"launcher {pid} did not exit within {timeout}s")
+        time.sleep(0.01)
+
+
+def status_mask(pid: int, field: str) -> int:
+    """A signal mask from /proc/PID/status (ShdPnd: pending for the whole process, blocked
+    ones included; SigIgn: ignored)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def has(mask: int, signum: int) -> bool:
+    return bool(mask & (1 << (signum - 1)))
+
+
+def terminal_session(rundir: Path, argv: list[str],
+                     trees: Trees) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`argv` as the leader of a new session whose controlling terminal is a pty
+    (setsid --ctty): its process group is the foreground one. (process, pty master, slave)."""
+    setsid = shutil.which("setsid")
+    require(setsid, "setsid not installed: apt-get install util-linux")
+    master, slave = pty.openpty()
+    with open(rundir / "stderr", "w") as err:
+        proc = subprocess.Popen([str(setsid), "--ctty", *argv], stdin=slave, stdout=slave,
+                                stderr=err, env=child_env(), cwd=rundir)
+    trees.sessions.add(proc.pid)
+    trees.pids.append((proc.pid, stat_fields(proc.pid)))
+    return proc, master, slave
+
+
+def held_stopped(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: (stat_fields(pid) or {}).get("state") == "T", what=f"{pid} to stop")
+
+
+# -- the parent dies ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user", ["invoker", "unprivileged"])
+def test_parent_sigkilled_takes_the_whole_tree_within_a_second(
+        trees: Trees, rundir: Path, user: str) -> None:
+    prefix: tuple[str, ...] = ()
+    if user == "unprivileged":
+        if os.geteuid() != 0:
+            pytest.skip("not root: the other variant already runs unprivileged")
+        prefix = unprivileged_prefix()
+        require(prefix, "setpriv not installed: apt-get install util-linux")
+    run = Launch(trees, rundir, ["child", "loop", "daemon", "stray"], prefix=prefix)
+    if user == "unprivileged":
+        assert stat_fields(run.launcher) is not None
+        assert Path(f"/proc/{run.launcher}").stat().st_uid == UID
+    child, loop, daemon, stray = (run.pid(n) for n in ("child", "loop", "daemon", "stray"))
+    # The double forks were adopted by the launcher (a subreaper), not by us or PID 1.
+    for orphan in (daemon, stray):
+        assert stat_fields(orphan)["ppid"] == run.launcher  # type: ignore[index]
+    assert stat_fields(daemon)["sid"] != stat_fields(run.cmd)["sid"]  # type: ignore[index]
+    # The retry loop really respawns its worker.
+    worker = run.pid("worker")
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: run.pid("worker") != worker, what="the loop to respawn its worker")
+    # An adopted process that exits is collected by the launcher: no zombie is left.
+    os.kill(stray, signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{stray}").exists(), what="the launcher to collect a zombie")
+
+    tree = [run.launcher, *descendants_of(run.launcher)]
+    assert {run.cmd, child, loop, daemon, run.pid("worker")} <= set(tree)
+    run.tree.kill_launcher()  # SIGKILL the parent and reap it
+    took = gone_within(tree, 1.0)
+    assert took < 1.0, f"the tree took {took:.3f}s to go"
+    status = wait_status(run.launcher)  # an exit, not a signal: nobody sent the launcher one
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP, status
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: the parent process died: reaped ")
+    named = reaped_pids(line)
+    assert {run.cmd, child, loop, daemon} <= named and not {stray, worker} & named
+
+
+def test_a_thread_of_the_parent_exiting_is_not_the_parents_death(trees: Trees,
+                                                                  rundir: Path) -> None:
+    """The kernel sends the parent-death signal when the *thread* that forked the launcher
+    exits; a parent that starts it from a short-lived thread is still alive."""
+    argv = [*LAUNCHER, "--", sys.executable, str(rundir / "cmd.py"), str(rundir)]
+    parent = f"""
+import os, subprocess, threading, time
+def start():
+    subprocess.Popen({argv!r}, stderr=open({str(rundir / 'stderr')!r}, 'w'))
+    while not os.path.exists({str(rundir / 'cmd')!r}):  # until the launcher watches us
+        time.sleep(0.01)
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()
+while True:
+    time.sleep(3600)
+"""
+    tree = trees.spawn(f"exec {shlex.quote(sys.executable)} -c {shlex.quote(parent)}",
+                       env=child_env())
+    run_cmd = int(str(wait_for(lambda: (rundir / "cmd").exists()
+                               and (rundir / "cmd").read_text(), what="CMD")))
+    launcher = int((rundir / "launcher").read_text())
+    trees.pids += [(p, stat_fields(p)) for p in (launcher, run_cmd)]
+    wait_for(lambda: len(os.listdir(f"/proc/{tree.launcher.pid}/task")) == 1,
+             what="the starting thread to exit")
+    wait_for(lambda: status_mask(launcher, "ShdPnd") == 0, what="the launcher to take its signal")
+    assert alive(launcher) and alive(run_cmd)
+    os.kill(launcher, signal.SIGTERM)
+    gone_within([launcher, run_cmd], 10.0)
+    (line,) = (rundir / "stderr").read_text().splitlines()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 1 process(es)"), line
+    assert (rundir / "signals").read_text().split() == ["SIGTERM"]
+
+
+def test_a_parent_gone_before_the_launcher_watched_it_starts_nothing(rundir: Path) -> None:
+    """The race check: the pid that started us is not our parent any more (here: a pid
+    above the kernel's PID_MAX_LIMIT, never anybody's)."""
+    marker = rundir / "started"
+    code = ("import sys; from gpuguard.launch.events import Options; "
+            "from gpuguard.launch.launcher import run; "
+            f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}).code)")
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr
+    assert done.stderr.startswith(f"gpuguard run: the parent process {NO_PID} died before")
+    assert not marker.exists()
+
+
+#: Runs the console as `python -m` would, but stops itself (SIGSTOP) when the launcher
+#: module is about to be imported, after writing its pid: the test then kills the
+#: launcher's parent inside the start-up window the early parent read closes.
+STOP_AT_LAUNCHER_IMPORT = """
+import os, runpy, signal, sys
+pidfile = sys.argv.pop(1)
+def hook(event, args):
+    if event == "import" and args[0] == "gpuguard.launch.launcher":
+        with open(pidfile, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(hook)
+runpy.run_module("gpuguard.console", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_parent_dying_while_the_console_imports_is_noticed(trees: Trees, rundir: Path) -> None:
+    """The parent is read as the package is first imported, before the console's ~0.3 s of
+    imports: a parent dying during them is noticed, not read as the launcher's parent."""
+    marker = rundir / "started"
+    argv = [sys.executable, "-c", STOP_AT_LAUNCHER_IMPORT, str(rundir / "launcher"), "run",
+            "--", "touch", str(marker)]
+    quoted = " ".join(shlex.quote(a) for a in argv)
+    tree = trees.spawn(f"{quoted} 2> {shlex.quote(str(rundir / 'stderr'))}; exit $?",
+                       env=child_env())
+    launcher = int(str(wait_for(lambda: (rundir / "launcher").exists()
+                                and (rundir / "launcher").read_text(), what="the launcher")))
+    trees.pids.append((launcher, stat_fields(launcher)))
+    wait_for(lambda: (stat_fields(launcher) or {}).get("state") == "T",
+             what="the launcher to stop in its imports")
+    tree.kill_launcher()  # the parent dies; this process (a subreaper) adopts the launcher
+    assert (stat_fields(launcher) or {}).get("ppid") == os.getpid()
+    os.kill(launcher, signal.SIGCONT)
+    status = wait_status(launcher)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP, status
+    assert not marker.exists()
+    assert (rundir / "stderr").read_text().startswith(
+        f"gpuguard run: the parent process {tree.launcher.pid} died before the launcher")
+
+
+#: Installs a seccomp filter that fails pidfd_open (434 on every architecture) with
+#: ENOSYS, as an old kernel or a container's seccomp profile does, then execs argv[1:].
+WITHOUT_PIDFD_OPEN = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+code = (Filter * 4)(Filter(0x20, 0, 0, 0),                           # ld [nr]
+                    Filter(0x15, 0, 1, 434),                         # jeq pidfd_open
+                    Filter(0x06, 0, 0, 0x00050000 | errno.ENOSYS),   # ret ERRNO(ENOSYS)
+                    Filter(0x06, 0, 0, 0x7FFF0000))                  # ret ALLOW
+program = Program(4, code)
+if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(program), 0, 0):
+    sys.exit(f"seccomp: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_without_pidfd_open_cmd_is_not_started(rundir: Path) -> None:
+    marker = rundir / "started"
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PIDFD_OPEN, sys.executable, *LAUNCHER[1:],
+                           "--", "touch", str(marker)], env=child_env(), capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [
+        "gpuguard: run: CMD not started: pidfd_open/pidfd_send_signal failed (Function not "
+        "implemented; a kernel before 5.3, or a seccomp profile): the launcher signals its "
+        "tree only through pidfds"])
+    assert not marker.exists()
+
+
+def test_without_a_children_file_cmd_is_not_started(rundir: Path) -> None:
+    """A kernel without CONFIG_PROC_CHILDREN has no /proc/PID/task/TID/children: shown
+    here by an empty tmpfs over the launcher's /proc/PID/task, in a mount namespace."""
+    unshare = shutil.which("unshare")
+    require(unshare, "unshare not installed: apt-get install util-linux")
+    allowed = subprocess.run([str(unshare), "--mount", "true"], capture_output=True, check=False)
+    require(allowed.returncode == 0, "unshare --mount is not permitted here")
+    marker = rundir / "started"
+    launcher = " ".join(shlex.quote(a) for a in [*LAUNCHER, "--", "touch", str(marker)])
+    script = f"mount -t tmpfs none /proc/$$/task && exec {launcher}"
+    done = subprocess.run([str(unshare), "--mount", "--propagation", "private", "sh", "-c",
+                           script], env=child_env(), capture_output=True, text=True, timeout=60,
+                          check=False)
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert re.fullmatch(r"gpuguard: run: CMD not started: /proc/self/task/\d+/children does not "
+                        r"exist \(a kernel without CONFIG_PROC_CHILDREN, or no /proc mounted\): "
+                        r"the launcher could not find the processes of its tree", line), line
+    assert not marker.exists()
+
+
+# -- SIGINT, SIGTERM -------------------------------------------------------------------------
+
+
+def test_sigint_is_forwarded_to_cmd_first_then_the_tree_is_reaped_after_grace(
+        trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["child"], options=("--grace", "0.5"))
+    child = run.pid("child")
+    os.kill(run.launcher, signal.SIGINT)
+    assert run.status() == 128 + signal.SIGINT
+    # CMD ignores SIGINT (it only records it): after --grace the reap's SIGTERM follows.
+    assert run.signals() == ["SIGINT", "SIGTERM"]
+    gone_within([run.cmd, child], 1.0)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: CMD still ran 0.5 s after SIGINT: reaped 2 process")
+    assert f"{child} (sleep)" in line
+
+
+def test_a_second_sigint_reaps_at_once(trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["child"], options=("--grace", "60"))
+    os.kill(run.launcher, signal.SIGINT)
+    wait_for(lambda: run.signals() == ["SIGINT"], what="CMD to get the forwarded SIGINT")
+    start = time.monotonic()
+    os.kill(run.launcher, signal.SIGINT)
+    assert run.status() == 128 + signal.SIGINT
+    assert time.monotonic() - start < 30  # not the 60 s grace
+    assert run.signals() == ["SIGINT", "SIGTERM"]
+    assert not alive(run.pid("child"))
+    assert "a second SIGINT" in run.stderr()[0]
+
+
+def test_cmd_exiting_on_sigint_ends_the_run_with_130_and_its_leftovers_reaped(
+        trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["child", "exit-on-int"], options=("--grace", "60"))
+    child = run.pid("child")
+    os.kill(run.launcher, signal.SIGINT)
+    assert run.status() == 128 + signal.SIGINT
+    assert run.signals() == ["SIGINT"]
+    assert not alive(child)
+    (line,) = run.stderr()
+    assert line == f"gpuguard run: CMD exited after SIGINT: reaped 1 process(es): {child} (sleep)"
+
+
+def test_ctrl_c_at_a_terminal_reaches_cmd_once(trees: Trees, rundir: Path) -> None:
+    """A terminal sends SIGINT to its whole foreground process group, CMD included: the
+    launcher must not forward a second one."""
+    proc, master, slave = terminal_session(rundir, [
+        *LAUNCHER, "--grace", "0.5", "--", sys.executable, str(rundir / "cmd.py"), str(rundir),
+        "child"], trees)
+    try:
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        cmd, child = (int((rundir / n).read_text()) for n in ("cmd", "child"))
+        assert int((rundir / "launcher").read_text()) == proc.pid
+        assert os.tcgetpgrp(master) == proc.pid == stat_fields(cmd)["pgid"]  # type: ignore[index]
+        # The launcher is held stopped while CMD takes the terminal's SIGINT, so that a
+        # second one forwarded by the launcher could not merge with it while pending.
+        held_stopped(proc.pid)
+        os.write(master, b"\x03")  # Ctrl-C
+        wait_for(lambda: (rundir / "signals").exists(), what="CMD to get the SIGINT")
+        os.kill(proc.pid, signal.SIGCONT)
+        # It ends by SIGINT itself, as a plain command would (a shell shows 130).
+        assert proc.wait(timeout=30) == -signal.SIGINT
+        assert (rundir / "signals").read_text().split() == ["SIGINT", "SIGTERM"]
+        assert not alive(cmd) and not alive(child)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_ctrl_c_stops_the_calling_shell_script_as_for_a_plain_command(trees: Trees,
+                                                                        rundir: Path) -> None:
+    """bash goes on after a child that *exits* 130 and stops after one that SIGINT killed
+    (when bash got the SIGINT too): the launcher must end like the latter."""
+    launch = " ".join(shlex.quote(a) for a in [
+        *LAUNCHER, "--grace", "5", "--", sys.executable, str(rundir / "cmd.py"), str(rundir),
+        "exit-on-int"])
+    after = rundir / "after"
+    proc, master, slave = terminal_session(
+        rundir, ["bash", "-c", f"{launch}; echo $? > {shlex.quote(str(after))}"], trees)
+    try:
+        launcher = int(str(wait_for(lambda: (rundir / "launcher").exists()
+                                    and (rundir / "launcher").read_text(), what="CMD")))
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        trees.pids.append((launcher, stat_fields(launcher)))
+        os.write(master, b"\x03")  # Ctrl-C: bash, the launcher and CMD all get SIGINT
+        assert proc.wait(timeout=30) == -signal.SIGINT  # the script stopped there
+        assert not after.exists(), after.read_text()
+        assert (rundir / "signals").read_text().split() == ["SIGINT"]  # once
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_terminals_sigquit_reaches_cmd_once_and_the_run_goes_on(trees: Trees,
+                                                                   rundir: Path) -> None:
+    """Ctrl-\\ sends SIGQUIT to the whole foreground group: CMD has it already, and the
+    launcher, which would otherwise die of it without a teardown, must not forward it."""
+    proc, master, slave = terminal_session(rundir, [
+        *LAUNCHER, "--", sys.executable, str(rundir / "cmd.py"), str(rundir)], trees)
+    try:
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        cmd = int((rundir / "cmd").read_text())
+        held_stopped(proc.pid)
+        os.write(master, b"\x1c")  # Ctrl-\\
+        wait_for(lambda: (rundir / "signals").exists(), what="CMD to get the SIGQUIT")
+        # SIGTERM queued behind the SIGQUIT (the lower number is taken first): a forwarded
+        # SIGQUIT would reach CMD before the teardown's SIGTERM.
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert (rundir / "signals").read_text().split() == ["SIGQUIT", "SIGTERM"]
+        assert not alive(cmd)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_an_ignored_sigint_stays_ignored(trees: Trees, rundir: Path) -> None:
+    """`gpuguard run ... &` in a script: bash starts it with SIGINT ignored, like any
+    background job; the launcher neither acts on SIGINT nor forwards it."""
+    run = Launch(trees, rundir, [], background=True)
+    assert has(status_mask(run.launcher, "SigIgn"), signal.SIGINT)
+    assert not has(status_mask(run.launcher, "SigBlk"), signal.SIGINT)
+    # Ignored and not blocked, a signal is dropped when sent: kill() returns after it.
+    os.kill(run.launcher, signal.SIGINT)
+    # A SIGINT the launcher had queued would be taken before this SIGTERM (the lower
+    # number first) and forwarded ahead of the teardown's SIGTERM.
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert run.signals() == ["SIGTERM"]
+
+
+def test_other_signals_are_forwarded_to_cmd_and_the_run_goes_on(trees: Trees,
+                                                                 rundir: Path) -> None:
+    """SIGUSR1 (SLURM's --signal, a checkpoint request) goes to CMD; the launcher lives on
+    (unhandled, SIGUSR1 would kill it with no teardown)."""
+    run = Launch(trees, rundir, ["child"])
+    child = run.pid("child")
+    os.kill(run.launcher, signal.SIGUSR1)
+    wait_for(lambda: run.signals() == ["SIGUSR1"], what="CMD to get the forwarded SIGUSR1")
+    assert alive(run.launcher) and alive(run.cmd) and alive(child)
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert run.signals() == ["SIGUSR1", "SIGTERM"]
+    assert not alive(child)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+
+
+def test_sigterm_ends_the_launcher_by_sigterm(rundir: Path) -> None:
+    """After the teardown the launcher dies of the signal that caused it (a shell shows
+    143), as a plain command would."""
+    proc = subprocess.Popen([*LAUNCHER, "--", sys.executable, str(rundir / "cmd.py"),
+                             str(rundir)], env=child_env(), stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (rundir / "cmd").exists(), what="CMD")
+        cmd = int((rundir / "cmd").read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert not alive(cmd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_member_ignoring_sigterm_is_sigkilled_after_grace(trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["stubborn"], options=("--grace", "0.5"))
+    stubborn = run.pid("stubborn")
+    assert has(status_mask(stubborn, "SigIgn"), signal.SIGTERM)
+    start = time.monotonic()
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert time.monotonic() - start >= 0.5  # it had its --grace before the SIGKILL
+    assert not alive(stubborn) and not alive(run.cmd)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+    assert f"{stubborn} (sleep)" in line and "survived" not in line
+
+
+def test_a_kernel_raised_alarm_is_forwarded_not_swallowed(trees: Trees, rundir: Path) -> None:
+    """An alarm() set before the launcher's exec arrives as SI_KERNEL SIGALRM, as a
+    terminal's signals do, but no terminal sent it to CMD: it is forwarded, and CMD (which
+    does not handle it) dies of it, as a plain command would."""
+    arm = (sys.executable, "-c",
+           "import os, signal, sys; signal.alarm(1); os.execv(sys.argv[1], sys.argv[1:])")
+    run = Launch(trees, rundir, [], prefix=arm)
+    assert run.status() == 128 + signal.SIGALRM
+    assert not alive(run.cmd)
+
+
+def test_a_library_caller_that_forked_since_the_import_runs_cmd(tmp_path: Path) -> None:
+    """The parent read at import belongs to the process that imported gpuguard; a child
+    forked later has another parent and must compare with that one, not refuse CMD."""
+    script = ("import os, sys\n"
+              "from gpuguard.launch.events import Options\n"
+              "from gpuguard.launch.launcher import end, run\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    sys.exit(end(run(['sh', '-c', 'exit 7'], Options())))\n"
+              "_, status = os.waitpid(pid, 0)\n"
+              "print(os.waitstatus_to_exitcode(status))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "7", done.stderr
+
+
+# -- CMD exits by itself ---------------------------------------------------------------------
+
+
+def test_cmd_status_passes_through_and_a_lingering_child_is_reaped(trees: Trees,
+                                                                     rundir: Path) -> None:
+    run = Launch(trees, rundir, ["child", "exit=3"])
+    child = run.pid("child")
+    assert run.status() == 3
+    assert not alive(child)
+    assert run.stderr() == [f"gpuguard run: CMD exited with status 3: reaped 1 process(es): "
+                            f"{child} (sleep)"]
+
+
+def test_a_leftover_whose_main_thread_exited_is_reaped_too(trees: Trees, rundir: Path) -> None:
+    """Issue 24: a child whose main thread called pthread_exit() shows Z while another
+    thread runs; it is a live member of the tree, and the teardown kills it."""
+    run = Launch(trees, rundir, [f"zombie-leader={HOLDER}", "await=zl", "exit=3"])
+    zl = run.pid("zl")  # written once its main thread showed Z, before CMD exited
+    assert run.status() == 3
+    assert not alive(zl) and not live_threads(zl)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: CMD exited with status 3: reaped 1 process(es)"), line
+    assert reaped_pids(line) == {zl}, line
+
+
+def test_keep_leftovers_leaves_the_lingering_child(trees: Trees, rundir: Path) -> None:
+    run = Launch(trees, rundir, ["child", "exit=3"], options=("--keep-leftovers",))
+    child = run.pid("child")
+    assert run.status() == 3
+    assert alive(child) and run.stderr() == []
+    os.kill(child, signal.SIGKILL)  # ours: its launcher has gone, this process adopted it
+    gone_within([child], 1.0)
+
+
+#: Ignores SIGCHLD (a caller's "no zombies" idiom), then execs argv[1:]: the launcher
+#: inherits the ignored SIGCHLD.
+IGNORING_SIGCHLD = ("import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+                    "os.execv(sys.argv[1], sys.argv[1:])")
+#: CMD: records its ignored signals (SigIgn) in argv[1], exits 3.
+SIGIGN_THEN_EXIT_3 = ("import sys; sys.argv[1:] and open(sys.argv[1], 'w').write(next("
+                      "l.split()[1] for l in open('/proc/self/status') if l.startswith('SigIgn:')"
+                      ")); sys.exit(3)")
+
+
+def test_a_caller_ignoring_sigchld_still_gets_cmds_status(rundir: Path) -> None:
+    """An ignored SIGCHLD would make the kernel reap CMD itself: the launcher would never
+    see it exit (and its pid would be free while the launcher still names CMD by it).
+    CMD gets the caller's SIG_IGN back, as it would without the launcher."""
+    sigign = rundir / "sigign"
+    proc = subprocess.Popen([sys.executable, "-c", IGNORING_SIGCHLD, sys.executable,
+                             *LAUNCHER[1:], "--", sys.executable, "-c", SIGIGN_THEN_EXIT_3,
+                             str(sigign)], env=child_env())
+    try:
+        assert proc.wait(timeout=30) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert has(int(sigign.read_text(), 16), signal.SIGCHLD)
+
+
+@pytest.mark.parametrize(("script", "code"), [("exit 0", 0), ("kill -KILL $$", 137),
+                                              ("kill -TERM $$", 143)])
+def test_cmd_status_in_shell_convention(script: str, code: int) -> None:
+    done = subprocess.run([*LAUNCHER, "--", "sh", "-c", script], env=child_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == code and done.stderr == ""
+
+
+def test_usage_errors_are_one_line(tmp_path: Path) -> None:
+    not_executable = tmp_path / "data.txt"
+    not_executable.write_text("x")
+    for args, code, message in (
+            ([], 2, "gpuguard: run: no CMD given; usage: gpuguard run [--grace SECONDS] "
+                    "[--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"),
+            (["--", "/nonexistent/cmd"], 127, "gpuguard: run: /nonexistent/cmd: command not "
+                                              "found"),
+            (["--", str(not_executable)], 126, f"gpuguard: run: {not_executable}: "
+                                               "Permission denied")):
+        done = subprocess.run([*LAUNCHER, *args], env=child_env(), capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert (done.returncode, done.stderr.splitlines()) == (code, [message])
+
+
+# -- a member the launcher may not signal ------------------------------------------------------
+
+
+@pytest.fixture
+def setuid_helper() -> Iterator[tuple[tuple[str, ...], Path]]:
+    """(the unprivileged launcher's setpriv prefix, a compiled setuid-root SETUID_HELPER)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a setuid-root program for the unprivileged launcher")
+    prefix = unprivileged_prefix()
+    require(prefix, "setpriv not installed: apt-get install util-linux")
+    gcc = shutil.which("gcc")
+    require(gcc, "gcc not installed: apt-get install gcc libc6-dev")
+    # A folder on a mount that honours set-user-ID bits (/tmp is often nosuid), which
+    # the unprivileged user can reach.
+    suid_ok = [d for d in (tempfile.gettempdir(), "/var/tmp", str(REPO))
+               if os.path.isdir(d) and not os.statvfs(d).f_flag & os.ST_NOSUID
+               and all(os.stat(p).st_mode & 0o001 for p in (d, *Path(d).parents))]
+    require(suid_ok, "no folder on a mount without nosuid that uid 64200 can reach")
+    bindir = Path(tempfile.mkdtemp(prefix="gpuguard-test-setuid-", dir=suid_ok[0]))
+    try:
+        bindir.chmod(0o755)
+        helper = bindir / "setuid-root"
+        (bindir / "helper.c").write_text(SETUID_HELPER)
+        subprocess.run([str(gcc), "-o", str(helper), str(bindir / "helper.c")], check=True,
+                       capture_output=True, timeout=120)
+        helper.chmod(0o4755)  # owned by root: this process is root
+        yield prefix, helper
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
+
+
+def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """An unprivileged launcher cannot stop a setuid-root program (EPERM): that member is
+    left untouched and reported, and everything else in the tree is still reaped."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid={helper}", "child"], options=("--grace", "0.5"),
+                 prefix=prefix)
+    rootly, child = run.pid("setuid"), run.pid("child")
+    assert Path(f"/proc/{run.launcher}").stat().st_uid == UID
+    uids = [line.split()[1:] for line in Path(f"/proc/{rootly}/status").read_text().splitlines()
+            if line.startswith("Uid:")]
+    assert uids == [["0", "0", "0", "0"]]  # beyond the launcher's reach
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(run.cmd) and not alive(child)
+    assert (stat_fields(rootly) or {}).get("state") == "S"  # untouched: neither stopped nor gone
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+    assert reaped_pids(line) == {run.cmd, child, rootly}, line
+    assert line.count(f"{rootly} (") == 1, line  # said once, not once per round
+    assert line.endswith(f"1 survived, not signalled (the kernel refused the launcher's SIGSTOP: "
+                         "another user's process, such as a setuid-root program; needs root or "
+                         f"CAP_KILL): {rootly} (setuid-root)"), line
+    assert "remediator" not in line
+
+
+def test_the_teardown_goes_on_until_no_child_is_left(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """Issue 24 (Low): a released member that starts a new child whenever its last one
+    is frozen hands the launcher one more tree per round, 7 rounds in all; the teardown
+    goes on until no child is left (it used to stop after 5)."""
+    prefix, helper = setuid_helper
+    chain = 7
+    run = Launch(trees, rundir, [f"setuid-chain={chain}:{helper}", "await=late.0"],
+                 prefix=prefix, options=("--grace", "0.5"))
+    rootly = run.pid("setuid")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    lates = [run.pid(f"late.{i}") for i in range(chain) if (rundir / f"late.{i}").exists()]
+    assert not [pid for pid in lates if alive(pid)], "left running"
+    assert len(lates) == chain
+    (line,) = run.stderr()
+    assert "still below the launcher" not in line, line
+    assert set(lates) <= reaped_pids(line) and line.count(f"{rootly} (") == 1, line
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+
+
+def test_a_tree_of_one_unsignalable_process_reports_no_kill(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """CMD leaves only the setuid-root program, adopted by the launcher: the reap of it
+    is refused whole, and the line must not count it as reaped."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid={helper}", "await=setuid", "exit=3"], prefix=prefix)
+    rootly = run.pid("setuid")
+    assert run.status() == 3
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: CMD exited with status 3: reaped 0 process(es)"), line
+    assert line.count(f"{rootly} (") == 1 and "1 survived, not signalled" in line, line
+
+
+def test_what_a_released_member_starts_during_the_reap_is_reaped_too(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """sudo's command, as the invoking user, forked by the setuid-root member 1 s after it
+    started, while the reap (held up by a member ignoring SIGTERM for --grace) runs: the
+    reaper never walks below a member it let go of, so the launcher must."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid-late={helper}", "stubborn"], prefix=prefix,
+                 options=("--grace", "3"))
+    rootly, stubborn = run.pid("setuid"), run.pid("stubborn")
+    os.kill(run.launcher, signal.SIGTERM)
+    late = run.pid("late")  # forked during the reap, below the released member
+    assert (stat_fields(late) or {}).get("ppid") == rootly
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(late) and not alive(stubborn) and not alive(run.cmd)
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+    (line,) = run.stderr()
+    assert f"{late} (setuid-root)" in line and line.count(f"{rootly} (") == 1, line
+
+
+# -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
+
+
+def tree_of(gpuguard: Run, pid: int, *args: str) -> dict:
+    """The tree holding `pid`, from `gpuguard status --json` (the exporter's scan)."""
+    proc = gpuguard("status", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    (tree,) = [t for t in json.loads(proc.stdout)["trees"]
+               if pid in [h["pid"] for h in t["holders"]]]
+    return tree
+
+
+def test_launcher_sigkilled_cmd_dies_and_the_survivor_is_an_orphan_tree(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    run = Launch(trees, rundir, [f"holder={HOLDER}"])
+    holder = run.pid("holder")
+    fake_gpu.add_process(0, holder, GIB)
+
+    live = tree_of(gpuguard, holder)  # under a live launcher: an ordinary attached tree
+    assert live["verdict"] == "normal", live
+    assert run.launcher in [m["pid"] for m in live["members"]]
+    os.kill(run.launcher, signal.SIGKILL)
+    gone_within([run.launcher, run.cmd], 1.0)  # CMD died by its parent-death SIGKILL
+    assert alive(holder)
+    orphan = tree_of(gpuguard, holder)
+    assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", holder), orphan
+    assert orphan["reason"] in ("parent-exited", "session-ended")
+
+
+def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """A double-forked `setsid` daemon's session is gone, which under PID 1 reads orphan
+    (session-ended, reaped by default): under its live launcher it is attached
+    (GPUGUARD_RUN names the launcher), and once the launcher is gone, orphaned again."""
+    run = Launch(trees, rundir, ["daemon"])
+    daemon = run.pid("daemon")
+    assert (stat_fields(daemon) or {}).get("ppid") == run.launcher  # adopted by it
+    fake_gpu.add_process(0, daemon, GIB)
+    live = tree_of(gpuguard, daemon)
+    assert (live["verdict"], live["reason"], live["rule"]) == ("normal", "run-launcher", "6")
+    assert live["evidence"]["pids"] == [daemon, run.launcher]
+    os.kill(run.launcher, signal.SIGKILL)
+    gone_within([run.launcher, run.cmd], 1.0)
+    orphan = tree_of(gpuguard, daemon)  # now adopted by this test process (a subreaper)
+    assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", daemon), orphan
+    assert orphan["reason"] in ("session-ended", "launcher-killed")
+
+
+def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registration(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        tmp_path: Path) -> None:
+    """setproctitle-style erasure takes GPUGUARD_RUN with it: the launcher's own
+    registration (--marks-dir, the daemons' directory) still names it, and it is gone
+    once the launcher ends. Without the registration the erased marker is unknown, never
+    an orphan to reap under a live launcher."""
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"classify:\n  marks_dir: {marks}\n")
+    run = Launch(trees, rundir, [f"erased-daemon={HOLDER}", "await=daemon"],
+                 options=("--marks-dir", str(marks)))
+    daemon = run.pid("daemon")
+    assert (stat_fields(daemon) or {}).get("ppid") == run.launcher
+    assert set(Path(f"/proc/{daemon}/environ").read_bytes()) == {0}
+    fake_gpu.add_process(0, daemon, GIB)
+    assert [p.name for p in marks.iterdir()] == [
+        f"run-{run.launcher}-{(stat_fields(run.launcher) or {})['start_time']}"]
+    live = tree_of(gpuguard, daemon, "--config", str(config))
+    assert (live["verdict"], live["reason"]) == ("normal", "run-launcher"), live
+    unregistered = tree_of(gpuguard, daemon)  # the default directory does not hold it
+    assert (unregistered["verdict"], unregistered["reason"]) == ("unknown", "member-unknown")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(daemon) and list(marks.iterdir()) == []
+
+
+# -- pid reuse: an unrelated process at a former member's pid ---------------------------------
+
+
+def pid_reuse_scenario() -> None:
+    """Run as PID 1 of a fresh PID namespace (see the test below); prints one JSON line.
+
+    The launcher's adopted daemon D is killed and collected; an unrelated process Q is
+    forked at D's pid (ns_last_pid), in the launcher's process group, with a child C.
+    The launcher is then SIGTERMed: it must reap CMD and leave Q and C alone.
+    """
+    from tests.support.pid_reuse import take_pid, wait_until
+
+    assert os.getpid() == 1, "run me as PID 1 of a new PID namespace"
+    with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+        fh.write("100")
+    d = Path(tempfile.mkdtemp(prefix="gpuguard-pid-reuse-"))
+    (d / "cmd.py").write_text(CMD)
+    launcher = subprocess.Popen([*LAUNCHER, "--", sys.executable, str(d / "cmd.py"), str(d),
+                                 "daemon"], stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: (d / "cmd").exists(), "CMD")
+    cmd, daemon = int((d / "cmd").read_text()), int((d / "daemon").read_text())
+    adopted = (stat_fields(daemon) or {}).get("ppid") == launcher.pid
+    os.kill(daemon, signal.SIGKILL)
+    wait_until(lambda: not os.path.exists(f"/proc/{daemon}"), "the launcher to collect D")
+    q, c = take_pid(daemon)
+    launcher.send_signal(signal.SIGTERM)
+    code = launcher.wait(timeout=30)
+    assert launcher.stderr is not None
+    print(json.dumps({"daemon": daemon, "adopted": adopted, "q": q, "c": c, "code": code,
+                      "q_alive": alive(q), "c_alive": alive(c), "cmd_alive": alive(cmd),
+                      "stderr": launcher.stderr.read()}), flush=True)
+    for pid in (c, q):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_unrelated_process_at_a_reused_pid_is_never_signalled(rundir: Path) -> None:
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c",
+            "from tests.live.test_run import pid_reuse_scenario; pid_reuse_scenario()"]
+    allowed = subprocess.run(argv[:5] + ["true"], capture_output=True, check=False)
+    require(allowed.returncode == 0, "unshare --pid is not permitted here")
+    done = subprocess.run(argv, cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["adopted"] and result["q"] == result["daemon"], result  # the pid was reused
+    assert result["q_alive"] and result["c_alive"], result
+    assert result["code"] == -signal.SIGTERM and not result["cmd_alive"], result
+    assert result["q"] not in reaped_pids(result["stderr"]), result

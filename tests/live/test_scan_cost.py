@@ -1,0 +1,108 @@
+"""The structural cost property: a scan's /proc reads do not depend on the host's process count.
+
+Counted, never timed: the assertions are on gpuguard_inspector_proc_reads_total
+deltas from a fresh registry, so they hold on a loaded CI machine too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.scanner import Scanner
+from gpuguard.host.counters import CALLSITES, Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.rules_config import Rules
+from tests.support.ci import RUN_INITIAL_PIDNS, require
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import Trees, chain_lower_bound, children_of, descendants_of, wait_for
+
+GIB = 2**30
+EXTRA = 2000
+
+
+def reads(registry: CollectorRegistry, callsite: str | None = None) -> float:
+    sites = [callsite] if callsite else list(CALLSITES)
+    return sum(registry.get_sample_value("gpuguard_inspector_proc_reads_total",
+                                         {"callsite": c}) or 0 for c in sites)
+
+
+def warm_scan_reads(scanner: Scanner, registry: CollectorRegistry) -> dict[str, float]:
+    scanner.scan_once()  # warm the identity cache
+    before = {c: reads(registry, c) for c in CALLSITES}
+    scanner.scan_once()
+    return {c: reads(registry, c) - before[c] for c in CALLSITES}
+
+
+def test_reads_per_scan_ignore_unrelated_processes(trees: Trees, fake_gpu: FakeGpuWorld,
+                                                   tmp_path: Path) -> None:
+    orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; wait' "
+                         "& wait")
+    healthy = trees.spawn("{holder} --pidfile {dir}/worker & wait")
+    holders = [orphan.pid("worker"), healthy.pid("worker")]
+    for pid in holders:
+        fake_gpu.add_process(0, pid, GIB)
+    orphan.pid("sh")
+    orphan.kill_launcher()
+
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+                      view=ProcessView(counters=counters), counters=counters)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="test"))
+    verdicts = {t.verdict for t in scanner.scan_once().trees}
+    assert verdicts == {"orphan", "normal"}
+
+    quiet = warm_scan_reads(scanner, registry)
+    # A warm scan reads only stat (plus the orphan's member walk): no extras again. The walk
+    # re-reads each member that has children once, after its children file (pid reuse).
+    assert {c for c, n in quiet.items() if n} <= {"proc_stat", "proc_children"}
+    sh = orphan.pid("sh")
+    parents = [p for p in [sh, *descendants_of(sh)] if children_of(p)]
+    assert parents == [sh]
+    assert quiet["proc_stat"] <= chain_lower_bound(holders) + len(parents)
+
+    crowd = trees.spawn(f"for i in $(seq {EXTRA}); do sleep 3600 & done; "
+                        "echo done > {dir}/ready; wait")
+    wait_for(lambda: (crowd.dir / "ready").exists(), timeout=60, what="2,000 sleepers")
+    busy = warm_scan_reads(scanner, registry)
+    assert busy == quiet, f"reads changed with {EXTRA} extra processes: {quiet} -> {busy}"
+    scans = registry.get_sample_value("gpuguard_scans_total")
+    assert scans == 5
+
+
+@pytest.mark.initial_pidns
+def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
+                                                       fake_gpu: FakeGpuWorld) -> None:
+    """5,000 short processes exit while the listener runs: its record grows, the scan's
+    /proc reads do not (the evidence is a lookup in memory)."""
+    from gpuguard.host.procevents import ProcessEvents
+
+    events = ProcessEvents()
+    events.start()
+    try:
+        require(events.available, f"process-events connector unavailable "
+                f"({events.unavailable_reason}); {RUN_INITIAL_PIDNS}")
+        tree = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & echo $$ > {dir}/sh; "
+                           "wait' & wait")
+        fake_gpu.add_process(0, tree.pid("worker"), GIB)
+        tree.pid("sh")
+        tree.kill_launcher()
+        counters = Counters()
+        scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
+                          view=ProcessView(counters=counters, events=events))
+        registry = CollectorRegistry()
+        registry.register(GpuguardCollector(scanner, hostname="test", events=events))
+        before = warm_scan_reads(scanner, registry)
+        seen = events.counts()["exit"]
+        burst = trees.spawn("for i in $(seq 5000); do /bin/true; done; echo done > {dir}/ok")
+        wait_for(lambda: (burst.dir / "ok").exists(), timeout=120, what="5,000 exits")
+        wait_for(lambda: events.counts()["exit"] + events.counts()["dropped"]
+                 >= seen + 5000, timeout=30, what="the burst's events, read or counted")
+        assert warm_scan_reads(scanner, registry) == before
+    finally:
+        events.stop()

@@ -1,0 +1,312 @@
+"""Layering and size rules for the whole package, checked on the source with `ast`
+(nothing is imported or run); docs/design.md "Layers" says why.
+
+- No import cycle anywhere in gpuguard, counting imports inside functions and under
+  `if TYPE_CHECKING:` (a module's types live at or below it).
+- The pure core imports nothing that does I/O: the classifier (gpuguard/orphans/) from an
+  explicit allow-list, the kill policy (remediator/policy.py) from a deny-list.
+- Nothing in exporter/ imports remediator/: the exporter ships and runs alone.
+- No function over 80 lines, no class over 300, no module over 600.
+- One import name per module: exporter/ and remediator/ import only as gpuguard.X.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "gpuguard"
+
+#: Modules that read or write files, processes, sockets, the driver or the environment.
+IO_MODULES = frozenset({
+    "os", "sys", "io", "pathlib", "shutil", "glob", "tempfile", "subprocess", "socket",
+    "select", "selectors", "ssl", "http", "urllib", "requests", "flask", "werkzeug", "waitress",
+    "pynvml", "ctypes", "mmap", "fcntl", "pwd", "grp", "resource", "multiprocessing",
+    "threading", "asyncio", "importlib", "logging", "json", "yaml", "sqlite3", "psutil",
+    # this project's own I/O layers
+    "gpuguard.host.procfs", "gpuguard.host.procevents", "gpuguard.host.proc_connector",
+    "gpuguard.host.users", "gpuguard.host.marks", "gpuguard.host.launcher_memory",
+    "gpuguard.web", "gpuguard.console", "gpuguard.launch",
+    "gpuguard.periodic", "gpuguard.exporter.scanner", "gpuguard.exporter.cli",
+    "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.reaper",
+    "gpuguard.remediator.ledger", "gpuguard.remediator.audit", "gpuguard.remediator.app",
+    "gpuguard.remediator.cli", "gpuguard.remediator.pull", "gpuguard.remediator.alertmanager",
+    "gpuguard.remediator.signalling", "gpuguard.remediator.freezing",
+    "gpuguard.remediator.killing", "gpuguard.remediator.recheck", "gpuguard.remediator.recovery",
+})
+
+#: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
+#: the module itself, or any name from it). counters is the in-memory cost accounting
+#: (host's one pure module); signal maps a number to its name and time formats a given
+#: timestamp (neither reads a clock or sends anything).
+CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
+    "__future__": None,
+    "collections.abc": None,
+    "dataclasses": None,
+    "enum": None,
+    "functools": None,
+    "itertools": None,
+    "re": None,
+    "re2": None,
+    "signal": None,
+    "time": None,
+    "typing": None,
+    "gpuguard.host.counters": frozenset({"COUNTERS"}),
+}
+
+MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300
+MAX_MODULE_LINES = 600
+
+
+def package_modules() -> dict[str, Path]:
+    """Every module of the installed package by its import name, through the symlinks."""
+    found: dict[str, Path] = {}
+    for folder, _dirs, names in os.walk(PACKAGE, followlinks=True):
+        for name in names:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                parts = path.relative_to(REPO).with_suffix("").parts
+                module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+                found[module] = path
+    return found
+
+
+MODULES = package_modules()
+
+
+def module_name(path: Path) -> str:
+    """The installed name of a source file (exporter/x.py is gpuguard.exporter.x)."""
+    resolved = path.resolve()
+    for module, source in MODULES.items():
+        if source.resolve() == resolved:
+            return module
+    return ".".join(("gpuguard", *path.relative_to(REPO).with_suffix("").parts))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """The test of `if TYPE_CHECKING:` / `if typing.TYPE_CHECKING:` (a body that never runs)."""
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def imports(path: Path, module: str | None = None, *, with_typing_only: bool = True,
+            ) -> Iterator[tuple[int, str, str | None]]:
+    """(line, module, name or None) for every import anywhere in the file (inside functions
+    too; inside `if TYPE_CHECKING:` unless with_typing_only is false), relative ones
+    resolved as if the file were `module` (default: its own name), and
+    `__import__("x")` / `import_module("x")` with a literal name."""
+    package = (module or module_name(path)).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            typing_only.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    for node in ast.walk(tree):
+        if id(node) in typing_only and not with_typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                yield node.lineno, module, alias.name
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                   or (isinstance(node.func, ast.Attribute)
+                       and node.func.attr == "import_module"))):
+            yield node.lineno, node.args[0].value, None
+
+
+def under(module: str, packages: frozenset[str] | set[str]) -> str | None:
+    """The entry of `packages` that `module` is or lies inside, if any."""
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in packages:
+            return ".".join(parts[:i])
+    return None
+
+
+
+
+def target(module: str, name: str | None) -> str | None:
+    """The package module an import statement loads: `from a import b` is a.b when that
+    is a module, else a."""
+    if name and f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    return under(module, set(MODULES))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (a package's own __init__ excluded when
+    a module imports from below it: `from gpuguard.host import procfs` loads procfs)."""
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, path in MODULES.items():
+        for _line, imported, name in imports(path, module):
+            dest = target(imported, name)
+            if dest is None or dest == module or module.startswith(dest + "."):
+                continue
+            graph[module].add(dest)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_parser_sees_every_kind_of_import(tmp_path: Path) -> None:
+    src = tmp_path / "probe.py"
+    src.write_text("import os.path\nfrom . import scanner\nfrom ..remediator.policy import x\n"
+                   "def f():\n    import remediator\n    __import__('remediator.app')\n"
+                   "if TYPE_CHECKING:\n    import remediator.ledger\n")
+    every = [(1, "os.path", None), (2, "gpuguard.exporter", "scanner"),
+             (3, "gpuguard.remediator.policy", "x"), (5, "remediator", None),
+             (6, "remediator.app", None), (8, "remediator.ledger", None)]
+    assert sorted(imports(src, "gpuguard.exporter.probe")) == every
+    assert sorted(imports(src, "gpuguard.exporter.probe", with_typing_only=False)) == every[:-1]
+
+
+def test_the_module_walk_sees_the_whole_package_through_its_links() -> None:
+    for module in ("gpuguard.orphans.process", "gpuguard.host.procfs", "gpuguard.web.serving",
+                   "gpuguard.exporter.scanner", "gpuguard.remediator.policy",
+                   "gpuguard.console", "gpuguard.launch.launcher"):
+        assert module in MODULES, module
+
+
+def test_cycle_finder_finds_a_cycle_through_three_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    found = cycles(import_graph())
+    assert found == [], "import cycles (TYPE_CHECKING imports count):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_nothing_in_exporter_imports_remediator() -> None:
+    files = [p for m, p in MODULES.items() if m.startswith("gpuguard.exporter")]
+    assert len(files) > 5
+    bad = [f"{path.relative_to(REPO)}:{line}: {module}" + (f".{name}" if name else "")
+           for path in files for line, module, name in imports(path)
+           if under(f"{module}.{name}" if name else module, {"gpuguard.remediator"})]
+    assert bad == [], "the exporter must not import the remediator:\n" + "\n".join(bad)
+
+
+def orphans_modules() -> dict[str, Path]:
+    return {m: p for m, p in MODULES.items() if under(m, {"gpuguard.orphans"})}
+
+
+def test_the_classifier_imports_only_its_allow_list() -> None:
+    assert len(orphans_modules()) >= 2
+    bad = []
+    for module, path in orphans_modules().items():
+        for line, imported, name in imports(path, module):
+            if under(imported, {"gpuguard.orphans"}):
+                continue
+            allowed = CLASSIFY_ALLOWED.get(imported, frozenset())
+            if imported not in CLASSIFY_ALLOWED or (allowed is not None and name not in allowed):
+                bad.append(f"{module}:{line}: {imported}" + (f" ({name})" if name else ""))
+    assert bad == [], "gpuguard/orphans/ is pure; not allowed:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.policy"])
+def test_pure_modules_import_no_io(pure: str) -> None:
+    bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
+           for module, path in MODULES.items() if under(module, {pure})
+           for line, imported, name in imports(path, module)
+           if under(imported, IO_MODULES) and not (
+               imported in CLASSIFY_ALLOWED and name in (CLASSIFY_ALLOWED[imported] or ()))]
+    assert bad == [], f"{pure} must not do I/O; it imports:\n" + "\n".join(bad)
+
+
+def oversized() -> list[str]:
+    found = []
+    for module, path in sorted(MODULES.items()):
+        text = path.read_text()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{module}: module of {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            size = (node.end_lineno or node.lineno) - node.lineno + 1 \
+                if isinstance(node, ast.stmt) else 0
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
+                    and size > MAX_FUNCTION_LINES:
+                found.append(f"{module}:{node.lineno}: function {node.name} of {size} lines")
+            elif isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+                found.append(f"{module}:{node.lineno}: class {node.name} of {size} lines")
+    return found
+
+
+def test_no_function_class_or_module_over_its_size() -> None:
+    found = oversized()
+    assert found == [], (f"over {MAX_FUNCTION_LINES} (function), {MAX_CLASS_LINES} (class) "
+                         f"or {MAX_MODULE_LINES} (module) lines:\n" + "\n".join(found))
+
+
+def test_every_own_import_is_under_the_gpuguard_namespace() -> None:
+    """The wheel installs one top-level package, gpuguard: a bare `import exporter` works in
+    the checkout (its folder is on sys.path) and fails, or finds someone else's, installed."""
+    files = [p for top in ("exporter", "remediator", "gpuguard", "tests", "benchmarks")
+             for p in sorted((REPO / top).rglob("*.py"))]
+    bad = [f"{path.relative_to(REPO)}:{line}: {module}"
+           for path in files for line, module, _name in imports(path)
+           if under(module, {"exporter", "remediator"})]
+    assert bad == [], "import gpuguard.exporter / gpuguard.remediator instead:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("bare", ["exporter", "remediator"])
+def test_a_daemon_folder_refuses_its_bare_import_name(bare: str) -> None:
+    """With the checkout on sys.path, `import exporter` would load a second copy of every
+    module (a second COUNTERS, a second metrics registry); it fails instead."""
+    proc = subprocess.run([sys.executable, "-c", f"import {bare}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 1 and f"import gpuguard.{bare}, not {bare}" in proc.stderr
+    ok = subprocess.run([sys.executable, "-c", f"import gpuguard.{bare}"], cwd=REPO,
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert ok.returncode == 0, ok.stderr

@@ -1,0 +1,242 @@
+"""The exporter-toolkit web config: parsing, refusals, reloads, basic auth."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import ssl
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from gpuguard.validation import ConfigError
+from gpuguard.web.webauth import BasicAuth
+from gpuguard.web.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
+from tests.support.certs import Certs, make_certs
+
+HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def write(d: Path, text: str) -> str:
+    path = d / "web.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def tls_block(certs: Certs, extra: str = "") -> str:
+    return ("tls_server_config:\n"
+            f"  cert_file: {certs.path('server.crt')}\n"
+            f"  key_file: {certs.path('server.key')}\n" + extra)
+
+
+def test_full_config_is_read(tmp_path: Path, certs: Certs) -> None:
+    shutil.copy(certs.path("server.crt"), tmp_path / "s.crt")
+    shutil.copy(certs.path("server.key"), tmp_path / "s.key")
+    shutil.copy(certs.path("ca.crt"), tmp_path / "ca.crt")
+    cfg = load_web_config(write(tmp_path, f"""
+tls_server_config:
+  cert_file: s.crt            # relative to the web config's directory
+  key_file: s.key
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: ca.crt
+  min_version: TLS13
+  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]
+http_server_config:
+  headers:
+    Strict-Transport-Security: max-age=31536000
+basic_auth_users:
+  prometheus: '{HASH}'
+"""))
+    assert cfg.tls is not None and cfg.tls.cert_file == str(tmp_path / "s.crt")
+    assert cfg.tls.client_auth == ssl.CERT_REQUIRED
+    assert cfg.tls.min_version == ssl.TLSVersion.TLSv1_3
+    assert cfg.tls.ciphers == ("ECDHE-ECDSA-AES128-GCM-SHA256",)
+    assert cfg.headers == (("Strict-Transport-Security", "max-age=31536000"),)
+    assert set(cfg.users) == {"prometheus"}
+    ctx = cfg.tls.context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("tls_server_config:\n  cert_file: {crt}\n", "tls_server_config.key_file",
+         "is required"),
+        ("tls_server_config:\n  cert_file: {crt}\n  key_file: nope.key\n",
+         "tls_server_config.key_file", "cannot read"),
+        ("{tls}  client_auth_type: RequestClientCert\n  client_ca_file: {ca}\n",
+         "tls_server_config.client_auth_type", "RequestClientCert is not supported"),
+        ("{tls}  client_auth_type: Sometimes\n", "tls_server_config.client_auth_type",
+         "must be one of"),
+        ("{tls}  client_auth_type: RequireAndVerifyClientCert\n",
+         "tls_server_config.client_ca_file", "is required"),
+        ("{tls}  min_version: SSL3\n", "tls_server_config.min_version", "must be one of"),
+        ("{tls}  min_version: TLS13\n  max_version: TLS12\n", "tls_server_config.max_version",
+         "is below min_version"),
+        ("{tls}  prefer_server_cipher_suites: banana\n",
+         "tls_server_config.prefer_server_cipher_suites", "must be true or false"),
+        ("{tls}  client_auth_type: RequireClientCert\n  client_ca_file: {ca}\n",
+         "tls_server_config.client_auth_type", "RequireClientCert is not supported"),
+        ("basic_auth_users:\n  alice: '$2b$10$short'\n", "basic_auth_users.alice",
+         "not a bcrypt hash"),
+        ("{tls}  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "tls_server_config.cipher_suites",
+         "TLS 1.3 suites cannot be chosen"),
+        ("{tls}  curve_preferences: [X25519]\n", "tls_server_config.curve_preferences",
+         "not supported"),
+        ("{tls}  colour: blue\n", "tls_server_config.colour", "unknown key"),
+        ("tls_server_config:\n  cert_file: {key}\n  key_file: {key}\n", "tls_server_config",
+         "unusable certificate"),
+        ("http_server_config:\n  headers: {{X-Powered-By: me}}\n",
+         "http_server_config.headers.X-Powered-By", "must be one of"),
+        ("http_server_config:\n  http2: true\n", "http_server_config.http2", "not supported"),
+        ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users.alice", "not a bcrypt hash"),
+        ("basic_auth_users: [alice]\n", "basic_auth_users", "must be a mapping"),
+        ("nope: 1\n", "nope", "unknown key"),
+        ("tls_server_config: [\n", "line 2", "invalid YAML"),
+    ],
+)
+def test_errors_name_file_key_problem(tmp_path: Path, certs: Certs, body: str, key: str,
+                                      problem: str) -> None:
+    text = body.format(tls=tls_block(certs), crt=certs.path("server.crt"),
+                       key=certs.path("server.key"), ca=certs.path("ca.crt"))
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_web_config(path)
+    assert err.value.path == path and err.value.key == key, str(err.value)
+    assert problem in err.value.problem, str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"web.yml: \(file\): no such file"):
+        load_web_config(str(tmp_path / "web.yml"))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_changed_files_are_picked_up_and_a_bad_edit_keeps_the_last_good(
+        tmp_path: Path, certs: Certs) -> None:
+    for name in ("server.crt", "server.key"):
+        shutil.copy(certs.path(name), tmp_path / name)
+    path = write(tmp_path, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    clock = Clock()
+    source = WebConfigSource(path, clock=clock)
+    first = source.current()[1]
+    assert first is not None
+    # Rotation: new certificate and key in place (as a deploy tool would write them).
+    for name in ("crt", "key"):
+        shutil.copy(certs.path(f"server2.{name}"), tmp_path / f"server.{name}.new")
+        os.replace(tmp_path / f"server.{name}.new", tmp_path / f"server.{name}")
+    assert source.current()[1] is first  # checked at most once per RECHECK_SECONDS
+    clock.now += RECHECK_SECONDS
+    second = source.current()[1]
+    assert second is not None and second is not first
+    # A broken edit (users with a bad hash) is logged and the last good config stays.
+    with open(path, "a") as fh:
+        fh.write("basic_auth_users:\n  alice: plain\n")
+    clock.now += RECHECK_SECONDS
+    assert source.current()[1] is second and not source.current()[0].users
+    # Fixed: picked up.
+    Path(path).write_text(Path(path).read_text().replace("plain", f"'{HASH}'"))
+    clock.now += RECHECK_SECONDS
+    assert set(source.current()[0].users) == {"alice"}
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_basic_auth_checks_bcrypt_and_caches_only_successes(tmp_path: Path) -> None:
+    cfg = load_web_config(write(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"))
+    auth = BasicAuth()
+    assert auth.allows(cfg, basic("alice", "s3cret"))
+    assert auth.allows(cfg, basic("alice", "s3cret"))  # from the cache
+    assert not auth.allows(cfg, basic("alice", "wrong"))
+    assert not auth.allows(cfg, basic("bob", "s3cret"))
+    assert not auth.allows(cfg, None)
+    assert not auth.allows(cfg, "Bearer abc")
+    assert not auth.allows(cfg, "Basic !!!")
+    # A changed hash for the same user: the cached success does not carry over.
+    other = load_web_config(write(
+        tmp_path, "basic_auth_users:\n  alice: '"
+        + bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4)).decode() + "'\n"))
+    assert not auth.allows(other, basic("alice", "s3cret"))
+    assert auth.allows(other, basic("alice", "new"))
+    # No users: no authentication asked.
+    assert auth.allows(load_web_config(write(tmp_path, "{}\n")), None)
+
+
+def test_a_reload_never_switches_basic_auth_off(tmp_path: Path) -> None:
+    # A file caught half-written (or emptied) reads as "no users": that must not open
+    # the endpoint. Removing authentication takes a restart.
+    path = write(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    clock = Clock()
+    source = WebConfigSource(path, clock=clock)
+    Path(path).write_text("")
+    clock.now += RECHECK_SECONDS
+    assert set(source.current()[0].users) == {"alice"}
+    Path(path).write_text("{}\n")
+    clock.now += RECHECK_SECONDS
+    assert set(source.current()[0].users) == {"alice"}
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ("RequireAndVerifyClientCert", "NoClientCert"),
+    ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven"),
+    ("VerifyClientCertIfGiven", "NoClientCert"),
+])
+def test_a_reload_never_weakens_client_certificate_checks(tmp_path: Path, certs: Certs,
+                                                          before: str, after: str) -> None:
+    # Like basic auth: dropping (or relaxing) client certificates takes a restart. A
+    # rotated CA, or asking more, is picked up.
+    for name in ("server.crt", "server.key"):
+        shutil.copy(certs.path(name), tmp_path / name)
+
+    def tls(auth: str) -> str:
+        ca = f"  client_ca_file: {certs.path('ca.crt')}\n" if auth != "NoClientCert" else ""
+        return (f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                f"  client_auth_type: {auth}\n{ca}")
+
+    path = write(tmp_path, tls(before))
+    clock = Clock()
+    source = WebConfigSource(path, clock=clock)
+    mode = source.current()[1].verify_mode  # type: ignore[union-attr]
+    Path(path).write_text(tls(after))
+    clock.now += RECHECK_SECONDS
+    config, context = source.current()
+    assert config.tls is not None and context is not None
+    assert context.verify_mode == mode and config.tls.client_auth == mode
+    Path(path).write_text(tls("RequireAndVerifyClientCert") + "# stricter: fine\n")
+    clock.now += RECHECK_SECONDS
+    assert source.current()[1].verify_mode == ssl.CERT_REQUIRED  # type: ignore[union-attr]
+
+
+def test_long_passwords_and_unknown_users_are_refused_as_slowly_as_wrong_ones(
+        tmp_path: Path) -> None:
+    # Unknown users and long passwords are checked against a fixed cost-10 dummy
+    # (exporter-toolkit's): as slow as a wrong password for a user with a cost-10 hash.
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    cfg = load_web_config(write(tmp_path, f"basic_auth_users:\n  alice: '{hashed}'\n"))
+    auth = BasicAuth()
+    assert not auth.allows(cfg, basic("alice", "y" * 100))  # bcrypt >= 5 would raise
+    timings = {}
+    for who, password in (("alice", "wrong"), ("nobody", "wrong"), ("alice", "x" * 100)):
+        began = time.perf_counter()
+        assert not auth.allows(cfg, basic(who, password))
+        timings[(who, len(password))] = time.perf_counter() - began
+    slowest, fastest = max(timings.values()), min(timings.values())
+    assert fastest > slowest / 3, timings  # one bcrypt check at cost 10 each

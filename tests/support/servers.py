@@ -1,0 +1,122 @@
+"""Run gpuguard's own servers as real subprocesses on 127.0.0.1 with free ports."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuguard.host.procfs import in_host_pid_namespace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ServerProcess:
+    """A `python -m MODULE ... --listen 127.0.0.1:0` child; waits for its `listening on` line.
+
+    `command` replaces `python -m MODULE` (an installed console script, say), run in `cwd`.
+    """
+
+    def __init__(self, module: str, args: Sequence[str], *, env: Mapping[str, str],
+                 timeout: float = 20.0, command: Sequence[str] | None = None,
+                 cwd: Path = REPO) -> None:
+        self.module = module
+        self.stderr_lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [*(command or (sys.executable, "-m", module)), "--listen", "127.0.0.1:0", *args],
+            cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump_stdout() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        def pump_stderr() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.stderr_lines.append(line)
+
+        threading.Thread(target=pump_stdout, daemon=True).start()
+        threading.Thread(target=pump_stderr, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                self.stop()
+                raise AssertionError(
+                    f"{module} did not start in {timeout}s: {self.stderr()}") from None
+            if line is None:
+                self.proc.wait(timeout=5)
+                raise AssertionError(f"{module} exited {self.proc.returncode}: {self.stderr()}")
+            if line.startswith("listening on "):
+                self.port = int(line.rsplit(":", 1)[1])
+                self.url = f"http://127.0.0.1:{self.port}"
+                return
+
+    def stderr(self) -> str:
+        return "".join(self.stderr_lines[-40:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+class Exporter(ServerProcess):
+    def __init__(self, *, env: Mapping[str, str], args: Sequence[str] = (),
+                 scan_interval: float = 0.2) -> None:
+        super().__init__("gpuguard.exporter", ["--scan-interval", str(scan_interval), *args],
+                         env=env)
+
+    def scrape(self, timeout: float = 5.0) -> dict[tuple[str, frozenset], float]:
+        """All samples of one scrape, keyed by (name, frozenset(labels.items()))."""
+        resp = requests.get(f"{self.url}/metrics", timeout=timeout)
+        resp.raise_for_status()
+        return parse_samples(resp.text)
+
+
+def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def find(samples: Mapping[tuple[str, frozenset], float], name: str,
+         **labels: str) -> list[tuple[dict[str, str], float]]:
+    """Samples of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return [(dict(lbls), value) for (n, lbls), value in samples.items()
+            if n == name and want <= set(lbls)]
+
+
+#: The reason daemons started after a tree's launcher died give it: their process-event
+#: listener runs in the host PID namespace and holds no record of that exit
+#: (launcher-unrecorded); in a child one (CI's main run) no listener runs (session-ended).
+LATE_REASON = "launcher-unrecorded" if in_host_pid_namespace() else "session-ended"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
