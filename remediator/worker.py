@@ -30,6 +30,7 @@ from gpuguard.remediator.policy import Action, Decision, decide
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reaper import Reaper
 from gpuguard.remediator.refusals import RefusalMemory
+from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.workstate import WorkState
 
@@ -40,10 +41,6 @@ STATE_RETRY_SECONDS = 1.0
 #: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
 MAX_IDLE_WAIT_SECONDS = 1.0
 
-#: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
-#: "unreachable" is not one of them: it is a refusal, retried on the next delivery.
-CANCELLED_BY_ALERTMANAGER = (ConfirmationState.SILENCED, ConfirmationState.INHIBITED,
-                             ConfirmationState.NOT_FIRING)
 UNREACHABLE_REASON = "alertmanager-unreachable"
 
 
@@ -286,19 +283,6 @@ class Worker:
                              confirmation=confirmation)
         work.ledger.finish_reap(item.key, result.outcome if result else "error",
                                 signalled=result.signalled if result else True)
-
-
-def final_decision(decision: Decision, result: ReapResult | None, key: TreeKey) -> Decision:
-    """What a reap that ran amounts to: `decision` itself unless it aborted or raised."""
-    if result is None:
-        return Decision(Action.IGNORE, "internal-error", "the reap raised; see the log", key)
-    if result.outcome == Outcome.ABORTED and result.reason == "cancelled":
-        return Decision(Action.CANCEL, "resolved", result.detail, key)
-    if result.outcome == Outcome.ABORTED and result.reason in CANCELLED_BY_ALERTMANAGER:
-        return Decision(Action.CANCEL, result.reason, result.detail, key)
-    if result.outcome == Outcome.ABORTED:
-        return Decision(Action.IGNORE, result.reason, result.detail, key)
-    return decision
 
 
 def refusal_of(answer: Confirmation) -> tuple[str, str]:

@@ -51,6 +51,7 @@ from gpuguard.remediator.policy import Action, Decision, verify_live
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reaper import INTERRUPTED, Interrupted, Reaper
 from gpuguard.remediator.settings import Mode
+from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 #: What stops `reap --apply` part-way (a terminal's Ctrl-C or hangup, a supervisor).
@@ -275,8 +276,7 @@ class ManualReap:
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,
             confirm=self.confirm)
-        if result.outcome == Outcome.ABORTED:
-            self.decision = Decision(Action.IGNORE, result.reason, result.detail, key)
+        self.decision = final_decision(self.decision, result, key)
 
     def refused(self) -> Decision | None:
         """refusal(), and with --apply an audit directory the remediator would refuse."""

@@ -1,0 +1,44 @@
+"""One reap event is audited one way, whoever ran the reap (issue 26): the daemon's
+worker and `gpuguard reap --apply` settle a reaper's result with the same function."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuguard.console import reap as console_reap
+from gpuguard.remediator import worker
+from gpuguard.remediator.outcome import Outcome, ReapResult
+from gpuguard.remediator.policy import Action, Decision
+from gpuguard.remediator.settlement import final_decision
+from gpuguard.remediator.tree import TreeKey
+
+KEY = TreeKey("h", 10, 12345)
+PLANNED = Decision(Action.REAP, "session-ended", "policy allows it", KEY)
+
+
+def aborted(reason: str) -> ReapResult:
+    return ReapResult(outcome=Outcome.ABORTED, reason=reason, detail="why")
+
+
+def test_both_paths_settle_with_the_same_step() -> None:
+    assert worker.final_decision is final_decision
+    assert console_reap.final_decision is final_decision
+
+
+@pytest.mark.parametrize(("reason", "action", "code"), [
+    ("silenced", Action.CANCEL, "silenced"),
+    ("inhibited", Action.CANCEL, "inhibited"),
+    ("not-firing", Action.CANCEL, "not-firing"),
+    ("cancelled", Action.CANCEL, "resolved"),
+    ("root-replaced", Action.IGNORE, "root-replaced"),
+    ("alertmanager-unreachable", Action.IGNORE, "alertmanager-unreachable"),
+])
+def test_an_abort_is_settled_by_its_reason(reason: str, action: Action, code: str) -> None:
+    final = final_decision(PLANNED, aborted(reason), KEY)
+    assert (final.action, final.reason, final.key) == (action, code, KEY)
+
+
+def test_a_reap_that_ran_keeps_its_decision_and_one_that_raised_is_an_error() -> None:
+    done = ReapResult(outcome=Outcome.REAPED, reason="", detail="")
+    assert final_decision(PLANNED, done, KEY) is PLANNED
+    assert final_decision(PLANNED, None, KEY).reason == "internal-error"
