@@ -9,17 +9,21 @@ import socket
 import sys
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
+from gpuguard import build, logformat
 from gpuguard.config import load_config
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.flags import add_common, served_url
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
+from gpuguard.reload import Reloader
 from gpuguard.validation import ConfigError
+from gpuguard.web.landing import landing_page
 from gpuguard.web.serving import (
     create_server,
     listen_address,
@@ -43,12 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML config (its classify:, quotas: and audit: sections "
                                     "are used here)")
-    p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
-                   metavar="HOST:PORT", help=f"where to serve /metrics (default {DEFAULT_LISTEN})")
-    p.add_argument("--web-config-file", metavar="FILE",
-                   help="exporter-toolkit web config: TLS, client certificates, bcrypt basic "
-                        "auth, headers (re-read when it or its certificates change); "
-                        "/healthz stays open for probes")
+    add_common(p, program="gpuguard-exporter", default_listen=DEFAULT_LISTEN,
+               parse_listen=parse_listen, listen_help="where to serve the metrics",
+               web_help="exporter-toolkit web config: TLS, client certificates, bcrypt basic "
+                        "auth, headers (re-read when it or its certificates change, and on "
+                        "SIGHUP); /healthz stays open for probes")
+    p.add_argument("--web.telemetry-path", dest="telemetry_path", type=_telemetry_path,
+                   default="/metrics", metavar="PATH",
+                   help="where the metrics are served (default /metrics)")
     p.add_argument("--scan-interval", type=positive_float, default=5.0, metavar="SECONDS",
                    help="seconds between scans (default 5)")
     p.add_argument("--hostname", default=socket.gethostname(),
@@ -57,14 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the launcher memory (the first reason established for each "
                         "orphan root) in DIR/launchers.json, so that a restart cannot make a "
                         "tree more reapable (default: in memory only)")
-    p.add_argument("--log-level", default="INFO",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     return p
 
 
-def make_app(scanner: Scanner, registry: CollectorRegistry) -> Callable:
-    """WSGI app: /metrics from the registry, /healthz from the scanner's liveness."""
+def _telemetry_path(value: str) -> str:
+    if not value.startswith("/") or value in ("/", "/healthz") or any(
+            c in value for c in "?# "):
+        raise argparse.ArgumentTypeError(
+            f"expected an absolute path other than / and /healthz, got {value!r}")
+    return value
+
+
+def make_app(scanner: Scanner, registry: CollectorRegistry,
+             telemetry_path: str = "/metrics") -> Callable:
+    """WSGI app: the metrics from the registry, /healthz from the scanner's liveness, and
+    a landing page at / linking to the metrics (as exporter-toolkit's)."""
     metrics_app = make_wsgi_app(registry)
+    landing = landing_page("gpuguard-exporter", "GPU gauges and orphaned GPU process trees "
+                           "for Prometheus.", build.version(),
+                           [(telemetry_path, "Metrics"), ("/healthz", "Health")])
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -76,18 +93,36 @@ def make_app(scanner: Scanner, registry: CollectorRegistry) -> Callable:
             status = "200 OK" if ok else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain")])
             return [b"ok\n" if ok else b"scan-thread-stopped\n"]
-        if path in ("/metrics", "/"):
+        if path == telemetry_path:
             return metrics_app(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [landing]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: try /metrics or /healthz\n"]
+        return [f"not found: try {telemetry_path} or /healthz\n".encode()]
 
     return app
 
 
+def reload_config(args: argparse.Namespace, scanner: Scanner,
+                  web: WebConfigSource | None) -> Callable[[], None]:
+    """SIGHUP's reload: the config file's classify:, quotas: and audit: sections take
+    effect from the next scan; the web config is re-read. A bad file changes nothing."""
+
+    def reload() -> None:
+        config = load_config(args.config)
+        if web is not None:
+            web.reload()
+        if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
+            log.info("%s", problem)
+        scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit)
+
+    return reload
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.configure(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
@@ -108,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s", problem)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events))
+    reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web), log=log)
+    for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
+        registry.register(collector)
     host, port = args.listen
     try:
-        server = create_server(make_app(scanner, registry), host=host, port=port, threads=4,
+        server = create_server(make_app(scanner, registry, args.telemetry_path), host=host,
+                               port=port, threads=4,
                                ident="gpuguard-exporter", web=web,
                                open_paths=lambda path: path == "/healthz")
     except OSError as exc:
@@ -121,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     events.start()
     scanner.start()
-    log.info("serving /metrics on http://%s:%s (scan every %gs)",
-             host, server.effective_port, args.scan_interval)
+    tls = web is not None and web.current()[0].tls is not None
+    log.info("serving %s on %s (scan every %gs)", args.telemetry_path, served_url(
+        host, server.effective_port, tls=tls, path=""), args.scan_interval)
     try:
-        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}")
+        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}",
+                              on_hup=reloader.request)
     finally:
         scanner.stop()
         events.stop()

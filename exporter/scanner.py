@@ -161,6 +161,10 @@ class Scanner:
         self.errors_total = dict.fromkeys(ERROR_STAGES, 0)
         self._loop: Periodic | None = None
 
+    def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit) -> None:
+        """A reloaded config (SIGHUP): used from the next scan on."""
+        self.rules, self.quotas, self.audit = rules, quotas, audit
+
     @property
     def latest(self) -> Snapshot | None:
         return self._latest

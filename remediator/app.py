@@ -12,11 +12,13 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Flask, Response, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from gpuguard.remediator.alerts import Notification, PayloadError, parse_notification
 from gpuguard.remediator.exposition import RemediatorCollector
@@ -127,7 +129,8 @@ def _notification(intake: Intake) -> Notification | Response:
         return _error(400, str(exc)[:500])
 
 
-def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
+def create_app(service: Remediator, *, token: TokenSource | None,
+               collectors: Iterable[Collector] = ()) -> Flask:
     """Bind the HTTP routes to a built Remediator (remediator.service.build_remediator).
 
     `token=None` disables auth (only --insecure-no-auth does that). Nothing is
@@ -137,6 +140,8 @@ def create_app(service: Remediator, *, token: TokenSource | None) -> Flask:
     intake = service.intake
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RemediatorCollector(service))
+    for collector in collectors:  # the daemon's own: reload outcome, build, process
+        registry.register(collector)
 
     app = Flask("gpuguard-remediator")
     app.extensions[EXTENSION] = service

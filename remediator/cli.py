@@ -15,10 +15,16 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 
-from gpuguard.config import load_config
+from prometheus_client import ProcessCollector
+
+from gpuguard import build, logformat
+from gpuguard.config import Config, load_config
+from gpuguard.flags import add_common
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
+from gpuguard.reload import Reloader, ReloadRefused
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError
 from gpuguard.validation import ConfigError
@@ -48,14 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, metavar="FILE",
                    help="YAML config; its classify: and remediate: sections are used")
-    p.add_argument("--listen", type=parse_listen, default=parse_listen(DEFAULT_LISTEN),
-                   metavar="HOST:PORT", help=f"where to serve (default {DEFAULT_LISTEN}; "
-                   "port 0 picks a free port)")
-    p.add_argument("--web-config-file", metavar="FILE",
-                   help="exporter-toolkit web config: TLS, client certificates, basic auth "
+    add_common(p, program=PROG, default_listen=DEFAULT_LISTEN, parse_listen=parse_listen,
+               listen_help="where to serve /alerts, /state, /metrics and /healthz",
+               web_help="exporter-toolkit web config: TLS, client certificates, basic auth "
                         "(for /metrics: /alerts and /state keep their bearer token, "
                         "/healthz stays open), headers; re-read when it or its "
-                        "certificates change")
+                        "certificates change, and on SIGHUP")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"bearer token Alertmanager must send (or env {TOKEN_ENV}); "
                         "re-read when it changes")
@@ -68,9 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
                    help="this host's name as the alerts' hostname label spells it "
                         "(default: this host's name)")
-    p.add_argument("--log-level", default="INFO", type=str.upper, metavar="LEVEL",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="DEBUG, INFO (default), WARNING or ERROR")
     return p
 
 
@@ -88,10 +89,26 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def reload_config(path: str, running: Config,
+                  web: WebConfigSource | None) -> Callable[[], None]:
+    """SIGHUP's reload: the web config is re-read; the config file is checked, and a
+    changed policy is refused until a restart (the ledger, the audit log and the worker
+    were built from it; a half-applied policy is worse than an old one)."""
+
+    def reload() -> None:
+        config = load_config(path)
+        if web is not None:
+            web.reload()
+        if config != running:
+            raise ReloadRefused(f"{path} changed; the remediator takes a new classify: or "
+                                "remediate: section only at a restart")
+
+    return reload
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.configure(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
@@ -144,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"unsafe path: {exc}")
     except OSError as exc:
         return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
-    app = create_app(service, token=token)
+    reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)
+    app = create_app(service, token=token,
+                     collectors=(reloader, build.BuildInfoCollector(),
+                                 ProcessCollector(registry=None)))
     # Without a token (--insecure-no-auth) /state has no credentials of its own.
     own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
     try:
@@ -156,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     service.start()
     log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
     try:
-        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}")
+        serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}",
+                              on_hup=reloader.request)
     finally:
         service.stop()
         service.nvml.close()  # type: ignore[attr-defined]

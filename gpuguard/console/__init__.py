@@ -34,6 +34,7 @@ from gpuguard.console.policy_check import cmd_policy_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
+from gpuguard.flags import VersionAction
 from gpuguard.launch.events import DEFAULT_GRACE_SECONDS
 from gpuguard.orphans.rules_config import DEFAULT_MARKS_DIR
 from gpuguard.web.serving import positive_float
@@ -143,6 +144,14 @@ def add_assets(sub: Subparsers) -> None:
     p.add_argument("--print", dest="print_name", metavar="NAME",
                    help="write one file (a listed name) to stdout")
     p.add_argument("--force", action="store_true", help="overwrite files that differ")
+    p.add_argument("--runbook-url-base", metavar="URL",
+                   help="give every alert rule runbook_url URL/<alertname in lower case> "
+                        "(where you publish docs/runbooks/); without it the rules have none")
+    p.add_argument("--job", metavar="NAME",
+                   help="the exporter's Prometheus job name in the rules (default gpuguard)")
+    p.add_argument("--remediator-job", metavar="NAME",
+                   help="the remediator's job name (default NAME-remediator with --job, "
+                        "else gpuguard-remediator)")
     p.set_defaults(func=cmd_assets)
 
 
@@ -178,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "gpuguard-exporter and gpuguard-remediator.",
         epilog=EXIT_TABLE,
     )
+    parser.add_argument("--version", action=VersionAction, nargs=0, default=PROG,
+                        help="print the version, source revision and Python, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_status, add_explain, add_policy, add_reap, add_keep, add_assets, add_run):
         add(sub)

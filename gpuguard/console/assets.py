@@ -1,4 +1,5 @@
-"""`gpuguard assets [DIR] [--print NAME] [--force]`: the rules and dashboard from the wheel."""
+"""`gpuguard assets [DIR] [--print NAME] [--force] [--runbook-url-base URL] [--job NAME]`:
+the rules and dashboard from the wheel, the rules rendered for this fleet."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
+    rendering = {"runbook_url_base": args.runbook_url_base, "job": args.job,
+                 "remediator_job": args.remediator_job}
     try:
         if args.print_name is not None:
-            sys.stdout.buffer.write(assets.read(args.print_name))
+            sys.stdout.buffer.write(assets.render(args.print_name, **rendering))
             return EXIT_OK
         if args.dir is None:
             print("\n".join(assets.ASSETS))
             return EXIT_OK
-        written = assets.write_all(Path(args.dir), force=args.force)
-    except (assets.AssetError, OSError) as exc:
+        written = assets.write_all(Path(args.dir), force=args.force, **rendering)
+    except (assets.AssetError, OSError, ValueError) as exc:
         raise Failure(EXIT_USAGE, f"assets: {exc}") from None
     for path in written:
         print(f"wrote {path}")

@@ -354,12 +354,13 @@ def listen_address(default_host: str) -> Callable[[str], tuple[str, int]]:
     return parse
 
 
-def serve_until_signalled(server: Any, log: logging.Logger, announce: str) -> None:
+def serve_until_signalled(server: Any, log: logging.Logger, announce: str,
+                          on_hup: Callable[[int, Any], None] | None = None) -> None:
     """Print `announce` (the `listening on` line supervisors and tests wait for), then
-    serve until SIGTERM or SIGINT. The handlers go in before the line is printed, so a
-    stop that follows it at once still shuts down cleanly. A handler raises SystemExit,
-    which waitress's loop catches (it closes its sockets and returns); the server is
-    closed either way."""
+    serve until SIGTERM or SIGINT; SIGHUP calls `on_hup` (a reload), never stops. The
+    handlers go in before the line is printed, so a signal that follows it at once is
+    handled. A stop handler raises SystemExit, which waitress's loop catches (it closes
+    its sockets and returns); the server is closed either way."""
 
     def shutdown(signum: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signum)
@@ -367,6 +368,8 @@ def serve_until_signalled(server: Any, log: logging.Logger, announce: str) -> No
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
+    if on_hup is not None:
+        signal.signal(signal.SIGHUP, on_hup)
     try:
         print(announce, flush=True)
         server.run()

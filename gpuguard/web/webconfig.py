@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuguard.reload import ReloadRefused
 from gpuguard.validation import (
     CONFIG_FILE,
     At,
@@ -323,20 +324,30 @@ class WebConfigSource:
                 self._refresh()
             return self._config, self._context
 
-    def _refresh(self) -> None:
+    def reload(self) -> None:
+        """SIGHUP: re-read the file now, changed or not; ReloadRefused when it is refused
+        (the last good one is kept, as on a refused re-read)."""
+        with self._lock:
+            self._checked = self._clock()
+            problem = self._refresh(force=True)
+        if problem is not None:
+            raise ReloadRefused(f"web config {self.path}: {problem}")
+
+    def _refresh(self, *, force: bool = False) -> str | None:
+        """Take the file when it changed (or when forced); the problem when refused."""
         seen = self._identities(self._config)
-        if seen == self._seen or seen == self._failed:
-            return
+        if not force and (seen == self._seen or seen == self._failed):
+            return None
         try:
             config = load_web_config(self.path)
             context = config.tls.context() if config.tls else None
         except (ConfigError, ssl.SSLError, OSError) as exc:
             self._failed = seen
             log.error("web config %s: keeping the last good one: %s", self.path, exc)
-            return
+            return str(exc)
         after = self._identities(config)
-        if after[0] != seen[0]:
-            return  # the file changed while it was read: read it again at the next check
+        if after[0] != seen[0] and not force:
+            return None  # the file changed while it was read: read it again at the next check
         problem = None
         if (config.tls is None) != (self._config.tls is None):
             problem = "TLS cannot be switched on or off without a restart"
@@ -348,10 +359,11 @@ class WebConfigSource:
         if problem is not None:
             self._failed = seen
             log.error("web config %s: %s; keeping the last good one", self.path, problem)
-            return
+            return problem
         self._config, self._context = config, context
         self._seen, self._failed = after, None
         log.info("web config %s reloaded", self.path)
+        return None
 
 
 #: How much each client_auth_type asks of a client, weakest first.

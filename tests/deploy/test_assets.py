@@ -59,3 +59,21 @@ def test_unknown_name_and_blocked_path_are_one_line_errors(tmp_path: Path) -> No
     (tmp_path / "out" / "alerts" / "rules.yml").mkdir(parents=True)
     blocked = run(str(tmp_path / "out"), "--force")
     assert blocked.returncode == 2 and "is not a file" in blocked.stderr
+
+
+def test_rules_written_for_a_fleet_name_its_runbooks_and_jobs(tmp_path: Path) -> None:
+    import yaml
+
+    base = "https://docs.example.com/gpuguard/runbooks"
+    done = run(str(tmp_path), "--runbook-url-base", base + "/", "--job", "gpu-exporter")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "alerts" / "rules.yml").read_text()
+    rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+    assert all(r["annotations"]["runbook_url"] == f"{base}/{r['alert'].lower()}" for r in rules)
+    assert 'job="gpuguard"' not in text and 'job="gpu-exporter"' in text
+    assert 'job="gpu-exporter-remediator"' in text
+    printed = run("--print", "alerts/rules.yml", "--job", "gpu-exporter")
+    assert printed.returncode == 0 and 'job="gpu-exporter"' in printed.stdout
+    bad = run(str(tmp_path / "other"), "--runbook-url-base", "docs/runbooks")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "other").exists()

@@ -60,6 +60,20 @@ def one(unit: Path, key: str) -> str:
     return value
 
 
+def exec_words(unit: Path) -> list[str]:
+    """ExecStart='s words with its $VARIABLE (from EnvironmentFile=, empty by default)
+    dropped: systemd splits an unset or empty one into no words."""
+    return [w for w in shlex.split(one(unit, "ExecStart")) if not w.startswith("$")]
+
+
+def test_units_reload_on_sighup_and_take_flags_from_an_environment_file() -> None:
+    for unit, program in ((EXPORTER, "gpuguard-exporter"), (REMEDIATOR, "gpuguard-remediator")):
+        assert one(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"
+        assert one(unit, "EnvironmentFile") == f"-/etc/default/{program}"
+        variable = one(unit, "ExecStart").split()[-1]
+        assert re.fullmatch(r"\$GPUGUARD_[A-Z]+_ARGS", variable), variable
+
+
 def capabilities(unit: Path) -> frozenset[str]:
     """The unit's AmbientCapabilities=: what the program runs with (see test_privilege)."""
     return frozenset(one(unit, "AmbientCapabilities").split())
@@ -136,13 +150,13 @@ def test_nothing_hides_other_users_processes_or_the_gpu() -> None:
 def test_exec_start_flags_are_the_programs_own() -> None:
     """Each ExecStart= parses with the program's real argument parser: a renamed or
     misspelt flag would stop the service at start (exit 2, which is not restarted)."""
-    exporter = shlex.split(one(EXPORTER, "ExecStart"))
+    exporter = exec_words(EXPORTER)
     assert exporter[0] == f"{INSTALLED_BIN}gpuguard-exporter"
     assert exporter_cli.build_parser().parse_args(exporter[1:]).config == \
         "/etc/gpuguard/gpuguard.yml"
 
     credentials = "/run/credentials/gpuguard-remediator.service"
-    remediator = shlex.split(one(REMEDIATOR, "ExecStart").replace("%d", credentials))
+    remediator = [w.replace("%d", credentials) for w in exec_words(REMEDIATOR)]
     assert remediator[0] == f"{INSTALLED_BIN}gpuguard-remediator"
     args = remediator_cli.build_parser().parse_args(remediator[1:])
     assert args.config == "/etc/gpuguard/gpuguard.yml"

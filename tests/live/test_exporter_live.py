@@ -172,7 +172,7 @@ def test_no_driver_then_driver_appears(fake_gpu: FakeGpuWorld, exporter_for) -> 
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
 
     def nvml_warnings() -> list[str]:
-        return [line for line in exp.stderr_lines if "WARNING gpuguard.host.nvml" in line]
+        return [line for line in exp.stderr_lines if "level=warn logger=gpuguard.host.nvml" in line]
 
     # Logged before the first scan was published, but read from the pipe by a thread of
     # ours (servers.py) that may not have got to it yet.

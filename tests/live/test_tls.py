@@ -79,6 +79,13 @@ def test_scrape_over_tls_with_client_certificate_and_basic_auth(tls_exporter: Ex
     assert get(tls_exporter, certs, "/healthz", auth=None).status_code == 200
 
 
+def test_the_start_up_line_names_the_scheme_served(tls_exporter: Exporter) -> None:
+    line = wait_for(lambda: next((ln for ln in tls_exporter.stderr_lines
+                                  if "serving /metrics on" in ln), None),
+                    what="the start-up line")
+    assert f"https://127.0.0.1:{tls_exporter.port}" in line and "http://" not in line, line
+
+
 @pytest.mark.parametrize("client", [None, "expired", "stranger"],
                          ids=["no-client-cert", "expired", "wrong-ca"])
 def test_handshake_refused_without_a_valid_client_certificate(tls_exporter: Exporter,
