@@ -1,9 +1,10 @@
 """Webhook answer time while clients flood the remediator's /metrics with wrong passwords.
 
-The real remediator (`python -m remediator --token-file F --web-config-file W`, dry-run,
-fake NVML) with bcrypt basic auth on /metrics (one user, cost 10, as `htpasswd -nBC 10`
-makes). POST /alerts (the bearer token, a valid Alertmanager payload) is sent one at a
-time, on one keep-alive connection as Alertmanager does, in three phases side by side:
+The real remediator (`python -m gpuguard.remediator --token-file F --web-config-file W`,
+dry-run, fake NVML) with bcrypt basic auth on /metrics (one user, cost 10, as
+`htpasswd -nBC 10` makes). POST /alerts (the bearer token, a valid Alertmanager
+payload) is sent one at a time, on one keep-alive connection as Alertmanager does, in
+three phases side by side:
 
 1. quiet: nothing else;
 2. flood, one address: 16 clients on 127.0.0.1 sending a new wrong password each time

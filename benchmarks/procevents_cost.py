@@ -1,6 +1,6 @@
 """The process-event listener's CPU cost: ~1,000 process exits per second vs none.
 
-A child process runs nothing but exporter/procevents.ProcessEvents; its CPU time
+A child process runs nothing but gpuguard.host.procevents.ProcessEvents; its CPU time
 (utime+stime from /proc/PID/stat, and the scheduler's ns-precise runtime from
 /proc/PID/schedstat) is measured over an idle window and over a window in which
 this process spawns and reaps ~1,000 `/bin/true` a second, side by side in one

@@ -4,7 +4,7 @@ gpuguard's Scanner.scan_once() (targeted /proc reads, identity cache) against a
 naive full-table check (psutil.process_iter building a ppid map, then walking),
 with one orphan tree holding fake GPU memory and 0 / 1,000 / 5,000 unrelated
 sleeping processes. Also counts gpuguard's /proc reads per warm scan against
-DESIGN.md's lower bound, computed independently from /proc.
+the lower bound of docs/design.md, Cost rules, computed independently from /proc.
 
     .venv/bin/python benchmarks/scan_cost.py
 """
@@ -87,7 +87,8 @@ def body(result: Result, tmp: Path) -> None:
     nvml = Nvml(counters=counters)
     view = ProcessView(counters=counters)
     # The member walk re-reads each parent's stat after its children (the pid-reuse check
-    # of DESIGN's kill scope): walk reads, like the children files, not chain reads.
+    # of the kill scope, docs/design.md, Cost rules): walk reads, like the children files,
+    # not chain reads.
     rechecks = [0]
     fresh_stat = view.fresh_stat
 

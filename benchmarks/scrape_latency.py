@@ -1,6 +1,6 @@
 """GET /metrics latency while scans run back to back: normal NVML, slow NVML, TLS.
 
-The real exporter (`python -m exporter --scan-interval 0.01`) on a fake NVML
+The real exporter (`python -m gpuguard.exporter --scan-interval 0.01`) on a fake NVML
 with 2 GPUs and 6 holders in 3 trees (one orphaned). Phase 1: normal NVML.
 Phase 2: every NVML call sleeps 50 ms, so one scan takes ~1 s. The scrape
 renders the last snapshot, so its latency must not follow the scan duration.

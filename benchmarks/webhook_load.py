@@ -1,6 +1,6 @@
 """A bounded burst of Alertmanager deliveries at the remediator (dry-run mode).
 
-The real remediator (`python -m remediator --token-file F`) with a fake NVML
+The real remediator (`python -m gpuguard.remediator --token-file F`) with a fake NVML
 and 4 real orphan trees. 2,000 POST /alerts, 50 concurrent: the trees' alerts
 repeated many times (as Alertmanager re-sends every group_interval), HA-peer
 duplicates (same tree, other fingerprint and groupKey), other hosts' alerts,

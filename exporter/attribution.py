@@ -10,29 +10,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# What each runtime writes, taken from its source. runc and crun turn a systemd cgroup
-# path "SLICE:PREFIX:NAME" into "<SLICE expanded>/PREFIX-NAME.scope"; a cgroupfs path is
-# used as it is.
-#
-# - Docker (moby, daemon/oci_linux.go WithCgroups): systemd driver
-#   "system.slice:docker:<id>" -> /system.slice/docker-<id>.scope; cgroupfs driver
-#   filepath.Join("/docker", id) -> /docker/<id>.
-# - containerd's CRI plugin (internal/cri/server/podsandbox/helpers_linux.go
-#   getCgroupsPath): a parent ending in .slice gives "<slice>:cri-containerd:<id>" ->
-#   .../cri-containerd-<id>.scope; any other parent filepath.Join(parent, id).
-# - kubelet (pkg/kubelet/cm/cgroup_manager_linux.go): CgroupName{"kubepods", "burstable",
-#   "pod<uid>"}.ToSystemd() -> /kubepods.slice/kubepods-burstable.slice/
-#   kubepods-burstable-pod<uid, "-" escaped to "_">.slice; ToCgroupfs() ->
-#   /kubepods/burstable/pod<uid>. Guaranteed pods have no QoS level in either.
-# - CRI-O (internal/config/cgmgr): systemd "<slice path>/crio-<id>.scope", cgroupfs
-#   "<parent>/crio-<id>"; its conmon sits in crio-conmon-<id>.scope: not the container.
-# - Podman (libpod/container_internal_linux.go getOCICgroupPath): systemd
-#   "<slice>:libpod:<id>" -> /machine.slice/libpod-<id>.scope (rootless: under
-#   user@UID.service/user.slice/), cgroupfs "/libpod_parent/libpod-<id>"; conmon in
-#   libpod-conmon-<id>.scope. The payload may sit one level deeper (.../container).
-# - nerdctl (pkg/cmd/container/run_cgroup_linux.go generateCgroupPath): systemd
-#   "system.slice:nerdctl:<id>" (rootless: user.slice) -> /system.slice/nerdctl-<id>.scope;
-#   cgroupfs: containerd's default "/<namespace>/<id>" (a bare id), or "<parent>/<id>".
+# What each runtime writes, from its source (runc and crun expand a systemd cgroup path
+# "SLICE:PREFIX:NAME" to "<SLICE expanded>/PREFIX-NAME.scope"; a cgroupfs path is kept):
+# - Docker: /system.slice/docker-<id>.scope, or /docker/<id> (cgroupfs).
+# - containerd's CRI plugin: .../cri-containerd-<id>.scope under a .slice, else <parent>/<id>.
+# - kubelet: /kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid, "_" for "-">.slice,
+#   or /kubepods/<qos>/pod<uid>; guaranteed pods have no QoS level in either.
+# - CRI-O: .../crio-<id>.scope or <parent>/crio-<id>. Podman: /machine.slice/libpod-<id>.scope
+#   (rootless: under user@UID.service), or /libpod_parent/libpod-<id>, maybe one level deeper.
+#   Their conmon scopes (crio-conmon-<id>, libpod-conmon-<id>) are not the container.
+# - nerdctl: /system.slice/nerdctl-<id>.scope (rootless: user.slice); cgroupfs /<ns>/<id>.
 
 #: A container id as the runtimes above write it: 64 hex digits.
 _ID = r"[0-9a-f]{64}"

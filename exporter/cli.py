@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web.telemetry-path", dest="telemetry_path", type=_telemetry_path,
                    default="/metrics", metavar="PATH",
                    help="where the metrics are served (default /metrics)")
+    p.add_argument("--collector.gpu", dest="collector_gpu", default=True,
+                   action=argparse.BooleanOptionalAction,
+                   help="the per-GPU gauges (info, memory, utilization, temperature, power), "
+                        "which dcgm-exporter also exports (default on)")
+    p.add_argument("--collector.processes", dest="collector_processes", default=True,
+                   action=argparse.BooleanOptionalAction,
+                   help="the per-process series gpuguard_gpu_process_info and "
+                        "gpuguard_gpu_process_memory_bytes (default on); orphan trees, "
+                        "accounting and the exporter's own metrics stay either way")
     p.add_argument("--scan-interval", type=positive_float, default=5.0, metavar="SECONDS",
                    help="seconds between scans (default 5)")
     p.add_argument("--hostname", default=socket.gethostname(),
@@ -142,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
         log.info("%s", problem)
     registry = CollectorRegistry()
-    registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events))
+    registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,
+                                        gpu=args.collector_gpu,
+                                        processes=args.collector_processes))
     reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web), log=log)
     for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
         registry.register(collector)

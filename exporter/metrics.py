@@ -31,13 +31,20 @@ def _version() -> str:
 
 
 VERSION = _version()
+#: Every per-GPU series: gpuguard's labels and dcgm-exporter's UUID (the same value).
+GPU_LABELS = ["gpu", "uuid", "UUID"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 
 class GpuguardCollector(Collector):
     def __init__(self, scanner: Scanner, *, hostname: str | None = None,
-                 counters: Counters | None = None, events: ProcessEvents | None = None) -> None:
+                 counters: Counters | None = None, events: ProcessEvents | None = None,
+                 gpu: bool = True, processes: bool = True) -> None:
         self.scanner = scanner
+        #: node_exporter-style switches: the GPU gauges (which dcgm-exporter also exports)
+        #: and the per-process series (pid and start_time labels: one series per process).
+        self.gpu = gpu
+        self.processes = processes
         self.hostname = hostname or socket.gethostname()
         self.counters = counters if counters is not None else scanner.counters
         self.events = events
@@ -75,37 +82,45 @@ class GpuguardCollector(Collector):
         yield GaugeMetricFamily("gpuguard_nvml_up",
                                 "1 when the last scan could talk to NVML, else 0.",
                                 value=1 if reading.up else 0)
+        if not (self.gpu or self.processes):
+            return
+        # UUID is dcgm-exporter's name for uuid, so series join on it without label_replace
+        # (its modelName is not copied: promtool's lint refuses a camelCase label name).
         info = GaugeMetricFamily("gpuguard_gpu_info", "One series per GPU with its identity.",
-                                 labels=["gpu", "uuid", "name", "driver_version"])
+                                 labels=["gpu", "uuid", "UUID", "name", "driver_version"])
         gauges = {
             "memory_total_bytes": GaugeMetricFamily(
-                "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=["gpu", "uuid"]),
+                "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=GPU_LABELS),
             "memory_used_bytes": GaugeMetricFamily(
-                "gpuguard_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu", "uuid"]),
+                "gpuguard_gpu_memory_used_bytes", "GPU memory in use.", labels=GPU_LABELS),
             "utilization_ratio": GaugeMetricFamily(
                 "gpuguard_gpu_utilization_ratio", "GPU utilization, 0..1.",
-                labels=["gpu", "uuid"]),
+                labels=GPU_LABELS),
             "temperature_celsius": GaugeMetricFamily(
-                "gpuguard_gpu_temperature_celsius", "GPU temperature.", labels=["gpu", "uuid"]),
+                "gpuguard_gpu_temperature_celsius", "GPU temperature.", labels=GPU_LABELS),
             "power_watts": GaugeMetricFamily(
-                "gpuguard_gpu_power_watts", "GPU power draw.", labels=["gpu", "uuid"]),
+                "gpuguard_gpu_power_watts", "GPU power draw.", labels=GPU_LABELS),
         }
-        for gpu in reading.gpus:
-            labels = [str(gpu.index), gpu.uuid]
-            info.add_metric(labels + [gpu.name or "", reading.driver_version or ""], 1)
+        for gpu in reading.gpus if self.gpu else ():
+            labels = [str(gpu.index), gpu.uuid, gpu.uuid]
+            info.add_metric([str(gpu.index), gpu.uuid, gpu.uuid, gpu.name or "",
+                             reading.driver_version or ""], 1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
                 if value is not None:  # a field the driver cannot give is absent, not zero
                     family.add_metric(labels, value)
-        yield info
-        yield from gauges.values()
+        if self.gpu:
+            yield info
+            yield from gauges.values()
+        if not self.processes:
+            return
         mem = GaugeMetricFamily("gpuguard_gpu_process_memory_bytes",
                                 "GPU memory held by one process on one GPU.",
-                                labels=["gpu", "uuid", "pid"])
+                                labels=[*GPU_LABELS, "pid"])
         for holder in reading.holders:
             if holder.used_bytes is not None:
-                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
-                               holder.used_bytes)
+                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, holder.gpu_uuid,
+                                str(holder.pid)], holder.used_bytes)
         yield mem
 
     def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
@@ -155,7 +170,8 @@ class GpuguardCollector(Collector):
             age.add_metric(labels, orphan.age_seconds)
             memory.add_metric(labels, tree.gpu_bytes)
             procs.add_metric(labels, orphan.processes)
-        yield pinfo
+        if self.processes:
+            yield pinfo
         yield age
         yield memory
         yield procs
@@ -190,10 +206,11 @@ class GpuguardCollector(Collector):
             "GPU memory in use (without the driver's reserved memory) that no listed process "
             "accounts for; absent when a process's usage is unavailable, and on drivers "
             "without nvmlDeviceGetMemoryInfo_v2 (their used memory includes reserved).",
-            labels=["gpu", "uuid"])
+            labels=GPU_LABELS)
         for gpu in acc.gpus:
             if gpu.unattributed_bytes is not None:
-                unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
+                unattributed.add_metric([str(gpu.index), gpu.uuid, gpu.uuid],
+                                        gpu.unattributed_bytes)
         yield used
         yield quota
         yield suspect

@@ -24,6 +24,8 @@ import yaml
 ASSETS: tuple[str, ...] = (
     "alerts/rules.yml",
     "alerts/rules.test.yml",
+    "alerts/joins.yml",
+    "alerts/joins.test.yml",
     "alerts/alertmanager.yml",
     "grafana/dashboard.json",
     "grafana/provisioning/dashboards/gpuguard.yml",

@@ -26,10 +26,25 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
+class _Once(argparse.Action):
+    """A flag that may be given once: node_exporter repeats --web.listen-address to serve
+    several addresses, which gpuguard does not do yet; a second one is an error, not a
+    silent override of the first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        seen = f"_{self.dest}_given"
+        if getattr(namespace, seen, False):
+            parser.error(f"{option_string}: given twice; one listen address is supported")
+        setattr(namespace, seen, True)
+        setattr(namespace, self.dest, values)
+
+
 def add_common(p: argparse.ArgumentParser, *, program: str, default_listen: str,
                parse_listen: Callable[[str], tuple[str, int]], listen_help: str,
                web_help: str) -> None:
     p.add_argument("--web.listen-address", "--listen", dest="listen", type=parse_listen,
+                   action=_Once,
                    default=parse_listen(default_listen), metavar="HOST:PORT",
                    help=f"{listen_help} (default {default_listen}; port 0 picks a free "
                         "port; --listen is the older spelling)")

@@ -85,7 +85,7 @@ MAX_PULL_ALERTS = MAX_ALERTS
 class SkipReason(enum.StrEnum):
     """Why a pulled alert was not handed on (gpuguard_remediator_pull_alerts_skipped_total{why})."""
 
-    MALFORMED = "malformed"  # not the shape Alertmanager sends, or refused by remediator.alerts
+    MALFORMED = "malformed"  # not the shape Alertmanager sends, or refused by alerts.py
     OTHER_HOST = "other-host"
     NOT_LISTED = "alertname-not-listed"  # not in remediate.alerts
     NOT_REMEDIATE = "not-remediate"  # no remediate="true"
@@ -266,7 +266,7 @@ class AlertmanagerClient:
         self._credentials_file = config.credentials_file
         self._token: TokenSource | None = None
         if config.credentials_file is not None:
-            # Imported here, not at the top: remediator.app imports the worker and the
+            # Imported here, not at the top: gpuguard.remediator.app imports the worker and the
             # rest of the service, so a top-level import would become a cycle as soon as
             # any of those imports this module.
             from gpuguard.remediator.tokens import TokenFile
@@ -370,7 +370,7 @@ class AlertmanagerClient:
         `alertnames`, at most MAX_PULL_ALERTS.
 
         Shaped like the alerts of a webhook notification (status "firing", endsAt the
-        zero time as Alertmanager sends while firing) so remediator.alerts parses both
+        zero time as Alertmanager sends while firing) so gpuguard.remediator.alerts parses both
         the same way. None when no peer answered well: "no alerts" and "could not ask"
         must stay different answers. An alert that is malformed or not for us is left
         out and counted (skip_counts), never the whole answer.

@@ -24,7 +24,7 @@ from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
 class HolderSource(Protocol):
-    """What the remediator needs from exporter.nvml.Nvml (a stub in tests)."""
+    """What the remediator needs from gpuguard.host.nvml.Nvml (a stub in tests)."""
 
     def read(self) -> NvmlReading: ...
 

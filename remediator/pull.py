@@ -1,19 +1,9 @@
 """Pull mode: poll Alertmanager for this host's alerts instead of receiving webhooks.
 
-A fleet of GPU nodes with one central Alertmanager would otherwise need one route
-and receiver per node, or every node's kill endpoint open to the network. In pull
-mode each node's remediator asks Alertmanager, every `pull_interval_seconds`, for
-its own active, unsilenced, uninhibited alerts named in `remediate.alerts` that
-carry remediate="true" (as the webhook route requires), and hands them to the same
-intake a webhook delivery goes through (screening, dedupe, policy, audit, ledger),
-and every reap still confirms with Alertmanager right before its first signal.
-No inbound port is needed.
-
-Each alert is taken or skipped alone (counted in
-gpuguard_remediator_pull_alerts_skipped_total{why}), and one poll hands on at most
-alertmanager.MAX_PULL_ALERTS: whatever else Alertmanager holds, this host's alerts
-still arrive. Anyone who can POST to Alertmanager can add an alert, so its API must
-be authenticated; the remediator re-verifies every tree locally either way.
+For a fleet with one central Alertmanager: no route per node, no inbound port. Every
+`pull_interval_seconds` the remediator asks for its own active, unsilenced,
+uninhibited remediate="true" alerts named in `remediate.alerts` and hands them to the
+same intake a webhook delivery goes through. Why: docs/design.md, The reap (pull mode).
 """
 
 from __future__ import annotations

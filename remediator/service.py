@@ -4,7 +4,7 @@
 audit log can be written safely, and wires NVML, the reaper, the Alertmanager client
 and pull mode's poller into one `Remediator`. It starts nothing: the caller starts it
 (crash recovery, audit records, threads) once it is ready to serve, and
-`remediator.app.create_app` only binds HTTP to it.
+`gpuguard.remediator.app.create_app` only binds HTTP to it.
 """
 
 from __future__ import annotations

@@ -61,13 +61,12 @@ POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
-#: (the reaper's own outcomes are remediator.outcome.Outcome).
+#: (the reaper's own outcomes are gpuguard.remediator.outcome.Outcome).
 REFUSED = "refused"
 
 # status: "taken_at" is Unix seconds at the end of the scan; "rule" is the rule number of
-# docs/design.md, Orphan rules;
-# "processes" counts an orphan's root and all its descendants; "members" are the processes
-# classify() walked.
+# docs/design.md, Orphan rules; "processes" counts an orphan's root and all its
+# descendants; "members" are the processes classify() walked.
 STATUS_EPILOG = f"""\
 --json prints one document, schema {STATUS_SCHEMA} (keys are only ever added):
   {{"schema": "{STATUS_SCHEMA}", "hostname": str, "taken_at": float,

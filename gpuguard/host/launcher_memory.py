@@ -1,16 +1,10 @@
 """What each orphan root's launcher was first seen to have done, kept past the exit record.
 
-Why: the process-event listener's record of a launcher's exit is bounded (count and
-age) and dies with the daemon. Without a memory, a tree refused as `launcher-exited`
-would read `launcher-unrecorded` once its record aged out, and `session-ended`
-(reaped by default) where the listener is gone after a restart: the same tree more
-reapable over time, on less evidence. So the first reason established for an orphan
-root (pid, start time, session) is the one every later scan gives it, for as long as
-that process lives, across restarts where a file is given.
-
-The file holds this boot's entries only (a pid and start time name another process
-after a reboot) and at most MAX_ENTRIES of them; entries whose process is gone are
-dropped when it is rewritten, which happens only when a new root is remembered.
+The process-event listener's exit records are bounded and die with the daemon, so a
+tree would read more reapable over time, on less evidence. The first reason
+established for a root (pid, start time, session) is the one every later scan gives it
+while that process lives, across restarts where a file is given (this boot's entries
+only, at most MAX_ENTRIES). Why: docs/design.md, Orphan rules (launcher memory).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Registrations a process cannot erase: keep marks and `gpuguard run` launchers.
 
-Why: the environment markers (GPUGUARD_KEEP=1, GPUGUARD_RUN) are read from
-/proc/PID/environ, which shows memory the process owns and may overwrite
-(setproctitle zero-fills it), so a marker can vanish while the job runs. A
-registration is a file named for the process's identity in a directory the
-daemons create (sticky, writable by all, listable by none but its owner), written
-by `gpuguard keep PID` or by `gpuguard run` for itself.
-
-A file counts only if it is a regular file with one link, owned by root or by the
-uid of the process it names, and holds this boot's id: a user can mark only their
-own processes, and a file left by an earlier boot (the same pid and start time) never
-matches. Another user's file at the name (a squatter's: the sticky directory then
-keeps the owner from writing there) reads as "cannot tell", so the process is unknown,
-never reaped on it: nobody's file can make anyone else's tree more reapable.
-Looking one up is one lstat and, when it exists, one read: cost follows what a
-scan inspects, never how many files users leave.
+An environment marker lives in memory the process may overwrite (setproctitle
+zero-fills it), so `gpuguard keep PID` and `gpuguard run` also leave a file named for
+the process's identity in the daemons' sticky directory. Only a file its owner (or
+root) wrote for this boot counts; anything else at that name reads "cannot tell".
+Why: docs/design.md, Protections.
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ class MarkError(Exception):
 
 
 def mark_name(kind: str, pid: int, start_time: int) -> str:
-    """The file of one registration (kinds: classify.KEEP_MARK, classify.RUN_MARK)."""
+    """The file of one registration (kinds: rules_config.KEEP_MARK, rules_config.RUN_MARK)."""
     if not kind.isalpha():
         raise ValueError(f"bad mark kind {kind!r}")
     return f"{kind}-{int(pid)}-{int(start_time)}"

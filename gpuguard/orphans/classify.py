@@ -258,11 +258,11 @@ def session(chain: Chain, view: ProcSource, rules: Rules) -> HolderVerdict | Non
 
 ChainRule = Callable[[Chain, ProcSource, Rules], HolderVerdict | None]
 
-#: Rules 3-7 over a chain that rules 1 and 2 read (read_chain), in the order of docs/design.md,
-#: Orphan rules: the
-#: first verdict stands. Protections (3, 4) come before anything that could call the
-#: chain normal or orphan; rule 6 decides every adopted chain, so rule 7 sees only the
-#: rest. The order of reads is theirs too: each rule reads only when reached.
+#: Rules 3-7 over a chain that rules 1 and 2 read (read_chain), in the order of
+#: docs/design.md, Orphan rules: the first verdict stands. Protections (3, 4) come before
+#: anything that could call the chain normal or orphan; rule 6 decides every adopted
+#: chain, so rule 7 sees only the rest. The order of reads is theirs too: each rule reads
+#: only when reached.
 RULES: tuple[ChainRule, ...] = (
     protect_by_comm,  # 3
     protect_by_cmdline,  # 3

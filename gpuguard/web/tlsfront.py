@@ -1,20 +1,10 @@
 """TLS termination in front of the waitress server, in the same process.
 
-waitress (the WSGI server both daemons use for its bounded, non-blocking handling of
-slow and idle clients) does not speak TLS. Rather than trade it for a
-thread-per-connection server that does, one asyncio thread accepts on the public
-port, completes each handshake with the context current at that moment (so a rotated
-certificate applies to the next connection, with no restart), and relays the
-plaintext to waitress on a Unix socket in a private directory. A handshake that does
-not finish within `handshake_timeout` (a silent client, plain HTTP sent to the TLS
-port, a client certificate the CA did not sign) closes the connection; everything
-after the handshake meets waitress's own limits.
-
-waitress sees each relayed connection come from a Unix socket, which has no address.
-So that it still knows the client's (failed logins are throttled per address), the
-front binds its end of each relay to an abstract socket name that carries it,
-`\0gpuguard-front/TAG/N/HOST/PORT` with a random TAG per front, and `client_of` reads
-it back from the name waitress's accept() returns.
+waitress does not speak TLS, so one asyncio thread accepts on the public port, does
+each handshake (within `handshake_timeout`) with the context current at that moment,
+and relays the plaintext to waitress on a Unix socket. Each relay binds an abstract
+name that carries the client's address, which `client_of` reads back for waitress.
+Why: docs/design.md, Cost rules (HTTP under abuse).
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Basic authentication and response headers from the web config, as WSGI middleware.
 
-bcrypt is slow on purpose (tens of milliseconds a check), so what a login may cost is
-bounded here, whoever sends how many (DESIGN.md principle 3: the number of failed
-logins must not set the cost):
-
-- A success is remembered by (user, SHA-256 of the password, hash): Prometheus scraping
-  every few seconds costs one bcrypt check, not one per scrape (exporter-toolkit caches
-  the same way). A changed hash (a reload) does not inherit it.
-- A failure is remembered the same way for NEGATIVE_TTL_SECONDS: the same wrong password
-  again (a misconfigured scraper, a replayed request) costs a dictionary lookup.
-- Each client address (an IPv6 address by its /64) may spend FAILURE_BURST failed bcrypt
-  checks, then one per FAILURE_REFILL_SECONDS; beyond that it is answered 429 with
-  Retry-After, without a check. Known-good credentials from that address still pass.
-- One bcrypt check at a time in the whole process: however many addresses a flood
-  comes from, logins cost at most one core.
-- An unknown user (or a password longer than the 72 bytes bcrypt reads) is checked
-  against a fixed cost-10 dummy hash, as exporter-toolkit does: the answer takes as long
-  as for a known user with a cost-10 hash, and the dummy's cost does not follow the
-  file's costliest hash.
-
-serving.py runs every request that is not known-good (no cached success for its
-credentials) on a small pool of its own, so logins, failed or not, never wait in
-front of the paths with their own credentials (/alerts, /state), /healthz, or a
-scraper whose password was already checked.
+bcrypt is slow on purpose, so what logins cost is bounded here whoever sends how many
+(docs/design.md, Principles, 3): successes and failures are remembered, each client
+address (IPv6 by /64) has a budget of failed checks, one bcrypt check runs at a time,
+and an unknown user is checked against a fixed dummy hash. Why each: docs/design.md,
+Cost rules (HTTP under abuse).
 """
 
 from __future__ import annotations
@@ -101,7 +83,7 @@ def client_key(address: str) -> str:
 
 class BasicAuth:
     """Checks `Authorization: Basic` against the current web config's users, at a
-    bounded cost (see the module's docstring). Thread-safe."""
+    bounded cost (docs/design.md, Cost rules, HTTP under abuse). Thread-safe."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
                  checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw) -> None:

@@ -1,29 +1,10 @@
-"""The exporter-toolkit web configuration file (`--web-config-file`), for both daemons.
+"""The exporter-toolkit web configuration file (`--web.config.file`), for both daemons.
 
-The format every widely used Prometheus exporter reads (node_exporter, dcgm-exporter):
-
-    tls_server_config:
-      cert_file: server.crt          # relative paths: to this file's directory
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert
-      client_ca_file: ca.crt
-      min_version: TLS12
-    http_server_config:
-      headers: {Strict-Transport-Security: max-age=31536000}
-    basic_auth_users:
-      prometheus: $2b$12$...         # bcrypt hashes
-
-Everything the toolkit documents is either honoured or refused at start-up with one
-line naming the file and key: Python's `ssl` cannot request a client certificate
-without verifying it (`RequestClientCert`, `RequireAnyClientCert`), choose curves,
-serve HTTP/2, or restrict TLS 1.3 suites, so those are errors, never silently ignored.
-
-`WebConfigSource` re-reads the file, and the certificate files it names, when any of
-them changes (checked at most once a second, per connection), so certificate
-rotation and user changes need no restart; a broken edit keeps the last good
-configuration and is logged. A reload never takes a guard down: switching TLS on or
-off, dropping basic auth, or weakening client_auth_type each keep the last good
-configuration too (they take a restart).
+The format node_exporter and dcgm-exporter read (`tls_server_config`,
+`http_server_config`, `basic_auth_users`). What the toolkit documents is honoured or
+refused at start-up, never silently ignored. `WebConfigSource` re-reads the file and
+its certificates when they change (and on SIGHUP); a broken edit, or one that would
+weaken a guard, keeps the last good one. Why: docs/design.md, Contracts (web config).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ EXPECTED_SEVERITY = {
     "GPUMemoryUnattributed": "warning",
 }
 
-# DESIGN.md "Metric contract (exporter)" + the remediator's metrics + `up`.
+# docs/design.md, Contracts (the exporter's metrics) + the remediator's metrics + `up`.
 EXPORTER_METRICS = frozenset(
     {
         "gpuguard_gpu_info",

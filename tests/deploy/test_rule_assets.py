@@ -164,3 +164,16 @@ def test_write_all_with_a_bad_setting_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         assets.write_all(tmp_path / "out", runbook_url_base="not a url")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_dcgm_joins_pass_their_promtool_tests(tmp_path: Path) -> None:
+    """The recording rules join gpuguard's series with dcgm-exporter's on UUID, and the
+    unit test gives them series of both shapes (dcgm-exporter's memory in MiB)."""
+    for name in ("alerts/joins.yml", "alerts/joins.test.yml"):
+        (tmp_path / Path(name).name).write_bytes(assets.read(name))
+    checked = _promtool("check", "rules", "joins.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = _promtool("test", "rules", "joins.test.yml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    rules = yaml.safe_load(assets.read("alerts/joins.yml"))["groups"][0]["rules"]
+    assert rules and not any("label_replace" in rule["expr"] for rule in rules)

@@ -1,4 +1,4 @@
-"""remediator.alertmanager against a real Alertmanager 0.25 (one per module).
+"""gpuguard.remediator.alertmanager against a real Alertmanager 0.25 (one per module).
 
 Each test uses its own hostname label so tests sharing the Alertmanager never see
 each other's alerts. A tiny local HTTP fake stands in only for what the real
@@ -211,7 +211,7 @@ def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
     assert alert["status"] == "firing" and alert["fingerprint"]
     assert alert["annotations"] == {"summary": "test"}
     assert alert["generatorURL"] == "http://prom.invalid/g"
-    # The webhook's shape: remediator.alerts parses it like a delivered notification.
+    # The webhook's shape: gpuguard.remediator.alerts parses it like a delivered notification.
     parsed = parse_notification({"version": "4", "alerts": got}).alerts[0]
     assert parsed.status == "firing" and parsed.ends_at is None
     assert parsed.starts_at is not None and abs(parsed.starts_at - time.time()) < 120

@@ -139,3 +139,62 @@ def test_remediator_sighup_keeps_serving_and_refuses_a_changed_policy(
         assert len(refused) == 1 and refused[0].startswith("time=") and "level=error" in refused[0]
     finally:
         rem.stop()
+
+
+def start_exporter(fake_gpu: FakeGpuWorld, fake_nvml_lib, *args: str) -> Exporter:
+    return Exporter(env=fake_gpu.subprocess_env(fake_nvml_lib, child_env()), args=list(args))
+
+
+def first_scan(exp: Exporter) -> dict:
+    return wait_for(lambda: (s := exp.scrape()) and find(s, "gpuguard_scans_total") and s,
+                    what="a scan")
+
+
+def test_series_join_dcgm_exporter_on_uuid(fake_gpu: FakeGpuWorld,
+                                                      fake_nvml_lib) -> None:
+    import os
+
+    fake_gpu.add_process(gpu_index=0, pid=os.getpid(), used_bytes=2**30)
+    exp = start_exporter(fake_gpu, fake_nvml_lib)
+    try:
+        samples = wait_for(lambda: (s := exp.scrape())
+                           and find(s, "gpuguard_gpu_process_memory_bytes") and s,
+                           what="the holder's memory")
+        uuid = fake_gpu.gpus[0].uuid
+        (info,) = find(samples, "gpuguard_gpu_info")
+        assert info[0]["UUID"] == info[0]["uuid"] == uuid
+        assert info[0]["name"] == "NVIDIA Fake H100"
+        for name in ("gpuguard_gpu_memory_bytes", "gpuguard_gpu_process_memory_bytes"):
+            assert find(samples, name, UUID=uuid), name
+    finally:
+        exp.stop()
+
+
+@pytest.mark.parametrize("switch,gone,kept", [
+    ("--no-collector.gpu", ["gpuguard_gpu_info", "gpuguard_gpu_memory_bytes"],
+     ["gpuguard_gpu_process_memory_bytes", "gpuguard_gpu_process_info", "gpuguard_nvml_up"]),
+    ("--no-collector.processes",
+     ["gpuguard_gpu_process_memory_bytes", "gpuguard_gpu_process_info"],
+     ["gpuguard_gpu_info", "gpuguard_gpu_memory_bytes", "gpuguard_nvml_up"]),
+])
+def test_collector_switches(fake_gpu: FakeGpuWorld, fake_nvml_lib, switch: str,
+                            gone: list[str], kept: list[str]) -> None:
+    import os
+
+    fake_gpu.add_process(gpu_index=0, pid=os.getpid(), used_bytes=2**30)
+    on = start_exporter(fake_gpu, fake_nvml_lib)
+    off = start_exporter(fake_gpu, fake_nvml_lib, switch)
+    try:
+        wait_for(lambda: find(on.scrape(), "gpuguard_gpu_process_info"), what="a full scan")
+        first_scan(off)
+        wait_for(lambda: find(off.scrape(), "gpuguard_scans_total")[0][1] >= 2,
+                 what="a second scan")
+        samples = off.scrape()
+        for name in gone:
+            assert not find(samples, name), name
+        for name in kept:
+            assert find(samples, name), name
+        assert find(samples, "gpuguard_scan_duration_seconds")
+    finally:
+        on.stop()
+        off.stop()

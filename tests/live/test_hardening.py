@@ -106,7 +106,7 @@ def test_the_exporter_scans_in_time_with_a_hostile_process_on_the_host(
 
 
 def dry_run_remediator(tmp_path: Path, env: dict[str, str]) -> ServerProcess:
-    """`python -m remediator` in dry-run with a token file, on 127.0.0.1."""
+    """`python -m gpuguard.remediator` in dry-run with a token file, on 127.0.0.1."""
     token = tmp_path / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)

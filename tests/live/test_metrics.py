@@ -252,10 +252,10 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     scanner.scan_once()
 
     # Used memory is _v2's (without the reserved GiB): 10 GiB used, 7 GiB held by processes.
-    assert registry.get_sample_value("gpuguard_gpu_memory_used_bytes", {"gpu": "0", "uuid":
-                                     fake_gpu.gpus[0].uuid}) == 10 * GIB
+    gpu0 = {"gpu": "0", "uuid": fake_gpu.gpus[0].uuid, "UUID": fake_gpu.gpus[0].uuid}
+    assert registry.get_sample_value("gpuguard_gpu_memory_used_bytes", gpu0) == 10 * GIB
     assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == [
-        ({"gpu": "0", "uuid": fake_gpu.gpus[0].uuid}, 3 * GIB)]  # GPU 1: absent, not 0
+        (gpu0, 3 * GIB)]  # GPU 1: absent, not 0
     # Every holding of the user's processes, both GPUs; the unsized one counts 0.
     assert registry.get_sample_value("gpuguard_user_gpu_memory_bytes", {"user": me}) == 9 * GIB
     assert registry.get_sample_value("gpuguard_user_gpu_memory_quota_bytes",
@@ -267,8 +267,8 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
 
     fake_gpu.remove_process(c)  # now every process on GPU 1 is sized: 6 - 2 GiB unattributed
     scanner.scan_once()
-    assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes",
-                                     {"gpu": "1", "uuid": fake_gpu.gpus[1].uuid}) == 4 * GIB
+    assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes", {
+        "gpu": "1", "uuid": fake_gpu.gpus[1].uuid, "UUID": fake_gpu.gpus[1].uuid}) == 4 * GIB
 
 
 def test_no_quota_no_quota_series(trees: Trees, fake_gpu: FakeGpuWorld) -> None:

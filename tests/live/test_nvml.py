@@ -1,4 +1,4 @@
-"""exporter.nvml over the real pynvml and the fake libnvidia-ml.so.1."""
+"""gpuguard.host.nvml over the real pynvml and the fake libnvidia-ml.so.1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Issue 24: the kill path on every way out. Real trees, the fake NVML, real signals.
 
-Every freeze thaws (DESIGN.md principle 2): a person's Ctrl-C, a SIGTERM or a hangup of
+Every freeze thaws (docs/design.md, Principles, 2): a person's Ctrl-C, a SIGTERM or a hangup of
 `gpuguard reap --apply` mid-freeze, and a driver that hangs while the tree is stopped,
 all end with no process stopped by us and a record saying why. A member that detaches
 after its SIGTERM is not SIGKILLed; a root that leaves its session before the freeze is

@@ -1,4 +1,4 @@
-"""The remediator as it runs: `python -m remediator` under waitress, real HTTP on 127.0.0.1."""
+"""The remediator as it runs: `python -m gpuguard.remediator` under waitress, real HTTP."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class Remediator:
-    """One running `python -m remediator`, restartable on the same config and state."""
+    """One running `python -m gpuguard.remediator`, restartable on the same config and state."""
 
     def __init__(self, config: Path, token: Path, env: dict[str, str]) -> None:
         self.config, self.token, self.env = config, token, env

@@ -1,4 +1,4 @@
-"""classify(): DESIGN.md "Orphan rules on Linux", one scenario per test, on a synthetic table.
+"""classify(): docs/design.md, Orphan rules, one scenario per test, on a synthetic table.
 
 Every scenario asserts the tree's verdict, reason, root pid and the rule that
 decided (`tree.evidence.rule`). The pids used throughout:

@@ -1,4 +1,4 @@
-"""A synthetic process table for tests: `classify.ProcSource` with no I/O.
+"""A synthetic process table for tests: `gpuguard.orphans.protections.ProcSource` with no I/O.
 
 Write a scenario as a list of `FakeProc` rows, wrap it in a `SyntheticView`,
 and hand that view to `classify()` (or, later, to the remediator)::
@@ -125,7 +125,7 @@ class FakeProc:
 
 @dataclass(frozen=True)
 class Exit:
-    """An exit event, as classify.ExitEvent reads it."""
+    """An exit event, as gpuguard.orphans.protections.ExitEvent reads it."""
 
     signal: int | None
     status: int | None

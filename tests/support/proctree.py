@@ -115,7 +115,8 @@ def descendants_of(pid: int) -> list[int]:
 
 
 def chain_lower_bound(holders: list[int]) -> int:
-    """DESIGN.md's scan lower bound, read from /proc: chain members and their session leaders."""
+    """The scan lower bound (docs/design.md, Cost rules), read from /proc: chain members
+    and their session leaders."""
     pids: set[int] = set()
     walked: set[int] = set()
     for pid in holders:

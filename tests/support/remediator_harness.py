@@ -160,14 +160,14 @@ def spawn_orphan(trees: Trees, world: FakeGpuWorld, script: str = SH_CHAIN, *,
     return Orphan(tree, root, start_time_of(root), holder)
 
 
-# -- the console: `python -m remediator.console ARGS` over the fake NVML -------------
+# -- the console: `python -m gpuguard.console ARGS` over the fake NVML ---------------
 
 Run = Callable[..., subprocess.CompletedProcess]
 
 
 @pytest.fixture
 def gpuguard(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> Run:
-    """Run `python -m remediator.console ARGS` against the fake GPU world."""
+    """Run `python -m gpuguard.console ARGS` against the fake GPU world."""
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -29,13 +29,14 @@ What is modelled (kernel behaviour, not any one program's):
   ancestors in the same PID namespace, else that namespace's init. When a
   namespace's init dies every other process in it is killed (SIGKILL) and
   reaped.
-- programs, not the kernel: a program named in DESIGN's reaper list (tini, systemd,
-  containerd-shim) never calls setsid() after forking, and no process that did so
-  execs one. That is the trust rule 6 places in the list (E1 under a named reaper is
-  proof of adoption); `apply()` skips such steps.
+- programs, not the kernel: a program named in the default `classify.adopters` list
+  (tini, systemd, containerd-shim; docs/design.md, Orphan rules) never calls setsid()
+  after forking, and no process that did so execs one. That is the trust rule 6
+  places in the list (E1 under a named reaper is proof of adoption); `apply()` skips
+  such steps.
 - start times (one clock tick per step: a child is always newer than its
-  parent), cgroups (fixed paths, each labelled managed or not per DESIGN rule
-  5), PID namespaces (depth only: nspid).
+  parent), cgroups (fixed paths, each labelled managed or not per rule 5 of
+  docs/design.md, Orphan rules), PID namespaces (depth only: nspid).
 
 Every exit is appended to `World.exits` as the process-events listener would
 record it (pid, time, signal or status); `World.view(listener="every")` lets
@@ -60,8 +61,9 @@ SIGHUP, SIGKILL, SIGTERM = (int(signal_module.SIGHUP), int(signal_module.SIGKILL
 
 @dataclass(frozen=True)
 class Program:
-    """What exec installs. `protected` and `reaper` are labelled by hand from DESIGN.md's
-    default protect and reaper lists (not computed with the classifier's matcher)."""
+    """What exec installs. `protected` and `reaper` are labelled by hand from the default
+    `classify.protect` and `classify.adopters` lists (gpuguard.orphans.rules_config), not
+    computed with the classifier's matcher."""
 
     comm: str
     cmdline: str
@@ -96,7 +98,7 @@ PROGRAMS = (
 
 @dataclass(frozen=True)
 class Cgroup:
-    """A cgroup path; `managed` per DESIGN rule 5, labelled by hand."""
+    """A cgroup path; `managed` per rule 5 (docs/design.md, Orphan rules), labelled by hand."""
 
     path: str
     managed: bool

@@ -5,18 +5,19 @@ process whose setsid() created its session); whether every process in it is
 still alive; if not, the orphan root (the topmost live member of the chain that
 is still in the holder's ancestry and whose forker is dead: the process that
 lost its parent), whether the session's creator died and how; and which of
-DESIGN.md's deliberate-detachment rules apply on the way from the holder to
-that root (protect name, SIGHUP ignored, managed cgroup, PID namespace,
-fork-setsid-fork daemon, keep marker).
+the deliberate-detachment rules (docs/design.md, Orphan rules) apply on the way
+from the holder to that root (protect name, SIGHUP ignored, managed cgroup, PID
+namespace, fork-setsid-fork daemon, keep marker).
 
-"/proc shows adoption" means DESIGN's evidence (E1, E2) is there for the pair; the
-truth compares it with what happened (forked or adopted). Evidence is *certain* where
-no fork can produce it (E1 under PID 1, under a named reaper, or under a parent that
-leads no session: a process never leaves a session it leads) and *ambiguous* otherwise
-(E2; E1 under an unnamed session leader, which may have called setsid() after forking).
-Ambiguity matters only while the member's session creator lives: once it is gone the
-member's session ended under it, forked or adopted. Where /proc cannot tell, the truth
-tags the holder and the properties ask for the safe side (never `orphan`) there:
+"/proc shows adoption" means rule 6's evidence (E1, E2; docs/design.md, Orphan rules)
+is there for the pair; the truth compares it with what happened (forked or adopted).
+Evidence is *certain* where no fork can produce it (E1 under PID 1, under a named
+reaper, or under a parent that leads no session: a process never leaves a session it
+leads) and *ambiguous* otherwise (E2; E1 under an unnamed session leader, which may
+have called setsid() after forking). Ambiguity matters only while the member's session
+creator lives: once it is gone the member's session ended under it, forked or adopted.
+Where /proc cannot tell, the truth tags the holder and the properties ask for the safe
+side (never `orphan`) there:
 
 - `adoption-invisible`: the root was adopted by a parent in its own session that
   is neither PID 1, a namespace init nor a process named like a reaper (an
@@ -35,7 +36,7 @@ tags the holder and the properties ask for the safe side (never `orphan`) there:
   is what the launch chain is. (`adopted-above-chain` was a tag here while rule 6
   scanned the whole chain and rooted trees at adopted processes above the session.)
 - launcher death before the root was born: the listener's record of the
-  creator's exit is older than the root, and exporter/procevents answers only
+  creator's exit is older than the root, and gpuguard.host.procevents answers only
   exits at or after the root's start (a reused pid's older exit looks the same),
   so the expected reason is `session-ended` even when every exit was seen.
 """
@@ -56,7 +57,8 @@ CERTAIN, AMBIGUOUS = "certain", "ambiguous"
 
 @dataclass(frozen=True)
 class Rule:
-    """A DESIGN rule that applies: the verdict it gives and the member it is about."""
+    """An orphan rule (docs/design.md, Orphan rules) that applies: the verdict it gives
+    and the member it is about."""
 
     verdict: str
     reason: str
@@ -65,7 +67,7 @@ class Rule:
 
 @dataclass(frozen=True)
 class Tag:
-    """Where /proc cannot tell (or DESIGN and the truth disagree), and about whom."""
+    """Where /proc cannot tell (or the orphan rules and the truth disagree), and about whom."""
 
     kind: str
     member: Proc  # x of the (x, parent) pair the tag is about
@@ -89,7 +91,7 @@ class HolderTruth:
     #: launch chain's own break.
     outer_root: Proc | None = None
     lost_parent: Proc | None = None  # the root's forker, dead
-    rules: list[Rule] = field(default_factory=list)  # in DESIGN's order of precedence
+    rules: list[Rule] = field(default_factory=list)  # in the orphan rules' order of precedence
     tags: list[Tag] = field(default_factory=list)
 
     @property
@@ -165,10 +167,10 @@ class HolderTruth:
 
 
 def _adoption_evidence(x: Proc, y: Proc) -> str | None:
-    """What /proc shows about x (child of y), per DESIGN rule 6: CERTAIN or AMBIGUOUS
-    evidence of adoption, or None. E1: a non-leader in another session than its parent
-    (session 0 never counts); E2: a non-leader sharing its session with PID 1, a
-    namespace init or a process named like a reaper."""
+    """What /proc shows about x (child of y), per rule 6 (docs/design.md, Orphan rules):
+    CERTAIN or AMBIGUOUS evidence of adoption, or None. E1: a non-leader in another
+    session than its parent (session 0 never counts); E2: a non-leader sharing its
+    session with PID 1, a namespace init or a process named like a reaper."""
     if x.is_session_leader or x.sid == 0:
         return None
     if x.sid != y.sid:
@@ -233,7 +235,7 @@ def holder_truth(holder: Proc) -> HolderTruth:
 
 
 def _rules(truth: HolderTruth) -> list[Rule]:
-    """DESIGN's rules 3-6 that apply, in the order classify() must honour them. For a
+    """The orphan rules 3-6 that apply, in the order classify() must honour them. For a
     holder whose launchers all live only rules 3 and 4 (SIGHUP) decide between
     protected and normal, so only those are listed."""
     holder, candidate, way = truth.holder, truth.candidate, truth.way
@@ -262,7 +264,7 @@ def _rules(truth: HolderTruth) -> list[Rule]:
 
 
 def member_protection(p: Proc) -> str | None:
-    """Why a reap must not signal `p` (DESIGN "What a reap may signal"), from the model."""
+    """Why a reap must not signal `p` (README, What a reap may signal), from the model."""
     if p.program.protected:
         return "protect-pattern"
     if p.sighup == IGNORE:
