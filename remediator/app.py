@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gpuguard.build import version
 from gpuguard.remediator.alerts import Notification, PayloadError, parse_notification
 from gpuguard.remediator.exposition import RemediatorCollector
 from gpuguard.remediator.intake import Intake
@@ -27,6 +28,7 @@ from gpuguard.remediator.ledger import LedgerError
 from gpuguard.remediator.metrics import RejectCause
 from gpuguard.remediator.service import Remediator
 from gpuguard.remediator.tokens import TokenSource
+from gpuguard.web.landing import landing_page
 from gpuguard.web.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
 
 log = logging.getLogger("gpuguard.remediator.http")
@@ -129,6 +131,11 @@ def _notification(intake: Intake) -> Notification | Response:
         return _error(400, str(exc)[:500])
 
 
+LANDING = landing_page("gpuguard-remediator", "Alertmanager webhook receiver that reaps "
+                       "orphaned GPU process trees when policy allows.", version(),
+                       [("/metrics", "Metrics"), ("/healthz", "Health")])
+
+
 def create_app(service: Remediator, *, token: TokenSource | None,
                collectors: Iterable[Collector] = ()) -> Flask:
     """Bind the HTTP routes to a built Remediator (remediator.service.build_remediator).
@@ -184,6 +191,10 @@ def create_app(service: Remediator, *, token: TokenSource | None,
             last_code[0] = code
             (log.info if ok else log.warning)("health: %s (%s)", code, detail)
         return Response(code + "\n", status=200 if ok else 503, mimetype="text/plain")
+
+    @app.get("/")
+    def landing() -> Response:
+        return Response(LANDING, mimetype="text/html")
 
     @app.get("/metrics")
     def metrics() -> Response:

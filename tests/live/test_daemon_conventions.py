@@ -125,6 +125,8 @@ def test_remediator_sighup_keeps_serving_and_refuses_a_changed_policy(
             return (find(samples, "gpuguard_config_last_reload_successful")[0][1],
                     find(samples, "gpuguard_config_last_reload_success_timestamp_seconds")[0][1])
 
+        landing = requests.get(rem.url + "/", timeout=5)
+        assert landing.status_code == 200 and 'href="/metrics"' in landing.text
         samples = parse_samples(requests.get(rem.url + "/metrics", timeout=5).text)
         assert find(samples, "gpuguard_build_info") and find(samples, "process_cpu_seconds_total")
         ok, started = gauges()
