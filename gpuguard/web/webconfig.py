@@ -69,7 +69,7 @@ HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options
 #: A bcrypt hash's form (checked without running bcrypt: a reload must stay cheap).
 BCRYPT_HASH = re.compile(r"\$2[abxy]?\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 #: Seconds between checks of the files' identities (a stat of each, per connection).
-RECHECK_SECONDS = 1.0
+RECHECK_SECONDS = 0.25  # the toolkit's own reload test waits 250 ms
 
 
 @dataclass(frozen=True)
@@ -238,6 +238,11 @@ def _users(at: At, value: Any) -> dict[str, bytes]:
             raise where.error("a user name must be a non-empty string without ':'")
         if not isinstance(hashed, str):
             raise where.error("must be a bcrypt hash")
+        if BCRYPT_HASH.fullmatch(hashed) and hashed.startswith("$2$"):
+            # Go's bcrypt (the toolkit's) verifies the original scheme; Python's refuses
+            # every login against it ("Invalid salt"), which would answer 500 each time.
+            raise where.error("$2$ bcrypt hashes are not supported (Python's bcrypt cannot "
+                              "verify them); rehash it as $2b$ (htpasswd -nbBC 10 USER PW)")
         if not BCRYPT_HASH.fullmatch(hashed):
             raise where.error("is not a bcrypt hash ($2a$/$2b$/$2y$, cost, 53 characters of "
                               "salt and hash)")

@@ -98,6 +98,9 @@ basic_auth_users:
          "http_server_config.headers.X-Powered-By", "must be one of"),
         ("http_server_config:\n  http2: true\n", "http_server_config.http2", "not supported"),
         ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users.alice", "not a bcrypt hash"),
+        # The original scheme: Go's bcrypt verifies it, Python's answers every login 500.
+        ("basic_auth_users:\n  alice: '$2$10$" + "J" * 53 + "'\n", "basic_auth_users.alice",
+         "$2$ bcrypt hashes are not supported"),
         ("basic_auth_users: [alice]\n", "basic_auth_users", "must be a mapping"),
         ("nope: 1\n", "nope", "unknown key"),
         ("tls_server_config: [\n", "line 2", "invalid YAML"),
