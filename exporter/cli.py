@@ -21,7 +21,7 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
-from gpuguard.reload import Reloader
+from gpuguard.reload import EarlyHangups, Reloader
 from gpuguard.validation import ConfigError
 from gpuguard.web.landing import landing_page
 from gpuguard.web.serving import (
@@ -131,6 +131,7 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
@@ -169,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if (problem := other_users_problem()) is not None:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
+    hangups.hand_to(reloader)
     events.start()
     scanner.start()
     tls = web is not None and web.current()[0].tls is not None

@@ -160,10 +160,12 @@ class Scanner:
         self.scans_total = 0
         self.errors_total = dict.fromkeys(ERROR_STAGES, 0)
         self._loop: Periodic | None = None
+        self._settings_lock = threading.Lock()  # one scan sees one config, old or new
 
     def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit) -> None:
-        """A reloaded config (SIGHUP): used from the next scan on."""
-        self.rules, self.quotas, self.audit = rules, quotas, audit
+        """A reloaded config (SIGHUP): used whole from the next scan on."""
+        with self._settings_lock:
+            self.rules, self.quotas, self.audit = rules, quotas, audit
 
     @property
     def latest(self) -> Snapshot | None:
@@ -171,6 +173,8 @@ class Scanner:
 
     def scan_once(self) -> Snapshot:
         start = time.perf_counter()
+        with self._settings_lock:
+            rules, quotas, audit = self.rules, self.quotas, self.audit
         reads_before = self.counters.proc_reads()
         errors: list[tuple[str, str]] = []
         try:
@@ -186,7 +190,7 @@ class Scanner:
         boot_now = self._boot_clock()
         try:
             self.view.begin_scan()
-            trees = classify(reading.holders, self.view, self.rules)
+            trees = classify(reading.holders, self.view, rules)
             for tree in trees:
                 if tree.verdict == Verdict.UNKNOWN and tree.reason in ("not-visible", "unreadable"):
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
@@ -201,7 +205,7 @@ class Scanner:
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
             previous = self._latest.accounting.hot if self._latest is not None else {}
             accounting = account(reading.gpus, reading.holders, holder_facts(trees, self.view),
-                                 quotas=self.quotas, audit=self.audit, groups=self.groups,
+                                 quotas=quotas, audit=audit, groups=self.groups,
                                  hot=previous, now=now)
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
             log.exception("scan failed")

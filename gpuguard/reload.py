@@ -9,6 +9,7 @@ exported under Prometheus's own names with our prefix.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,3 +71,26 @@ class Reloader(Collector):
         yield GaugeMetricFamily(
             "gpuguard_config_last_reload_success_timestamp_seconds",
             "When the configuration in use was loaded (Unix time).", value=self.success_time)
+
+
+class EarlyHangups:
+    """A SIGHUP before the daemon serves (systemd's ExecReload= may send one right after a
+    start) is noted, never fatal: its default action would end the daemon mid-start, a
+    death systemd counts as clean and does not restart. Handed to the reloader later."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._installed = threading.current_thread() is threading.main_thread()
+        if self._installed:  # signal handlers can only be set from the main thread
+            signal.signal(signal.SIGHUP, self._note)
+
+    def _note(self, _signum: int, _frame: object) -> None:
+        self.pending = True
+
+    def hand_to(self, reloader: Reloader) -> None:
+        """From now on SIGHUP reloads; one that came before reloads now."""
+        if self._installed:
+            signal.signal(signal.SIGHUP, reloader.request)
+        if self.pending:
+            self.pending = False
+            reloader.request()

@@ -24,7 +24,7 @@ from gpuguard.config import Config, load_config
 from gpuguard.flags import add_common
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
-from gpuguard.reload import Reloader, ReloadRefused
+from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError
 from gpuguard.validation import ConfigError
@@ -97,17 +97,21 @@ def reload_config(path: str, running: Config,
 
     def reload() -> None:
         config = load_config(path)
+        # Only the sections the remediator uses: an edit of the exporter's quotas: or
+        # audit: in a shared file is not a change here.
+        if (config.classify, config.remediate) != (running.classify, running.remediate):
+            raise ReloadRefused(f"{path}: the classify: or remediate: section changed; the "
+                                "remediator takes a new policy only at a restart (the web "
+                                "config was not reloaded either)")
         if web is not None:
             web.reload()
-        if config != running:
-            raise ReloadRefused(f"{path} changed; the remediator takes a new classify: or "
-                                "remediate: section only at a restart")
 
     return reload
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
     try:
         config = load_config(args.config)
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                                open_paths=lambda path: path in own_auth)
     except OSError as exc:
         return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+    hangups.hand_to(reloader)
     service.start()
     log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
     try:

@@ -332,8 +332,11 @@ class WebConfigSource:
             log.error("web config %s: keeping the last good one: %s", self.path, exc)
             return str(exc)
         after = self._identities(config)
-        if after[0] != seen[0] and not force:
-            return None  # the file changed while it was read: read it again at the next check
+        if after[0] != seen[0]:
+            # The file changed while it was read: a torn read may have lost keys. Read it
+            # again at the next check (a SIGHUP's reload says so and keeps the last good).
+            return "the file changed while it was read; keeping the last good one" \
+                if force else None
         problem = None
         if (config.tls is None) != (self._config.tls is None):
             problem = "TLS cannot be switched on or off without a restart"

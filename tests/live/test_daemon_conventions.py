@@ -132,6 +132,12 @@ def test_remediator_sighup_keeps_serving_and_refuses_a_changed_policy(
         ok, started = gauges()
         rem.proc.send_signal(signal.SIGHUP)  # unchanged: a successful reload
         wait_for(lambda: gauges()[1] > started, timeout=10, what="an unchanged reload")
+        # An edit of the exporter's sections in the shared file is no change here.
+        _, before = gauges()
+        config.write_text(policy + "quotas:\n  users:\n    alice: 1073741824\n")
+        rem.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: gauges()[1] > before, timeout=10, what="a reload past a quotas edit")
+        assert gauges()[0] == 1
         config.write_text(policy.replace("dry-run", "enforce"))
         rem.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: gauges()[0] == 0, timeout=10, what="a refused policy change")
@@ -200,3 +206,26 @@ def test_collector_switches(fake_gpu: FakeGpuWorld, fake_nvml_lib, switch: str,
     finally:
         on.stop()
         off.stop()
+
+
+def test_a_sighup_before_the_daemon_serves_is_kept_for_the_reloader() -> None:
+    """systemd's ExecReload= may signal a daemon still starting: the hangup is noted
+    (not the default action, which would end it) and reloads once a reloader exists."""
+    import logging
+    import os
+
+    from gpuguard.reload import EarlyHangups, Reloader
+
+    previous = signal.getsignal(signal.SIGHUP)
+    calls: list[int] = []
+    try:
+        early = EarlyHangups()
+        os.kill(os.getpid(), signal.SIGHUP)
+        wait_for(lambda: early.pending, timeout=5, what="the hangup to be noted")
+        reloader = Reloader("probe", lambda: calls.append(1), log=logging.getLogger("probe"))
+        early.hand_to(reloader)
+        wait_for(lambda: calls == [1], timeout=5, what="the held-back reload")
+        os.kill(os.getpid(), signal.SIGHUP)
+        wait_for(lambda: calls == [1, 1], timeout=5, what="a reload on the next hangup")
+    finally:
+        signal.signal(signal.SIGHUP, previous)
