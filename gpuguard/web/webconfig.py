@@ -81,6 +81,7 @@ class TlsConfig:
     min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
     max_version: ssl.TLSVersion | None = None
     ciphers: tuple[str, ...] = ()
+    prefer_server_ciphers: bool = True  # the toolkit's default
 
     def files(self) -> tuple[str, ...]:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
@@ -94,9 +95,16 @@ class TlsConfig:
         if self.ciphers:
             ctx.set_ciphers(":".join(self.ciphers))
         ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.prefer_server_ciphers:
+            ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        else:
+            ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
         ctx.verify_mode = self.client_auth
         if self.client_ca_file:
             ctx.load_verify_locations(cafile=self.client_ca_file)
+        elif self.client_auth != ssl.CERT_NONE:
+            # As the toolkit: no client_ca_file means the system's CAs.
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
         return ctx
 
 
@@ -142,7 +150,7 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
             "min_version": _version,
             "max_version": _version,
             "cipher_suites": _ciphers,
-            "prefer_server_cipher_suites": boolean,  # OpenSSL servers always prefer theirs
+            "prefer_server_cipher_suites": boolean,
             "cert": _unsupported("inline certificates; use cert_file"),
             "key": _unsupported("inline keys; use key_file"),
             "curve_preferences": _unsupported("Python's ssl cannot choose curves"),
@@ -157,7 +165,8 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
                                                 "succeed")
         auth = got.get("client_auth_type", ssl.CERT_NONE)
         if auth != ssl.CERT_NONE and "client_ca_file" not in got:
-            raise at.child("client_ca_file").error("is required to verify client certificates")
+            log.warning("%s: no client_ca_file: client certificates are verified against "
+                        "the system's CAs (any certificate they signed is accepted)", at.key)
         if "client_ca_file" in got and auth == ssl.CERT_NONE:
             raise at.child("client_auth_type").error("client_ca_file is set but "
                                                      "client_auth_type is NoClientCert: say "
@@ -167,6 +176,7 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
             client_ca_file=got.get("client_ca_file"),
             min_version=got.get("min_version", ssl.TLSVersion.TLSv1_2),
             max_version=got.get("max_version"), ciphers=got.get("cipher_suites", ()),
+            prefer_server_ciphers=got.get("prefer_server_cipher_suites", True),
         )
         try:
             tls.context()
@@ -193,13 +203,22 @@ def _version(at: At, value: Any) -> ssl.TLSVersion:
     return TLS_VERSIONS[value]
 
 
+#: TLS 1.3's suites: the toolkit accepts and ignores them (Go, like OpenSSL through
+#: Python's ssl, always offers all three), so a config copied from it loads here too.
+TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+                "TLS_CHACHA20_POLY1305_SHA256")
+
+
 def _ciphers(at: At, value: Any) -> tuple[str, ...]:
     names = string_list(at, value)
-    unknown = [n for n in names if n not in CIPHER_SUITES]
+    unknown = [n for n in names if n not in CIPHER_SUITES and n not in TLS13_SUITES]
     if unknown:
         raise at.error(f"{unknown[0]!r} is not a TLS 1.2 suite this server can offer (TLS "
-                       "1.3 suites cannot be chosen)")
-    return tuple(CIPHER_SUITES[n] for n in names)
+                       "1.3 suites are accepted and ignored)")
+    if ignored := [n for n in names if n in TLS13_SUITES]:
+        log.warning("%s: %s ignored: TLS 1.3 suites cannot be chosen (all are offered)",
+                    at.key, ", ".join(ignored))
+    return tuple(CIPHER_SUITES[n] for n in names if n in CIPHER_SUITES)
 
 
 def _http(at: At, value: Any) -> tuple[tuple[str, str], ...]:
@@ -215,15 +234,34 @@ def _no_http2(at: At, value: Any) -> None:
         raise at.error("HTTP/2 is not supported: set false or leave it out")
 
 
+#: Headers whose values the toolkit restricts (exact values, as it compares them).
+HEADER_VALUES = {"X-Content-Type-Options": ("nosniff",),
+                 "X-Frame-Options": ("deny", "sameorigin")}
+
+
+def _scalar_text(value: Any) -> str | None:
+    """A YAML scalar as the toolkit's map[string]string reads it: `X-XSS-Protection: 1`
+    is the string "1"; a mapping or list is no header value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return None
+
+
 def _headers(at: At, value: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict):
         raise at.error("must be a mapping of header to value")
     out = []
-    for name, text in value.items():
+    for name, raw in value.items():
         if name not in HEADERS:
             raise at.child(name).error(f"must be one of {', '.join(HEADERS)}")
-        if not isinstance(text, str) or "\n" in text or "\r" in text:
+        text = _scalar_text(raw)
+        if text is None or "\n" in text or "\r" in text:
             raise at.child(name).error("must be a one-line string")
+        allowed = HEADER_VALUES.get(name)
+        if allowed is not None and text not in allowed:
+            raise at.child(name).error(f"must be one of {', '.join(allowed)}, got {text!r}")
         out.append((name, text))
     return tuple(out)
 
@@ -372,4 +410,7 @@ def _weaker_client_auth(old: TlsConfig | None, new: TlsConfig | None) -> str | N
         names = {mode: name for name, mode in CLIENT_AUTH.items()}
         return (f"client_auth_type cannot be weakened from {names[old.client_auth]} to "
                 f"{names[new.client_auth]} without a restart")
+    if old.client_ca_file and not new.client_ca_file and new.client_auth != ssl.CERT_NONE:
+        return ("client_ca_file cannot be dropped without a restart (client certificates "
+                "would be verified against every CA the system trusts)")
     return None

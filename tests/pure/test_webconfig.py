@@ -12,6 +12,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from gpuguard.reload import ReloadRefused
 from gpuguard.validation import ConfigError
 from gpuguard.web.webauth import BasicAuth
 from gpuguard.web.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
@@ -76,8 +77,6 @@ basic_auth_users:
          "tls_server_config.client_auth_type", "RequestClientCert is not supported"),
         ("{tls}  client_auth_type: Sometimes\n", "tls_server_config.client_auth_type",
          "must be one of"),
-        ("{tls}  client_auth_type: RequireAndVerifyClientCert\n",
-         "tls_server_config.client_ca_file", "is required"),
         ("{tls}  min_version: SSL3\n", "tls_server_config.min_version", "must be one of"),
         ("{tls}  min_version: TLS13\n  max_version: TLS12\n", "tls_server_config.max_version",
          "is below min_version"),
@@ -87,8 +86,12 @@ basic_auth_users:
          "tls_server_config.client_auth_type", "RequireClientCert is not supported"),
         ("basic_auth_users:\n  alice: '$2b$10$short'\n", "basic_auth_users.alice",
          "not a bcrypt hash"),
-        ("{tls}  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "tls_server_config.cipher_suites",
-         "TLS 1.3 suites cannot be chosen"),
+        ("{tls}  cipher_suites: [TLS_NOT_A_SUITE]\n", "tls_server_config.cipher_suites",
+         "is not a TLS 1.2 suite"),
+        ("http_server_config:\n  headers: {{X-Content-Type-Options: sniff}}\n",
+         "http_server_config.headers.X-Content-Type-Options", "must be one of nosniff"),
+        ("http_server_config:\n  headers: {{X-Frame-Options: allow}}\n",
+         "http_server_config.headers.X-Frame-Options", "must be one of deny, sameorigin"),
         ("{tls}  curve_preferences: [X25519]\n", "tls_server_config.curve_preferences",
          "not supported"),
         ("{tls}  colour: blue\n", "tls_server_config.colour", "unknown key"),
@@ -116,6 +119,34 @@ def test_errors_name_file_key_problem(tmp_path: Path, certs: Certs, body: str, k
     assert err.value.path == path and err.value.key == key, str(err.value)
     assert problem in err.value.problem, str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_what_the_toolkit_accepts_loads_here_too(tmp_path: Path, certs: Certs,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """exporter-toolkit's semantics (issue 28): no client_ca_file means the system's CAs;
+    TLS 1.3 suite names are accepted and ignored (with a warning); a YAML integer header
+    value is its text; prefer_server_cipher_suites: false lets the client choose."""
+    text = tls_block(certs) + (
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        "  cipher_suites: [TLS_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"
+        "  prefer_server_cipher_suites: false\n"
+        "http_server_config:\n  headers:\n    X-XSS-Protection: 1\n"
+        "    X-Frame-Options: deny\n    X-Content-Type-Options: nosniff\n")
+    with caplog.at_level("WARNING"):
+        cfg = load_web_config(write(tmp_path, text))
+    assert cfg.tls is not None and cfg.tls.client_ca_file is None
+    assert cfg.tls.ciphers == ("ECDHE-ECDSA-AES128-GCM-SHA256",)
+    assert ("X-XSS-Protection", "1") in cfg.headers
+    ctx = cfg.tls.context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+    system = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    system.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    assert ctx.cert_store_stats() == system.cert_store_stats()  # the system's CAs
+    assert not ctx.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+    assert load_web_config(write(tmp_path, tls_block(certs))).tls.context().options \
+        & ssl.OP_CIPHER_SERVER_PREFERENCE  # type: ignore[union-attr]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "TLS_AES_128_GCM_SHA256 ignored" in messages and "system's CAs" in messages
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -226,6 +257,24 @@ def test_a_reload_never_weakens_client_certificate_checks(tmp_path: Path, certs:
     Path(path).write_text(tls("RequireAndVerifyClientCert") + "# stricter: fine\n")
     clock.now += RECHECK_SECONDS
     assert source.current()[1].verify_mode == ssl.CERT_REQUIRED  # type: ignore[union-attr]
+
+
+def test_a_reload_never_drops_the_client_ca_for_the_system_store(tmp_path: Path,
+                                                                certs: Certs) -> None:
+    """Without client_ca_file every CA the system trusts may sign a client: a reload
+    that drops it widens who gets in, so it waits for a restart, like other weakenings."""
+    for name in ("server.crt", "server.key"):
+        shutil.copy(certs.path(name), tmp_path / name)
+    base = ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            "  client_auth_type: RequireAndVerifyClientCert\n")
+    path = write(tmp_path, base + f"  client_ca_file: {certs.path('ca.crt')}\n")
+    clock = Clock()
+    source = WebConfigSource(path, clock=clock)
+    Path(path).write_text(base)
+    clock.now += RECHECK_SECONDS
+    assert source.current()[0].tls.client_ca_file == certs.path("ca.crt")  # type: ignore[union-attr]
+    with pytest.raises(ReloadRefused, match="client_ca_file cannot be dropped"):
+        source.reload()
 
 
 def test_long_passwords_and_unknown_users_are_refused_as_slowly_as_wrong_ones(
