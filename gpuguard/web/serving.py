@@ -36,7 +36,7 @@ from typing import Any
 
 from gpuguard.web.tlsfront import TlsFront
 from gpuguard.web.webauth import BasicAuth, protect
-from gpuguard.web.webconfig import WebConfigSource
+from gpuguard.web.webconfig import WebConfigSource, san_allowed
 
 log = logging.getLogger("gpuguard.http")
 
@@ -150,7 +150,9 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     backend = os.path.join(private, "http.sock")
     try:
         front = TlsFront(host=host, port=port, backend=backend,
-                         context=lambda: web.current()[1], connection_limit=CONNECTION_LIMIT)
+                         context=lambda: web.current()[1], connection_limit=CONNECTION_LIMIT,
+                         client_allowed=lambda cert: san_allowed(
+                             cert, tls.allowed_sans if (tls := web.current()[0].tls) else ()))
     except OSError:
         os.rmdir(private)
         raise

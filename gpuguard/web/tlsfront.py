@@ -33,7 +33,8 @@ class TlsFront:
 
     def __init__(self, *, host: str, port: int, backend: str,
                  context: Callable[[], ssl.SSLContext | None], connection_limit: int,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_SECONDS) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_SECONDS,
+                 client_allowed: Callable[[dict | None], bool] = lambda cert: True) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -47,6 +48,7 @@ class TlsFront:
         self.port: int = self._sock.getsockname()[1]
         self._backend = backend
         self._context = context
+        self._client_allowed = client_allowed
         self._limit = connection_limit
         self._timeout = handshake_timeout
         self._open = 0
@@ -127,6 +129,12 @@ class TlsFront:
                 await writer.start_tls(context, ssl_handshake_timeout=self._timeout)
             except (TimeoutError, ssl.SSLError, OSError, ConnectionError) as exc:
                 log.debug("TLS handshake refused: %s", exc)
+                return
+            if not self._client_allowed(writer.get_extra_info("peercert")):
+                # client_allowed_sans: closed after the handshake, before any answer.
+                log.info("TLS client %s refused: no allowed subject alternative name",
+                         writer.get_extra_info("peername"))
+                writer.close()
                 return
             try:
                 back_reader, back_writer = await self._connect_backend(

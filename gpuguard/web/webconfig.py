@@ -9,6 +9,7 @@ weaken a guard, keeps the last good one. Why: docs/design.md, Contracts (web con
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -82,6 +83,8 @@ class TlsConfig:
     max_version: ssl.TLSVersion | None = None
     ciphers: tuple[str, ...] = ()
     prefer_server_ciphers: bool = True  # the toolkit's default
+    #: A verified client certificate must name one of these (DNS, email, IP or URI SAN).
+    allowed_sans: tuple[str, ...] = ()
 
     def files(self) -> tuple[str, ...]:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
@@ -154,7 +157,7 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
             "cert": _unsupported("inline certificates; use cert_file"),
             "key": _unsupported("inline keys; use key_file"),
             "curve_preferences": _unsupported("Python's ssl cannot choose curves"),
-            "client_allowed_sans": _unsupported("use a dedicated client CA instead"),
+            "client_allowed_sans": string_list,
         })
         for required in ("cert_file", "key_file"):
             if required not in got:
@@ -167,6 +170,9 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
         if auth != ssl.CERT_NONE and "client_ca_file" not in got:
             log.warning("%s: no client_ca_file: client certificates are verified against "
                         "the system's CAs (any certificate they signed is accepted)", at.key)
+        if got.get("client_allowed_sans") and auth == ssl.CERT_NONE:
+            raise at.child("client_allowed_sans").error("needs client certificates: set "
+                                                        "client_auth_type")
         if "client_ca_file" in got and auth == ssl.CERT_NONE:
             raise at.child("client_auth_type").error("client_ca_file is set but "
                                                      "client_auth_type is NoClientCert: say "
@@ -177,6 +183,7 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
             min_version=got.get("min_version", ssl.TLSVersion.TLSv1_2),
             max_version=got.get("max_version"), ciphers=got.get("cipher_suites", ()),
             prefer_server_ciphers=got.get("prefer_server_cipher_suites", True),
+            allowed_sans=tuple(got.get("client_allowed_sans", ())),
         )
         try:
             tls.context()
@@ -294,6 +301,7 @@ def parse_web_config(text: str, *, source: str) -> WebConfig:
         "tls_server_config": _tls(base),
         "http_server_config": _http,
         "basic_auth_users": _users,
+        "rate_limit": _unsupported("rate_limit (answer 429 over a rate) is not implemented"),
     })
     return WebConfig(source=source, tls=got.get("tls_server_config"),
                      users=got.get("basic_auth_users", {}),
@@ -395,6 +403,26 @@ class WebConfigSource:
 
 #: How much each client_auth_type asks of a client, weakest first.
 _CLIENT_AUTH_STRENGTH = {ssl.CERT_NONE: 0, ssl.CERT_OPTIONAL: 1, ssl.CERT_REQUIRED: 2}
+
+
+def san_allowed(peercert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a verified client certificate (ssl's getpeercert() dict) names one of
+    `allowed` in a DNS, email, IP or URI subject alternative name, as the toolkit
+    compares them (IP addresses by value)."""
+    if not allowed:
+        return True
+    if not peercert:
+        return False
+    wanted = {_san_key(name) for name in allowed}
+    return any(_san_key(value) in wanted for _kind, value in
+               peercert.get("subjectAltName", ()))
+
+
+def _san_key(name: str) -> str:
+    try:
+        return str(ipaddress.ip_address(name.strip()))
+    except ValueError:
+        return name
 
 
 def _weaker_client_auth(old: TlsConfig | None, new: TlsConfig | None) -> str | None:

@@ -31,7 +31,8 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-def web_config(d: Path, certs: Certs, *, client_auth: str = "RequireAndVerifyClientCert") -> str:
+def web_config(d: Path, certs: Certs, *, client_auth: str = "RequireAndVerifyClientCert",
+               extra_tls: str = "") -> str:
     """A web config in `d` with its own copies of the server certificate (to rotate)."""
     for name in ("server.crt", "server.key"):
         shutil.copy(certs.path(name), d / name)
@@ -42,7 +43,7 @@ tls_server_config:
   key_file: server.key
   client_auth_type: {client_auth}
   client_ca_file: {certs.path("ca.crt")}
-http_server_config:
+{extra_tls}http_server_config:
   headers:
     Strict-Transport-Security: max-age=31536000
 basic_auth_users:
@@ -77,6 +78,23 @@ def test_scrape_over_tls_with_client_certificate_and_basic_auth(tls_exporter: Ex
     assert get(tls_exporter, certs, auth=None).status_code == 401
     # Probes need no password (a client certificate is still a TLS matter).
     assert get(tls_exporter, certs, "/healthz", auth=None).status_code == 200
+
+
+def test_client_allowed_sans_close_other_clients_before_any_answer(
+        tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib) -> None:
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
+    config = web_config(tmp_path, certs,
+                        extra_tls="  client_allowed_sans: [prometheus.example]\n")
+    exp = Exporter(env=env, args=["--web-config-file", config], scan_interval=0.2)
+    try:
+        named = wait_for(lambda: (r := get(exp, certs, client="named")).status_code == 200
+                         and r, what="a scrape by the client the SAN names")
+        assert "gpuguard_" in named.text
+        with pytest.raises(requests.exceptions.ConnectionError):
+            get(exp, certs, client="client")  # verified, but names no allowed SAN
+        assert get(exp, certs, client="named").status_code == 200  # the server lives on
+    finally:
+        exp.stop()
 
 
 def test_the_start_up_line_names_the_scheme_served(tls_exporter: Exporter) -> None:

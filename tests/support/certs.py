@@ -23,12 +23,13 @@ def _ca(d: Path, name: str) -> None:
 
 
 def _leaf(d: Path, name: str, ca: str, *, server: bool, days: int = 2,
-          not_after: str | None = None) -> None:
+          not_after: str | None = None, sans: str | None = None) -> None:
     _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
     ext = d / f"{name}.ext"
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
-                    if server else "extendedKeyUsage=clientAuth\n")
+                    if server else (f"subjectAltName={sans}\n" if sans else "")
+                    + "extendedKeyUsage=clientAuth\n")
     if not_after is None:
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey",
                  f"{ca}.key", "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days),
@@ -56,7 +57,8 @@ class Certs:
 
 def make_certs(d: Path) -> Certs:
     """ca.{crt,key}, server.{crt,key} (signed by ca), server2.* (a second server
-    certificate, for rotation), client.* (good), expired.* (expired), other-ca.* and
+    certificate, for rotation), client.* (good, no SAN), named.* (good, SANs
+    DNS:prometheus.example and email:ops@example.com), expired.* (expired), other-ca.* and
     stranger.* (a client certificate from another CA)."""
     if shutil.which("openssl") is None:
         if os.environ.get("CI") == "true":
@@ -68,6 +70,7 @@ def make_certs(d: Path) -> Certs:
     _leaf(d, "server", "ca", server=True)
     _leaf(d, "server2", "ca", server=True)
     _leaf(d, "client", "ca", server=False)
+    _leaf(d, "named", "ca", server=False, sans="DNS:prometheus.example,email:ops@example.com")
     _leaf(d, "expired", "ca", server=False, not_after="20200102000000Z")
     _leaf(d, "stranger", "other-ca", server=False)
     return Certs(d)
