@@ -13,7 +13,9 @@ import ipaddress
 import logging
 import os
 import re
+import shutil
 import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,6 +31,7 @@ from gpuguard.validation import (
     boolean,
     mapping,
     parse_yaml,
+    string,
     string_list,
 )
 
@@ -75,8 +78,8 @@ RECHECK_SECONDS = 0.25  # the toolkit's own reload test waits 250 ms
 
 @dataclass(frozen=True)
 class TlsConfig:
-    cert_file: str
-    key_file: str
+    cert_file: str | None
+    key_file: str | None
     client_auth: ssl.VerifyMode = ssl.CERT_NONE
     client_ca_file: str | None = None
     min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
@@ -85,6 +88,30 @@ class TlsConfig:
     prefer_server_ciphers: bool = True  # the toolkit's default
     #: A verified client certificate must name one of these (DNS, email, IP or URI SAN).
     allowed_sans: tuple[str, ...] = ()
+    #: Inline PEM (the toolkit's `cert` and `key`), in place of the files.
+    cert_pem: str | None = field(default=None, repr=False)
+    key_pem: str | None = field(default=None, repr=False)
+
+    def _load_chain(self, ctx: ssl.SSLContext) -> None:
+        """load_cert_chain reads only files: inline PEM goes to files in a fresh 0700
+        directory of ours (no other user can read them), removed once loaded."""
+        if self.cert_pem is None and self.key_pem is None:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+            return
+        private = tempfile.mkdtemp(prefix="gpuguard-tls-")
+        try:
+            cert, key = self.cert_file, self.key_file
+            for name, pem in (("cert.pem", self.cert_pem), ("key.pem", self.key_pem)):
+                if pem is None:
+                    continue
+                path = os.path.join(private, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(pem)
+                cert, key = (path, key) if name == "cert.pem" else (cert, path)
+            ctx.load_cert_chain(str(cert), str(key))
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
 
     def files(self) -> tuple[str, ...]:
         return tuple(f for f in (self.cert_file, self.key_file, self.client_ca_file) if f)
@@ -97,7 +124,7 @@ class TlsConfig:
             ctx.maximum_version = self.max_version
         if self.ciphers:
             ctx.set_ciphers(":".join(self.ciphers))
-        ctx.load_cert_chain(self.cert_file, self.key_file)
+        self._load_chain(ctx)
         if self.prefer_server_ciphers:
             ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
         else:
@@ -154,14 +181,16 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
             "max_version": _version,
             "cipher_suites": _ciphers,
             "prefer_server_cipher_suites": boolean,
-            "cert": _unsupported("inline certificates; use cert_file"),
-            "key": _unsupported("inline keys; use key_file"),
+            "cert": lambda at, v: string(at, v, non_empty=True),
+            "key": lambda at, v: string(at, v, non_empty=True),
             "curve_preferences": _unsupported("Python's ssl cannot choose curves"),
             "client_allowed_sans": string_list,
         })
-        for required in ("cert_file", "key_file"):
-            if required not in got:
-                raise at.child(required).error("is required for TLS")
+        for inline, named in (("cert", "cert_file"), ("key", "key_file")):
+            if inline in got and named in got:
+                raise at.child(inline).error(f"give {inline} or {named}, not both")
+            if inline not in got and named not in got:
+                raise at.child(named).error(f"is required for TLS (or an inline {inline})")
         low, high = got.get("min_version"), got.get("max_version")
         if low is not None and high is not None and high < low:
             raise at.child("max_version").error("is below min_version: no handshake could "
@@ -178,7 +207,8 @@ def _tls(base: Path) -> Callable[[At, Any], TlsConfig]:
                                                      "client_auth_type is NoClientCert: say "
                                                      "how to use it")
         tls = TlsConfig(
-            cert_file=got["cert_file"], key_file=got["key_file"], client_auth=auth,
+            cert_file=got.get("cert_file"), key_file=got.get("key_file"), client_auth=auth,
+            cert_pem=got.get("cert"), key_pem=got.get("key"),
             client_ca_file=got.get("client_ca_file"),
             min_version=got.get("min_version", ssl.TLSVersion.TLSv1_2),
             max_version=got.get("max_version"), ciphers=got.get("cipher_suites", ()),

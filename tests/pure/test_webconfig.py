@@ -149,6 +149,30 @@ def test_what_the_toolkit_accepts_loads_here_too(tmp_path: Path, certs: Certs,
     assert "TLS_AES_128_GCM_SHA256 ignored" in messages and "system's CAs" in messages
 
 
+def test_an_inline_certificate_and_key_load_and_leave_nothing_behind(
+        tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toolkit's `cert` and `key`: the PEM goes to a 0700 directory of ours only for
+    load_cert_chain, then is removed."""
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    def block(name: str) -> str:
+        return "\n".join("    " + line for line in Path(certs.path(name)).read_text().splitlines())
+
+    text = (f"tls_server_config:\n  cert: |\n{block('server.crt')}\n"
+            f"  key: |\n{block('server.key')}\n")
+    cfg = load_web_config(write(tmp_path, text))
+    assert cfg.tls is not None and cfg.tls.files() == ()
+    assert "BEGIN" not in repr(cfg.tls)  # the key never reaches a log line
+    cfg.tls.context()
+    assert list(scratch.iterdir()) == []
+    both = text + f"  cert_file: {certs.path('server.crt')}\n"
+    with pytest.raises(ConfigError, match="give cert or cert_file, not both"):
+        load_web_config(write(tmp_path, both))
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"web.yml: \(file\): no such file"):
         load_web_config(str(tmp_path / "web.yml"))
