@@ -24,6 +24,7 @@ from typing import Any
 
 import bcrypt
 
+from gpuguard.web.ratelimit import TokenBucket
 from gpuguard.web.webconfig import WebConfig
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -207,6 +208,9 @@ def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
     open: health checks, and endpoints with their own credentials), with its headers
     added to every answer. `auth` is shared with whoever routes requests by it."""
     auth = auth if auth is not None else BasicAuth()
+    # As the toolkit: the limiter is built once, from the config the server started with.
+    limit = current().rate_limit
+    bucket = TokenBucket(*limit) if limit is not None else None
 
     def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         config = current()
@@ -217,6 +221,12 @@ def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
         path = environ.get("PATH_INFO", "")
         if exempt(path):
             return app(environ, start)
+        if bucket is not None and not bucket.allow():
+            body = json.dumps({"error": "too many requests (the web config's rate_limit)"}
+                              ).encode()
+            start("429 Too Many Requests", [("Content-Type", "application/json"),
+                                            ("Content-Length", str(len(body)))])
+            return [body]
         verdict = auth.check(config, environ.get("HTTP_AUTHORIZATION"),
                              environ.get("REMOTE_ADDR") or "")
         if verdict.outcome == THROTTLE:

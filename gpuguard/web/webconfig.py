@@ -29,11 +29,13 @@ from gpuguard.validation import (
     At,
     ConfigError,
     boolean,
+    integer,
     mapping,
     parse_yaml,
     string,
     string_list,
 )
+from gpuguard.web.ratelimit import go_duration
 
 log = logging.getLogger("gpuguard.webconfig")
 
@@ -146,6 +148,8 @@ class WebConfig:
     tls: TlsConfig | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
     headers: tuple[tuple[str, str], ...] = ()
+    #: rate_limit: (seconds per request, burst); None when off (no interval).
+    rate_limit: tuple[float, int] | None = None
 
 
 def _file(base: Path) -> Callable[[At, Any], str]:
@@ -258,6 +262,24 @@ def _ciphers(at: At, value: Any) -> tuple[str, ...]:
     return tuple(CIPHER_SUITES[n] for n in names if n in CIPHER_SUITES)
 
 
+def _rate_limit(at: At, value: Any) -> tuple[float, int] | None:
+    got = mapping(at, value, {
+        "interval": _duration,
+        "burst": lambda at, v: integer(at, v, minimum=0),
+    })
+    interval = got.get("interval", 0.0)
+    return (interval, got.get("burst", 0)) if interval > 0 else None
+
+
+def _duration(at: At, value: Any) -> float:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value * 1e-9  # a bare number is nanoseconds, as Go's time.Duration
+    try:
+        return go_duration(string(at, value))
+    except ValueError as exc:
+        raise at.error(str(exc)) from None
+
+
 def _http(at: At, value: Any) -> tuple[tuple[str, str], ...]:
     got = mapping(at, value, {
         "headers": _headers,
@@ -331,11 +353,12 @@ def parse_web_config(text: str, *, source: str) -> WebConfig:
         "tls_server_config": _tls(base),
         "http_server_config": _http,
         "basic_auth_users": _users,
-        "rate_limit": _unsupported("rate_limit (answer 429 over a rate) is not implemented"),
+        "rate_limit": _rate_limit,
     })
     return WebConfig(source=source, tls=got.get("tls_server_config"),
                      users=got.get("basic_auth_users", {}),
-                     headers=got.get("http_server_config", ()))
+                     headers=got.get("http_server_config", ()),
+                     rate_limit=got.get("rate_limit"))
 
 
 def load_web_config(path: str) -> WebConfig:

@@ -229,3 +229,16 @@ def test_a_sighup_before_the_daemon_serves_is_kept_for_the_reloader() -> None:
         wait_for(lambda: calls == [1, 1], timeout=5, what="a reload on the next hangup")
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_the_web_configs_rate_limit_answers_429_but_not_to_probes(
+        fake_gpu: FakeGpuWorld, fake_nvml_lib, tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text('rate_limit:\n  interval: "1h"\n  burst: 2\n')
+    exp = start_exporter(fake_gpu, fake_nvml_lib, "--web.config.file", str(web))
+    try:
+        codes = [requests.get(exp.url + "/metrics", timeout=5).status_code for _ in range(4)]
+        assert codes == [200, 200, 429, 429]
+        assert requests.get(exp.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        exp.stop()
