@@ -44,7 +44,12 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.alertmanager import ConfirmationState
-from gpuguard.remediator.audit import AuditLog, UnsafePathError, audit_record
+from gpuguard.remediator.audit import (
+    AuditLog,
+    UnsafePathError,
+    audit_record,
+    check_private_dir,
+)
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.outcome import Outcome, ReapResult
 from gpuguard.remediator.policy import Action, Decision, verify_live
@@ -195,12 +200,22 @@ class ManualReap:
         self.mode = Mode.ENFORCE if args.apply else Mode.DRY_RUN
         self.audit = AuditLog(config.remediate.audit_log)
         self.unsafe: str | None = None  # where the remediator would refuse to start
-        try:
-            self.audit.check_writable()  # the remediator's own check (audit.check_private_dir)
-        except UnsafePathError as exc:
-            self.unsafe = str(exc)
-        except OSError:
-            pass  # not writable now: an --apply then stops at its intent record (audit-failed)
+        #: A dry run creates no directory: without the audit log's folder it is not audited.
+        self.dry_run_unaudited = False
+        if args.apply:
+            try:
+                self.audit.check_writable()  # the remediator's check (audit.check_private_dir)
+            except UnsafePathError as exc:
+                self.unsafe = str(exc)
+            except OSError:
+                pass  # not writable now: an --apply stops at its intent record (audit-failed)
+        elif self.audit.path.parent.is_dir():
+            try:
+                check_private_dir(self.audit.path.parent, "the audit log's directory")
+            except UnsafePathError as exc:
+                self.unsafe = str(exc)
+        else:
+            self.dry_run_unaudited = True
         self.stop = StopOnSignal() if args.apply else None
         self.live = LiveTree(root=None)
         self.result: ReapResult | None = None
@@ -293,6 +308,8 @@ class ManualReap:
         """Append the final audit record: (the audit file, None), or (None, why not)."""
         if self.unsafe is not None:
             return None, self.unsafe
+        if self.dry_run_unaudited:
+            return None, None
         try:
             record = audit_record(self.args.hostname, time.time(), self.decision, self.live,
                                   self.result, key=self.key, mode=self.mode,

@@ -252,6 +252,20 @@ def test_reap_apply_refuses_an_audit_directory_the_remediator_would_refuse(
     assert orphan.all_alive() and not (real / "audit.jsonl").exists()
 
 
+def test_a_dry_run_creates_no_directory(tmp_path: Path, trees: Trees,
+                                        fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
+    """Without --apply nothing is signalled and nothing of the system's is made: an audit
+    log whose folder does not exist (a first try, before any install) stays absent."""
+    orphan = spawn_orphan(trees, fake_gpu)
+    missing = tmp_path / "var" / "log" / "gpuguard"
+    config = write_config(tmp_path, audit_log=str(missing / "audit.jsonl"))
+    dry = console(fake_gpu, fake_nvml_lib, "reap", str(orphan.root), "--config", str(config),
+                  "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert not (tmp_path / "var").exists() and orphan.all_alive()
+    assert json.loads(dry.stdout)["audit_log"] is None
+
+
 def test_reap_apply_needs_the_start_time_of_the_process_it_reaps(
         tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
     orphan = spawn_orphan(trees, fake_gpu)
