@@ -98,7 +98,13 @@ def main() -> int:
                     seen.add(key)
                     say(f"RESOLVED      {alert['labels'].get('alertname')} "
                         f"root_pid={alert['labels'].get('root_pid')}")
-                    say("the loop is closed; Ctrl-C to stop (URLs above stay up until then)")
+                    # Narrate only what happened: this tree's orphan alert resolved after
+                    # its reap, not some other alert (a start-up one) resolving.
+                    if (alert["labels"].get("alertname") == "GPUOrphanTree"
+                            and alert["labels"].get("root_pid") == str(root)
+                            and "gone" in seen):
+                        say("the loop is closed; Ctrl-C to stop (URLs above stay up until "
+                            "then)")
             time.sleep(0.5)
     except KeyboardInterrupt:
         say("stopping everything the demo started")
