@@ -6,13 +6,13 @@ series behind. No label carries a full command line (secrets live there).
 
 from __future__ import annotations
 
-import importlib.metadata
 import socket
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuguard.build import version
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
 from gpuguard.host.counters import CALLSITES, Counters
@@ -21,16 +21,6 @@ from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procevents import KINDS, ProcessEvents
 from gpuguard.orphans.vocabulary import Verdict
 
-
-def _version() -> str:
-    """The installed distribution's version (one place: pyproject.toml)."""
-    try:
-        return importlib.metadata.version("gpuguard")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "0+unknown"
-
-
-VERSION = _version()
 #: Every per-GPU series: gpuguard's labels and dcgm-exporter's UUID (the same value).
 GPU_LABELS = ["gpu", "uuid", "UUID"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
@@ -64,7 +54,7 @@ class GpuguardCollector(Collector):
     def _families(self, snap: Snapshot | None) -> Iterator[Metric]:
         host = GaugeMetricFamily("gpuguard_host_info", "This host; join on instance for hostname.",
                                  labels=["hostname", "version"])
-        host.add_metric([self.hostname, VERSION], 1)
+        host.add_metric([self.hostname, version()], 1)
         yield host
         if snap is not None:
             yield from self._gpu_metrics(snap)
@@ -141,7 +131,8 @@ class GpuguardCollector(Collector):
                                   labels=TREE_LABELS)
         seen: set[int] = set()
         for tree in snap.trees:
-            for hv in tree.holder_verdicts:
+            # --no-collector.processes: no per-process series, and no name lookups for them.
+            for hv in tree.holder_verdicts if self.processes else ():
                 pid = hv.holder.pid
                 if pid in seen:
                     continue  # one series per process, even when it holds several GPUs

@@ -18,10 +18,11 @@ UNKNOWN = "unknown"
 
 @functools.cache
 def version() -> str:
+    """The installed distribution's version (one place: pyproject.toml)."""
     try:
         return metadata.version("gpuguard")
-    except metadata.PackageNotFoundError:
-        return UNKNOWN
+    except metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "0+unknown"
 
 
 @functools.cache
