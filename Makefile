@@ -1,18 +1,30 @@
 # gpuguard: `make run` starts the exporter on this host; `make test` runs the whole suite.
+#
+# Two installs in one venv: `make run` installs gpuguard and its run-time dependencies only;
+# `make test` (and demo, bench) adds the test, docs and mcp extras. Both install the tested
+# versions (constraints.txt).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet -c constraints.txt
+RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint demo bench clean
+.PHONY: run test lint demo bench compat clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PIP) --upgrade pip
+
+$(RUN_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e '.[test,docs,mcp]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(VENV)/bin/gpuguard-exporter $(ARGS)
 
 test: $(STAMP)
@@ -20,12 +32,26 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The pure and live-process tests on another Python, in a venv of its own (.venv-pyX.Y):
+#   make compat COMPAT_PYTHON=/root/.pyenv/versions/3.10.13/bin/python3
+# (.ci/run does this for 3.10 and 3.13; the whole suite runs on the default python3.)
+COMPAT_PYTHON ?=
+ifneq ($(COMPAT_PYTHON),)
+COMPAT_VENV := .venv-py$(shell $(COMPAT_PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+endif
+compat:
+	@[ -n "$(COMPAT_PYTHON)" ] || { echo "make compat: COMPAT_PYTHON=/path/to/python3.X is missing" >&2; exit 2; }
+	[ -x $(COMPAT_VENV)/bin/python ] || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[test,mcp]'
+	$(COMPAT_VENV)/bin/python -m pytest tests/pure tests/live $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	$(PY) -m tests.support.demo
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PIP) -e '.[test,docs,mcp,bench]'
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-py* .pytest_cache .ruff_cache *.egg-info

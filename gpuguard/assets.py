@@ -1,15 +1,19 @@
-"""The alert rules and the Grafana dashboard, shipped inside the wheel as package data.
+"""The alert rules, the Grafana dashboard, the systemd units and the example config,
+shipped inside the wheel as package data.
 
 A user who installed only the wheel has no checkout: `gpuguard assets` lists these files,
 prints one, or writes them all into a folder, in the same layout as the source tree. The
 rules ship without runbook URLs and select the jobs gpuguard and gpuguard-remediator;
-render_rules writes a copy with the user's runbook site and job names.
+render_rules writes a copy with the user's runbook site and job names. The units start
+the console scripts of /opt/gpuguard/venv (docs/install.md); render_unit writes a copy
+that starts those of another folder.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,12 +34,20 @@ ASSETS: tuple[str, ...] = (
     "grafana/dashboard.json",
     "grafana/provisioning/dashboards/gpuguard.yml",
     "grafana/provisioning/datasources/prometheus.yml",
+    "deploy/systemd/gpuguard-exporter.service",
+    "deploy/systemd/gpuguard-remediator.service",
+    "deploy/systemd/gpuguard.sysusers.conf",
+    "deploy/systemd/gpuguard.yml",
 )
 RULES = "alerts/rules.yml"
 RULES_TEST = "alerts/rules.test.yml"
 #: The scrape jobs the shipped rules select: the exporters' and the remediators'.
 EXPORTER_JOB = "gpuguard"
 REMEDIATOR_JOB = "gpuguard-remediator"
+#: The systemd units, and the folder whose console scripts their ExecStart= names.
+UNITS: tuple[str, ...] = ("deploy/systemd/gpuguard-exporter.service",
+                          "deploy/systemd/gpuguard-remediator.service")
+UNIT_BIN_DIR = "/opt/gpuguard/venv/bin"
 
 _JOB_SELECTOR = re.compile(r'(?<![\w.])job="(gpuguard|gpuguard-remediator)"')
 _EXP_JOB_LABEL = re.compile(r"^(\s*)job: (gpuguard|gpuguard-remediator)[ \t]*$", re.MULTILINE)
@@ -46,6 +58,10 @@ _EXP_ANNOTATIONS_LINE = re.compile(r"^(\s*)exp_annotations:\s*$")
 # RFC 3986 characters less "?" and "#": no spaces, quotes, braces (Go templates) or YAML
 # comment starts, so the URL stays one plain scalar and reaches the alert verbatim.
 _URL_TEXT = re.compile(r"[A-Za-z0-9\-._~:/@!$&'()*+,;=%\[\]]+")
+# A folder name systemd takes verbatim in ExecStart=: none of its specifiers (%), variables
+# ($), quoting or escapes, and no whitespace.
+_BIN_DIR_TEXT = re.compile(r"(/[A-Za-z0-9._+\-@:,~]+)+")
+_EXEC_START = re.compile(r"^ExecStart=(\S+)/(gpuguard-[a-z]+)( |$)", re.MULTILINE)
 
 
 class AssetError(Exception):
@@ -222,19 +238,38 @@ def render_rules_test(text: str, *, runbook_url_base: str | None = None,
     return out
 
 
+def render_unit(text: str, bin_dir: str) -> str:
+    """A systemd unit whose ExecStart= starts the console script of the same name in
+    bin_dir (an absolute folder) instead of UNIT_BIN_DIR. ValueError on a bin_dir systemd
+    would not take verbatim, or a unit whose ExecStart= names no gpuguard script."""
+    folder = bin_dir.rstrip("/") or "/"
+    if not _BIN_DIR_TEXT.fullmatch(folder) or posixpath.normpath(folder) != folder:
+        raise ValueError(f"bin dir {bin_dir!r} is not an absolute, normalised folder of "
+                         "plain characters (no spaces, quotes, %, $ or backslashes)")
+    found = _EXEC_START.findall(text)
+    if len(found) != 1:
+        raise ValueError(f"unit: expected one ExecStart= of a gpuguard script, found "
+                         f"{len(found)}")
+    return _EXEC_START.sub(lambda m: f"ExecStart={folder}/{m[2]}{m[3]}", text)
+
+
 def read(name: str) -> bytes:
     """The shipped bytes of one asset (a name from ASSETS)."""
     if name not in ASSETS:
         raise AssetError(f"no asset {name!r}; one of: {', '.join(ASSETS)}")
-    folder, _, rest = name.partition("/")
-    return files(f"gpuguard.{folder}").joinpath(rest).read_bytes()
+    return files("gpuguard").joinpath(name).read_bytes()
 
 
 def render(name: str, *, runbook_url_base: str | None = None, job: str | None = None,
-           remediator_job: str | None = None) -> bytes:
+           remediator_job: str | None = None, bin_dir: str | None = None) -> bytes:
     """One asset as written: the rules and their unit tests rendered with the settings
-    (see render_rules), every other file as shipped. ValueError on bad settings."""
+    (see render_rules), the units with bin_dir (see render_unit), every other file as
+    shipped. ValueError on bad settings."""
     data = read(name)
+    if name in UNITS:
+        if bin_dir is None:
+            return data
+        return render_unit(data.decode("utf-8"), bin_dir).encode("utf-8")
     if runbook_url_base is None and job is None and remediator_job is None:
         return data
     renderer = {RULES: render_rules, RULES_TEST: render_rules_test}.get(name)
@@ -245,16 +280,18 @@ def render(name: str, *, runbook_url_base: str | None = None, job: str | None = 
 
 
 def write_all(dest: Path, *, force: bool = False, runbook_url_base: str | None = None,
-              job: str | None = None, remediator_job: str | None = None) -> list[Path]:
-    """Write every asset under dest, the rules rendered with the settings (see render);
-    return the paths written.
+              job: str | None = None, remediator_job: str | None = None,
+              bin_dir: str | None = None) -> list[Path]:
+    """Write every asset under dest, rendered with the settings (see render); return the
+    paths written.
 
     Nothing is lost: unless force, an existing file with other content stops the write
     before anything is written (an identical one is left as it is). Bad settings raise
     ValueError before anything is written.
     """
     planned = [(dest / name, render(name, runbook_url_base=runbook_url_base, job=job,
-                                    remediator_job=remediator_job)) for name in ASSETS]
+                                    remediator_job=remediator_job, bin_dir=bin_dir))
+               for name in ASSETS]
     blocked = [path for path, _ in planned if path.exists() and not path.is_file()]
     if blocked:
         raise AssetError(f"{blocked[0]} exists and is not a file")

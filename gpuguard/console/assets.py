@@ -1,5 +1,6 @@
-"""`gpuguard assets [DIR] [--print NAME] [--force] [--runbook-url-base URL] [--job NAME]`:
-the rules and dashboard from the wheel, the rules rendered for this fleet."""
+"""`gpuguard assets [DIR] [--print NAME] [--force] [--runbook-url-base URL] [--job NAME]
+[--bin-dir BIN]`: the rules, dashboard, systemd units and example config from the wheel,
+the rules rendered for this fleet and the units for where gpuguard is installed."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
 
 def cmd_assets(args: argparse.Namespace) -> int:
     rendering = {"runbook_url_base": args.runbook_url_base, "job": args.job,
-                 "remediator_job": args.remediator_job}
+                 "remediator_job": args.remediator_job, "bin_dir": args.bin_dir}
     try:
         if args.print_name is not None:
             sys.stdout.buffer.write(assets.render(args.print_name, **rendering))

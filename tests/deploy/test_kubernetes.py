@@ -20,13 +20,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, before it joined the standard library
+    import tomli as tomllib
 
 from gpuguard.config import load_config
 from gpuguard.exporter import cli as exporter_cli

@@ -30,11 +30,12 @@ REMEDIATOR = UNITS / "gpuguard-remediator.service"
 EXAMPLE_CONFIG = UNITS / "gpuguard.yml"
 SYSUSERS = UNITS / "gpuguard.sysusers.conf"
 #: The issue's targets for `systemd-analyze security --offline=true` (lower is better).
-#: Measured with systemd 252: exporter 2.2, remediator 2.3 (README "### systemd"). The
+#: Measured with systemd 252: exporter 2.2, remediator 2.3 (docs/deployment.md, systemd). The
 #: score cannot see what the capabilities allow through /proc/PID/root and /proc/PID/mem
 #: (the units' headers): it is no measure of that.
 MAX_EXPOSURE = {EXPORTER.name: 3.0, REMEDIATOR.name: 3.5}
-INSTALLED_BIN = "/usr/local/bin/"
+#: Where the units find the console scripts: the venv docs/install.md makes.
+INSTALLED_BIN = "/opt/gpuguard/venv/bin/"
 
 
 def settings(unit: Path, section: str = "Service") -> dict[str, list[str]]:
@@ -90,7 +91,7 @@ def with_installed_scripts(unit: Path, tmp_path: Path) -> Path:
     """A copy of `unit` whose ExecStart= names this environment's console script.
 
     verify rejects a unit whose ExecStart binary does not exist, and this machine has no
-    /usr/local/bin/gpuguard-*; only that path changes (same file name, same settings).
+    /opt/gpuguard/venv; only that path changes (same file name, same settings).
     """
     scripts = Path(sysconfig.get_path("scripts"))
     program = Path(shlex.split(one(unit, "ExecStart"))[0]).name

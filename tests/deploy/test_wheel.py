@@ -1,5 +1,6 @@
-"""The distribution as a user gets it: build the sdist and the wheel, install the wheel into
-a fresh virtual environment outside the checkout, and run all three console scripts there.
+"""The distribution as a user gets it: build the sdist and the wheel (once), install the
+wheel into fresh virtual environments outside the checkout, on this Python and on each
+other one supported (3.10, 3.12, 3.13), and run it there.
 
 The wheel must install exactly one top-level package, `gpuguard`: two generic names
 (`exporter`, `remediator`) in site-packages would collide with any other distribution's.
@@ -7,11 +8,12 @@ The wheel must install exactly one top-level package, `gpuguard`: two generic na
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
-import venv
 import zipfile
 from pathlib import Path
 
@@ -19,15 +21,37 @@ import pytest
 import requests
 
 from gpuguard import assets
+from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
+from tests.support.interpreters import OTHER_PYTHONS, find_python
 from tests.support.proctree import wait_for
 from tests.support.remediator_harness import TOKEN, write_config
 from tests.support.servers import REPO, ServerProcess
 
 pytestmark = pytest.mark.slow
 
+#: Modules only an optional extra brings (mcp's: mcp, mcp_types and its anyio; bench's and
+#: Windows' psutil): importing a module that needs one may fail with ModuleNotFoundError
+#: naming it, in a venv without that extra.
+EXTRAS_ONLY = frozenset({"mcp", "mcp_types", "anyio", "psutil"})
 
-@pytest.fixture(scope="module")
+#: Imports every module of the installed package (not __main__, which runs the program);
+#: prints {module: "ExceptionType: text"} for those that fail, and where it found gpuguard.
+IMPORT_ALL = """
+import importlib, json, pkgutil, gpuguard
+failed = {}
+for info in pkgutil.walk_packages(gpuguard.__path__, "gpuguard."):
+    if info.name.rsplit(".", 1)[-1] == "__main__":
+        continue
+    try:
+        importlib.import_module(info.name)
+    except Exception as exc:
+        failed[info.name] = [type(exc).__name__, getattr(exc, "name", None), str(exc)]
+print(json.dumps({"file": gpuguard.__file__, "failed": failed}))
+"""
+
+
+@pytest.fixture(scope="session")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sdist and wheel from `python -m build` (the wheel is built from the sdist)."""
     out = tmp_path_factory.mktemp("dist")
@@ -35,19 +59,6 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            str(out), str(REPO)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
-
-
-@pytest.fixture(scope="module")
-def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv outside the checkout with the wheel (and its dependencies) installed."""
-    where = tmp_path_factory.mktemp("fresh")
-    venv.EnvBuilder(with_pip=True).create(where / "venv")
-    wheel = next(dist.glob("gpuguard-*.whl"))
-    done = subprocess.run([str(where / "venv/bin/python"), "-m", "pip", "install", "--quiet",
-                           str(wheel)], cwd=where, env=outside_env(), capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return where / "venv"
 
 
 def outside_env(**extra: str) -> dict[str, str]:
@@ -58,6 +69,83 @@ def outside_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def fresh_venv(python: str | Path, dist: Path, where: Path) -> Path:
+    """A venv of `python` at where/venv with the wheel (and its run-time dependencies, at
+    the tested versions of constraints.txt) installed, as a user would: no extras."""
+    venv = where / "venv"
+    done = subprocess.run([str(python), "-m", "venv", str(venv)], cwd=where,
+                          env=outside_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wheel = next(dist.glob("gpuguard-*.whl"))
+    done = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet",
+                           "-c", str(REPO / "constraints.txt"), str(wheel)], cwd=where,
+                          env=outside_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return venv
+
+
+@pytest.fixture(scope="module")
+def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv of this Python, outside the checkout, with the wheel installed."""
+    return fresh_venv(sys.executable, dist, tmp_path_factory.mktemp("fresh"))
+
+
+@pytest.fixture(scope="module", params=OTHER_PYTHONS)
+def other_python(request: pytest.FixtureRequest, dist: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """(version, venv): a fresh venv of Python 3.10, 3.12 or 3.13 with the wheel installed."""
+    version: str = request.param
+    python = find_python(version)
+    if python is None:
+        require(False, f"Python {version} (pyenv's build under $(pyenv root)/versions, or "
+                       f"python{version} on PATH)")
+    assert python is not None
+    return version, fresh_venv(python, dist, tmp_path_factory.mktemp(f"py{version}"))
+
+
+def run(argv: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in argv], cwd=cwd, env=outside_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def check_the_install(venv: Path, version: str, tmp_path: Path) -> None:
+    """What a user of this venv does first: --version, every module imports, and
+    `gpuguard assets DIR --bin-dir` writes files that systemd accepts."""
+    bin_dir = venv / "bin"
+    for argv in ([bin_dir / "gpuguard", "--version"],
+                 [bin_dir / "python", "-m", "gpuguard.exporter", "--version"],
+                 [bin_dir / "python", "-m", "gpuguard.remediator", "--version"]):
+        done = run(argv, tmp_path)
+        assert done.returncode == 0, (argv, done.stderr)
+        assert ", version 0.1.0 " in done.stdout and f"python version:   {version}." in \
+            done.stdout, done.stdout
+
+    probe = run([bin_dir / "python", "-c", IMPORT_ALL], tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    report = json.loads(probe.stdout)
+    assert report["file"].startswith(str(venv)), "the installed package is the one imported"
+    broken = {module: why for module, why in report["failed"].items()
+              if not (why[0] == "ModuleNotFoundError" and
+                      str(why[1]).split(".")[0] in EXTRAS_ONLY)}
+    assert broken == {}, broken
+
+    out = tmp_path / "assets"
+    done = run([bin_dir / "gpuguard", "assets", out, "--bin-dir", bin_dir], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in assets.ASSETS:
+        written, shipped = (out / name).read_text(), (REPO / name).read_text()
+        if name in assets.UNITS:
+            shipped = shipped.replace(f"ExecStart={assets.UNIT_BIN_DIR}/",
+                                      f"ExecStart={bin_dir}/")
+        assert written == shipped, name
+    if shutil.which("systemd-analyze") is None:
+        require(False, "systemd-analyze not found (Debian package systemd)")
+    for unit in assets.UNITS:
+        verify = subprocess.run(["systemd-analyze", "verify", str(out / unit)],
+                                capture_output=True, text=True, timeout=60)
+        assert (verify.returncode, verify.stdout + verify.stderr) == (0, ""), unit
+
+
 def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) -> None:
     wheel = next(dist.glob("gpuguard-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -65,8 +153,12 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
     for name in assets.ASSETS:
         assert f"gpuguard/{name}" in names
     for module in ("orphans/classify.py", "remediator/reaper.py", "console/reap.py",
-                   "host/procfs.py", "web/serving.py", "launch/launcher.py", "__main__.py"):
+                   "host/procfs.py", "web/serving.py", "launch/launcher.py", "__main__.py",
+                   "compat.py"):
         assert f"gpuguard/{module}" in names
+    # Of deploy/, only the systemd folder's files ship (not the Dockerfile, not Kubernetes).
+    assert {n for n in names if n.startswith("gpuguard/deploy/")} == {
+        f"gpuguard/{name}" for name in assets.ASSETS if name.startswith("deploy/")}
     # Nothing of the tests, benchmarks or the checkout's tooling ships.
     assert not [n for n in names if n.startswith(("gpuguard/tests", "tests/", "benchmarks/"))]
     entry_points = zipfile.ZipFile(wheel).read("gpuguard-0.1.0.dist-info/entry_points.txt")
@@ -74,13 +166,18 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
                    b"gpuguard-remediator = gpuguard.remediator.cli:main",
                    b"gpuguard = gpuguard.console:main"):
         assert script in entry_points
+    metadata = zipfile.ZipFile(wheel).read("gpuguard-0.1.0.dist-info/METADATA").decode()
+    assert "Requires-Python: >=3.10" in metadata
+    for version in ("3.10", "3.11", "3.12", "3.13"):
+        assert f"Classifier: Programming Language :: Python :: {version}" in metadata
 
 
 def test_the_sdist_carries_the_source_folders(dist: Path) -> None:
     sdist = next(dist.glob("gpuguard-*.tar.gz"))
     names = tarfile.open(sdist).getnames()
     for path in ("pyproject.toml", "README.md", "gpuguard/__init__.py",
-                 "gpuguard/orphans/classify.py", "gpuguard/alerts/rules.yml"):
+                 "gpuguard/orphans/classify.py", "gpuguard/alerts/rules.yml",
+                 "gpuguard/deploy/systemd/gpuguard-exporter.service"):
         assert f"gpuguard-0.1.0/{path}" in names
 
 
@@ -103,12 +200,23 @@ def test_console_scripts_run_from_the_fresh_venv(installed: Path, tmp_path: Path
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "usage:" in done.stdout, (script, done.stderr)
 
-    # `gpuguard assets DIR`: a user with only the wheel gets the rules and the dashboard.
+    # `gpuguard assets DIR`: a user with only the wheel gets the rules, the dashboard, the
+    # systemd units and the example config, as shipped.
     done = subprocess.run([str(bin_dir / "gpuguard"), "assets", str(tmp_path / "assets")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     for name in assets.ASSETS:
         assert (tmp_path / "assets" / name).read_bytes() == (REPO / name).read_bytes(), name
+
+
+def test_the_install_works_on_this_python(installed: Path, tmp_path: Path) -> None:
+    check_the_install(installed, "{}.{}".format(*sys.version_info[:2]), tmp_path)
+
+
+def test_the_install_works_on_the_other_supported_pythons(other_python: tuple[str, Path],
+                                                          tmp_path: Path) -> None:
+    version, venv = other_python
+    check_the_install(venv, version, tmp_path)
 
 
 def test_installed_daemons_serve(installed: Path, tmp_path: Path, fake_nvml_lib: Path) -> None:

@@ -19,7 +19,9 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _ca(d: Path, name: str) -> None:
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
              "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2",
-             "-subj", f"/CN=gpuguard test {name}", cwd=d)
+             "-subj", f"/CN=gpuguard test {name}",
+             # What Python 3.13's default contexts (VERIFY_X509_STRICT) require of a CA.
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
 
 
 def _leaf(d: Path, name: str, ca: str, *, server: bool, days: int = 2,
@@ -27,9 +29,11 @@ def _leaf(d: Path, name: str, ca: str, *, server: bool, days: int = 2,
     _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
              "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
     ext = d / f"{name}.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
+    ext.write_text(("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
                     if server else (f"subjectAltName={sans}\n" if sans else "")
                     + "extendedKeyUsage=clientAuth\n")
+                   # RFC 5280's, which Python 3.13's default contexts check (X509_STRICT).
+                   + "authorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n")
     if not_after is None:
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey",
                  f"{ca}.key", "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days),
