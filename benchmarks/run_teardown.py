@@ -9,7 +9,7 @@ background child and a double-forked `setsid` daemon (adopted by the launcher). 
 all five descendants run, a pidfd is held on each, the parent is SIGKILLed, and the
 time from the parent's exit (its pidfd turning readable) to the last descendant's exit
 is taken from pidfd readiness, not from /proc polling. Every member dies on SIGTERM: a
-tree that ignores it takes --grace more per child of the launcher (README, Limits).
+tree that ignores it takes --grace more per child of the launcher (docs/run.md#limits).
 
 Idle: `gpuguard run -- sleep 10`; the launcher's utime+stime (/proc/PID/stat) and
 VmRSS (/proc/PID/status) once CMD runs, and again 9 s later.

@@ -31,7 +31,7 @@ PAGER_RECEIVER = "pager"
 TEAM_RECEIVER = "team"
 #: kube-prometheus's severities; `info` is held back by its InfoInhibitor.
 SEVERITIES = frozenset({"critical", "warning", "info"})
-#: Each rule's severity (README "Alerting"): was page -> critical, ticket -> warning.
+#: Each rule's severity (docs/alerting.md): was page -> critical, ticket -> warning.
 EXPECTED_SEVERITY = {
     "GPUOrphanTree": "warning",  # never info: an inhibited GPUOrphanTree is never reaped
     "GPUGuardExporterDown": "critical",
@@ -348,7 +348,7 @@ def test_shipped_rules_carry_no_runbook_url():
 
 def test_every_rule_has_its_runbook_page():
     index = (RUNBOOKS / "index.md").read_text()
-    readme = (REPO / "README.md").read_text()
+    alerting = (REPO / "docs" / "alerting.md").read_text()
     for rule in alert_rules():
         name = rule["alert"]
         page = RUNBOOKS / f"{name.lower()}.md"
@@ -357,24 +357,31 @@ def test_every_rule_has_its_runbook_page():
         assert text.startswith(f"# {name}\n"), page
         assert f"Severity `{rule['labels']['severity']}`" in text, page
         assert f"]({name.lower()}.md)" in index, name
-        assert f"](docs/runbooks/{name.lower()}.md)" in readme, name
+        assert f"](runbooks/{name.lower()}.md)" in alerting, name
     pages = {p.stem for p in RUNBOOKS.glob("*.md")} - {"index"}
     assert pages == {rule["alert"].lower() for rule in alert_rules()}
 
 
+def heading_anchors(page: Path) -> set[str]:
+    """The ids MkDocs gives a page's headings (toc's slugify: code marks and punctuation
+    dropped, spaces and hyphens joined into one hyphen)."""
+    return {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", h.replace("`", "")).strip().lower())
+            for h in re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)}
+
+
 def test_runbook_pages_link_to_what_exists():
-    """Relative links from docs/runbooks/ resolve; README anchors name a README heading."""
-    readme = (REPO / "README.md").read_text()
-    anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", readme, re.MULTILINE)}
+    """Relative links from docs/runbooks/ resolve inside docs/ (the pages are published on
+    their own, so nothing outside it) and their anchors name a heading of the target."""
+    docs = (REPO / "docs").resolve()
     for page in RUNBOOKS.glob("*.md"):
         for target in re.findall(r"\]\(([^)]+)\)", page.read_text()):
             if re.match(r"[a-z]+://", target):
                 continue
             path, _, anchor = target.partition("#")
-            assert (page.parent / path).resolve().exists(), (page.name, target)
-            if anchor and path.endswith("README.md"):
-                assert anchor in anchors, (page.name, target)
+            resolved = (page.parent / path).resolve() if path else page.resolve()
+            assert resolved.exists() and resolved.is_relative_to(docs), (page.name, target)
+            if anchor:
+                assert anchor in heading_anchors(resolved), (page.name, target)
 
 
 def test_only_the_orphan_rule_can_remediate():

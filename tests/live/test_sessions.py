@@ -1,6 +1,6 @@
 """Real session managers end real sessions: sshd, tmux, screen, su and sudo.
 
-These back the rows of README's "How the launcher died" table that involve a session
+These back the rows of the everyday-action table (README, docs/orphans.md) that involve a session
 manager. Each test drives a session the way a person does (typing into `ssh -tt`, so
 the remote shell has a pty), starts a stand-in GPU job (tests/support/holder.py) that the fake
 NVML names as a holder, ends the session the everyday way (the connection drops,

@@ -85,7 +85,7 @@ walk_steps = st.lists(st.tuples(st.sampled_from(WALK_EVENTS), target, argument),
 @PROFILE
 @given(histories, st.integers(0, 63), walk_steps)
 def test_member_walk_never_returns_a_process_from_outside_the_tree(steps, root, during):
-    # The kill scope (README, What a reap may signal) under pid reuse during the walk:
+    # The kill scope (docs/reap-safety.md) under pid reuse during the walk:
     # pids are freed and handed out again (PID_MAX 32) between the walk's reads.
     world = World()
     login(world)

@@ -264,7 +264,7 @@ def _rules(truth: HolderTruth) -> list[Rule]:
 
 
 def member_protection(p: Proc) -> str | None:
-    """Why a reap must not signal `p` (README, What a reap may signal), from the model."""
+    """Why a reap must not signal `p` (docs/reap-safety.md), from the model."""
     if p.program.protected:
         return "protect-pattern"
     if p.sighup == IGNORE:
