@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
 from gpuguard import build, logformat
-from gpuguard.config import load_config
+from gpuguard.config import Config, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner
+from gpuguard.exporter.scanner import Scanner, windows_scan_sources
 from gpuguard.flags import add_common, served_url
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.nvml import Nvml
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader
@@ -122,7 +123,7 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
         config = load_config(args.config)
         if web is not None:
             web.reload()
-        if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
+        if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
             log.info("%s", problem)
         scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit)
 
@@ -140,16 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
         return 2
 
-    # How launchers die (launcher-killed / launcher-exited); without the connector (a
-    # container, an old kernel) it logs once and orphans read session-ended, as before.
-    events = ProcessEvents()
-    memory = LauncherMemory(
-        os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
-        boot=boot_id(), alive=identity_alive)
-    scanner = Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
-                      view=ProcessView(events=events, memory=memory), quotas=config.quotas,
-                      audit=config.audit)
-    if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
+    events, scanner = _scanner(args, config)
+    if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
         log.info("%s", problem)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,
@@ -168,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
               file=sys.stderr)
         return 2
-    if (problem := other_users_problem()) is not None:
+    if not IS_WINDOWS and (problem := other_users_problem()) is not None:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     hangups.hand_to(reloader)
-    events.start()
+    if events is not None:
+        events.start()
     scanner.start()
     tls = web is not None and web.current()[0].tls is not None
     log.info("serving %s on %s (scan every %gs)", args.telemetry_path, served_url(
@@ -181,6 +175,26 @@ def main(argv: list[str] | None = None) -> int:
                               on_hup=reloader.request)
     finally:
         scanner.stop()
-        events.stop()
+        if events is not None:
+            events.stop()
         scanner.nvml.close()
     return 0
+
+
+def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | None, Scanner]:
+    """The scanner of this platform, and the process-event listener it reads (Linux)."""
+    if IS_WINDOWS:
+        # psutil's process table and the Windows rules; no kernel process events (Windows
+        # cannot say how a launcher went) and no launcher memory (nothing to remember).
+        table, nvml = windows_scan_sources()
+        return None, Scanner(rules=config.classify, nvml=nvml, interval=args.scan_interval,
+                             quotas=config.quotas, audit=config.audit, table=table)
+    # How launchers die (launcher-killed / launcher-exited); without the connector (a
+    # container, an old kernel) it logs once and orphans read session-ended, as before.
+    events = ProcessEvents()
+    memory = LauncherMemory(
+        os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
+        boot=boot_id(), alive=identity_alive)
+    return events, Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
+                           view=ProcessView(events=events, memory=memory),
+                           quotas=config.quotas, audit=config.audit)

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpuguard.build import version
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.exporter.scanner import Scanner, Snapshot, owner
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.exit_store import EVICTION_CAUSES
 from gpuguard.host.nvml import NvmlReading
@@ -145,7 +145,7 @@ class GpuguardCollector(Collector):
                 pinfo.add_metric([
                     str(pid),
                     str(me.start_time) if me else "",
-                    user_name(me.uid) if me else "",
+                    owner(me) if me else "",
                     me.comm if me else "",
                     tree.verdict if tree_decides else hv.verdict,
                     tree.reason if tree_decides else hv.reason,
@@ -157,7 +157,7 @@ class GpuguardCollector(Collector):
                 continue
             orphan = snap.orphans[tree.root.identity]
             labels = [str(tree.root.pid), str(tree.root.start_time), tree.root.comm,
-                      user_name(tree.root.uid), tree.reason]
+                      owner(tree.root), tree.reason]
             age.add_metric(labels, orphan.age_seconds)
             memory.add_metric(labels, tree.gpu_bytes)
             procs.add_metric(labels, orphan.processes)

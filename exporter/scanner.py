@@ -2,17 +2,21 @@
 
 HTTP never waits for a scan: scrapes render the last Snapshot, which is
 replaced atomically (one reference assignment) when a scan finishes.
+
+On Windows (gpuguard.host.platform.IS_WINDOWS) a scan reads psutil's process table
+(`table`) and judges it with classify_windows(); the Snapshot is the same, so the
+metrics are too (`root_start_time`: the creation time in integer ms). NVML cannot size
+processes under WDDM: there the `nvml` is WddmNvml, which adds WDDM's figures
+(windows_scan_sources).
 """
 
 from __future__ import annotations
 
-import grp
 import logging
 import os
-import pwd
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,16 +24,29 @@ from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas,
 from gpuguard.exporter.attribution import attribute
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, boottime
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
+from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.orphans.windows import WinProc, WinProcInfo, classify_windows
 from gpuguard.periodic import Periodic
 
+if not IS_WINDOWS:  # NSS's users and groups (quotas by group); Windows has neither module
+    import grp
+    import pwd
+
 log = logging.getLogger(__name__)
+
+#: A Windows process table, read once per scan (gpuguard.host.windows.processes.read_table).
+TableSource = Callable[[], Mapping[int, WinProc]]
+#: The boot clock orphan ages count on: CLOCK_BOOTTIME on Linux; Windows' monotonic
+#: clock (it never steps either).
+BOOT_CLOCK: Callable[[], float] = time.monotonic if IS_WINDOWS else boottime
 
 #: Stages of gpuguard_scan_errors_total; fixed so every series exists from the start.
 ERROR_STAGES = ("nvml_init", "nvml_device", "nvml_processes", "procfs", "scan")
@@ -71,6 +88,14 @@ def user_name(uid: int | None) -> str:
     return USERS.label(uid)
 
 
+def owner(info: ProcInfo) -> str:
+    """The user label of a process: its Windows account as psutil gave it ("" when access
+    was denied), else its uid's name (user_name)."""
+    if isinstance(info, WinProcInfo):
+        return info.proc.username or ""
+    return user_name(info.uid)
+
+
 class GroupCache:
     """A user's group names (primary and supplementary), from NSS (/etc/group), cached.
 
@@ -86,6 +111,8 @@ class GroupCache:
         self.lookups = 0
 
     def __call__(self, user: str) -> frozenset[str]:
+        if IS_WINDOWS:
+            return frozenset()  # no NSS groups: only per-user quotas and "*" apply
         now = self._clock()
         hit = self._cache.get(user)
         if hit is not None and now - hit[0] < self._ttl:
@@ -125,6 +152,28 @@ def holder_facts(trees: Sequence[Tree], view: ProcSource) -> dict[int, HolderFac
     return facts
 
 
+def windows_holder_facts(trees: Sequence[Tree]) -> dict[int, HolderFacts]:
+    """holder_facts from the Windows table's rows (no cgroups: no container)."""
+    facts: dict[int, HolderFacts] = {}
+    for tree in trees:
+        for hv in tree.holder_verdicts:
+            me = hv.chain[0] if hv.chain else None
+            if not isinstance(me, WinProcInfo) or me.pid in facts:
+                continue
+            cmdline = " ".join(me.proc.cmdline) if me.proc.readable else None
+            facts[me.pid] = HolderFacts(me.pid, me.start_time, owner(me), me.comm, cmdline)
+    return facts
+
+
+def windows_scan_sources(counters: Counters = COUNTERS) -> tuple[TableSource, Nvml]:
+    """What a scan reads on Windows: psutil's process table, and NVML with WDDM's
+    per-process memory for the holders NVML cannot size (gpuguard/host/windows/wddm.py)."""
+    from gpuguard.host.windows.processes import read_table
+    from gpuguard.host.windows.wddm import WddmNvml
+
+    return read_table, WddmNvml(counters=counters)
+
+
 class Scanner:
     """Runs scans; keeps the orphan first-seen clock and cumulative scan counters."""
 
@@ -137,17 +186,21 @@ class Scanner:
         counters: Counters = COUNTERS,
         interval: float = 5.0,
         clock: Callable[[], float] = time.time,
-        boot_clock: Callable[[], float] = boottime,
+        boot_clock: Callable[[], float] = BOOT_CLOCK,
         quotas: Quotas | None = None,
         audit: Audit | None = None,
         groups: Callable[[str], frozenset[str]] | None = None,
+        table: TableSource | None = None,
     ) -> None:
+        """`table` given, scans judge its rows by the Windows rules (and `view` is not
+        read): windows_scan_sources() gives it, and the `nvml` to read there."""
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
         self.groups = groups if groups is not None else GroupCache()
         self.nvml = nvml
         self.counters = counters
+        self.table = table
         self.view: ScanSource = view if view is not None else ProcessView(counters=counters)
         self.interval = interval
         self._clock = clock
@@ -189,8 +242,7 @@ class Scanner:
         now = self._clock()
         boot_now = self._boot_clock()
         try:
-            self.view.begin_scan()
-            trees = classify(reading.holders, self.view, rules)
+            trees = self._classify(reading, rules)
             for tree in trees:
                 if tree.verdict == Verdict.UNKNOWN and tree.reason in ("not-visible", "unreadable"):
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
@@ -204,7 +256,9 @@ class Scanner:
                 orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
             previous = self._latest.accounting.hot if self._latest is not None else {}
-            accounting = account(reading.gpus, reading.holders, holder_facts(trees, self.view),
+            facts = (holder_facts(trees, self.view) if self.table is None
+                     else windows_holder_facts(trees))
+            accounting = account(reading.gpus, reading.holders, facts,
                                  quotas=quotas, audit=audit, groups=self.groups,
                                  hot=previous, now=now)
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
@@ -226,6 +280,13 @@ class Scanner:
                 self.errors_total[stage] = self.errors_total.get(stage, 0) + 1
             self._latest = snapshot
         return snapshot
+
+    def _classify(self, reading: NvmlReading, rules: Rules) -> list[Tree]:
+        """The holders judged: over /proc, or over one read of the Windows table."""
+        if self.table is None:
+            self.view.begin_scan()
+            return classify(reading.holders, self.view, rules)
+        return classify_windows(self.table(), reading.holders, rules)
 
     def counts(self) -> tuple[int, dict[str, int]]:
         with self._lock:

@@ -1,20 +1,22 @@
 """The config file's `classify:` section, read into the classifier's `Rules`.
 
-Also the reader of RE2 pattern lists, which `audit.suspect_patterns` shares.
+Also the reader of RE2 pattern lists, which `audit.suspect_patterns` shares. On Windows
+(`windows=True`, which the loader passes from gpuguard.host.platform) the keys left out
+take Windows' defaults (rules_config.WINDOWS_PROTECT, WINDOWS_ADOPTERS,
+WINDOWS_MARKS_DIR).
 """
 
 from __future__ import annotations
 
+import ntpath
 from typing import Any
 
 from gpuguard.orphans.rules_config import (
-    DEFAULT_ADOPTERS,
-    DEFAULT_MARKS_DIR,
     DEFAULT_MAX_DEPTH,
-    DEFAULT_PROTECT,
     ProtectPatternError,
     Rules,
     compile_protect,
+    default_rules,
 )
 from gpuguard.validation import At, integer, mapping, string_list
 
@@ -32,25 +34,28 @@ def patterns(at: At, value: Any) -> tuple[str, ...]:
     return found
 
 
-def _absolute_path(at: At, value: Any) -> str:
-    if not isinstance(value, str) or not value.startswith("/"):
-        raise at.error(f"must be an absolute path, got {value!r}")
-    return value
+def _absolute_path(at: At, value: Any, *, windows: bool = False) -> str:
+    """An absolute path: from "/", or on Windows also a drive's (C:\\...) or a share's."""
+    if isinstance(value, str) and (value.startswith("/") or (
+            windows and ntpath.isabs(value) and ntpath.splitdrive(value)[0])):
+        return value
+    raise at.error(f"must be an absolute path, got {value!r}")
 
 
-def parse_classify(at: At, value: Any) -> Rules:
+def parse_classify(at: At, value: Any, *, windows: bool = False) -> Rules:
     got = mapping(at, value, {
         "protect": patterns,
         "adopters": string_list,
         "reapers": string_list,  # the old name of `adopters`, still accepted
         "max_depth": lambda at, v: integer(at, v, minimum=1),
-        "marks_dir": _absolute_path,
+        "marks_dir": lambda at, v: _absolute_path(at, v, windows=windows),
     })
     if "adopters" in got and "reapers" in got:
         raise at.child("reapers").error("is the old name of adopters: give one of the two")
+    defaults = default_rules(windows=windows)
     return Rules(
-        protect=got.get("protect", DEFAULT_PROTECT),
-        adopters=got.get("adopters", got.get("reapers", DEFAULT_ADOPTERS)),
+        protect=got.get("protect", defaults.protect),
+        adopters=got.get("adopters", got.get("reapers", defaults.adopters)),
         max_depth=got.get("max_depth", DEFAULT_MAX_DEPTH),
-        marks_dir=got.get("marks_dir", DEFAULT_MARKS_DIR),
+        marks_dir=got.get("marks_dir", defaults.marks_dir),
     )

@@ -13,28 +13,43 @@ from pathlib import Path
 from gpuguard.classify_settings import parse_classify
 from gpuguard.exporter.accounting import Audit, Quotas
 from gpuguard.exporter.settings import parse_audit, parse_quotas
-from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.settings import Remediate, parse_remediate
+from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.orphans.rules_config import Rules, default_rules
+from gpuguard.remediator.settings import Remediate, default_remediate, parse_remediate
 from gpuguard.validation import CONFIG_FILE, At, ConfigError, mapping, parse_yaml
+
+
+def platform_rules() -> Rules:
+    """The `classify:` defaults of the platform this runs on (Windows' or Linux')."""
+    return default_rules(windows=IS_WINDOWS)
+
+
+def platform_remediate() -> Remediate:
+    """The `remediate:` defaults of the platform this runs on (its paths differ)."""
+    return default_remediate(windows=IS_WINDOWS)
 
 
 @dataclass(frozen=True)
 class Config:
-    classify: Rules = field(default_factory=Rules)
-    remediate: Remediate = field(default_factory=Remediate)
+    classify: Rules = field(default_factory=platform_rules)
+    remediate: Remediate = field(default_factory=platform_remediate)
     quotas: Quotas = field(default_factory=Quotas)  # read by the exporter (and `status`)
     audit: Audit = field(default_factory=Audit)  # read by the exporter (and `status`)
     source: str = "<defaults>"
 
 
-def parse_config(text: str, *, source: str = "<string>") -> Config:
+def parse_config(text: str, *, source: str = "<string>", windows: bool = IS_WINDOWS) -> Config:
+    """The config file's text, validated; `windows`: which platform's `classify:` and
+    `remediate:` defaults (patterns, adopters, paths) fill in the keys it leaves out
+    (the one this runs on, unless told)."""
     data = parse_yaml(text, source=source)
     got = mapping(At(CONFIG_FILE, source=source), data, {
-        "classify": parse_classify, "remediate": parse_remediate,
+        "classify": lambda at, v: parse_classify(at, v, windows=windows),
+        "remediate": lambda at, v: parse_remediate(at, v, windows=windows),
         "quotas": parse_quotas, "audit": parse_audit})
     return Config(
-        classify=got.get("classify", Rules()),
-        remediate=got.get("remediate", Remediate()),
+        classify=got.get("classify", default_rules(windows=windows)),
+        remediate=got.get("remediate", default_remediate(windows=windows)),
         quotas=got.get("quotas", Quotas()),
         audit=got.get("audit", Audit()),
         source=source,

@@ -80,8 +80,11 @@ class EarlyHangups:
 
     def __init__(self) -> None:
         self.pending = False
-        self._installed = threading.current_thread() is threading.main_thread()
-        if self._installed:  # signal handlers can only be set from the main thread
+        # Signal handlers can only be set from the main thread; Windows has no SIGHUP
+        # (a changed config takes a restart of the service there).
+        self._installed = (threading.current_thread() is threading.main_thread()
+                           and hasattr(signal, "SIGHUP"))
+        if self._installed:
             signal.signal(signal.SIGHUP, self._note)
 
     def _note(self, _signum: int, _frame: object) -> None:

@@ -10,7 +10,6 @@ HA cluster. A peer that fails in any way counts as unreachable; when all do the 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import http.client
 import json
 import logging
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
+from gpuguard.compat import StrEnum
 from gpuguard.remediator.alerts import (
     MAX_ALERTS,
     REMEDIATE_LABEL,
@@ -46,7 +46,7 @@ from gpuguard.validation import (
 log = logging.getLogger("gpuguard.remediator.alertmanager")
 
 
-class ConfirmationState(enum.StrEnum):
+class ConfirmationState(StrEnum):
     """Alertmanager's view of one tree's alert (`Confirmation.state`)."""
 
     FIRING = "firing"
@@ -56,7 +56,7 @@ class ConfirmationState(enum.StrEnum):
     UNREACHABLE = "unreachable"
 
 
-class RequestResult(enum.StrEnum):
+class RequestResult(StrEnum):
     """How one HTTP request went (gpuguard_remediator_alertmanager_requests_total{result})."""
 
     OK = "ok"
@@ -82,7 +82,7 @@ MAX_SILENCE_LOOKUPS = 8
 MAX_PULL_ALERTS = MAX_ALERTS
 
 
-class SkipReason(enum.StrEnum):
+class SkipReason(StrEnum):
     """Why a pulled alert was not handed on (gpuguard_remediator_pull_alerts_skipped_total{why})."""
 
     MALFORMED = "malformed"  # not the shape Alertmanager sends, or refused by alerts.py

@@ -8,12 +8,11 @@ names the offending path (`alerts[3].labels.root_pid`) so a 400 explains itself.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from gpuguard.compat import StrEnum, fromisoformat
 from gpuguard.validation import (
     JSON_TYPES,
     At,
@@ -40,7 +39,7 @@ REMEDIATE_LABEL = "remediate"
 REMEDIATE_VALUE = "true"
 
 
-class AlertStatus(enum.StrEnum):
+class AlertStatus(StrEnum):
     FIRING = "firing"
     RESOLVED = "resolved"
 
@@ -110,7 +109,7 @@ def _time(at: At, value: Any) -> float | None:
     if text.startswith("0001-01-01T"):
         return None
     try:
-        when = datetime.fromisoformat(text)
+        when = fromisoformat(text)  # 3.11's, on 3.10 too
     except ValueError:
         raise at.error(f"not an RFC 3339 time: {text[:64]!r}") from None
     if when.tzinfo is None:

@@ -8,23 +8,24 @@ caller signals nothing. A crash loses at most the record being written.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import stat
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuguard.compat import StrEnum
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.remediator.outcome import ReapResult, SignalRecord
 from gpuguard.remediator.pending import PendingItem
 from gpuguard.remediator.policy import Decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
-class Phase(enum.StrEnum):
+class Phase(StrEnum):
     """When a record was written: before any signal (intent, joined) or after the reap."""
 
     INTENT = "intent"  # every planned member, before the first SIGSTOP
@@ -34,7 +35,7 @@ class Phase(enum.StrEnum):
 
 
 def iso_time(when: float) -> str:
-    return datetime.fromtimestamp(when, tz=UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(when, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 def audit_record(hostname: str, now: float, decision: Decision, live: LiveTree | None,
@@ -102,6 +103,11 @@ class UnsafePathError(Exception):
     """A state or audit path others could tamper with; refusing to start is the answer."""
 
 
+def _reparse_point(st: os.stat_result) -> bool:
+    """Windows: a symlink or junction (a reparse point) at the path; never on Linux."""
+    return bool(getattr(st, "st_reparse_tag", 0))
+
+
 def check_private_dir(path: Path, what: str) -> None:
     """`path` must be a real directory (no symlink), owned by us, writable by no one else.
 
@@ -113,8 +119,13 @@ def check_private_dir(path: Path, what: str) -> None:
         st = os.lstat(path)
     except OSError as exc:
         raise UnsafePathError(f"{path}: {what}: {exc.strerror}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+    if (stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode)
+            or _reparse_point(st)):
         raise UnsafePathError(f"{path}: {what} must be a directory, not a symlink or file")
+    if IS_WINDOWS:
+        # No uid and no mode bits there: who may write it is the folder's ACL, which is
+        # not read here (docs/windows.md: an Administrators-only folder).
+        return
     if st.st_uid != os.geteuid():
         raise UnsafePathError(f"{path}: {what} is owned by uid {st.st_uid}, not by this "
                               f"process's uid {os.geteuid()}")
@@ -137,7 +148,18 @@ class AuditLog:
         os.close(self._open())
 
     def _open(self) -> int:
-        """Append-only, and never through a symlink planted where the log should be."""
+        """Append-only, and never through a symlink planted where the log should be
+        (Windows has no O_NOFOLLOW: a reparse point at the path is refused before the
+        open; there the file is opened binary, so a line ends in \\n as on Linux)."""
+        if IS_WINDOWS:
+            try:
+                if _reparse_point(os.lstat(self.path)):
+                    raise UnsafePathError(f"{self.path}: the audit log is a symlink or "
+                                          "junction")
+            except FileNotFoundError:
+                pass
+            return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                           | getattr(os, "O_BINARY", 0), 0o640)
         return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
 
     def append(self, record: dict[str, Any]) -> None:

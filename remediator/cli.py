@@ -22,6 +22,7 @@ from prometheus_client import ProcessCollector
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.flags import add_common
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("--insecure-no-auth and a token file exclude each other; pick one")
     if args.insecure_no_auth and not _loopback(host):
         return _fail(f"--insecure-no-auth is only allowed on a loopback address, not {host}")
-    if not in_host_pid_namespace() and not args.allow_pid_namespace:
+    if not IS_WINDOWS and not in_host_pid_namespace() and not args.allow_pid_namespace:
         return _fail("refusing to start outside the host PID namespace: NVML reports host "
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
@@ -158,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
         # second instance that cannot bind must not act on the same state.
-        service = build_remediator(config, hostname=args.hostname, events=ProcessEvents())
+        # Windows has no process-events connector (and no launcher evidence to hear).
+        service = build_remediator(config, hostname=args.hostname,
+                                   events=ProcessEvents() if not IS_WINDOWS else None)
     except LedgerError as exc:
         return _fail(f"state error: {exc}")
     except UnsafePathError as exc:

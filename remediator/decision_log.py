@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from typing import Any
 
+from gpuguard.compat import StrEnum
 from gpuguard.remediator.alerts import Alert
 from gpuguard.remediator.audit import iso_time
 from gpuguard.remediator.clocks import Clocks
@@ -18,7 +18,7 @@ log = logging.getLogger("gpuguard.remediator")
 RECENT_DECISIONS = 200
 
 
-class DecisionSource(enum.StrEnum):
+class DecisionSource(StrEnum):
     """Who decided: the intake of a webhook delivery or of a pull, or the worker."""
 
     HTTP = "http"

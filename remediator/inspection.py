@@ -1,25 +1,29 @@
 """Live, read-only inspection of one tree: the facts policy.decide() and a reap judge.
 
 Reads /proc (through a fresh ProcessView) and NVML, re-runs classify(), and never
-signals anything; the reaper (remediator/reaper.py) is the module that acts.
+signals anything; the reaper (remediator/reaper.py) is the module that acts. On Windows
+the same questions are answered from a fresh process table and the Windows rules
+(remediator/windows_inspection.py).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.windows import WinProc
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
@@ -105,8 +109,12 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
     (the remediator's own process-event listener) says how a launcher died; `memory`
     keeps the first reason established for each root (gpuguard/host/launcher_memory.py).
     `reading`, when given, is used instead of asking `nvml` (the reaper's re-check with
-    the tree frozen reads NVML itself, bounded by its deadline).
+    the tree frozen reads NVML itself, bounded by its deadline). On Windows the tree comes
+    from a fresh process table (`events` and `memory` have no Windows counterpart).
     """
+    if IS_WINDOWS:
+        return inspect_windows_tree(key, nvml=nvml, rules=rules, expected_gpus=expected_gpus,
+                                    reading=reading)
     view = ProcessView(counters=counters, events=events, memory=memory)
     info = view.fresh_stat(key.root_pid)
     if info is None:
@@ -131,8 +139,40 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                     gpu_bytes=tree.gpu_bytes, gpus=gpus)
 
 
+def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
+                         expected_gpus: Iterable[str] = (), reading: NvmlReading | None = None,
+                         table: Mapping[int, WinProc] | None = None) -> LiveTree:
+    """inspect_tree() on Windows: the root by identity in a fresh table (`table`, when
+    given: the Windows reaper's back-end's), NVML, then classify_windows() over that table
+    (the same order and the same refusals)."""
+    from gpuguard.remediator.windows_inspection import windows_live_tree, windows_member
+
+    if table is None:
+        from gpuguard.host.windows.processes import read_table
+
+        table = read_table()
+    row = table.get(key.root_pid)
+    if row is None:
+        return LiveTree(root=None)
+    if row.create_time != key.root_start_time:
+        return LiveTree(root=windows_member(row))
+    if reading is None:
+        reading = nvml.read()
+    gpus = tuple(gpu.uuid for gpu in reading.gpus)
+    problem = nvml_problem(reading, expected_gpus)
+    if problem is not None:
+        return LiveTree(root=windows_member(row), nvml_reason=problem[0],
+                        nvml_error=problem[1], gpus=gpus)
+    return windows_live_tree(key, table, reading, rules, gpus)
+
+
 def protected_pids(view: ProcSource | None = None) -> frozenset[int]:
-    """PID 1, this process and every ancestor: never to be signalled, whatever the alert says."""
+    """PID 1, this process and every ancestor: never to be signalled, whatever the alert
+    says (on Windows: System Idle, System, this process and its ancestors)."""
+    if IS_WINDOWS and view is None:
+        from gpuguard.remediator.windows_inspection import windows_protected_pids
+
+        return windows_protected_pids()
     view = view if view is not None else ProcessView(counters=Counters())
     pids = {1, os.getpid()}
     pid = os.getpid()

@@ -4,11 +4,11 @@ ones in the ledger, answering per alert in milliseconds; the worker does the res
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.compat import StrEnum
 from gpuguard.remediator.alerts import Notification
 from gpuguard.remediator.decision_log import DecisionSource
 from gpuguard.remediator.metrics import RejectCause
@@ -21,7 +21,7 @@ from gpuguard.remediator.workstate import WorkState
 log = logging.getLogger("gpuguard.remediator")
 
 
-class AccountStatus(enum.StrEnum):
+class AccountStatus(StrEnum):
     """What happened to one alert of a delivery, as answered to Alertmanager."""
 
     ACCEPTED = "accepted"

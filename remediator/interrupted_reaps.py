@@ -10,7 +10,7 @@ from typing import Any
 from gpuguard.remediator.audit import Phase, audit_record
 from gpuguard.remediator.audit_trail import AuditTrail
 from gpuguard.remediator.policy import Action, Decision
-from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.reapers import TreeReaper
 from gpuguard.remediator.tree import TreeKey
 from gpuguard.remediator.workstate import WorkState
 
@@ -21,7 +21,7 @@ _Recorded = tuple[int, int, bool, bool]
 
 
 class InterruptedReaps:
-    def __init__(self, work: WorkState, trail: AuditTrail, reaper: Reaper) -> None:
+    def __init__(self, work: WorkState, trail: AuditTrail, reaper: TreeReaper) -> None:
         self._work = work
         self._trail = trail
         self._reaper = reaper

@@ -11,7 +11,6 @@ so that downtime is never credited.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import tempfile
@@ -22,6 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gpuguard.compat import StrEnum
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import BOOT_ID, boottime, read_boot_id
 from gpuguard.remediator.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.outcome import Outcome
@@ -41,7 +42,7 @@ MAX_REAP_HISTORY = 10_000
 FIRST_SEEN_RETENTION_SECONDS = 86400
 
 
-class ReapStatus(enum.StrEnum):
+class ReapStatus(StrEnum):
     """Where a done key's reap stands: under way (recovery owes it a look) or settled."""
 
     REAPING = "reaping"
@@ -50,6 +51,16 @@ class ReapStatus(enum.StrEnum):
 
 class LedgerError(Exception):
     """The state file exists but cannot be used; starting anyway could reap twice."""
+
+
+def this_boot_id() -> str:
+    """This boot's id: the kernel's random one (BOOT_ID) on Linux; on Windows its boot
+    counter or kernel boot time (gpuguard/host/windows/boot.py). OSError when unreadable."""
+    if IS_WINDOWS:
+        from gpuguard.host.windows.boot import boot_id
+
+        return boot_id()
+    return read_boot_id()
 
 
 def _v1_boot_time() -> float:
@@ -61,7 +72,7 @@ class Ledger:
     """Thread-safe; every mutating method persists before it returns."""
 
     def __init__(self, state_dir: str | Path, *, clock: Callable[[], float] = time.time,
-                 boot: Callable[[], str] = read_boot_id,
+                 boot: Callable[[], str] = this_boot_id,
                  boot_clock: Callable[[], float] = boottime) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
@@ -106,7 +117,9 @@ class Ledger:
                 same_boot = (abs(float(data.get("boot_time", 0)) - _v1_boot_time())
                              <= V1_BOOT_TOLERANCE_SECONDS)
             elif version in (2, FORMAT_VERSION):
-                same_boot = data.get("boot_id") == self._boot
+                # An empty id says nothing about the boot ("" == "" would continue an
+                # earlier boot's held marks on whatever holds those pids now).
+                same_boot = bool(self._boot.strip()) and data.get("boot_id") == self._boot
             else:
                 raise ValueError(f"unknown format version {version!r}")
             if version != FORMAT_VERSION:
@@ -193,6 +206,8 @@ class Ledger:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        if IS_WINDOWS:
+            return  # a directory cannot be opened for fsync there; NTFS logs the rename
         dir_fd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

@@ -6,12 +6,13 @@ Mutated by the intake and the worker under the remediator's lock (WorkState.lock
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from gpuguard.compat import StrEnum
 
-class RejectCause(enum.StrEnum):
+
+class RejectCause(StrEnum):
     """Why a POST /alerts was refused (gpuguard_remediator_rejected_requests{cause})."""
 
     UNAUTHORIZED = "unauthorized"

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from gpuguard.compat import StrEnum
 from gpuguard.remediator.tree import Member
 
 
-class Outcome(enum.StrEnum):
+class Outcome(StrEnum):
     """How a reap ended; the values are the audit's, the ledger's and `gpuguard reap`'s."""
 
     REAPED = "reaped"  # every member is gone or a zombie
@@ -18,14 +18,17 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"  # refused before any kill; `reason` says why
 
 
-class KillPath(enum.StrEnum):
+class KillPath(StrEnum):
     """How a reap names the processes it signals."""
 
     PIDFD = "pidfd"  # a pidfd held since the identity check: it cannot reach a reused pid
     PID = "pid"  # a bare pid, re-verified right before each signal
+    #: Windows: a process handle held since the identity check (the process object, and
+    #: so its pid, outlives its exit while the handle is open: it cannot reach a reused pid)
+    HANDLE = "handle"
 
 
-class SignalResult(enum.StrEnum):
+class SignalResult(StrEnum):
     """What became of one signal; a failure is recorded as "error: <the kernel's reason>"."""
 
     SENT = "sent"

@@ -2,24 +2,24 @@
 
 No /proc, NVML, signal or clock here: callers gather the facts (tree.py, PolicyState),
 so every rule is tested with synthetic inputs. Each check refuses with a short
-kebab-case reason; their order is the order of the reasons in README.
+kebab-case reason; their order is the order of the reasons in docs/decisions.md.
 """
 
 from __future__ import annotations
 
-import enum
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuguard.compat import StrEnum
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
 from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 
-class Action(enum.StrEnum):
+class Action(StrEnum):
     """What a Decision says to do; the values are the audit's, /state's and the metrics'."""
 
     ACCEPT = "accept"  # screened: queued for the worker's live check

@@ -4,10 +4,14 @@ exec or fork any more. Anything that no longer holds aborts the reap."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from gpuguard.host.counters import Counters
+from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
+from gpuguard.host.procfs import ExitSource
+from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.inspection import (
     HolderSource,
@@ -18,14 +22,43 @@ from gpuguard.remediator.inspection import (
 )
 from gpuguard.remediator.policy import verify_live
 from gpuguard.remediator.reap_plan import ReapPlan
-from gpuguard.remediator.reap_run import Abort, ReapRun
+from gpuguard.remediator.reap_run import Abort
+from gpuguard.remediator.tree import LiveTree, Member
 
 #: The reason of a reap whose NVML re-check with the tree frozen outlived the deadline.
 NVML_TIMEOUT = "nvml-timeout"
 
 
-def recheck_frozen(run: ReapRun, plan: ReapPlan, deadline: float, *, nvml: HolderSource,
-                   counters: Counters, now: Callable[[], float]) -> None:
+class _Held(Protocol):
+    @property
+    def member(self) -> Member: ...
+
+
+class FrozenRun(Protocol):
+    """What the re-check reads of a reap in progress: Linux's ReapRun, or the Windows
+    reaper's run (remediator/windows_reaper.py)."""
+
+    @property
+    def targets(self) -> Mapping[int, _Held]: ...
+    @property
+    def force(self) -> bool: ...
+    @property
+    def rules(self) -> Rules: ...
+    @property
+    def events(self) -> ExitSource | None: ...
+    @property
+    def memory(self) -> LauncherMemory | None: ...
+
+
+#: The inspection a re-check derives the verdict with: (the reading just taken, the GPUs
+#: expected) -> LiveTree. Default: inspection.inspect_tree (Linux's /proc, or Windows'
+#: table); the Windows reaper passes one over its own back-end's table.
+Inspect = Callable[[NvmlReading, set[str]], LiveTree]
+
+
+def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: HolderSource,
+                   counters: Counters, now: Callable[[], float],
+                   inspect: Inspect | None = None) -> None:
     """With the tree frozen, NVML once more, waited for no longer than the deadline (a
     driver that hangs must not keep the tree stopped): complete, no GPU holder nobody
     judged, and (plan.classified) the root still the orphan the decision was made on."""
@@ -53,18 +86,19 @@ def recheck_frozen(run: ReapRun, plan: ReapPlan, deadline: float, *, nvml: Holde
                         "holds GPU memory but was not a GPU holder when the tree was "
                         "classified")
     if plan.classified:
-        _rederive(run, plan, reading, gpus, nvml=nvml, counters=counters)
+        _rederive(run, plan, reading, gpus, nvml=nvml, counters=counters, inspect=inspect)
 
 
-def _rederive(run: ReapRun, plan: ReapPlan, reading: NvmlReading, gpus: set[str], *,
-              nvml: HolderSource, counters: Counters) -> None:
+def _rederive(run: FrozenRun, plan: ReapPlan, reading: NvmlReading, gpus: set[str], *,
+              nvml: HolderSource, counters: Counters, inspect: Inspect | None) -> None:
     """The verdict the decision rested on, derived again: the inspection's own path
     (inspect_tree: a fresh view, classify()) over the frozen tree and the reading just
     taken, and the decision's own verification (policy.verify_live). Anything but the
     same root, still an orphan (unless a person forced it) with an allowed reason, aborts."""
-    live = inspect_tree(plan.key, nvml=nvml, rules=run.rules, counters=counters,
-                        expected_gpus=gpus, events=run.events, memory=run.memory,
-                        reading=reading)
+    live = (inspect(reading, gpus) if inspect is not None else
+            inspect_tree(plan.key, nvml=nvml, rules=run.rules, counters=counters,
+                         expected_gpus=gpus, events=run.events, memory=run.memory,
+                         reading=reading))
     refused = verify_live(plan.key, live, named_by="the decision",
                           require_orphan=not run.force)
     if refused is not None:

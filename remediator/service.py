@@ -20,6 +20,7 @@ from gpuguard.config import Config
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.alertmanager import AlertmanagerClient
@@ -33,7 +34,7 @@ from gpuguard.remediator.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.ledger import Ledger
 from gpuguard.remediator.metrics import Counts, RemediatorMetrics
 from gpuguard.remediator.pull import Puller
-from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.reapers import TreeReaper, platform_reaper
 from gpuguard.remediator.refusals import RefusalMemory
 from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.status import HealthCode, Liveness, Status
@@ -64,7 +65,7 @@ class Remediator:
         ledger: Ledger,
         audit: AuditLog,
         counters: Counters = COUNTERS,
-        reaper: Reaper | None = None,
+        reaper: TreeReaper | None = None,
         alertmanager: AlertmanagerClient | None = None,
         events: ProcessEvents | None = None,
         launchers: LauncherMemory | None = None,
@@ -78,7 +79,8 @@ class Remediator:
         self.counters = counters
         self.ledger = ledger
         self.audit = audit
-        self.reaper = reaper if reaper is not None else Reaper(nvml=nvml, counters=counters)
+        self.reaper = (reaper if reaper is not None
+                       else platform_reaper(nvml=nvml, counters=counters))
         self.alertmanager = alertmanager
         self.events = events  # the kernel's process events: how launchers died
         self.launchers = launchers  # the first reason established per orphan root
@@ -179,7 +181,7 @@ def build_remediator(
     monotonic: Callable[[], float] = time.monotonic,
     boot_clock: Callable[[], float] = boottime,
     nvml: HolderSource | None = None,
-    reaper: Reaper | None = None,
+    reaper: TreeReaper | None = None,
     alertmanager: AlertmanagerClient | None = None,
     events: ProcessEvents | None = None,
     counters: Counters | None = None,
@@ -195,7 +197,12 @@ def build_remediator(
     if nvml is None:
         from gpuguard.host.nvml import Nvml
 
-        nvml = Nvml(counters=counters)
+        if IS_WINDOWS:  # NVML lists processes under WDDM but cannot size them: WDDM can
+            from gpuguard.host.windows.wddm import WddmNvml
+
+            nvml = WddmNvml(counters=counters)
+        else:
+            nvml = Nvml(counters=counters)
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)
@@ -206,7 +213,7 @@ def build_remediator(
     if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
         log.info("%s", problem)
     if reaper is None:
-        reaper = Reaper(nvml=nvml, counters=counters, monotonic=monotonic)
+        reaper = platform_reaper(nvml=nvml, counters=counters, monotonic=monotonic)
     if alertmanager is None and policy.alertmanager is not None:
         alertmanager = AlertmanagerClient(policy.alertmanager)
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,

@@ -6,11 +6,12 @@ never be silently ignored: unknown keys and wrong types are errors naming the ke
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpuguard.compat import StrEnum
+from gpuguard.orphans.rules_config import WINDOWS_DATA_DIR
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.validation import (
     At,
@@ -25,7 +26,7 @@ from gpuguard.validation import (
 )
 
 
-class Mode(enum.StrEnum):
+class Mode(StrEnum):
     DRY_RUN = "dry-run"  # everything a reap does but the signals
     ENFORCE = "enforce"
 
@@ -33,9 +34,13 @@ class Mode(enum.StrEnum):
 #: The orphan reasons (classify rule 6) `remediate.reasons` may name, in the order its
 #: errors list them: the launcher killed by a signal, gone where no listener runs, exited
 #: by itself, gone with its exit not recorded by the listener that runs; or only a parent
-#: in between died; or the holder's own session lives under a process whose launcher is gone.
+#: in between died; or the holder's own session lives under a process whose launcher is gone;
+#: then Windows' (gpuguard/orphans/windows.py): the parent pid is in no process table, or
+#: names a later process. A config on Linux may name those two: they never occur there.
+#: The default (Remediate.reasons) names neither: Windows cannot say how a launcher went.
 ORPHAN_REASONS = (Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED, Reason.LAUNCHER_EXITED,
-                  Reason.LAUNCHER_UNRECORDED, Reason.PARENT_EXITED, Reason.SESSION_ORPHANED)
+                  Reason.LAUNCHER_UNRECORDED, Reason.PARENT_EXITED, Reason.SESSION_ORPHANED,
+                  Reason.PARENT_GONE, Reason.PARENT_REUSED)
 
 #: A `remediate.users` entry naming a uid, not a user name pattern: `uid:1001`.
 UID_RULE = "uid:"
@@ -98,6 +103,25 @@ class Remediate:
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
     alertmanager: AlertmanagerConfig | None = None
+
+
+#: `remediate.state_dir` and `remediate.audit_log` on Windows (the loader passes
+#: gpuguard.host.platform.IS_WINDOWS; this module never asks which platform it runs on).
+WINDOWS_STATE_DIR = WINDOWS_DATA_DIR + "\\state"
+WINDOWS_AUDIT_LOG = WINDOWS_DATA_DIR + "\\log\\audit.jsonl"
+
+
+def default_paths(*, windows: bool) -> dict[str, Any]:
+    """The `remediate:` path defaults of a platform: Linux's (Remediate's own), or
+    Windows' under C:\\ProgramData\\gpuguard."""
+    if windows:
+        return {"state_dir": WINDOWS_STATE_DIR, "audit_log": WINDOWS_AUDIT_LOG}
+    return {}
+
+
+def default_remediate(*, windows: bool) -> Remediate:
+    """The `remediate:` section a config leaves out, on a platform."""
+    return Remediate(**default_paths(windows=windows))
 
 
 def _user_entries(at: At, value: Any) -> tuple[str, ...]:
@@ -172,8 +196,10 @@ def _alertmanager(at: At, value: Any) -> AlertmanagerConfig:
     return AlertmanagerConfig(**got)
 
 
-def parse_remediate(at: At, value: Any) -> Remediate:
-    return Remediate(**mapping(at, value, {
+def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
+    """The `remediate:` section; `windows`: which platform's path defaults fill in the
+    keys it leaves out."""
+    got = mapping(at, value, {
         "mode": lambda at, v: choice(at, v, tuple(Mode)),
         "alerts": string_list,
         "reasons": lambda at, v: choice_list(at, v, ORPHAN_REASONS),
@@ -188,4 +214,5 @@ def parse_remediate(at: At, value: Any) -> Remediate:
         "state_dir": lambda at, v: string(at, v, non_empty=True),
         "audit_log": lambda at, v: string(at, v, non_empty=True),
         "alertmanager": _alertmanager,
-    }))
+    })
+    return Remediate(**{**default_paths(windows=windows), **got})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from gpuguard.compat import StrEnum
 from gpuguard.remediator.audit_trail import AuditTrail
 from gpuguard.remediator.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.killing import KILL_CONFIRM_SECONDS
@@ -13,7 +13,7 @@ from gpuguard.remediator.policy import rate_budget
 from gpuguard.remediator.workstate import WorkState
 
 
-class HealthCode(enum.StrEnum):
+class HealthCode(StrEnum):
     """The reason code /healthz answers (it is open to anyone: no paths, keys or errors)."""
 
     OK = "ok"

@@ -13,6 +13,8 @@ import stat
 import threading
 from collections.abc import Callable
 
+from gpuguard.host.platform import IS_WINDOWS
+
 log = logging.getLogger("gpuguard.remediator.http")
 
 #: Where a bearer token comes from: None when there is none usable now.
@@ -27,6 +29,10 @@ def private_file_problem(path: str, st: os.stat_result) -> str | None:
     they can rewrite (and so choose the token), a group- or world-readable one leaks it."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
+    if IS_WINDOWS:
+        # No mode bits and no uid there: who may read it is the file's ACL, which is not
+        # read here (docs/windows.md: restrict it with icacls).
+        return None
     if st.st_mode & 0o077:
         return (f"{path} is mode {stat.S_IMODE(st.st_mode):04o}: a token file must be "
                 "readable by its owner only (chmod 600)")

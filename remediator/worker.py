@@ -28,7 +28,7 @@ from gpuguard.remediator.outcome import Outcome, ReapResult
 from gpuguard.remediator.pending import PendingItem
 from gpuguard.remediator.policy import Action, Decision, decide
 from gpuguard.remediator.reap_plan import ReapPlan
-from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.reapers import TreeReaper
 from gpuguard.remediator.refusals import RefusalMemory
 from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
@@ -48,7 +48,7 @@ class Worker:
     """The worker thread and what it does to each due item."""
 
     def __init__(self, work: WorkState, *, trail: AuditTrail, refusals: RefusalMemory,
-                 interrupted: InterruptedReaps, reaper: Reaper, nvml: HolderSource,
+                 interrupted: InterruptedReaps, reaper: TreeReaper, nvml: HolderSource,
                  counters: Counters, alertmanager: AlertmanagerClient | None,
                  events: ProcessEvents | None, launchers: LauncherMemory | None) -> None:
         self._work = work

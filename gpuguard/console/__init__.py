@@ -1,6 +1,7 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
-Each subcommand (one module each: status, explain, policy_check, reap, keep, assets, run)
+Each subcommand (one module each: status, explain, policy_check, reap, keep, assets, run;
+mcp, which serves status, explain and reap as MCP tools: mcp_server.py and mcp_*.py)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -15,31 +16,38 @@ import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
+from gpuguard import logformat
 from gpuguard.console.assets import cmd_assets
 from gpuguard.console.contract import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_TABLE,
     EXPLAIN_EPILOG,
+    MCP_EPILOG,
     POLICY_EPILOG,
     PROG,
     REAP_EPILOG,
     RUN_EPILOG,
+    START_TIME_WORDS,
     STATUS_EPILOG,
     Failure,
 )
 from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
+from gpuguard.console.mcp_server import cmd_mcp
 from gpuguard.console.policy_check import cmd_policy_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
 from gpuguard.flags import VersionAction
-from gpuguard.launch.events import DEFAULT_GRACE_SECONDS
-from gpuguard.orphans.rules_config import DEFAULT_MARKS_DIR
+from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.launch.options import DEFAULT_GRACE_SECONDS
+from gpuguard.orphans.rules_config import default_marks_dir
 from gpuguard.web.serving import positive_float
 
 RAW = argparse.RawDescriptionHelpFormatter
+#: classify.marks_dir's default on this platform (--marks-dir's).
+MARKS_DIR = default_marks_dir(windows=IS_WINDOWS)
 #: What add_subparsers() returns (argparse names its class privately).
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -105,10 +113,11 @@ def add_reap(sub: Subparsers) -> None:
                         "--start-time")
     p.add_argument("--force", action="store_true",
                    help="reap even when the classifier does not call it an orphan")
-    p.add_argument("--start-time", type=int, metavar="TICKS",
-                   help="refuse unless ROOT_PID still has this start_time (a dry run, status "
-                        "--json or explain shows it); required with --apply, so that a pid "
-                        "reused since never stands for the process you saw")
+    p.add_argument("--start-time", type=int, metavar="START_TIME",
+                   help=f"refuse unless ROOT_PID still has this start_time, {START_TIME_WORDS} "
+                        "(a dry run, status --json or explain shows it); required with "
+                        "--apply, so that a pid reused since never stands for the process you "
+                        "saw")
     p.add_argument("--allow-pid-namespace", action="store_true",
                    help="allow --apply outside the host PID namespace (only where NVML reports "
                         "this namespace's pids)")
@@ -130,16 +139,18 @@ def add_keep(sub: Subparsers) -> None:
     p.add_argument("--config", metavar="FILE", help="gpuguard YAML config (its "
                    "classify.marks_dir)")
     p.add_argument("--marks-dir", metavar="DIR", help="the directory itself (default: the "
-                   f"config's classify.marks_dir, {DEFAULT_MARKS_DIR})")
+                   f"config's classify.marks_dir, {MARKS_DIR})")
     p.set_defaults(func=cmd_keep)
 
 
 def add_assets(sub: Subparsers) -> None:
-    p = sub.add_parser("assets", help="the alert rules and Grafana dashboard shipped in the "
-                                      "package: list, print one, or write them all to DIR",
+    p = sub.add_parser("assets", help="the alert rules, Grafana dashboard, systemd units and "
+                                      "example config shipped in the package: list, print "
+                                      "one, or write them all to DIR",
                        description="Without arguments, list the shipped files. With DIR, write "
-                                   "them all under DIR (alerts/..., grafana/...); an existing "
-                                   "file with other content stops the write unless --force.")
+                                   "them all under DIR (alerts/..., grafana/..., "
+                                   "deploy/systemd/...); an existing file with other content "
+                                   "stops the write unless --force.")
     p.add_argument("dir", nargs="?", metavar="DIR", help="folder to write into")
     p.add_argument("--print", dest="print_name", metavar="NAME",
                    help="write one file (a listed name) to stdout")
@@ -152,6 +163,9 @@ def add_assets(sub: Subparsers) -> None:
     p.add_argument("--remediator-job", metavar="NAME",
                    help="the remediator's job name (default NAME-remediator with --job, "
                         "else gpuguard-remediator)")
+    p.add_argument("--bin-dir", metavar="BIN",
+                   help="the folder of gpuguard's console scripts the systemd units start "
+                        "(default /opt/gpuguard/venv/bin, docs/install.md)")
     p.set_defaults(func=cmd_assets)
 
 
@@ -170,13 +184,38 @@ def add_run(sub: Subparsers) -> None:
                         "before SIGKILL (default: %(default)g)")
     p.add_argument("--keep-leftovers", action="store_true",
                    help="when CMD exits by itself, leave what it left running")
-    p.add_argument("--marks-dir", default=DEFAULT_MARKS_DIR, metavar="DIR",
+    p.add_argument("--marks-dir", default=MARKS_DIR, metavar="DIR",
                    help="where the launcher registers itself with the daemons, so that a "
                         "CMD that overwrites its environment stays attached (default: "
                         "%(default)s)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD [ARGS...]",
                    help="the command to run, after --")
     p.set_defaults(func=cmd_run)
+
+
+def add_mcp(sub: Subparsers) -> None:
+    p = sub.add_parser("mcp", formatter_class=RAW, epilog=MCP_EPILOG,
+                       help="serve status, explain and reap as MCP tools for an agent, over "
+                            "stdio (needs gpuguard[mcp])",
+                       description="Serve the Model Context Protocol over stdio (only): the "
+                                   "tools gpu_status, gpu_explain and gpu_reap, each the "
+                                   "document of the console command, gpu_reap a dry run "
+                                   "unless confirm=true.")
+    p.add_argument("--config", metavar="FILE",
+                   help="gpuguard YAML config, read again at every call (default: built-in "
+                        "defaults)")
+    p.add_argument("--hostname", default=socket.gethostname(), metavar="NAME",
+                   help="this host's name as the alerts' hostname label spells it (default: "
+                        "this host's name)")
+    p.add_argument("--allow-pid-namespace", action="store_true",
+                   help="allow confirmed reaps outside the host PID namespace (only where "
+                        "NVML reports this namespace's pids)")
+    p.add_argument("--log.level", dest="log_level", choices=logformat.LEVELS, default="info",
+                   help="debug, info (default: one line per tool call), warn or error")
+    p.add_argument("--log.format", dest="log_format", choices=logformat.FORMATS,
+                   default="logfmt", help="logfmt (default) or json, on stderr; timestamps "
+                                          "in UTC")
+    p.set_defaults(func=cmd_mcp)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=VersionAction, nargs=0, default=PROG,
                         help="print the version, source revision and Python, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_status, add_explain, add_policy, add_reap, add_keep, add_assets, add_run):
+    for add in (add_status, add_explain, add_policy, add_reap, add_keep, add_assets, add_run,
+                add_mcp):
         add(sub)
     return parser
 

@@ -23,12 +23,17 @@ EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 
+#: What a start time (`--start-time`, `root_start_time`) is, in help and messages: each
+#: platform has its one encoding (gpuguard.orphans.windows.encode_create_time on Windows).
+START_TIME_WORDS = ("the start time as gpuguard reports it: clock ticks since boot on Linux, "
+                    "milliseconds since the epoch on Windows")
+
 #: Exit codes (stable), as `gpuguard --help` lists them.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok: status shown, pid explained, payload checked, reap done or dry-run ok"),
     (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr)"),
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
-                 "PROBLEM)"),
+                 "PROBLEM); mcp: the MCP SDK is not installed"),
     (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected"),
     (EXIT_NO_PROCESS, "explain, reap, keep: no such process (or not the given start time)"),
     (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),
@@ -138,9 +143,9 @@ governs alert-driven reaps only); without it nothing is signalled. --apply needs
 --start-time (a dry run prints it): a pid alone names whoever holds it now. With the tree
 frozen, NVML is asked again (waited for no longer than remediate.worker_timeout_seconds)
 and the tree classified again: anything but the same orphan continues it, unsignalled.
-SIGINT, SIGTERM or SIGHUP during --apply stop the reap: what it stopped is continued,
-the final record says `interrupted`, and the exit is 128+N. Every run, refused or not,
-appends the remediator's audit record to remediate.audit_log with
+SIGINT, SIGTERM or SIGHUP (Ctrl-Break on Windows) during --apply stop the reap: what it
+stopped is continued, the final record says `interrupted`, and the exit is 128+N. Every
+run, refused or not, appends the remediator's audit record to remediate.audit_log with
 "manual": {{"by": $SUDO_USER or the login name, ...}}; --apply refuses when the log cannot
 be written, or when its directory fails the remediator's check (owned by this user,
 writable by no one else, no symlink: `audit-unsafe`).
@@ -158,7 +163,9 @@ writable by no one else, no symlink: `audit-unsafe`).
 #: the launcher's when its one-line message is on stderr).
 RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
     ("CMD's", "CMD exited by itself: its exit status, 128+N if signal N killed it"),
-    (str(128 + signal.SIGHUP), "its parent died (exit 129), or SIGHUP (dies of it); reaped"),
+    # Linux's SIGHUP is 1; Windows has none (its `run` holds the tree in a Job Object).
+    (str(128 + getattr(signal, "SIGHUP", 1)), "its parent died (exit 129), or SIGHUP (dies "
+                                               "of it); reaped"),
     (str(128 + signal.SIGINT), "SIGINT; the tree was reaped, then it dies of SIGINT"),
     (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped, then it dies of SIGTERM"),
     (str(EXIT_USAGE), "usage error (no CMD, bad --grace), or no children file or pidfds "
@@ -188,6 +195,24 @@ setuid-root program, cannot be signalled by an unprivileged launcher: it is left
 named; the exit status is the same). The launcher writes no audit log.
 exit codes of run (a shell's view):
 """ + "".join(f"  {code:<6} {meaning}\n" for code, meaning in RUN_EXIT_CODES)
+
+MCP_EPILOG = f"""\
+Serves the Model Context Protocol on stdin and stdout only (no HTTP transport): an MCP
+client (an agent's host, Claude Desktop) starts it as a subprocess. Tools (arguments):
+  gpu_status {{}}          read-only: the {STATUS_SCHEMA} document of `status --json`
+  gpu_explain {{pid}}      read-only: the {EXPLAIN_SCHEMA} document of `explain --json`
+  gpu_reap {{root_pid, root_start_time?, confirm?}}
+                         destructive: a dry run unless confirm is true (nothing signalled,
+                         nothing written); with confirm and root_start_time it is `reap
+                         --apply` (the same checks, guards and audit log; no --force)
+Refusals and bad arguments are tool errors (isError) whose text is the one-line reason.
+Every call is logged on stderr, one line each (tool, arguments, outcome). Needs the
+optional extra: pip install 'gpuguard[mcp]' (without it: one line, exit {EXIT_USAGE}).
+Run it as the remediator's user (with CAP_KILL), not as root: see docs/mcp.md.
+exit codes: {EXIT_OK} when the client closes stdin; {EXIT_USAGE} usage error, invalid config or
+no SDK; {EXIT_INTERRUPTED} Ctrl-C; 128+N when SIGTERM or SIGHUP ends it (during a confirmed
+reap: after continuing what it stopped and writing its record).
+"""
 
 
 class Failure(Exception):

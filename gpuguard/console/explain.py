@@ -18,26 +18,65 @@ from gpuguard.console.render import (
     print_json,
 )
 from gpuguard.console.reports import Explanation, LeaderState
-from gpuguard.host.nvml import Nvml
+from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.classify import classify, classify_holder
 from gpuguard.orphans.process import Holder, ProcInfo
-from gpuguard.orphans.verdicts import HolderVerdict
+from gpuguard.orphans.verdicts import HolderVerdict, Tree
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.orphans.windows import as_proc_info, classify_windows, judge_windows_holder
 
 
 def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
     """classify_holder() on the pid, as NVML names it or as a stand-in holder."""
-    view = ProcessView()
     nvml = Nvml()
     try:
         reading = nvml.read()
     finally:
         nvml.close()
+    if IS_WINDOWS:
+        return _explain_windows(pid, config, hostname, reading)
+    view = ProcessView()
     view.begin_scan()
     info = view.stat(pid)
     if info is None:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {pid}")
+    holder, holdings, note = _as_holder(pid, reading)
+    hv = classify_holder(holder, view, config.classify)
+    # The tree's verdict also judges every member below the root (a nohup'd sibling):
+    # what the exporter publishes and a reap would respect.
+    tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
+                 if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
+    return Explanation(info, reading, holdings, hv, note, tree,
+                       _alert(config, hostname, tree), session_states(info, hv))
+
+
+def _explain_windows(pid: int, config: Config, hostname: str,
+                     reading: NvmlReading) -> Explanation:
+    """explain_pid over psutil's process table and the Windows rules (no sessions)."""
+    from gpuguard.host.windows.processes import read_table
+
+    table = read_table()
+    row = table.get(pid)
+    if row is None:
+        raise Failure(EXIT_NO_PROCESS, f"no such process: {pid}")
+    holder, holdings, note = _as_holder(pid, reading)
+    hv = judge_windows_holder(table, holder, config.classify)
+    tree = next((t for t in classify_windows(table, (*reading.holders, holder), config.classify)
+                 if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
+    return Explanation(as_proc_info(row), reading, holdings, hv, note, tree,
+                       _alert(config, hostname, tree), [])
+
+
+def _alert(config: Config, hostname: str, tree: Tree | None) -> dict[str, Any] | None:
+    if tree is not None and tree.verdict == Verdict.ORPHAN and tree.root is not None:
+        return alert_state(config, hostname, tree.root.pid, tree.root.start_time)
+    return None
+
+
+def _as_holder(pid: int, reading: NvmlReading) -> tuple[Holder, tuple[Holder, ...], str | None]:
+    """The pid's first holding as NVML names it, or a stand-in holder and why."""
     holdings = tuple(h for h in reading.holders if h.pid == pid)
     note = None
     if holdings:
@@ -49,16 +88,7 @@ def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
         else:
             note = (f"NVML unavailable ({'; '.join(m for _, m in reading.errors)}); "
                     f"pid {pid} explained as if it were a holder")
-    hv = classify_holder(holder, view, config.classify)
-    # The tree's verdict also judges every member below the root (a nohup'd sibling):
-    # what the exporter publishes and a reap would respect.
-    tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
-                 if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
-    alert = None
-    if tree is not None and tree.verdict == Verdict.ORPHAN and tree.root is not None:
-        alert = alert_state(config, hostname, tree.root.pid, tree.root.start_time)
-    return Explanation(info, reading, holdings, hv, note, tree, alert,
-                       session_states(info, hv))
+    return holder, holdings, note
 
 
 def session_states(info: ProcInfo, hv: HolderVerdict) -> list[dict[str, Any]]:

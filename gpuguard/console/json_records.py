@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.exporter.scanner import user_name
+from gpuguard.exporter.scanner import owner
 from gpuguard.host.nvml import GpuSample, NvmlReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.remediator.tree import LiveTree
@@ -20,7 +20,7 @@ def member_json(info: ProcInfo) -> dict[str, Any]:
         "start_time": info.start_time,
         "state": info.state,
         "uid": info.uid,
-        "user": user_name(info.uid),
+        "user": owner(info),  # a uid's name, or the Windows account
         "comm": info.comm,
     }
 

@@ -3,15 +3,16 @@ tree's members, and how old each process is."""
 
 from __future__ import annotations
 
-import enum
 import os
 import time
 
+from gpuguard.compat import StrEnum
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
 
 
-class ChainRole(enum.StrEnum):
+class ChainRole(StrEnum):
     """A chain member's role, as `explain` shows it and its --json "role" says."""
 
     HOLDER = "holder"
@@ -60,11 +61,14 @@ def chain_roles(hv: HolderVerdict) -> list[tuple[ChainRole, ProcInfo]]:
     return out
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def process_age(start_time: int | None) -> float | None:
-    """Age from stat's start_time (ticks since boot) and CLOCK_BOOTTIME: no /proc read."""
+    """Age from stat's start_time (ticks since boot) and CLOCK_BOOTTIME: no /proc read.
+    On Windows a start time is the creation time in ms since the epoch (its one encoding,
+    gpuguard.orphans.windows.encode_create_time), so the age is against the wall clock."""
     if start_time is None:
         return None
-    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_time / _TICKS)
+    if IS_WINDOWS:
+        return max(0.0, time.time() - start_time / 1000)
+    # sysconf here, not at import: Windows has none.
+    ticks = os.sysconf("SC_CLK_TCK")
+    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_time / ticks)

@@ -3,8 +3,10 @@
 `--apply` signals whatever `remediate.mode` says (a person typing it has decided), after the
 same live verification as policy.decide() and the reaper's guards, and writes the
 remediator's audit record, marked `manual`. It names the process as well as the pid
-(`--start-time`). SIGINT, SIGTERM and SIGHUP stop the reap (what it stopped is continued),
-the final record is written, and the command exits 128+N.
+(`--start-time`). SIGINT, SIGTERM and SIGHUP (on Windows SIGINT, SIGTERM and SIGBREAK:
+Ctrl-C, Ctrl-Break) stop the reap (what it stopped is continued), the final record is
+written, and the command exits 128+N. Closing a Windows console window is not one of
+them: Windows ends the process a few seconds later, mid-reap or not (docs/windows.md).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import enum
 import getpass
 import os
 import signal
@@ -25,6 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from gpuguard.compat import StrEnum
 from gpuguard.config import Config
 from gpuguard.console.alert_state import alert_line, alert_state
 from gpuguard.console.config_file import load
@@ -36,11 +38,13 @@ from gpuguard.console.contract import (
     EXIT_REFUSED,
     EXIT_USAGE,
     PROG,
+    START_TIME_WORDS,
     Failure,
 )
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
 from gpuguard.host.nvml import Nvml
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.alertmanager import ConfirmationState
@@ -54,20 +58,31 @@ from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.outcome import Outcome, ReapResult
 from gpuguard.remediator.policy import Action, Decision, verify_live
 from gpuguard.remediator.reap_plan import ReapPlan
-from gpuguard.remediator.reaper import INTERRUPTED, Interrupted, Reaper
+from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
+from gpuguard.remediator.reapers import platform_reaper
 from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
-#: What stops `reap --apply` part-way (a terminal's Ctrl-C or hangup, a supervisor).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The signals that stop `reap --apply` part-way, by name: a terminal's Ctrl-C or hangup,
+#: a supervisor; on Windows (no SIGHUP there) the console's Ctrl-Break (SIGBREAK).
+STOP_SIGNAL_NAMES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK")
+
+
+def stop_signals(module: Any = signal) -> tuple[signal.Signals, ...]:
+    """The stop signals `module` (the signal module) has: SIGINT, SIGTERM and SIGHUP on
+    Linux; SIGINT, SIGTERM and SIGBREAK on Windows."""
+    return tuple(getattr(module, name) for name in STOP_SIGNAL_NAMES if hasattr(module, name))
+
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = stop_signals()
 #: How long the command waits for NVML to shut down: a read the reaper gave up on (a hung
 #: driver) may still hold NVML's lock, and the command must not hang on it to exit.
 NVML_CLOSE_SECONDS = 2.0
 
 
 class StopOnSignal:
-    """While `reap --apply` may signal: the first SIGINT, SIGTERM or SIGHUP raises
+    """While `reap --apply` may signal: the first of STOP_SIGNALS raises
     Interrupted into the running code (the reaper turns it into a thaw and an
     `interrupted` result); once disarmed (the reap is over) a signal is only noted, so
     nothing interrupts the final audit record. The command then exits 128+N. A signal
@@ -107,6 +122,13 @@ class StopOnSignal:
         if self.armed:
             self.armed = False
             raise Interrupted(f"{signal.Signals(signum).name} received")
+
+
+def _wddm_nvml() -> Nvml:
+    """NVML with WDDM's per-process memory where NVML cannot size it (Windows)."""
+    from gpuguard.host.windows.wddm import WddmNvml
+
+    return WddmNvml()
 
 
 def close_within(nvml: Nvml, seconds: float) -> None:
@@ -149,7 +171,7 @@ def refusal(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
     return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
 
 
-class ManualReason(enum.StrEnum):
+class ManualReason(StrEnum):
     """The reasons only the manual path gives (the others are the remediator's)."""
 
     AUDIT_UNSAFE = "audit-unsafe"
@@ -163,25 +185,44 @@ def operator() -> str:
     return os.environ.get("SUDO_USER") or getpass.getuser()
 
 
+def outside_host_pid_namespace(allowed: bool) -> bool:
+    """Whether a reap that signals must be refused for its PID namespace: NVML reports
+    host pids, so outside the host's namespace (or where that cannot be told) a pid may
+    name another process, unless a person said NVML reports this namespace's
+    (`allowed`). Windows has no PID namespaces. `reap --apply` and the MCP server's
+    confirm=true both ask this one question."""
+    return not allowed and not IS_WINDOWS and not in_host_pid_namespace()
+
+
 def check_arguments(args: argparse.Namespace) -> None:
-    """What --apply needs before anything is read: the host PID namespace, --start-time."""
-    if args.apply and not in_host_pid_namespace() and not args.allow_pid_namespace:
+    """What --apply needs before anything is read: the host PID namespace (Linux; Windows
+    has none), --start-time."""
+    if args.apply and outside_host_pid_namespace(args.allow_pid_namespace):
         raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
                       "reports host pids; pass --allow-pid-namespace only if NVML reports "
                       "this namespace's pids")
     if args.apply and args.start_time is None:
-        raise Failure(EXIT_USAGE, "--apply needs --start-time TICKS, the start time of the "
-                      f"process you mean (a dry run, `{PROG} status --json` or `{PROG} "
-                      "explain PID` shows it): a pid alone names whichever process holds it "
+        raise Failure(EXIT_USAGE, f"--apply needs --start-time START_TIME of the process you "
+                      f"mean (a dry run, `{PROG} status --json` or `{PROG} explain PID` shows "
+                      f"it; {START_TIME_WORDS}): a pid alone names whichever process holds it "
                       "now")
 
 
 def tree_key(args: argparse.Namespace) -> TreeKey:
-    """ROOT_PID with --start-time, or with its start time now (a dry run's)."""
-    info = ProcessView().fresh_stat(args.root_pid)
-    if info is None or info.is_zombie:
+    """ROOT_PID with --start-time, or with its start time now (a dry run's; on Windows its
+    creation time, in the integer milliseconds of gpuguard.orphans.windows)."""
+    now: int | None = None
+    if IS_WINDOWS:
+        from gpuguard.host.windows.processes import read_one
+
+        row = read_one(args.root_pid)
+        now = row.create_time if row is not None else None
+    else:
+        info = ProcessView().fresh_stat(args.root_pid)
+        now = info.start_time if info is not None and not info.is_zombie else None
+    if now is None:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
-    start_time = args.start_time if args.start_time is not None else info.start_time
+    start_time = args.start_time if args.start_time is not None else now
     return TreeKey(args.hostname, args.root_pid, start_time)
 
 
@@ -193,7 +234,7 @@ class ManualReap:
         self.args = args
         self.config = config
         self.key = key
-        self.nvml = Nvml()
+        self.nvml = Nvml() if not IS_WINDOWS else _wddm_nvml()
         self.err: Console = make_console(stderr=True)
         self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
                                        "apply": args.apply, "force": args.force}
@@ -286,7 +327,7 @@ class ManualReap:
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
         # during the reap reaches the reaper as Interrupted: it continues what it stopped.
-        result = self.result = Reaper(nvml=self.nvml).reap(
+        result = self.result = platform_reaper(nvml=self.nvml).reap(
             plan, policy=self.config.remediate, rules=self.config.classify,
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,

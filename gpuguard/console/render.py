@@ -20,7 +20,7 @@ from gpuguard.console.alert_state import alert_line
 from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_members
 from gpuguard.console.reports import Explanation, ReapReport
 from gpuguard.exporter.accounting import Accounting
-from gpuguard.exporter.scanner import Snapshot, user_name
+from gpuguard.exporter.scanner import Snapshot, owner
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import Tree
@@ -207,7 +207,7 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
                     reason += f", seen orphaned {fmt_age(seen)}"
             table.add_row(
                 Text(str(member.pid), style=pid_style),
-                user_name(member.uid),
+                owner(member),
                 Text.assemble(
                     ("   " * max(0, depth - 1) + name, "bold" if is_root else ""),
                     (f" [suspect: {suspect.why}]" if suspect else "", "bold red")),
@@ -263,7 +263,7 @@ def explain_renderable(ex: Explanation) -> RenderableType:
     info = ex.info
     held = ", ".join(f"{fmt_bytes(h.used_bytes)} on GPU {h.gpu_index}" for h in ex.holdings)
     head = Text.assemble(("pid ", "bold"), (str(info.pid), "bold"),
-                         f" ({info.comm}, user {user_name(info.uid)}, start_time "
+                         f" ({info.comm}, user {owner(info)}, start_time "
                          f"{info.start_time})", f": holds {held}" if held else "")
     parts: list[RenderableType] = [head]
     if ex.note:
@@ -296,7 +296,7 @@ def explain_renderable(ex: Explanation) -> RenderableType:
             VERDICT_STYLE[Verdict.ORPHAN] if role.is_root and hv.verdict == Verdict.ORPHAN
             else "")
         table.add_row(role, str(m.pid), str(m.ppid), str(m.start_time), str(m.sid),
-                      str(m.pgid), m.state, user_name(m.uid), m.comm,
+                      str(m.pgid), m.state, owner(m), m.comm,
                       fmt_age(process_age(m.start_time)), style=style)
     parts += [Text(""), Text("Chain, holder up to the child of PID 1", style="bold underline"),
               table, Text("")]

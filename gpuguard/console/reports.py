@@ -3,10 +3,10 @@ for people and written as their --json documents."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.compat import StrEnum
 from gpuguard.console.contract import REAP_SCHEMA, REFUSED
 from gpuguard.console.json_records import live_json
 from gpuguard.host.nvml import NvmlReading
@@ -17,7 +17,7 @@ from gpuguard.remediator.policy import Decision
 from gpuguard.remediator.tree import LiveTree, TreeKey
 
 
-class LeaderState(enum.StrEnum):
+class LeaderState(StrEnum):
     """A session leader's state, rule 6's session-ended evidence."""
 
     ALIVE = "alive"

@@ -1,7 +1,8 @@
 """`gpuguard run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]`: parse and hand off.
 
-The launcher itself is gpuguard/launch/; this module turns the command line
-into its Options and its start-up failures into the console's one-line exits.
+The launcher itself is gpuguard/launch/ (launcher.py on Linux, windows.py on Windows: a
+Job Object); this module turns the command line into its Options and its start-up
+failures into the console's one-line exits.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from gpuguard.console.contract import (
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.launch.events import Options
-from gpuguard.launch.launcher import CannotStart, Unsupported, end, run
+from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.launch.options import CannotStart, Exit, Options, Unsupported
 
 USAGE = "run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"
 
@@ -32,11 +33,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers,
                       marks_dir=args.marks_dir)
     try:
-        how = run(command, options)
+        how = launch(command, options)
     except Unsupported as exc:
         raise Failure(EXIT_USAGE, f"run: CMD not started: {exc}") from None
     except CannotStart as exc:
         code = EXIT_NOT_FOUND if isinstance(exc.error, FileNotFoundError) else EXIT_CANNOT_EXECUTE
         why = "command not found" if code == EXIT_NOT_FOUND else exc.error.strerror
         raise Failure(code, f"run: {command[0]}: {why}") from None
-    return end(how)  # after SIGINT, SIGTERM or SIGHUP: dies of it, as a plain command would
+    return finish(how)
+
+
+def launch(command: list[str], options: Options) -> Exit:
+    """This platform's launcher (neither imports on the other platform)."""
+    if IS_WINDOWS:
+        from gpuguard.launch import windows
+
+        return windows.run(command, options)
+    from gpuguard.launch.launcher import run
+
+    return run(command, options)
+
+
+def finish(how: Exit) -> int:
+    """After SIGINT, SIGTERM or SIGHUP the Linux launcher dies of it, as a plain command
+    would; Windows has no such death: its exit status says it."""
+    if IS_WINDOWS:
+        return how.code
+    from gpuguard.launch.launcher import end
+
+    return end(how)

@@ -24,8 +24,9 @@ from gpuguard.console.render import (
 )
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.scanner import Scanner, Snapshot, user_name
+from gpuguard.exporter.scanner import Scanner, Snapshot, owner, windows_scan_sources
 from gpuguard.host.nvml import Nvml
+from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.verdicts import Tree
@@ -64,7 +65,7 @@ def tree_json(tree: Tree, snap: Snapshot,
         "root_pid": tree.root_pid,
         "root_start_time": tree.root_start_time,
         "root_comm": root.comm if root is not None else None,
-        "root_user": user_name(root.uid) if root is not None else None,
+        "root_user": owner(root) if root is not None else None,
         "root_age_seconds": process_age(tree.root_start_time),
         "orphan_since": None,
         "verdict": tree.verdict,
@@ -98,6 +99,11 @@ def status_json(snap: Snapshot, hostname: str,
 
 
 def new_scanner(config: Config) -> Scanner:
+    """The exporter's scanner for this platform (on Windows: psutil's table, its rules)."""
+    if IS_WINDOWS:
+        table, nvml = windows_scan_sources()
+        return Scanner(rules=config.classify, nvml=nvml, quotas=config.quotas,
+                       audit=config.audit, table=table)
     return Scanner(rules=config.classify, nvml=Nvml(), view=ProcessView(), quotas=config.quotas,
                    audit=config.audit)
 

@@ -6,15 +6,16 @@ Flat arrays of about 20 bytes a record, allocated up front (65,536 records by de
 
 from __future__ import annotations
 
-import enum
 import struct
 import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuguard.compat import StrEnum
 
-class EvictionCause(enum.StrEnum):
+
+class EvictionCause(StrEnum):
     """Why records left the store."""
 
     COUNT = "count"  # room for newer ones

@@ -11,7 +11,6 @@ counted as `dropped`.
 from __future__ import annotations
 
 import ctypes
-import enum
 import errno
 import logging
 import os
@@ -22,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuguard.compat import StrEnum
 from gpuguard.host.exit_store import EvictionCause, Exit, ExitStore, Row
 from gpuguard.host.proc_connector import (
     CN_IDX_PROC,
@@ -47,7 +47,7 @@ SK_MEMINFO_DROPS = 8
 PR_SET_NAME = 15
 
 
-class EventKind(enum.StrEnum):
+class EventKind(StrEnum):
     """Event kinds counted (gpuguard_process_events_total{kind})."""
 
     EXIT = "exit"  # a process (thread-group leader) exited: recorded

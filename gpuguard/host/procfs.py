@@ -159,7 +159,10 @@ def boot_id() -> str:
 
 def boottime() -> float:
     """The boot clock: seconds since boot (CLOCK_BOOTTIME, suspend included). No step of
-    the wall clock moves it; it starts again at 0 with every boot (see boot_id)."""
+    the wall clock moves it; it starts again at 0 with every boot (see boot_id). Windows
+    has no CLOCK_BOOTTIME: its monotonic clock (QueryPerformanceCounter, from boot) there."""
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        return time.monotonic()
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 

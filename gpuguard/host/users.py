@@ -12,7 +12,6 @@ with the number of uids ever seen.
 
 from __future__ import annotations
 
-import pwd
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,8 @@ DEFAULT_MAX_ENTRIES = 4096
 
 def passwd_name(uid: int) -> str:
     """NSS's name for `uid`; KeyError when it has none (or cannot say: NSS down)."""
+    import pwd  # POSIX only: Windows has no uids (its users come from psutil's username)
+
     return pwd.getpwuid(uid).pw_name
 
 

@@ -7,12 +7,14 @@ without processes.
 
 from __future__ import annotations
 
-import enum
 import os
 import signal
 from dataclasses import dataclass
 
-from gpuguard.orphans.rules_config import DEFAULT_MARKS_DIR
+from gpuguard.compat import StrEnum
+from gpuguard.launch.options import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
+from gpuguard.launch.options import EXIT_PARENT_DIED, EXIT_SIGINT, Options
+from gpuguard.launch.options import Exit as Exit
 
 #: si_code of a signal the kernel generated itself: a terminal's Ctrl-C (or hangup) sent
 #: to the foreground process group, CMD included.
@@ -24,10 +26,8 @@ TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, sign
 #: The launcher's own parent-death signal: one nobody sends by hand. The kernel also sends
 #: it when the parent's *thread* exits, so it means the parent died only if getppid() changed.
 PDEATHSIG = int(signal.SIGRTMIN)
-#: Exit status after the parent's death: the shell's for a hangup (128 + SIGHUP).
-EXIT_PARENT_DIED = 128 + signal.SIGHUP
-EXIT_SIGINT = 128 + signal.SIGINT
-DEFAULT_GRACE_SECONDS = 5.0
+# EXIT_PARENT_DIED (128 + SIGHUP), EXIT_SIGINT (128 + SIGINT), DEFAULT_GRACE_SECONDS,
+# Options and Exit live in options.py, which the Windows launcher shares.
 
 #: The signals that end a run (besides PDEATHSIG and CMD's exit, seen through SIGCHLD).
 TEARDOWN_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
@@ -41,14 +41,6 @@ SYNCHRONOUS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, sign
 FORWARDED_SIGNALS = frozenset(signal.valid_signals()) - {
     *TEARDOWN_SIGNALS, *JOB_CONTROL, *SYNCHRONOUS, signal.SIGCHLD, PDEATHSIG,
     signal.SIGKILL, signal.SIGSTOP}
-
-
-@dataclass(frozen=True)
-class Options:
-    grace: float = DEFAULT_GRACE_SECONDS  # SIGINT -> reap wait, and the reap's TERM -> KILL
-    keep_leftovers: bool = False  # when CMD exits by itself, leave its leftovers running
-    #: Where the launcher registers itself (gpuguard/host/marks.py): what CMD cannot erase.
-    marks_dir: str = DEFAULT_MARKS_DIR
 
 
 @dataclass(frozen=True)
@@ -71,7 +63,7 @@ class GraceOver:
 Event = Signalled | CmdExited | GraceOver
 
 
-class Next(enum.StrEnum):
+class Next(StrEnum):
     WAIT = "wait"  # keep waiting (maybe after forwarding a signal)
     INTERRUPT = "interrupt"  # the first SIGINT: start the --grace wait
     FINISH = "finish"  # tear down (unless `reap` is False) and exit with `code`
@@ -85,14 +77,6 @@ class Step:
     reap: bool = True  # with FINISH: reap what is left of the tree first
     why: str = ""  # what the stderr line says happened
     dies_of: int | None = None  # with FINISH: end by this signal instead of exit(code)
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How the launcher ends: exit(code), or killed by `dies_of` (a shell shows 128+N)."""
-
-    code: int
-    dies_of: int | None = None
 
 
 def exit_status(status: int) -> int:

@@ -23,6 +23,7 @@ from gpuguard.launch.events import (
     Exit,
     Options,
 )
+from gpuguard.launch.options import CannotStart, Unsupported
 from gpuguard.launch.registration import register_launcher, unregister_launcher
 from gpuguard.launch.spawn import spawn
 from gpuguard.launch.stderr import say
@@ -38,18 +39,6 @@ from gpuguard.launch.teardown import reap_tree, teardown_line
 
 #: Bound on the signals dropped at the end (real-time signals queue, one by one).
 DRAIN_LIMIT = 4096
-
-
-class CannotStart(Exception):
-    """CMD could not be executed (`error` says why); nothing was started."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error.strerror)
-        self.error = error
-
-
-class Unsupported(Exception):
-    """The launcher could not see or safely signal its tree here; nothing was started."""
 
 
 def parent_at_start() -> int:

@@ -26,9 +26,46 @@ DEFAULT_PROTECT = (
 )
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
+#: Windows' defaults (gpuguard/orphans/windows.py), which the config loader applies on
+#: Windows where the config names none (gpuguard.host.platform.IS_WINDOWS decides, there).
+#: Protect patterns match names and whole command lines, case-insensitively as every
+#: protect pattern: notebooks, `nohup` (MSYS, Cygwin), VS Code, the shell, the services
+#: (issue 30's six); then what DEFAULT_PROTECT guards on Linux, as Windows spells it:
+#: kernels (`ipykernel_launcher`), the editors' own programs (`Code - Insiders.exe`,
+#: `Cursor.exe`, `Windsurf.exe`, `VSCodium.exe`) and their remote servers on a Windows
+#: host (`%USERPROFILE%\.vscode-server\...`, `.cursor-server`, `.windsurf-server`,
+#: `.vscodium-server`), Ray's `raylet.exe`, and Windows containers' shims
+#: (`containerd-shim-runhcs-v1.exe`). tmux, screen and slurmstepd have no Windows
+#: counterpart (the terminal's own process, explorer.exe, is protected already).
+WINDOWS_PROTECT = (
+    "jupyter",
+    "nohup",
+    r"code\.exe",
+    r"explorer\.exe",
+    r"services\.exe",
+    r"svchost\.exe",
+    "ipykernel",
+    r"code - insiders\.exe",
+    r"cursor\.exe",
+    r"windsurf\.exe",
+    r"vscodium\.exe",
+    "code-server",  # also matches VS Code's %USERPROFILE%\.vscode-server
+    "cursor-server",
+    "vscodium-server",
+    "windsurf-server",
+    "raylet",
+    "containerd-shim",
+)
+#: Windows' adopters: processes whose parent is normally gone, the top of their chain and
+#: never orphans (explorer.exe under a userinit.exe that exited; wininit.exe, csrss.exe and
+#: winlogon.exe under a session's smss.exe that exited). Names, case-insensitive.
+WINDOWS_ADOPTERS = ("explorer.exe", "wininit.exe", "csrss.exe", "winlogon.exe")
 DEFAULT_MAX_DEPTH = 64
 #: Keep and run registrations (gpuguard/host/marks.py): what a process cannot erase.
 DEFAULT_MARKS_DIR = "/run/gpuguard/marks"
+#: Where gpuguard keeps its files on Windows (no /run, /var or /etc there).
+WINDOWS_DATA_DIR = "C:\\ProgramData\\gpuguard"
+WINDOWS_MARKS_DIR = WINDOWS_DATA_DIR + "\\marks"
 KEEP_MARK = "keep"
 RUN_MARK = "run"
 COMM_LEN = 15  # the kernel truncates comm to 15 bytes
@@ -98,3 +135,18 @@ class Rules:
         """A process named like a child subreaper or init (tini, systemd, ...): it adopts
         orphans (the remediator's killer is the `Reaper`; this is not it)."""
         return any(comm == name[:COMM_LEN] for name in self.adopters)
+
+
+def default_rules(*, windows: bool) -> Rules:
+    """The `classify:` defaults of a platform: Linux's, or Windows' protect patterns,
+    adopters and marks directory. The loader asks it with
+    gpuguard.host.platform.IS_WINDOWS; this module never asks which platform it runs on."""
+    if windows:
+        return Rules(protect=WINDOWS_PROTECT, adopters=WINDOWS_ADOPTERS,
+                     marks_dir=WINDOWS_MARKS_DIR)
+    return Rules()
+
+
+def default_marks_dir(*, windows: bool) -> str:
+    """`classify.marks_dir`'s default on a platform (the CLI's --marks-dir shows it)."""
+    return default_rules(windows=windows).marks_dir

@@ -5,10 +5,10 @@ StrEnums: each value is the exact string that JSON, metric labels and audit logs
 
 from __future__ import annotations
 
-import enum
+from gpuguard.compat import StrEnum
 
 
-class Verdict(enum.StrEnum):
+class Verdict(StrEnum):
     """What a holder's chain (or a tree) is. Only ORPHAN is ever reaped."""
 
     NORMAL = "normal"
@@ -17,7 +17,7 @@ class Verdict(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-class Rule(enum.StrEnum):
+class Rule(StrEnum):
     """The orphan rules by number (docs/design.md, Orphan rules): the rule that decided."""
 
     HOLDER = "1"  # the holder itself: visible, not a zombie
@@ -29,7 +29,7 @@ class Rule(enum.StrEnum):
     SESSION = "7"  # no adoption: attached to or leading a live session
 
 
-class Reason(enum.StrEnum):
+class Reason(StrEnum):
     """Why a verdict was given; the rule that gives each is at its use."""
 
     NOT_VISIBLE = "not-visible"
@@ -59,6 +59,12 @@ class Reason(enum.StrEnum):
     #: The holder's session lives, but a process above it (that created it, or adopted
     #: it) lost its own launcher: alerted, reaped only where the policy names it.
     SESSION_ORPHANED = "session-orphaned"
+    #: Windows orphan reasons (gpuguard/orphans/windows.py; never given on Linux): the
+    #: parent pid is in no process table (the parent is gone), or names a process created
+    #: after the child (the pid was reused: the parent is gone too). Windows cannot say how
+    #: the launcher went (killed, or exited by itself): not reaped by default.
+    PARENT_GONE = "parent-gone"
+    PARENT_REUSED = "parent-reused"
     #: Rule 6's unknown: the evidence fits an adoption and a fork alike.
     ADOPTION_UNCERTAIN = "adoption-uncertain"
     ATTACHED = "attached"

@@ -370,7 +370,7 @@ def serve_until_signalled(server: Any, log: logging.Logger, announce: str,
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
-    if on_hup is not None:
+    if on_hup is not None and hasattr(signal, "SIGHUP"):  # Windows has none
         signal.signal(signal.SIGHUP, on_hup)
     try:
         print(announce, flush=True)

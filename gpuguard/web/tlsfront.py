@@ -19,6 +19,8 @@ import ssl
 import threading
 from collections.abc import Callable
 
+from gpuguard.compat import start_tls
+
 log = logging.getLogger("gpuguard.tls")
 
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
@@ -126,8 +128,8 @@ class TlsFront:
             if context is None:
                 return
             try:
-                await writer.start_tls(context, ssl_handshake_timeout=self._timeout)
-            except (TimeoutError, ssl.SSLError, OSError, ConnectionError) as exc:
+                await start_tls(writer, context, ssl_handshake_timeout=self._timeout)
+            except (asyncio.TimeoutError, ssl.SSLError, OSError, ConnectionError) as exc:
                 log.debug("TLS handshake refused: %s", exc)
                 return
             if not self._client_allowed(writer.get_extra_info("peercert")):

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
 
 
 def now() -> datetime:
-    return datetime.now(UTC)
+    return datetime.now(timezone.utc)
 
 
 def tree(hostname: str, root_pid: str = "4242", root_start_time: str = "987654") -> dict:

@@ -300,7 +300,8 @@ def test_policy_check_invalid_config_exits_2(tmp_path: Path, gpuguard: Run) -> N
     assert proc.returncode == 2
     assert proc.stderr == (f"gpuguard: config error: {bad}: remediate.reasons: 'whatever' is "
                            "not one of launcher-killed, session-ended, launcher-exited, "
-                           "launcher-unrecorded, parent-exited, session-orphaned\n")
+                           "launcher-unrecorded, parent-exited, session-orphaned, "
+                           "parent-gone, parent-reused\n")
 
 
 # -- reap -----------------------------------------------------------------------------------

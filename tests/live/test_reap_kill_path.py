@@ -273,7 +273,7 @@ def test_reap_apply_needs_the_start_time_of_the_process_it_reaps(
     done = console(fake_gpu, fake_nvml_lib, "reap", str(orphan.root), "--apply",
                    "--allow-pid-namespace", "--config", str(config))
     assert done.returncode == 2, (done.stdout, done.stderr)
-    assert done.stderr.startswith("gpuguard: --apply needs --start-time TICKS")
+    assert done.stderr.startswith("gpuguard: --apply needs --start-time START_TIME of the process")
     assert done.stdout == "" and orphan.all_alive()
     # The dry run names the process: what --apply then needs.
     dry = console(fake_gpu, fake_nvml_lib, "reap", str(orphan.root), "--config", str(config))

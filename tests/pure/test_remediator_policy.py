@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +211,7 @@ def test_too_young_defers_until_min_age_counted_locally() -> None:
     assert (decision.action, decision.reason) == (Action.DEFER, "too-young")
     assert decision.first_seen == NOW and decision.recheck_at == NOW + 300
     # A startsAt later than our own first sighting wins (the alert restarted).
-    recent = make_alert(starts_at=datetime.fromtimestamp(NOW - 100, tz=UTC).isoformat())
+    recent = make_alert(starts_at=datetime.fromtimestamp(NOW - 100, tz=timezone.utc).isoformat())
     decision = decide(recent, orphan(), state())
     assert decision.action == Action.DEFER and decision.recheck_at == pytest.approx(NOW + 200)
 
@@ -220,7 +220,7 @@ def test_a_wall_clock_step_forward_neither_ages_a_tree_nor_empties_the_window() 
     """Ages and windows are on the boot clock (state.now); the wall clock (wall_now) only
     places startsAt, so a day's step of it can make an alert look older, never the tree."""
     day = 86400.0
-    starts = make_alert(starts_at=datetime.fromtimestamp(NOW - 10, tz=UTC).isoformat())
+    starts = make_alert(starts_at=datetime.fromtimestamp(NOW - 10, tz=timezone.utc).isoformat())
     stepped = state(first_seen={KEY: NOW - 10}, wall_now=NOW + day)
     decision = decide(starts, orphan(), stepped)
     assert (decision.action, decision.reason) == (Action.DEFER, "too-young")

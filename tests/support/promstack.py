@@ -15,7 +15,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,7 @@ class Alertmanager(_Proc):
     def silence(self, matchers: dict[str, str], *, minutes: int = 30) -> str:
         from datetime import datetime, timedelta
 
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         body = {
             "matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True}
                          for k, v in matchers.items()],
@@ -145,7 +145,7 @@ class Alertmanager(_Proc):
         """An alert straight into Alertmanager, as another Prometheus rule would send it."""
         from datetime import datetime, timedelta
 
-        now = datetime.now(UTC)
+        now = datetime.now(timezone.utc)
         body = [{"labels": labels, "startsAt": now.isoformat(),
                  "endsAt": (now + timedelta(minutes=minutes)).isoformat()}]
         requests.post(f"{self.url}/api/v2/alerts", json=body, timeout=5).raise_for_status()

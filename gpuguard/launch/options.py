@@ -1,0 +1,44 @@
+"""What `gpuguard run` is asked and how it ends, on every platform: its Options, its Exit,
+the exit statuses it gives, and the two ways it refuses to start. The Linux launcher
+(launcher.py, events.py) and the Windows one (windows.py) share these; neither module
+imports on the other's platform."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuguard.orphans.rules_config import DEFAULT_MARKS_DIR
+
+DEFAULT_GRACE_SECONDS = 5.0
+#: Exit status after the parent's death: the shell's for a hangup (128 + SIGHUP).
+EXIT_PARENT_DIED = 129
+#: Exit status after SIGINT (Ctrl-C): 128 + SIGINT.
+EXIT_SIGINT = 130
+
+
+@dataclass(frozen=True)
+class Options:
+    grace: float = DEFAULT_GRACE_SECONDS  # SIGINT -> reap wait, and the reap's TERM -> KILL
+    keep_leftovers: bool = False  # when CMD exits by itself, leave its leftovers running
+    #: Where the launcher registers itself (gpuguard/host/marks.py): what CMD cannot erase.
+    marks_dir: str = DEFAULT_MARKS_DIR
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the launcher ends: exit(code), or killed by `dies_of` (a shell shows 128+N)."""
+
+    code: int
+    dies_of: int | None = None
+
+
+class CannotStart(Exception):
+    """CMD could not be executed (`error` says why); nothing was started."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror)
+        self.error = error
+
+
+class Unsupported(Exception):
+    """The launcher could not see or safely signal its tree here; nothing was started."""
