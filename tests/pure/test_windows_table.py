@@ -10,6 +10,7 @@ is played by a stand-in process object raising psutil's own exceptions.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from gpuguard.host import platform
 from gpuguard.host.windows import processes
 from gpuguard.orphans.windows import UNKNOWN_CREATE_TIME, encode_create_time
+from tests.support.ci import require
 
 
 def test_the_table_source_imports_without_psutil_and_the_platform_is_linux_here() -> None:
@@ -32,7 +34,10 @@ def test_the_table_source_imports_without_psutil_and_the_platform_is_linux_here(
 
 @pytest.fixture
 def psutil() -> Any:
-    return pytest.importorskip("psutil")
+    require(importlib.util.find_spec("psutil"), "psutil is not installed: pip install -e '.[test]'")
+    import psutil
+
+    return psutil
 
 
 def test_read_one_reads_this_process_as_psutil_does(psutil: Any) -> None:
