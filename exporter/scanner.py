@@ -42,7 +42,8 @@ if not IS_WINDOWS:  # NSS's users and groups (quotas by group); Windows has neit
 
 log = logging.getLogger(__name__)
 
-#: A Windows process table, read once per scan (gpuguard.host.windows.processes.read_table).
+#: A Windows process table: one snapshot of pids and ppids per scan, rows read as the rules
+#: walk them (gpuguard.host.windows.processes.read_table).
 TableSource = Callable[[], Mapping[int, WinProc]]
 #: The boot clock orphan ages count on: CLOCK_BOOTTIME on Linux; Windows' monotonic
 #: clock (it never steps either).

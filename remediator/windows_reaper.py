@@ -44,7 +44,7 @@ from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.orphans.windows import WinProc, judge_windows_member
+from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.remediator.audit import Phase
 from gpuguard.remediator.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.outcome import KillPath, Outcome, ReapResult, SignalRecord, SignalResult
@@ -375,10 +375,7 @@ def unheld(run: WinRun, table: Mapping[int, WinProc]) -> list[WinProc]:
     their ppid). Once a later process holds an exited member's pid, a row created
     after that process is its child, not the member's; a row whose creation time is
     unknown is taken (fail closed: as a member it cannot be judged, and refuses)."""
-    children: dict[int, list[WinProc]] = {}
-    for row in table.values():
-        if row.pid != row.ppid:
-            children.setdefault(row.ppid, []).append(row)
+    children = pids_by_parent(table)
     found: dict[int, WinProc] = {}
     frontier = [t.row for t in run.targets.values()]
     while frontier:
@@ -387,8 +384,9 @@ def unheld(run: WinRun, table: Mapping[int, WinProc]) -> list[WinProc]:
             now = table.get(parent.pid)
             reused = now.create_time if now is not None and now.identity != parent.identity \
                 else None
-            for child in sorted(children.get(parent.pid, ()), key=lambda r: r.pid):
-                if child.pid in run.targets or child.pid in found:
+            for pid in children.get(parent.pid, ()):
+                child = table.get(pid)  # gone since the snapshot: no row
+                if child is None or child.pid in run.targets or child.pid in found:
                     continue
                 if child.timed and parent.timed and child.create_time < parent.create_time:
                     continue  # an older process: the child of an earlier one at the pid

@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from gpuguard.orphans.members import MemberJudgement
 from gpuguard.orphans.process import Holder, ProcInfo
@@ -348,6 +349,28 @@ def _tree(hvs: list[HolderVerdict]) -> Tree:
     )
 
 
+@runtime_checkable
+class ParentIndexed(Protocol):
+    """A table that knows every listed pid's ppid without reading its row (Windows gives
+    all of them in one process snapshot): a walk down from a root then reads only the
+    rows below it, not the whole table (docs/design.md, Cost rules)."""
+
+    @property
+    def ppids(self) -> Mapping[int, int]: ...
+
+
+def pids_by_parent(table: Mapping[int, WinProc]) -> dict[int, list[int]]:
+    """Every listed pid by the ppid it names (itself excluded), sorted: from the table's
+    ppid index where it has one, else from its rows."""
+    ppids = table.ppids if isinstance(table, ParentIndexed) else \
+        {proc.pid: proc.ppid for proc in table.values()}
+    out: dict[int, list[int]] = {}
+    for pid, ppid in sorted(ppids.items()):
+        if pid != ppid:
+            out.setdefault(ppid, []).append(pid)
+    return out
+
+
 def windows_members(table: Mapping[int, WinProc], root: WinProc, *,
                     limit: int = MEMBER_LIMIT) -> tuple[WinProc, ...]:
     """The root and every live descendant in `table`, root first, breadth first.
@@ -357,19 +380,17 @@ def windows_members(table: Mapping[int, WinProc], root: WinProc, *,
     pid). A row whose creation time is unknown counts as a child: it cannot be ruled
     out, and as an unreadable member it makes the tree unknown (fail closed).
     """
-    children: dict[int, list[WinProc]] = {}
-    for proc in table.values():
-        if proc.pid != proc.ppid:
-            children.setdefault(proc.ppid, []).append(proc)
+    children = pids_by_parent(table)
     out = [root]
     seen = {root.pid}
     frontier = [root]
     while frontier and len(out) < limit:
         nxt: list[WinProc] = []
         for parent in frontier:
-            for child in sorted(children.get(parent.pid, ()), key=lambda p: p.pid):
-                if child.pid in seen or (child.timed and parent.timed
-                                         and child.create_time < parent.create_time):
+            for pid in children.get(parent.pid, ()):
+                child = table.get(pid)  # gone since the snapshot: no row
+                if child is None or child.pid in seen or (
+                        child.timed and parent.timed and child.create_time < parent.create_time):
                     continue
                 seen.add(child.pid)
                 out.append(child)

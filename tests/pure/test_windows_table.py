@@ -14,14 +14,22 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
 from gpuguard.host import platform
 from gpuguard.host.windows import processes
-from gpuguard.orphans.windows import UNKNOWN_CREATE_TIME, encode_create_time
+from gpuguard.orphans.rules_config import default_rules
+from gpuguard.orphans.windows import (
+    UNKNOWN_CREATE_TIME,
+    ParentIndexed,
+    WinProc,
+    classify_windows,
+    encode_create_time,
+    windows_members,
+)
 from tests.support.ci import require
 
 
@@ -131,3 +139,56 @@ def test_wine_8s_name_error_leaves_the_name_unknown_and_the_row_readable(psutil:
 @pytest.mark.parametrize("what", ["create_time", "cmdline", "name", "username"])
 def test_a_process_gone_while_read_is_no_row(psutil: Any, what: str) -> None:
     assert row_of(psutil, **{what: psutil.NoSuchProcess(7004)}) is None
+
+
+def test_a_scan_reads_the_rows_of_its_holders_chain_and_no_others(psutil: Any) -> None:
+    """The cost rule on Windows: one snapshot of pids and ppids, then rows only for what
+    the rules walk. A sibling of the holder (here a child of this process beside it)
+    is listed but never read: no command line, owner or token of a bystander."""
+    holder, bystander = (subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                          stdin=subprocess.PIPE) for _ in range(2))
+    try:
+        table = processes.read_table()
+        assert isinstance(table, processes.ProcessTable)
+        assert {holder.pid, bystander.pid} <= set(table.ppids)
+        [tree] = classify_windows(table, [holder.pid], default_rules(windows=True))
+        assert holder.pid in {h.pid for h in tree.holders}
+        assert {holder.pid, os.getpid()} <= table.read_pids
+        assert bystander.pid not in table.read_pids
+        assert len(table.read_pids) < len(table.ppids)
+    finally:
+        for child in (holder, bystander):
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=30)
+
+
+class CountingTable(Mapping[int, WinProc]):
+    """A ParentIndexed table over fixed rows that records which rows were read."""
+
+    def __init__(self, rows: list[WinProc]) -> None:
+        self._rows = {row.pid: row for row in rows}
+        self.ppids = {row.pid: row.ppid for row in rows}
+        self.read: set[int] = set()
+
+    def __getitem__(self, pid: int) -> WinProc:
+        self.read.add(pid)
+        return self._rows[pid]
+
+    def __iter__(self) -> Iterator[int]:
+        raise AssertionError("the walk iterated the whole table")
+
+    def __len__(self) -> int:
+        raise AssertionError("the walk sized the whole table")
+
+
+def test_the_member_walk_reads_only_the_rows_below_the_root() -> None:
+    root = WinProc(100, 90, 1_000, ("python.exe", "launch.py"))
+    rows = [root, WinProc(101, 100, 1_001, ("python.exe", "worker.py")),
+            WinProc(102, 101, 1_002, ("python.exe", "leaf.py")),
+            *(WinProc(500 + i, 4, 900, ("svchost.exe",)) for i in range(50))]
+    table = CountingTable(rows)
+    assert isinstance(table, ParentIndexed)
+    members = windows_members(table, root)
+    assert [m.pid for m in members] == [100, 101, 102]
+    assert table.read <= {100, 101, 102}

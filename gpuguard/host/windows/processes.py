@@ -1,7 +1,9 @@
 """The Windows process table, through psutil: the rows gpuguard/orphans/windows.py judges.
 
-One read of the whole table per scan (`read_table`), or of one process (`read_one`, the
-reaper's re-checks). Each row says what psutil could read, and no more:
+One system snapshot of every pid and its ppid per scan (`read_table`), each row read
+only when the classifier asks for it (`ProcessTable`): a scan reads the holders, their
+ancestors and their trees, never every process's command line and owner. Or one process
+(`read_one`, the reaper's re-checks). Each row says what psutil could read, and no more:
 
 - a process psutil lists but cannot open (AccessDenied: SYSTEM's, the services',
   another user's without the privilege) is a row with `readable=False`: its pid and
@@ -24,7 +26,7 @@ psutil is imported on first use, never at import: it is a dependency on Windows 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpuguard.host.platform import IS_WINDOWS
@@ -115,14 +117,53 @@ def _optional(read: Callable[[], Any], gone: tuple[type[BaseException], ...],
     return str(value) if value else None
 
 
-def read_table() -> dict[int, WinProc]:
-    """Every process psutil lists now, by pid (see the module doc for what a row holds)."""
+class ProcessTable(Mapping[int, WinProc]):
+    """The processes of one snapshot, by pid; each row read from psutil on first access
+    and kept (orphans.windows.ParentIndexed: `ppids` answers without reading a row).
+    A pid listed but gone by its read has no row. Iterating reads every row."""
+
+    def __init__(self, psutil: Any, ppids: Mapping[int, int]) -> None:
+        self._psutil = psutil
+        self._ppids = dict(ppids)
+        self._rows: dict[int, WinProc | None] = {}
+
+    @property
+    def ppids(self) -> Mapping[int, int]:
+        return self._ppids
+
+    @property
+    def read_pids(self) -> frozenset[int]:
+        """The pids whose rows this table has read (the cost a scan paid)."""
+        return frozenset(self._rows)
+
+    def __getitem__(self, pid: int) -> WinProc:
+        if pid not in self._ppids:
+            raise KeyError(pid)
+        if pid not in self._rows:
+            self._rows[pid] = _read(self._psutil, pid, self._ppids[pid])
+        row = self._rows[pid]
+        if row is None:
+            raise KeyError(pid)
+        return row
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([pid for pid in self._ppids if pid in self])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def read_table() -> Mapping[int, WinProc]:
+    """Every process psutil lists now, by pid (see the module doc for what a row holds):
+    a ProcessTable over one snapshot, or, where psutil has no snapshot call, every row
+    read now."""
     psutil = _psutil()
     ppids = _ppid_map(psutil)
-    pids = list(ppids) if ppids is not None else list(psutil.pids())
+    if ppids is not None:
+        return ProcessTable(psutil, ppids)
     table: dict[int, WinProc] = {}
-    for pid in pids:
-        row = _read(psutil, pid, None if ppids is None else ppids.get(pid))
+    for pid in psutil.pids():
+        row = _read(psutil, pid, None)
         if row is not None:
             table[row.pid] = row
     return table
