@@ -38,13 +38,17 @@ class IdentityCache:
             self._values = {k: v for k, v in self._values.items() if k in identities}
             self._comm = {k: v for k, v in self._comm.items() if k in identities}
 
-    def get(self, info: ProcInfo, key: object, compute: Callable[[], Any]) -> Any:
-        """The value cached for `info` under `key`, else `compute()`'s (called unlocked)."""
+    def get(self, info: ProcInfo, key: object, compute: Callable[[], Any],
+            settled: Callable[[Any], bool] | None = None) -> Any:
+        """The value cached for `info` under `key`, else `compute()`'s (called unlocked);
+        a value `settled` says is not final yet is returned but not kept."""
         with self._lock:
             slot = self._values.setdefault(info.identity, {})
             if key in slot:
                 return slot[key]
         value = compute()
+        if settled is not None and not settled(value):
+            return value
         with self._lock:
             self._values.setdefault(info.identity, {})[key] = value
         return value

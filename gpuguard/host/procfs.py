@@ -178,6 +178,13 @@ def _vanished(exc: OSError) -> bool:
     return exc.errno in (errno.ENOENT, errno.ESRCH)
 
 
+class _Empty:
+    """What an empty /proc/PID/environ read gives: unreadable for now, not cached."""
+
+
+EMPTY_ENVIRON = _Empty()
+
+
 class ProcessView:
     """Lazy, counted, identity-cached reads of /proc for the pids a scan asks about.
 
@@ -196,6 +203,7 @@ class ProcessView:
         self._boot_wall: float | None = None
         self._lock = threading.RLock()
         self._scan_stat: dict[int, ProcInfo | None] = {}
+        self._scan_empty_environ: set[tuple[int, int]] = set()
         self._extras = IdentityCache(self._lock)
         self._own_nspid_depth: int | None = None
         self._marks: dict[str, Marks] = {}
@@ -208,6 +216,7 @@ class ProcessView:
             seen = {info.identity for info in self._scan_stat.values() if info is not None}
             self._extras.keep_only(seen)
             self._scan_stat = {}
+            self._scan_empty_environ = set()
 
     # -- stat: one read per pid per scan ---------------------------------------------
 
@@ -254,7 +263,8 @@ class ProcessView:
 
     # -- extras: cached by identity --------------------------------------------------
 
-    def _extra(self, info: ProcInfo, key: str, callsite: str, read) -> object:
+    def _extra(self, info: ProcInfo, key: str, callsite: str, read,
+               settled: Callable[[Any], bool] | None = None) -> object:
         def counted() -> object:
             with self._counters.track(callsite, proc_reads=1):
                 try:
@@ -262,7 +272,7 @@ class ProcessView:
                 except OSError:
                     return None  # gone or not ours to read: the caller decides what None means
 
-        return self._extras.get(info, key, counted)
+        return self._extras.get(info, key, counted, settled)
 
     def _read_text(self, pid: int | str, name: str) -> str:
         with open(f"{self._root}/{pid}/{name}", "rb") as fh:
@@ -308,12 +318,26 @@ class ProcessView:
         """gpuguard's markers in the environment (one read serves both); None: unreadable,
         or overwritten (no KEY=VALUE entry left)."""
 
-        def read() -> EnvironMarkers | None:
+        def read() -> EnvironMarkers | None | _Empty:
             with open(f"{self._own_dir(info)}/environ", "rb") as fh:
                 raw = fh.read(ENVIRON_CAP + 1)
+            if not raw:
+                return EMPTY_ENVIRON
             return parse_environ_markers(raw[:ENVIRON_CAP], complete=len(raw) <= ENVIRON_CAP)
 
-        return self._extra(info, "environ", "proc_environ", read)  # type: ignore[return-value]
+        # An empty environment is what a read finds while execve() is between setting the
+        # new comm and placing the new environment: unreadable now, and read again next
+        # scan (a process started with no environment at all costs one read a scan).
+        with self._lock:
+            if info.identity in self._scan_empty_environ:
+                return None  # one read a scan, as for a whole one
+        markers = self._extra(info, "environ", "proc_environ", read,
+                              settled=lambda value: value is not EMPTY_ENVIRON)
+        if markers is EMPTY_ENVIRON:
+            with self._lock:
+                self._scan_empty_environ.add(info.identity)
+            return None
+        return markers  # type: ignore[return-value]
 
     def keep_marker(self, info: ProcInfo) -> bool | None:
         """True when the environment holds GPUGUARD_KEEP=1; None when unreadable."""

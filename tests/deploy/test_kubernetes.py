@@ -36,6 +36,7 @@ from gpuguard.config import load_config
 from gpuguard.exporter import cli as exporter_cli
 from gpuguard.remediator import cli as remediator_cli
 from tests.support.ci import require
+from tests.support.proctree import environment_in_place, wait_for
 from tests.support.staging import stage, staged_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -395,7 +396,9 @@ def other_users_process():
                             env={"PATH": os.environ["PATH"], "GPUGUARD_KEEP": "1"},
                             stdin=subprocess.DEVNULL, cwd="/", start_new_session=True)
     try:
-        # Popen returns once the child has exec'd, after it dropped to uid 65534.
+        # Popen returns once exec has closed the child's descriptors, after it dropped to
+        # uid 65534, which can be before exec has placed the new environment the probe reads.
+        wait_for(lambda: environment_in_place(proc.pid), what="sleep's environment")
         (uids,) = [line.split()[1:] for line in Path(f"/proc/{proc.pid}/status").read_text()
                    .splitlines() if line.startswith("Uid:")]
         assert uids == ["65534"] * 4

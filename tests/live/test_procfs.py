@@ -25,6 +25,7 @@ from tests.support.proctree import (
     HOLDER,
     Trees,
     children_of,
+    environment_in_place,
     live_threads,
     stat_fields,
     wait_for,
@@ -257,11 +258,16 @@ def test_both_environ_markers_come_from_one_read(trees: Trees) -> None:
     counters = Counters()
     view = ProcessView(counters=counters)
 
-    def exec_done() -> ProcInfo | None:  # the environment is the one exec gave it
-        infos = [view.fresh_stat(pid) for pid in children_of(tree.launcher.pid)]
-        return next((i for i in infos if i is not None and i.comm == "sleep"), None)
+    def exec_done() -> ProcInfo | None:
+        """The child once exec has placed its environment: a new comm comes first, and a
+        read between the two finds it empty, so wait for what the test means."""
+        for pid in children_of(tree.launcher.pid):
+            info = view.fresh_stat(pid)
+            if info is not None and info.comm == "sleep" and environment_in_place(pid):
+                return info
+        return None
 
-    info = wait_for(exec_done, what="the child to exec sleep")
+    info = wait_for(exec_done, what="the child to exec sleep with its environment")
     assert isinstance(info, ProcInfo)
     assert view.keep_marker(info) is True and view.run_launcher(info) == (11, 22)
     assert counters.snapshot()["proc_environ"].proc_reads == 1
@@ -289,3 +295,33 @@ def test_an_environment_is_read_up_to_its_cap() -> None:
     assert parse_environ_markers(kept, complete=False) == EnvironMarkers(keep=True, run=None)
     assert parse_environ_markers(b"A=1\0GPUGUARD_RUN=7:8\0", complete=False) is None
     assert ENVIRON_CAP >= 64 * 1024
+
+
+def _fake_proc(root: Path, pid: int, *, comm: str, environ: bytes) -> None:
+    """/proc/PID/stat and environ of one process, as a synthetic proc root."""
+    (root / str(pid)).mkdir(exist_ok=True)
+    fields = ["S", "1", str(pid), str(pid)] + ["0"] * 15 + ["4242"]  # state..starttime
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (root / str(pid) / "environ").write_bytes(environ)
+
+
+def test_a_process_caught_mid_exec_reads_unknown_then_right_one_scan_later(
+        tmp_path: Path) -> None:
+    """execve() sets the new comm before the new environment is in place: a read in
+    that window finds an empty environ. That reads unreadable (never "unmarked"), and
+    is not kept across scans: the next scan reads the marker exec put there."""
+    _fake_proc(tmp_path, 77, comm="sleep", environ=b"")
+    counters = Counters()
+    view = ProcessView(proc_root=str(tmp_path), counters=counters)
+    view.begin_scan()
+    caught = view.stat(77)
+    assert caught is not None and caught.comm == "sleep"
+    assert view.keep_marker(caught) is None and view.run_launcher(caught) is None
+    _fake_proc(tmp_path, 77, comm="sleep", environ=b"GPUGUARD_KEEP=1\0GPUGUARD_RUN=11:22\0")
+    view.begin_scan()
+    later = view.stat(77)
+    assert later is not None and later.identity == caught.identity
+    assert view.keep_marker(later) is True and view.run_launcher(later) == (11, 22)
+    view.begin_scan()  # a whole environment, once read, is kept for the identity
+    assert view.keep_marker(view.stat(77) or later) is True
+    assert counters.snapshot()["proc_environ"].proc_reads == 2

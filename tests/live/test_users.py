@@ -33,7 +33,7 @@ from gpuguard.remediator.settings import Remediate, UserFilter
 from gpuguard.remediator.tree import LiveTree, TreeKey
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees, stat_fields, wait_for
+from tests.support.proctree import Trees, environment_in_place, stat_fields, wait_for
 from tests.support.remediator_harness import (
     GIB,
     HOST,
@@ -172,6 +172,10 @@ def stranger(trees: Trees, fake_gpu: FakeGpuWorld) -> Orphan:
         pass
     tree = trees.spawn(STRANGER_TREE)
     holder, root = tree.pid("holder"), tree.pid("root")
+    # `echo $!` runs once sleep is forked, maybe before it has exec'd and placed its
+    # environment (which the judge reads): wait for what is meant.
+    wait_for(lambda: (stat_fields(holder) or {}).get("comm") == "sleep"
+             and environment_in_place(holder), what="the holder to exec sleep")
     fields = stat_fields(holder)
     assert fields is not None and fields["ppid"] == root
     assert os.stat(f"/proc/{holder}").st_uid == os.stat(f"/proc/{root}").st_uid == STRANGER_UID

@@ -51,7 +51,7 @@ def stat_fields(pid: int) -> dict[str, object] | None:
         return None
     rest = text[text.rindex(")") + 2 :].split()
     return {"state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]), "sid": int(rest[3]),
-            "start_time": int(rest[19])}
+            "start_time": int(rest[19]), "comm": text[text.index("(") + 1 : text.rindex(")")]}
 
 
 def alive(pid: int) -> bool:
@@ -85,6 +85,17 @@ def zombie_leader(pid: int) -> bool:
     """`pid`'s main thread has exited (state Z) while another thread runs."""
     fields = stat_fields(pid)
     return fields is not None and fields["state"] == "Z" and bool(live_threads(pid))
+
+
+def environment_in_place(pid: int) -> bool:
+    """`pid`'s environment holds a KEY=VALUE entry: exec has placed it. execve() sets the
+    new comm (and the old environment's bounds are gone) before the new one is in place,
+    so a test that waits for a comm and then reads the environment waits for this too."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return any(b"=" in entry[1:] for entry in raw.split(b"\0"))
 
 
 def children_of(pid: int) -> list[int]:
