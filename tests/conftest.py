@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,11 @@ pytest_plugins = ["tests.support.fakenvml.plugin", "tests.support.remediator_har
 def pytest_configure(config: pytest.Config) -> None:
     # Orphans of the trees the tests spawn come back to us, so cleanup can find them.
     become_subreaper()
+    # A runner started under nohup (or by a supervisor that ignores SIGHUP) hands that
+    # disposition to every tree the tests build, which the classifier rightly reads as a
+    # deliberate detach (ignores-sighup): the trees start as a login's jobs do.
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
