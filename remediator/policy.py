@@ -269,6 +269,15 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
     return None
 
 
+def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | None:
+    """IGNORE when `remediate.reasons` does not name the orphan's reason: the alert path's
+    rule, and a person's or an agent's without --force (one rule for every path)."""
+    if reason in policy.reasons:
+        return None
+    return _ignore("reason-not-allowed", f"orphan reason {reason} is not in "
+                   "remediate.reasons", key)
+
+
 #: Rule 6's reasons for a gone launcher, least reapable first (classify's order).
 _LEADER_GONE = ("launcher-exited", "launcher-unrecorded", "session-ended", "launcher-killed")
 
@@ -295,9 +304,9 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         # had no record of it) than this remediator (started later, or without its
         # listener): knowing less is no reason to judge more harshly.
         reason = said
-    if reason not in state.policy.reasons:
-        return _ignore("reason-not-allowed", f"orphan reason {reason} is not in "
-                       "remediate.reasons", key)
+    refused = reason_refusal(key, reason, state.policy)
+    if refused is not None:
+        return refused
 
     # Who would be signalled.
     refusals = [r for m in live.members

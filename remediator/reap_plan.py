@@ -22,5 +22,5 @@ class ReapPlan:
     #: only if it still holds. False only for `gpuguard run`'s own tree (no verdict).
     classified: bool = True
     #: Orphan reasons the verdict derived again may carry (the alert path: the policy's
-    #: remediate.reasons); None: any orphan reason (a person's `gpuguard reap`).
+    #: remediate.reasons, and `gpuguard reap` without --force); None: any orphan reason.
     reasons: tuple[str, ...] | None = None

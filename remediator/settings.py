@@ -91,7 +91,7 @@ class Remediate:
 
     mode: str = Mode.DRY_RUN  # a Mode; its plain string is accepted too
     alerts: tuple[str, ...] = ("GPUOrphanTree",)
-    reasons: tuple[Reason, ...] = (Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED)
+    reasons: tuple[Reason, ...] = (Reason.LAUNCHER_KILLED,)
     min_age_seconds: float = 300.0
     users: UserFilter = field(default_factory=UserFilter)
     rate_limit: RateLimit = field(default_factory=RateLimit)

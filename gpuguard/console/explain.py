@@ -9,6 +9,7 @@ from gpuguard.config import Config
 from gpuguard.console.alert_state import alert_state
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
+from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import holder_json, member_json, nvml_json
 from gpuguard.console.lineage import chain_roles, process_age
 from gpuguard.console.render import (
@@ -37,7 +38,8 @@ def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
         nvml.close()
     if IS_WINDOWS:
         return _explain_windows(pid, config, hostname, reading)
-    view = ProcessView()
+    events, memory = launcher_evidence(config)
+    view = ProcessView(events=events, memory=memory)
     view.begin_scan()
     info = view.stat(pid)
     if info is None:

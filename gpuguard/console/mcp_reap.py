@@ -35,14 +35,12 @@ from gpuguard.console.mcp_tools import (
 from gpuguard.console.reap import (
     NVML_CLOSE_SECONDS,
     ManualReap,
-    ManualReason,
     close_within,
     outside_host_pid_namespace,
     reap_exit_code,
     tree_key,
 )
 from gpuguard.console.reports import ReapReport
-from gpuguard.remediator.policy import Decision, verify_live
 from gpuguard.remediator.tree import TreeKey
 
 log = logging.getLogger("gpuguard.mcp")
@@ -55,18 +53,14 @@ class McpReap(ManualReap):
     """ManualReap with the MCP caller named in the audit record, and refusals that say
     what an MCP client can do (it has no --force to offer)."""
 
+    named_by = "root_start_time"
+    hints = False
+
     def __init__(self, args: argparse.Namespace, config: Config, key: TreeKey,
                  client: str | None) -> None:
         super().__init__(args, config, key)
         self.manual["command"] = f"{PROG} mcp {REAP}"
         self.manual["client"] = client[:CLIENT_CHARS] if client else None
-
-    def refused(self) -> Decision | None:
-        """ManualReap's refusal, its detail without the --force hint."""
-        refused = super().refused()
-        if refused is None or refused.reason == ManualReason.AUDIT_UNSAFE:
-            return refused
-        return verify_live(self.key, self.live, named_by="root_start_time") or refused
 
     def confirm(self) -> tuple[str, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) is not reaped: a person

@@ -16,6 +16,7 @@ from typing import Any
 from gpuguard.config import Config
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
 from gpuguard.host.nvml import Nvml
@@ -82,7 +83,8 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
         return out
     key = intake.key
     pending.add(key)
-    live = inspect_tree(key, nvml=nvml, rules=config.classify)
+    events, memory = launcher_evidence(config)
+    live = inspect_tree(key, nvml=nvml, rules=config.classify, events=events, memory=memory)
     worker_state = dataclasses.replace(state, pending=frozenset(state.pending - {key}))
     decision = decide(alert, live, worker_state)
     out["decision"] = decision.to_json()

@@ -41,6 +41,7 @@ from gpuguard.console.contract import (
     START_TIME_WORDS,
     Failure,
 )
+from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
 from gpuguard.host.nvml import Nvml
@@ -56,11 +57,11 @@ from gpuguard.remediator.audit import (
 )
 from gpuguard.remediator.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.outcome import Outcome, ReapResult
-from gpuguard.remediator.policy import Action, Decision, verify_live
+from gpuguard.remediator.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reapers import platform_reaper
-from gpuguard.remediator.settings import Mode
+from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
@@ -156,15 +157,19 @@ def reap_exit_code(report: ReapReport) -> int:
     return EXIT_OK
 
 
-def refusal(key: TreeKey, live: LiveTree, force: bool) -> Decision | None:
+def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
+            named_by: str = f"{PROG} reap", hints: bool = True) -> Decision | None:
     """Why the manual path will not even plan this reap (None: go on to the reaper).
 
-    decide()'s own live verification; --force lifts only its orphan-verdict check.
-    The detail says what a person can do about it.
+    decide()'s own live verification and its `remediate.reasons`; --force lifts the
+    orphan-verdict and the reason checks. With `hints` the detail says what a person can
+    do about it (an MCP client has no --force to pass).
     """
-    refused = verify_live(key, live, named_by=f"{PROG} reap", require_orphan=not force)
-    if refused is None:
-        return None
+    refused = verify_live(key, live, named_by=named_by, require_orphan=not force)
+    if refused is None and not force and live.verdict == Verdict.ORPHAN:
+        refused = reason_refusal(key, live.reason, policy)
+    if refused is None or not hints:
+        return refused
     hint = ("pass --force to reap it anyway" if live.tree_found  # only the verdict is left
             else f"`{PROG} status` lists the roots" if refused.reason == "tree-not-found"
             else "")
@@ -229,6 +234,9 @@ def tree_key(args: argparse.Namespace) -> TreeKey:
 class ManualReap:
     """One `gpuguard reap`: what it was asked, and what it found as it went (the reaper's
     journal() and confirm() read it while they run)."""
+
+    named_by = f"{PROG} reap"  # who names the process, in an identity refusal
+    hints = True  # refusals say what a person can do (--force)
 
     def __init__(self, args: argparse.Namespace, config: Config, key: TreeKey) -> None:
         self.args = args
@@ -303,7 +311,9 @@ class ManualReap:
 
     def inspect_and_reap(self) -> None:
         args, key = self.args, self.key
-        live = self.live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify)
+        events, memory = launcher_evidence(self.config)
+        live = self.live = inspect_tree(key, nvml=self.nvml, rules=self.config.classify,
+                                        events=events, memory=memory)
         self.manual["verdict"] = live.verdict or None
         refused = self.refused()
         if refused is not None:
@@ -322,7 +332,8 @@ class ManualReap:
                                  + (f" (--force over verdict {live.verdict})"
                                     if live.verdict != Verdict.ORPHAN else ""), key)
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                        gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus)
+                        gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
+                        reasons=None if args.force else tuple(self.config.remediate.reasons))
         deadline = time.monotonic() + self.config.remediate.worker_timeout_seconds
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
@@ -331,12 +342,13 @@ class ManualReap:
             plan, policy=self.config.remediate, rules=self.config.classify,
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,
-            confirm=self.confirm)
+            confirm=self.confirm, events=events, memory=memory)
         self.decision = final_decision(self.decision, result, key)
 
     def refused(self) -> Decision | None:
         """refusal(), and with --apply an audit directory the remediator would refuse."""
-        refused = refusal(self.key, self.live, self.args.force)
+        refused = refusal(self.key, self.live, self.args.force, self.config.remediate,
+                          named_by=self.named_by, hints=self.hints)
         if refused is None and self.args.apply and self.unsafe is not None:
             refused = Decision(Action.IGNORE, ManualReason.AUDIT_UNSAFE,
                                f"{self.unsafe}: no audit record is written there, so nothing "

@@ -14,6 +14,7 @@ from gpuguard.config import Config
 from gpuguard.console.alert_state import alert_line, orphan_alerts
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
+from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import gpu_json, holder_json, member_json, nvml_json
 from gpuguard.console.lineage import process_age, tree_members
 from gpuguard.console.render import (
@@ -104,7 +105,9 @@ def new_scanner(config: Config) -> Scanner:
         table, nvml = windows_scan_sources()
         return Scanner(rules=config.classify, nvml=nvml, quotas=config.quotas,
                        audit=config.audit, table=table)
-    return Scanner(rules=config.classify, nvml=Nvml(), view=ProcessView(), quotas=config.quotas,
+    events, memory = launcher_evidence(config)
+    return Scanner(rules=config.classify, nvml=Nvml(),
+                   view=ProcessView(events=events, memory=memory), quotas=config.quotas,
                    audit=config.audit)
 
 

@@ -23,6 +23,7 @@ class IdentityCache:
         self._lock = lock
         self._values: dict[Identity, dict[object, object]] = {}
         self._comm: dict[Identity, str] = {}
+        self._this_scan: dict[Identity, dict[object, object]] = {}  # not settled yet
 
     def saw(self, info: ProcInfo) -> None:
         """`info` was just read: forget what was cached for its identity if it exec()ed."""
@@ -30,6 +31,7 @@ class IdentityCache:
             cached_comm = self._comm.get(info.identity)
             if cached_comm is not None and cached_comm != info.comm:
                 self._values.pop(info.identity, None)
+                self._this_scan.pop(info.identity, None)
             self._comm[info.identity] = info.comm
 
     def keep_only(self, identities: Collection[Identity]) -> None:
@@ -37,17 +39,22 @@ class IdentityCache:
         with self._lock:
             self._values = {k: v for k, v in self._values.items() if k in identities}
             self._comm = {k: v for k, v in self._comm.items() if k in identities}
+            self._this_scan = {}
 
     def get(self, info: ProcInfo, key: object, compute: Callable[[], Any],
             settled: Callable[[Any], bool] | None = None) -> Any:
-        """The value cached for `info` under `key`, else `compute()`'s (called unlocked);
-        a value `settled` says is not final yet is returned but not kept."""
+        """The value cached for `info` under `key`, else `compute()`'s (called unlocked).
+        A value `settled` says is not final yet is kept for this scan only (until the next
+        keep_only()): the next scan computes it again."""
         with self._lock:
-            slot = self._values.setdefault(info.identity, {})
-            if key in slot:
-                return slot[key]
+            for cached in (self._values, self._this_scan):
+                slot = cached.get(info.identity, {})
+                if key in slot:
+                    return slot[key]
         value = compute()
         if settled is not None and not settled(value):
+            with self._lock:
+                self._this_scan.setdefault(info.identity, {})[key] = value
             return value
         with self._lock:
             self._values.setdefault(info.identity, {})[key] = value

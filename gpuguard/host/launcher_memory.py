@@ -28,10 +28,14 @@ class LauncherMemory:
     """First-established launcher reasons by root identity; thread-safe."""
 
     def __init__(self, path: str | None = None, *, boot: str = "",
-                 alive: Callable[[int, int], bool] | None = None) -> None:
+                 alive: Callable[[int, int], bool] | None = None,
+                 read_only: bool = False) -> None:
+        """`read_only`: another process's memory (the console reading the remediator's):
+        recalled from, never written to or added to."""
         self._path = path
         self._boot = boot
         self._alive = alive
+        self._read_only = read_only
         self._lock = threading.Lock()
         self._entries: dict[Key, tuple[str, str]] = {}
         if path is not None:
@@ -47,6 +51,8 @@ class LauncherMemory:
             known = self._entries.get(key)
             if known is not None and not (recorded and known[0] in UNRECORDED):
                 return known
+            if self._read_only:
+                return reason, detail
             if known is None and len(self._entries) >= MAX_ENTRIES:
                 self._prune()
             if known is None and len(self._entries) >= MAX_ENTRIES:
@@ -56,6 +62,18 @@ class LauncherMemory:
             self._entries[key] = (reason, detail)
             self._save()
             return reason, detail
+
+    @classmethod
+    def recorded(cls, paths: list[str], *, boot: str,
+                 alive: Callable[[int, int], bool] | None = None) -> LauncherMemory:
+        """What the daemons' memories at `paths` recorded, read-only; for a root in more
+        than one, the first path's entry."""
+        merged = cls(None, boot=boot, alive=alive, read_only=True)
+        for path in paths:
+            one = cls(path, boot=boot, alive=alive, read_only=True)
+            for key, entry in one._entries.items():
+                merged._entries.setdefault(key, entry)
+        return merged
 
     def __len__(self) -> int:
         with self._lock:
@@ -71,6 +89,14 @@ class LauncherMemory:
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)
         except FileNotFoundError:
+            return
+        except PermissionError as exc:
+            if self._read_only:  # the daemon's own directory: not every user may read it
+                log.debug("launcher memory %s unreadable here (%s)", path, exc.strerror)
+                return
+            log.warning("launcher memory %s unreadable (%s): starting empty; trees whose "
+                        "launcher's exit is no longer recorded read launcher-unrecorded",
+                        path, exc)
             return
         except (OSError, ValueError) as exc:
             log.warning("launcher memory %s unreadable (%s): starting empty; trees whose "

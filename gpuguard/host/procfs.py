@@ -49,6 +49,18 @@ class ExitSource(Protocol):
     def exit_of(self, pid: int, *, after: float) -> Any: ...
 
 
+class UnheardExits:
+    """The exit source of a process that listens to no process events itself (the console,
+    `gpuguard mcp`) on a host where a daemon may: an exit it has no record of is one it
+    missed, so a gone launcher reads launcher-unrecorded (or what the daemon's launcher
+    memory recorded), never session-ended, whose evidence is that nothing could listen."""
+
+    available = True
+
+    def exit_of(self, pid: int, *, after: float) -> None:
+        return None
+
+
 #: The environment variable `gpuguard run` gives CMD: "LAUNCHER_PID:START_TIME".
 RUN_MARKER = "GPUGUARD_RUN"
 
@@ -203,7 +215,6 @@ class ProcessView:
         self._boot_wall: float | None = None
         self._lock = threading.RLock()
         self._scan_stat: dict[int, ProcInfo | None] = {}
-        self._scan_empty_environ: set[tuple[int, int]] = set()
         self._extras = IdentityCache(self._lock)
         self._own_nspid_depth: int | None = None
         self._marks: dict[str, Marks] = {}
@@ -216,7 +227,6 @@ class ProcessView:
             seen = {info.identity for info in self._scan_stat.values() if info is not None}
             self._extras.keep_only(seen)
             self._scan_stat = {}
-            self._scan_empty_environ = set()
 
     # -- stat: one read per pid per scan ---------------------------------------------
 
@@ -328,16 +338,9 @@ class ProcessView:
         # An empty environment is what a read finds while execve() is between setting the
         # new comm and placing the new environment: unreadable now, and read again next
         # scan (a process started with no environment at all costs one read a scan).
-        with self._lock:
-            if info.identity in self._scan_empty_environ:
-                return None  # one read a scan, as for a whole one
         markers = self._extra(info, "environ", "proc_environ", read,
                               settled=lambda value: value is not EMPTY_ENVIRON)
-        if markers is EMPTY_ENVIRON:
-            with self._lock:
-                self._scan_empty_environ.add(info.identity)
-            return None
-        return markers  # type: ignore[return-value]
+        return None if markers is EMPTY_ENVIRON else markers  # type: ignore[return-value]
 
     def keep_marker(self, info: ProcInfo) -> bool | None:
         """True when the environment holds GPUGUARD_KEEP=1; None when unreadable."""

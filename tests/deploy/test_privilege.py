@@ -265,6 +265,9 @@ class Rig:
         config = self.base / "gpuguard.yml"
         config.write_text(yaml.safe_dump({"remediate": {
             "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
+            # Where no listener may run (the suite's PID namespace) the launchers' deaths
+            # read session-ended: the policy of such a host opts in to it.
+            "reasons": ["launcher-killed", "session-ended"],
             "state_dir": str(home / "state"), "audit_log": str(home / "log" / "audit.jsonl"),
             # The owner has no passwd entry: deny [root] alone would refuse it (unresolved).
             "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["uid:0"]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -38,7 +39,8 @@ ZOMBIE = (f"{shlex.quote(sys.executable)} -c \"import os, sys, time; p = os.fork
           "{dir}/worker & wait")
 
 def orphan_tree(trees: Trees, fake_gpu: FakeGpuWorld) -> tuple[int, int]:
-    """(sh, worker) of a session-ended orphan holding 3 GiB: the launching bash is dead."""
+    """(sh, worker) of an orphan holding 3 GiB: the launching bash is dead (the console,
+    which hears no exits itself, reads launcher-unrecorded)."""
     orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=3 * GIB)
     return orphan.root, orphan.holder
 
@@ -92,8 +94,8 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
                        for k in ("pid", "ppid", "sid", "pgid", "start_time", "uid"))
         assert tree["members"][0]["pid"] == tree["root_pid"]  # root first
     orphan = by_root[sh]
-    assert (orphan["verdict"], orphan["reason"], orphan["rule"]) == ("orphan", "session-ended",
-                                                                    "6")
+    assert (orphan["verdict"], orphan["reason"], orphan["rule"]) == (
+        "orphan", "launcher-unrecorded", "6")
     assert orphan["root_comm"] == "sh" and orphan["orphan_since"] is None
     assert orphan["root_start_time"] == stat_fields(sh)["start_time"]
     assert isinstance(orphan["root_age_seconds"], float) and orphan["processes"] == 2
@@ -113,7 +115,7 @@ def test_status_table_names_the_orphan_without_colour_when_piped(
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stdout
     row, = (line for line in proc.stdout.splitlines() if line.lstrip().startswith(f"{sh} "))
-    assert "orphan" in row and "session-ended (6)" in row
+    assert "orphan" in row and "launcher-unrecorded (6)" in row
     assert any(str(worker) in line and "3.0 GiB" in line for line in proc.stdout.splitlines())
     assert "NVIDIA Fake H100" in proc.stdout
 
@@ -146,7 +148,7 @@ def test_explain_orphan_names_rule_6_and_the_chain(trees: Trees, fake_gpu: FakeG
                                                     gpuguard: Run) -> None:
     sh, worker = orphan_tree(trees, fake_gpu)
     doc = explain(gpuguard, worker)
-    assert (doc["verdict"], doc["reason"], doc["rule"]) == ("orphan", "session-ended", "6")
+    assert (doc["verdict"], doc["reason"], doc["rule"]) == ("orphan", "launcher-unrecorded", "6")
     assert doc["gpu_holder"] is True and doc["note"] is None
     assert doc["root_pid"] == sh and sh in doc["evidence"]["pids"]
     assert [(c["role"], c["pid"]) for c in doc["chain"][:2]] == [("holder", worker),
@@ -235,7 +237,7 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
     doc = policy_check(gpuguard, dry_run_config(tmp_path), delivery)
     checked, = doc["alerts"]
     assert checked["intake"]["action"] == "accept"
-    assert checked["decision"] == {"action": "dry-run", "reason": "session-ended",
+    assert checked["decision"] == {"action": "dry-run", "reason": "launcher-unrecorded",
                                    "detail": checked["decision"]["detail"]}
     assert checked["live"]["verdict"] == "orphan"
     assert [m["pid"] for m in checked["live"]["members"]] == [sh, worker]
@@ -248,7 +250,7 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
     assert young["alerts"][0]["then"]["action"] == "dry-run"
     text = gpuguard("policy", "check", "--config", str(dry_run_config(tmp_path)), "--hostname",
                     HOST, "-", stdin=delivery).stdout
-    assert "decision dry-run (session-ended)" in text
+    assert "decision dry-run (launcher-unrecorded)" in text
     for pid in (sh, worker):
         assert stat_fields(pid)["state"] in ("S", "R")  # alive and never stopped
 
@@ -441,17 +443,28 @@ def test_every_exit_code_is_listed_once_in_the_help() -> None:
 def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
     from gpuguard.console.reap import refusal
     from gpuguard.remediator.policy import verify_live
+    from gpuguard.remediator.settings import Remediate
     from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
     key = TreeKey(HOST, 4242, 99)
     root = Member(pid=4242, ppid=1, start_time=99, uid=1000, user="alice", comm="sh")
     guarded = LiveTree(root=root, tree_found=True, verdict="protected",
                        reason="member-protected", detail="4243 ignores SIGHUP", members=(root,))
-    refused = refusal(key, guarded, force=False)
+    policy = Remediate()
+    refused = refusal(key, guarded, False, policy)
     assert refused is not None and refused.reason == "member-protected"
     assert refused.detail == f"{verify_live(key, guarded).detail}; pass --force to reap it anyway"
-    assert refusal(key, guarded, force=True) is None
-    gone = refusal(key, LiveTree(root=root), force=True)
+    assert refusal(key, guarded, True, policy) is None
+    # The policy's reasons, as for an alert: a launcher no one heard die is not reaped by
+    # default, unless a person forces it.
+    unheard = dataclasses.replace(guarded, verdict="orphan", reason="launcher-unrecorded")
+    refused = refusal(key, unheard, False, policy)
+    assert refused is not None and refused.reason == "reason-not-allowed"
+    assert refused.detail.endswith("pass --force to reap it anyway")
+    assert refusal(key, unheard, True, policy) is None
+    assert refusal(key, dataclasses.replace(unheard, reason="launcher-killed"), False,
+                   policy) is None
+    gone = refusal(key, LiveTree(root=root), True, policy)
     assert gone is not None and gone.reason == "tree-not-found" and "status` lists" in gone.detail
 
 

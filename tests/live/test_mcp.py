@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.remediator.settings import Remediate
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, descendants_of, stat_fields, wait_for
@@ -212,7 +213,7 @@ def test_gpu_status_is_the_status_json_document(tmp_path: Path, trees: Trees,
     by_root = {t["root_pid"]: t for t in got["trees"]}
     named = by_root[orphan.root]
     assert (named["verdict"], named["reason"], named["root_start_time"]) == (
-        "orphan", "session-ended", orphan.root_start)
+        "orphan", "launcher-unrecorded", orphan.root_start)
     assert [h["pid"] for h in named["holders"]] == [orphan.holder]
     assert any(normal in [m["pid"] for m in t["members"]] and t["verdict"] == "normal"
                for t in got["trees"])
@@ -329,6 +330,35 @@ def test_confirm_refuses_a_protected_tree(tmp_path: Path, trees: Trees, fake_gpu
     (record,) = audit_records(config)
     assert record["decision"]["reason"] == "not-orphan:protected" and record["signals"] == []
     assert record["manual"]["command"] == "gpuguard mcp gpu_reap"
+
+
+#: The launcher leaves by itself (`exit 0`) with its job still running below it.
+LEAVES = 'sh -c "{holder} --pidfile {dir}/worker" & echo $! > {dir}/root; exit 0'
+
+
+def test_confirm_refuses_a_launcher_no_one_heard_die_under_the_default_reasons(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, server: Server) -> None:
+    """gpuguard mcp hears no exits: the launcher that exited by itself reads
+    launcher-unrecorded (as `gpuguard reap` does), which remediate.reasons' default does
+    not name; an agent has no --force, so nothing is signalled."""
+    tree = trees.spawn(LEAVES)
+    worker, root = tree.pid("worker"), tree.pid("root")
+    fake_gpu.add_process(0, worker, GIB)
+    tree.launcher.wait(timeout=10)
+    config = config_file(tmp_path, reasons=[str(r) for r in Remediate().reasons])
+    got: list[tuple[str, dict[str, Any]]] = []
+
+    async def scenario(session: ClientSession) -> None:
+        got.append(error(await call(session, "gpu_reap", {
+            "root_pid": root, "root_start_time": start_time_of(root), "confirm": True})))
+
+    server.run(config, scenario)
+    ((text, doc),) = got
+    assert text.startswith("refused: reason-not-allowed: orphan reason launcher-unrecorded")
+    assert "--force" not in text
+    assert untouched([root, worker])
+    (record,) = audit_records(config)
+    assert record["decision"]["reason"] == "reason-not-allowed" and record["signals"] == []
 
 
 def test_identity_checks_refuse(tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld,

@@ -1,21 +1,26 @@
-"""Missing evidence never permits a kill (issue 24): real processes, the real remediator in
-enforce mode with the default reasons.
+"""Missing evidence never permits a kill (issues 24, 43): real processes, the real remediator
+in enforce mode, the console.
 
 - A GPUGUARD_KEEP=1 job that overwrites its environment (setproctitle does; the holder's
   --erase-environ does the same with ctypes) is not read as unmarked, and `gpuguard keep`
   marks it where it cannot erase the mark.
 - A launcher's exit, once established, outlives its record in the listener's bounded
   store and a restart of the remediator (marked initial_pidns: the real connector).
+- A launcher that exited by itself is not reaped under the default reasons on any path:
+  the daemon without a listener (session-ended), `gpuguard reap` (launcher-unrecorded, or
+  what the remediator recorded); gpu_reap's is in test_mcp.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from gpuguard.console.contract import EXIT_REFUSED
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.procevents import ProcessEvents
@@ -23,17 +28,20 @@ from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediator.settings import Remediate
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees, wait_for
+from tests.support.proctree import Trees, stat_fields, wait_for
 from tests.support.remediator_harness import (
     FakeClock,
     Harness,
+    Orphan,
     Run,
     account,
     alert,
     payload,
     spawn_orphan,
+    write_config,
 )
 
 #: bash (killed) -> sh (the adopted root) -> a GPUGUARD_KEEP=1 holder that then erases its
@@ -205,3 +213,74 @@ def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_go
     assert after["decision"]["reason"] == "reason-not-allowed", after["decision"]
     assert "launcher-exited" in after["decision"]["detail"]
     assert all(r["signals"] == [] for r in (first, after)) and orphan.all_alive()
+
+
+# -- a launcher that exited by itself, on every path (issue 43) ------------------------------
+
+#: The product's default `remediate.reasons` (the harness's test policy opts in to more).
+DEFAULT_REASONS = [str(r) for r in Remediate().reasons]
+
+
+def left_by_itself(trees: Trees, fake_gpu: FakeGpuWorld) -> Orphan:
+    orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
+    orphan.tree.launcher.wait(timeout=10)
+    return orphan
+
+
+def console_refuses(gpuguard: Run, config: Path, orphan: Orphan, reason: str) -> dict:
+    """`gpuguard explain` reads `reason`, and `gpuguard reap --apply` refuses the tree for
+    it (remediate.reasons), leaving it alive: the reap's JSON document."""
+    explained = json.loads(gpuguard("explain", str(orphan.holder), "--json", "--config",
+                                    str(config)).stdout)
+    assert (explained["verdict"], explained["reason"]) == ("orphan", reason)
+    proc = gpuguard("reap", str(orphan.root), "--config", str(config), "--json",
+                    "--allow-pid-namespace", "--apply", "--start-time", str(orphan.root_start))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED, doc
+    assert doc["reason"] == "reason-not-allowed" and reason in doc["detail"]
+    assert orphan.all_alive()
+    return dict(doc)
+
+
+def test_the_daemon_without_a_listener_refuses_it_under_the_default_reasons(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """No listener (a container, a child PID namespace, an old kernel): the launcher's
+    death reads session-ended, evidence of nothing; the default reasons do not reap it."""
+    orphan = left_by_itself(trees, fake_gpu)
+    h = harness(reasons=DEFAULT_REASONS)
+    final = deliver(h, orphan.root, orphan.root_start)
+    assert final["decision"]["reason"] == "reason-not-allowed", final["decision"]
+    assert "session-ended" in final["decision"]["detail"]
+    assert final["signals"] == [] and orphan.all_alive()
+
+
+def test_gpuguard_reap_reads_launcher_unrecorded_and_refuses_under_the_default_reasons(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """The console hears no exits: an exit it has no record of is one it missed
+    (launcher-unrecorded), never session-ended, and `--apply` follows remediate.reasons
+    as an alert does (only --force overrides it)."""
+    orphan = left_by_itself(trees, fake_gpu)
+    doc = console_refuses(gpuguard, write_config(tmp_path, reasons=DEFAULT_REASONS), orphan,
+                          "launcher-unrecorded")
+    assert "--force" in doc["detail"] and doc["signals"] == []
+    assert all((stat_fields(p) or {}).get("state") in ("S", "R") for p in orphan.members)
+
+
+@pytest.mark.initial_pidns
+def test_the_console_judges_on_what_the_remediator_recorded(
+        harness: Callable[..., Harness], tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld,
+        gpuguard: Run) -> None:
+    """The remediator heard the launcher exit (launcher-exited, kept in its launcher memory
+    in remediate.state_dir): `gpuguard explain` and `gpuguard reap`, which hear nothing,
+    give the same reason, and refuse the reap as the daemon does."""
+    events = listener()
+    orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
+    leader = orphan.tree.launcher.pid
+    orphan.tree.launcher.wait(timeout=10)
+    wait_for(lambda: events.exit_of(leader, after=0), what="the exit event")
+    h = harness(events=events, reasons=DEFAULT_REASONS)
+    final = deliver(h, orphan.root, orphan.root_start)
+    assert final["decision"]["reason"] == "reason-not-allowed"
+    assert "launcher-exited" in final["decision"]["detail"]
+    config = tmp_path / "gpuguard.yml"  # the harness's, naming its state_dir
+    console_refuses(gpuguard, config, orphan, "launcher-exited")

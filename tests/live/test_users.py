@@ -24,6 +24,7 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.alerts import Alert, parse_notification
 from gpuguard.remediator.inspection import inspect_tree
 from gpuguard.remediator.policy import Action, Decision, PolicyState, decide, user_refusal
@@ -190,7 +191,10 @@ def parsed(orphan: Orphan) -> Alert:
 
 
 def judged(orphan: Orphan, live: LiveTree, allow: list[str], deny: list[str]) -> Decision:
+    # The tree's launcher dies where no listener may run (the suite's PID namespace): the
+    # policy of such a host, which opts in to session-ended.
     policy = Remediate(mode="enforce", min_age_seconds=0,
+                       reasons=(Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED),
                        users=UserFilter(tuple(allow), tuple(deny)))
     state = PolicyState(policy=policy, hostname=HOST, now=boottime(), wall_now=time.time())
     return decide(parsed(orphan), live, state)

@@ -46,8 +46,9 @@ def test_users_take_uid_rules_beside_name_patterns() -> None:
 
 def test_defaults_are_safe() -> None:
     cfg = load_config(None)
-    assert cfg.remediate.mode == "dry-run" and cfg.remediate.reasons == ("launcher-killed",
-                                                                         "session-ended")
+    # Only a death the kernel showed: session-ended (no listener could run) is evidence
+    # of nothing, and an operator of a host without the connector opts in.
+    assert cfg.remediate.mode == "dry-run" and cfg.remediate.reasons == ("launcher-killed",)
     assert cfg.classify.protect == DEFAULT_PROTECT and cfg.classify.max_depth == 64
     assert parse_config("").remediate.mode == "dry-run"
 

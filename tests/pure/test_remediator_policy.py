@@ -19,6 +19,7 @@ import pytest
 
 import gpuguard.remediator.policy
 from gpuguard.orphans.process import Holder
+from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.audit import AuditLog
 from gpuguard.remediator.ledger import Ledger, LedgerError
@@ -38,9 +39,13 @@ from tests.support.remediator_harness import alert, payload
 NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)
 KEY = TreeKey("node-a", 4242, 99_000)
 ENFORCE = Remediate(mode="enforce", min_age_seconds=300)
+#: A host without the kernel's connector whose operator opted in to session-ended.
+NO_LISTENER = Remediate(mode="enforce", min_age_seconds=300,
+                        reasons=(Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED))
 
 
 def make_alert(**kw: Any) -> Alert:
+    kw.setdefault("reason", "launcher-killed")
     raw = alert(KEY.root_pid, KEY.root_start_time, hostname=KEY.hostname, **kw)
     (parsed,) = parse_notification(payload(raw)).alerts
     return parsed
@@ -52,7 +57,7 @@ def member(pid: int, *, uid: int = 1000, user: str = "alice", start: int = 99_00
     return Member(pid=pid, ppid=ppid, start_time=start, uid=uid, user=user, comm="python", **kw)
 
 
-def orphan(*members: Member, reason: str = "session-ended") -> LiveTree:
+def orphan(*members: Member, reason: str = "launcher-killed") -> LiveTree:
     members = members or (member(KEY.root_pid), member(4243, ppid=KEY.root_pid))
     return LiveTree(root=members[0], tree_found=True, verdict="orphan", reason=reason,
                     members=members, holders=(Holder(4243, "GPU-0", 0, 2**30, "C"),),
@@ -162,7 +167,7 @@ def test_resolved_alert_cancels_a_pending_key() -> None:
 
 def test_reaps_a_verified_old_enough_orphan() -> None:
     decision = decide(make_alert(), orphan(), state())
-    assert (decision.action, decision.reason) == (Action.REAP, "session-ended")
+    assert (decision.action, decision.reason) == (Action.REAP, "launcher-killed")
     dry = decide(make_alert(), orphan(), state(Remediate(min_age_seconds=0)))
     assert dry.action == Action.DRY_RUN
 
@@ -443,10 +448,13 @@ def test_an_exporter_that_saw_the_launcher_exit_keeps_the_tree_from_session_ende
     """The remediator started after the launcher's exit: it sees only session-ended, but the
     alert says launcher-exited, which the default policy does not reap."""
     live = orphan(reason="session-ended")
-    decision = decide(make_alert(reason="launcher-exited"), live, state())
+    decision = decide(make_alert(reason="launcher-exited"), live, state(NO_LISTENER))
     assert (decision.action, decision.reason) == ("ignore", "reason-not-allowed")
     assert "launcher-exited" in decision.detail
-    assert decide(make_alert(reason="session-ended"), live, state()).action == Action.REAP
+    assert decide(make_alert(reason="session-ended"), live,
+                  state(NO_LISTENER)).action == Action.REAP
+    default = decide(make_alert(reason="session-ended"), live, state())
+    assert (default.action, default.reason) == ("ignore", "reason-not-allowed")
     killed = decide(make_alert(reason="launcher-killed"), orphan(reason="launcher-killed"),
                     state())
     assert (killed.action, killed.reason) == (Action.REAP, "launcher-killed")
@@ -464,7 +472,7 @@ def test_the_less_reapable_of_the_alert_and_the_local_launcher_reason_decides(
     """A remediator whose listener did not start reads session-ended where the exporter
     knew it had no record (launcher-unrecorded): the alert's label must not be outweighed
     by knowing less. A label never makes a tree more reapable than the local reading."""
-    decision = decide(make_alert(reason=said), orphan(reason=local), state())
+    decision = decide(make_alert(reason=said), orphan(reason=local), state(NO_LISTENER))
     if reason in ("launcher-killed", "session-ended"):
         assert (decision.action, decision.reason) == (Action.REAP, reason)
     else:

@@ -4,9 +4,10 @@ Starts three real GPU-holding trees over the fake NVML (tests/support/fakenvml/)
 `setsid -f` as a job started from a login: one whose launching shell is then SIGKILLed (an
 orphan), one started with `nohup` whose shell is SIGKILLed too (protected), and one started
 in a session of its own (normal, detached). A real exporter, started before the kills so its
-process-event listener hears them, is scraped; `gpuguard status` is rendered through the
-console's own scan and renderable into an SVG; `gpuguard explain` and `gpuguard reap` (a dry
-run, then --apply, which ends the orphan tree) run as the real command. Writes docs/assets/
+process-event listener hears them, is scraped (its launcher memory is where the console
+reads it); `gpuguard status` is rendered through the console's own scan and renderable
+into an SVG; `gpuguard explain` and `gpuguard reap` (a dry run, then --apply, which ends
+the orphan tree) run as the real command. Writes docs/assets/
 and the /metrics excerpt between the README's markers. Needs gcc (the fake library) and
 Linux; it signals only processes it started, by pid and start time. With `--demo` it
 records `make demo`'s transcript instead (docs/assets/make-demo.txt; needs Prometheus and
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuguard.console.evidence import EXPORTER_STATE_DIR_ENV
 from tests.support.fakenvml import STATE_ENV, FakeGpuWorld, build_library
 from tests.support.proctree import CHAIN, HOLDER, alive, descendants_of, stat_fields, wait_for
 from tests.support.servers import REPO, Exporter, child_env
@@ -248,8 +250,13 @@ def main() -> int:
     exporter: Exporter | None = None
     try:
         pids = plant(world, planted)
+        # The exporter keeps its launcher memory where the console reads it (as the shipped
+        # unit's --state-dir and the console's default do on a real host).
+        memory = base / "exporter-state"
+        memory.mkdir(mode=0o700)
+        os.environ[EXPORTER_STATE_DIR_ENV] = str(memory)
         env = world.subprocess_env(lib_dir, child_env())
-        exporter = Exporter(env=env, args=["--hostname", HOST])
+        exporter = Exporter(env=env, args=["--hostname", HOST, "--state-dir", str(memory)])
         scrape_until(exporter, lambda t: "gpuguard_process_events_up 1.0" in t,
                      "the exporter's process-event listener")
         planted.kill(pids["launcher"])  # an agent stops its shell: SIGKILL
