@@ -1,0 +1,155 @@
+"""One absolute deadline over every exchange with Alertmanager, and the confirmation made
+while a tree is frozen bounded by what is left of the reap's own deadline (issue 43).
+
+A peer that answers one byte every 0.5 s stays under any per-read timeout: before, it
+held the confirmation (and a frozen tree: state T) for as long as it liked. Real trees,
+a real raw-socket peer on 127.0.0.1 (tests/support/slowpeer.py), the fake NVML.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpuguard.remediator.alertmanager import ConfirmationState
+from tests.e2e.test_alertmanager_client import api_alert, client, confirm, tree
+from tests.support.certs import Certs, make_certs
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import Trees, stat_fields, wait_for
+from tests.support.remediator_harness import HOST, Harness, payload, spawn_orphan
+from tests.support.slowpeer import Plan, Reply, SlowPeer
+
+#: Headroom for a loaded 2-core machine on top of each bound below.
+SLACK = 1.0
+
+
+@pytest.fixture
+def peer() -> Iterator[Callable[..., SlowPeer]]:
+    started: list[SlowPeer] = []
+
+    def start(plan: Plan, **kw: Any) -> SlowPeer:
+        started.append(SlowPeer(plan, **kw))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.mark.parametrize("drip", ["headers", "body"])
+def test_a_dripping_peer_is_cut_at_the_deadline(peer: Callable[[Plan], SlowPeer],
+                                                drip: str) -> None:
+    body = json.dumps([api_alert(tree("h"))]).encode()
+    server = peer(lambda n: Reply(body=body, drip=drip, every=0.3))
+    c = client(server.url, timeout=1.5)
+    started = time.monotonic()
+    got = confirm(c, tree("h"))
+    elapsed = time.monotonic() - started
+    assert got.state == ConfirmationState.UNREACHABLE and "timed out" in got.detail, got
+    assert c.request_counts()["timeout"] == 1
+    assert 1.4 <= elapsed < 1.5 + SLACK, elapsed  # one deadline, whatever the peer drips
+
+
+def test_each_peer_has_its_own_bound_and_the_call_their_sum(
+        peer: Callable[[Plan], SlowPeer]) -> None:
+    servers = [peer(lambda n: Reply(drip="headers", every=0.3)) for _ in range(2)]
+    c = client(*(s.url for s in servers), timeout=1.0)
+    started = time.monotonic()
+    got = confirm(c, tree("h"))
+    elapsed = time.monotonic() - started
+    assert got.state == ConfirmationState.UNREACHABLE, got
+    assert c.request_counts()["timeout"] == 2
+    assert elapsed < 2 * 1.0 + SLACK, elapsed
+
+
+def test_a_confirmation_within_a_shorter_budget_stops_there(
+        peer: Callable[[Plan], SlowPeer]) -> None:
+    body = json.dumps([api_alert(tree("h"))]).encode()
+    server = peer(lambda n: Reply(body=body, drip="body", every=0.3))
+    c = client(server.url, timeout=30)
+    started = time.monotonic()
+    labels = tree("h")
+    got = c.confirm(alertname=labels["alertname"], hostname="h", root_pid="4242",
+                    root_start_time="987654", within=1.0)
+    elapsed = time.monotonic() - started
+    assert got.state == ConfirmationState.UNREACHABLE and "timed out" in got.detail, got
+    assert elapsed < 1.0 + SLACK, elapsed
+    # Nothing left: nothing is asked, and the answer says so.
+    got = c.confirm(alertname=labels["alertname"], hostname="h", root_pid="4242",
+                    root_start_time="987654", within=0.0)
+    assert got.state == ConfirmationState.UNREACHABLE and "no time left" in got.detail, got
+    assert len(server.paths) == 1
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.mark.parametrize("drip", ["", "body", "handshake"])
+def test_https_is_verified_and_bounded_the_same(peer: Callable[..., SlowPeer], certs: Certs,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                drip: str) -> None:
+    """The same client over TLS: the CA comes from the system store (SSL_CERT_FILE here),
+    and a handshake or body that drips is cut at the same one deadline."""
+    monkeypatch.setenv("SSL_CERT_FILE", certs.path("ca.crt"))
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(certs.path("server.crt"), certs.path("server.key"))
+    body = json.dumps([api_alert(tree("h"))]).encode()
+    # A TLS record header promising 16 KiB of handshake, then its bytes one by one.
+    hello = b"\x16\x03\x03\x40\x00" + b"\x00" * 200
+    reply = (Reply(body=hello, drip="raw", every=0.3) if drip == "handshake"
+             else Reply(body=body, drip=drip, every=0.3))
+    server = peer(lambda n: reply, tls=server_tls)
+    c = client(server.url.replace("http://", "https://"), timeout=1.5)
+    started = time.monotonic()
+    got = confirm(c, tree("h"))
+    elapsed = time.monotonic() - started
+    if not drip:
+        assert got.state == ConfirmationState.FIRING, got
+        return
+    assert got.state == ConfirmationState.UNREACHABLE and "timed out" in got.detail, got
+    assert elapsed < 1.5 + SLACK, elapsed
+
+
+def _state(pid: int) -> str | None:
+    fields = stat_fields(pid)
+    return None if fields is None else str(fields["state"])
+
+
+def test_a_tree_frozen_under_a_dripping_confirmation_is_continued_by_the_deadline(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        peer: Callable[[Plan], SlowPeer]) -> None:
+    """The first confirmation (before SIGSTOP) answers at once; the one made with the
+    tree frozen drips. The per-request timeout (30 s) is far past the reap's deadline
+    (2 s): the deadline must bound it, then every member is continued, nothing else."""
+    orphan = spawn_orphan(trees, fake_gpu)
+    labels = {"alertname": "GPUOrphanTree", "hostname": HOST, "root_pid": str(orphan.root),
+              "root_start_time": str(orphan.root_start)}
+    body = json.dumps([api_alert(labels)]).encode()
+    server = peer(lambda n: Reply(body=body, drip="body" if n else "", every=0.5))
+    h = harness(alertmanager={"url": server.url, "timeout_seconds": 30},
+                worker_timeout_seconds=2)
+    assert h.post(payload(orphan.alert())).status_code == 200
+    wait_for(lambda: _state(orphan.holder) == "T", timeout=10, interval=0.01,
+             what="the tree frozen")
+    frozen = time.monotonic()
+    wait_for(lambda: _state(orphan.holder) not in ("T", None), timeout=20, interval=0.01,
+             what="the tree continued")
+    held = time.monotonic() - frozen
+    assert held < 2 + SLACK, f"held stopped for {held:.1f}s"
+    h.settle()
+    assert orphan.all_alive()
+    assert len(server.paths) == 2
+    final = h.audit()[-1]
+    assert (final["outcome"], final["outcome_reason"]) == ("aborted",
+                                                           "alertmanager-unreachable"), final
+    assert "timed out" in final["outcome_detail"] or "no time left" in final["outcome_detail"]
+    sent = {s["signal"] for s in final["signals"]}
+    assert "SIGSTOP" in sent and "SIGCONT" in sent and not sent & {"SIGTERM", "SIGKILL"}, sent
+    assert h.client.get("/healthz").status_code == 200
