@@ -21,7 +21,7 @@ from tests.e2e.test_alertmanager_client import api_alert, client, confirm, tree
 from tests.support.certs import Certs, make_certs
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, stat_fields, wait_for
-from tests.support.remediator_harness import HOST, Harness, payload, spawn_orphan
+from tests.support.remediator_harness import HOST, TOKEN, Harness, payload, spawn_orphan
 from tests.support.slowpeer import Plan, Reply, SlowPeer
 
 #: Headroom for a loaded 2-core machine on top of each bound below.
@@ -153,3 +153,50 @@ def test_a_tree_frozen_under_a_dripping_confirmation_is_continued_by_the_deadlin
     sent = {s["signal"] for s in final["signals"]}
     assert "SIGSTOP" in sent and "SIGCONT" in sent and not sent & {"SIGTERM", "SIGKILL"}, sent
     assert h.client.get("/healthz").status_code == 200
+
+
+class Clock:
+    """The remediator's monotonic clock, moved by the test (the boot and wall clocks run)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gauge(metrics: str, name: str) -> float:
+    line = next(ln for ln in metrics.splitlines() if ln.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_a_worker_on_one_item_past_its_bound_is_stuck_on_healthz_and_metrics(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """The bounds above keep this from happening; if something still holds the worker
+    (here a slow NVML, with the clock moved past the bound), it is said, not hidden."""
+    clock = Clock()
+    h = harness(monotonic=clock)
+    orphan = spawn_orphan(trees, fake_gpu)
+    metrics = h.client.get("/metrics").get_data(as_text=True)
+    assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 0
+    assert _gauge(metrics, "gpuguard_remediator_worker_busy_seconds") == 0
+    fake_gpu.set_delay_ms(300)
+    try:
+        assert h.post(payload(orphan.alert())).status_code == 200
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        wait_for(lambda: h.client.get("/state", headers=auth).get_json()["in_flight"],
+                 timeout=10, what="the worker on the item")
+        _busy, limit = h.service.status.worker_busy()
+        clock.now += limit + 1
+        metrics = h.client.get("/metrics").get_data(as_text=True)
+        assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 1
+        assert _gauge(metrics, "gpuguard_remediator_worker_busy_seconds") > limit
+        health = h.client.get("/healthz")
+        assert (health.status_code, health.get_data(as_text=True)) == (503, "worker-stuck\n")
+    finally:
+        fake_gpu.set_delay_ms(0)
+    h.settle()  # past its deadline on the moved clock: no signal
+    assert orphan.all_alive()
+    assert h.client.get("/healthz").status_code == 200
+    metrics = h.client.get("/metrics").get_data(as_text=True)
+    assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 0
