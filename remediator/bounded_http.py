@@ -143,13 +143,13 @@ def get(url: str, headers: Mapping[str, str], *, deadline: float, max_body: int,
         conn = _Bounded(host, parts.port, left)
     try:
         conn.request("GET", target, headers=dict(headers))
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return Answer(resp.status, resp.headers, b"")
-        length = resp.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > max_body:
-            raise TooLarge(f"answer of {length} bytes is larger than {max_body} bytes")
-        return Answer(resp.status, resp.headers, _body(resp, max_body))
+        with conn.getresponse() as resp:  # closed here: `conn` forgets one that will close
+            if resp.status != 200:
+                return Answer(resp.status, resp.headers, b"")
+            length = resp.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > max_body:
+                raise TooLarge(f"answer of {length} bytes is larger than {max_body} bytes")
+            return Answer(resp.status, resp.headers, _body(resp, max_body))
     finally:
         conn.close()
 

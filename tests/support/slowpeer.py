@@ -71,41 +71,49 @@ class SlowPeer:
                 return
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(5)
+    def _answer(self, plain: socket.socket) -> None:
+        with plain:
+            plain.settimeout(5)
             if self.plan(len(self.paths)).drip == "raw":
-                self._raw(conn)
+                self._raw(plain)
                 return
-            request = b""
             try:
-                if self._tls is not None:
-                    conn = self._tls.wrap_socket(conn, server_side=True)
-                while b"\r\n\r\n" not in request:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        return
-                    request += chunk
+                conn = (plain if self._tls is None
+                        else self._tls.wrap_socket(plain, server_side=True))
             except OSError:
                 return
-            path = request.split(b" ", 2)[1].decode()
-            with self._lock:
-                index = len(self.paths)
-                self.paths.append(path)
-                self.times.append(time.monotonic())
-            reply = self.plan(index)
-            head, body = reply.head(), reply.body
-            try:
-                if not reply.drip:
-                    conn.sendall(head + body)
+            with conn:
+                self._serve_one(conn)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        """Read one request, answer it as `plan` says."""
+        request = b""
+        try:
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(4096)
+                if not chunk:
                     return
-                if reply.drip == "body":
-                    conn.sendall(head)
-                    self._drip(conn, body, reply)
-                else:
-                    self._drip(conn, head + body, reply)
-            except OSError:  # the client gave up: what the test wants
+                request += chunk
+        except OSError:
+            return
+        path = request.split(b" ", 2)[1].decode()
+        with self._lock:
+            index = len(self.paths)
+            self.paths.append(path)
+            self.times.append(time.monotonic())
+        reply = self.plan(index)
+        head, body = reply.head(), reply.body
+        try:
+            if not reply.drip:
+                conn.sendall(head + body)
                 return
+            if reply.drip == "body":
+                conn.sendall(head)
+                self._drip(conn, body, reply)
+            else:
+                self._drip(conn, head + body, reply)
+        except OSError:  # the client gave up: what the test wants
+            return
 
     def _raw(self, conn: socket.socket) -> None:
         with self._lock:
