@@ -103,9 +103,10 @@ def test_https_is_verified_and_bounded_the_same(peer: Callable[..., SlowPeer], c
     body = json.dumps([api_alert(tree("h"))]).encode()
     # A TLS record header promising 16 KiB of handshake, then its bytes one by one.
     hello = b"\x16\x03\x03\x40\x00" + b"\x00" * 200
-    reply = (Reply(body=hello, drip="raw", every=0.3) if drip == "handshake"
-             else Reply(body=body, drip=drip, every=0.3))
-    server = peer(lambda n: reply, tls=server_tls)
+    if drip == "handshake":
+        server = peer(lambda n: Reply(body=hello, every=0.3), raw=True)
+    else:
+        server = peer(lambda n: Reply(body=body, drip=drip, every=0.3), tls=server_tls)
     c = client(server.url.replace("http://", "https://"), timeout=1.5)
     started = time.monotonic()
     got = confirm(c, tree("h"))
@@ -200,3 +201,46 @@ def test_a_worker_on_one_item_past_its_bound_is_stuck_on_healthz_and_metrics(
     assert h.client.get("/healthz").status_code == 200
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 0
+
+
+def test_pull_mode_a_frozen_confirmation_is_bounded_too(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        peer: Callable[..., SlowPeer]) -> None:
+    """Pull mode: the polls answer at once and deliver the tree, every confirmation after
+    the first drips. Each time the tree is frozen it is continued within the reap's
+    deadline, whatever the later polls deliver again; nothing is terminated."""
+    orphan = spawn_orphan(trees, fake_gpu)
+    labels = {"alertname": "GPUOrphanTree", "hostname": HOST, "root_pid": str(orphan.root),
+              "root_start_time": str(orphan.root_start), "remediate": "true"}
+    body = json.dumps([api_alert(labels)]).encode()
+    confirmations: list[int] = []
+    servers: list[SlowPeer] = []
+
+    def plan(n: int) -> Reply:
+        if "silenced=false" in servers[0].paths[n]:  # a poll
+            return Reply(body=body)
+        confirmations.append(n)
+        return Reply(body=body, drip="body" if len(confirmations) > 1 else "", every=0.5)
+
+    servers.append(peer(plan))
+    h = harness(alertmanager={"url": servers[0].url, "timeout_seconds": 30, "pull": True,
+                              "pull_interval_seconds": 1}, worker_timeout_seconds=2)
+    runs: list[float] = []  # each stretch of state T, in seconds
+    since: float | None = None
+    ends = time.monotonic() + 8
+    while time.monotonic() < ends:
+        state, now = _state(orphan.holder), time.monotonic()
+        if state == "T" and since is None:
+            since = now
+        elif state != "T" and since is not None:
+            runs.append(now - since)
+            since = None
+        time.sleep(0.01)  # sampling the state, not waiting for it
+    assert since is None or time.monotonic() - since < 2 + SLACK, "held stopped at the end"
+    assert runs and max(runs) < 2 + SLACK, runs
+    assert len(confirmations) >= 2, confirmations
+    h.service.stop()
+    assert orphan.all_alive()
+    for record in h.audit():
+        sent = {s["signal"] for s in record.get("signals", [])}
+        assert not sent & {"SIGTERM", "SIGKILL"}, record

@@ -22,8 +22,8 @@ class Reply:
     status: int = 200
     body: bytes = b"[]"
     headers: dict[str, str] = field(default_factory=dict)
-    drip: str = ""  # "", "headers" (the whole answer), "body" (headers at once), "raw"
-    #                 (the body alone, no HTTP at all: a TLS peer's handshake, say)
+    drip: str = ""  # "", "headers" (the whole answer) or "body" (headers at once); a raw
+    #                 SlowPeer drips the body alone, no HTTP at all (a TLS handshake, say)
     every: float = 0.5
     cap: float = 12.0
 
@@ -41,11 +41,15 @@ Plan = Callable[[int], Reply]
 
 class SlowPeer:
     """Serves `plan` until stop(); `paths` and `times` record each request's path and
-    monotonic arrival, in order. `tls`: a server context to speak HTTPS with."""
+    monotonic arrival, in order (a raw peer records "(raw)"), before `plan` is asked.
+    `tls`: a server context to speak HTTPS with; `raw`: read nothing, drip each reply's
+    body on the bare connection."""
 
-    def __init__(self, plan: Plan, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, plan: Plan, *, tls: ssl.SSLContext | None = None,
+                 raw: bool = False) -> None:
         self.plan = plan
         self._tls = tls
+        self._raw_mode = raw
         self.paths: list[str] = []
         self.times: list[float] = []
         self._lock = threading.Lock()
@@ -74,7 +78,7 @@ class SlowPeer:
     def _answer(self, plain: socket.socket) -> None:
         with plain:
             plain.settimeout(5)
-            if self.plan(len(self.paths)).drip == "raw":
+            if self._raw_mode:
                 self._raw(plain)
                 return
             try:
