@@ -1,9 +1,12 @@
 """SIGHUP reloads a daemon's configuration, as Prometheus and Alertmanager do.
 
 The signal handler only starts a thread: the reload reads files and takes locks, which
-must not happen inside a handler that interrupted the serving loop (or a reap). A bad
-file is refused with one log line and the running configuration stays; the outcome is
-exported under Prometheus's own names with our prefix.
+must not happen inside a handler that interrupted the serving loop (or a reap). At most
+one such thread runs: a SIGHUP during a reload asks for one more reload after it, however
+many came (each started its own thread before, and a config file that blocks, say on a
+network mount, piled them up). A bad file is refused with one log line and the running
+configuration stays; the outcome is exported under Prometheus's own names with our
+prefix.
 """
 
 from __future__ import annotations
@@ -33,13 +36,48 @@ class Reloader(Collector):
         self._log = log
         self._clock = clock
         self._lock = threading.Lock()
+        # Guards the two flags below. Re-entrant: the SIGHUP handler runs on the main
+        # thread between two bytecodes, possibly inside request() itself.
+        self._gate = threading.RLock()
+        self._running = False  # a reload thread is on its way
+        self._again = False  # a SIGHUP came while it was: one more reload after this one
         self.successful = True  # the configuration the daemon started with loaded
         self.success_time = clock()
         self.attempts = 0
+        self.threads = 0  # reload threads started so far
 
     def request(self, _signum: int = 0, _frame: object = None) -> None:
-        """The SIGHUP handler: hand the reload to a thread and return at once."""
-        threading.Thread(target=self.run, name=f"{self.program}-reload", daemon=True).start()
+        """The SIGHUP handler: hand the reload to a thread and return at once; while one
+        runs, only note that one more reload is wanted."""
+        with self._gate:
+            if self._running:
+                self._again = True
+                return
+            self._running = True
+            self.threads += 1
+        threading.Thread(target=self._drain, name=f"{self.program}-reload",
+                         daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        """A reload thread is running (or about to)."""
+        with self._gate:
+            return self._running
+
+    def _drain(self) -> None:
+        """Reload until no SIGHUP came during the last reload (so the last file wins)."""
+        while True:
+            try:
+                self.run()
+            except BaseException:  # run() keeps Exception; the next SIGHUP must still work
+                with self._gate:
+                    self._running = self._again = False
+                raise
+            with self._gate:
+                if not self._again:
+                    self._running = False
+                    return
+                self._again = False
 
     def run(self) -> bool:
         """Reload now; True when the new configuration is in use."""

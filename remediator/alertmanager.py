@@ -15,14 +15,13 @@ import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from gpuguard.compat import StrEnum
+from gpuguard.remediator import bounded_http
 from gpuguard.remediator.alerts import (
     MAX_ALERTS,
     REMEDIATE_LABEL,
@@ -31,6 +30,7 @@ from gpuguard.remediator.alerts import (
     AlertStatus,
     asks_for_remediation,
 )
+from gpuguard.remediator.polling import PollResult, PollStats, peer_order, retry_after_seconds
 from gpuguard.remediator.settings import AlertmanagerConfig
 from gpuguard.validation import (
     JSON_TYPES,
@@ -131,12 +131,38 @@ class Confirmation:
 
 
 class _Failure(Exception):
-    """One request did not give a usable answer; `result` is its counter label."""
+    """One request did not give a usable answer; `result` is its counter label, `busy`
+    says the peer shed it (503, 429), `retry_after` what it asked for (seconds)."""
 
-    def __init__(self, result: RequestResult, detail: str) -> None:
+    def __init__(self, result: RequestResult, detail: str, *, busy: bool = False,
+                 retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.result = result
         self.detail = detail
+        self.busy = busy
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class PollAnswer:
+    """One poll: the alerts (None when no peer answered well), how it went (`result`,
+    `detail`), and the smallest Retry-After a busy peer asked for."""
+
+    alerts: list[dict[str, Any]] | None
+    result: PollResult
+    detail: str = ""
+    retry_after: float | None = None
+
+
+def _poll_result(failures: list[_Failure]) -> PollResult:
+    """A failed poll's result: busy or timeout (both retried sooner) before the rest."""
+    if any(f.busy for f in failures):
+        return PollResult.BUSY
+    if any(f.result == RequestResult.TIMEOUT for f in failures):
+        return PollResult.TIMEOUT
+    if failures and all(f.result == RequestResult.UNAUTHORIZED for f in failures):
+        return PollResult.UNAUTHORIZED
+    return PollResult.ERROR
 
 
 class _ShapeError(Invalid, ValueError):
@@ -157,14 +183,6 @@ class _ApiAlert:
     starts_at: str
     generator_url: str
     fingerprint: str
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Refuse redirects: urllib would carry the Authorization header to wherever they point."""
-
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-                         headers: Any, newurl: str) -> None:
-        return None
 
 
 def matcher(name: str, value: str) -> str:
@@ -242,6 +260,34 @@ def _skip_reason(alert: _ApiAlert, hostname: str, names: frozenset[str]) -> Skip
     return None
 
 
+def _sort_pulled(parsed: list[_ApiAlert], malformed: int, hostname: str,
+                 names: frozenset[str]) -> tuple[list[dict[str, Any]], dict[SkipReason, int]]:
+    """(the pulled alerts to hand on, shaped like a webhook's; how many were skipped by why)."""
+    skipped = dict.fromkeys(SkipReason, 0)
+    skipped[SkipReason.MALFORMED] = malformed
+    kept: list[_ApiAlert] = []
+    for a in parsed:  # the filter narrows; these checks decide (a proxy may drop it)
+        why = _skip_reason(a, hostname, names)
+        if why is not None:
+            skipped[why] += 1
+        elif len(kept) < MAX_PULL_ALERTS:
+            kept.append(a)
+        else:
+            skipped[SkipReason.OVER_LIMIT] += 1
+    return [
+        {
+            "status": AlertStatus.FIRING,
+            "labels": dict(a.labels),
+            "annotations": dict(a.annotations),
+            "startsAt": a.starts_at or None,
+            "endsAt": ZERO_TIME,
+            "generatorURL": a.generator_url,
+            "fingerprint": a.fingerprint,
+        }
+        for a in kept
+    ], skipped
+
+
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -263,6 +309,7 @@ class AlertmanagerClient:
         self.urls = tuple(u.rstrip("/") for u in config.url)
         self.timeout = float(config.timeout_seconds)
         self._monotonic = time.monotonic
+        self.polls = PollStats()  # pull mode's accounting (polling.py)
         self._credentials_file = config.credentials_file
         self._token: TokenSource | None = None
         if config.credentials_file is not None:
@@ -272,10 +319,9 @@ class AlertmanagerClient:
             from gpuguard.remediator.tokens import TokenFile
 
             self._token = TokenFile(config.credentials_file)
-        # No proxy from the environment (the path to Alertmanager is what is configured)
-        # and no redirects (they would carry the bearer token elsewhere).
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                                   _NoRedirect())
+        # No proxy from the environment and no redirects (bounded_http.py says why).
+        self._tls = (bounded_http.tls_context()
+                     if any(u.lower().startswith("https:") for u in self.urls) else None)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(RequestResult, 0)
         self._skipped: dict[str, int] = dict.fromkeys(SkipReason, 0)
@@ -305,11 +351,15 @@ class AlertmanagerClient:
                 self._skipped[why] += n
 
     def confirm(self, *, alertname: str, hostname: str, root_pid: str | int,
-                root_start_time: str | int) -> Confirmation:
+                root_start_time: str | int, within: float | None = None) -> Confirmation:
         """Is the alert for this tree firing right now, and not silenced or inhibited?
 
-        Peers are asked in order until one gives a well-formed answer; the whole call
-        takes at most timeout_seconds per peer. Labels are compared again here: the
+        Every peer is asked (in this host's order: polling.peer_order); each exchange
+        has its own deadline of timeout_seconds (connect, TLS, headers, body), and the
+        whole call ends within timeout_seconds per peer, or within `within` seconds
+        when that is less (a reap passes what is left of its deadline: the tree may be
+        frozen meanwhile); "unreachable" when no peer answered by then. Labels are
+        compared again here: the
         server-side filter narrows the list, equality on all four labels decides.
         Any matching alert that is silenced makes the answer "silenced" (its silences
         are looked up for createdBy and comment), else any inhibited one "inhibited",
@@ -320,11 +370,19 @@ class AlertmanagerClient:
         params = [("active", "true"), ("silenced", "true"), ("inhibited", "true")]
         params += [("filter", matcher(name, want[name])) for name in TREE_LABELS]
         path = f"/api/v2/alerts?{urlencode(params, quote_via=quote)}"
-        deadline = self._monotonic() + self.timeout * len(self.urls)
+        budget = self.timeout * len(self.urls)
+        if within is not None and within < budget:
+            budget = within
+            if budget <= 0:
+                return Confirmation(ConfirmationState.UNREACHABLE, "unreachable: no time "
+                                    "left before the reap's deadline to ask Alertmanager")
+        deadline = self._monotonic() + budget
         answers: list[Confirmation] = []
         failures: list[str] = []
-        for base in self.urls:  # every peer: one that has not heard of a silence must not
-            try:                 # outvote one that has (a restart, a split, a slow gossip)
+        # Every peer: one that has not heard of a silence must not outvote one that has
+        # (a restart, a split, a slow gossip).
+        for base in peer_order(self.urls, hostname):
+            try:
                 alerts = self._get(base, path, deadline, _parse_alerts)
             except _Failure as exc:
                 failures.append(f"{base}: {exc.detail}")
@@ -366,36 +424,51 @@ class AlertmanagerClient:
 
     def active_alerts(self, *, hostname: str,
                       alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
+        """`poll(...).alerts`: the alerts, or None when no peer answered well."""
+        return self.poll(hostname=hostname, alertnames=alertnames).alerts
+
+    def poll(self, *, hostname: str, alertnames: Iterable[str]) -> PollAnswer:
         """This host's active, unsilenced, uninhibited remediate="true" alerts named in
-        `alertnames`, at most MAX_PULL_ALERTS.
+        `alertnames`, at most MAX_PULL_ALERTS; counted and timed in `polls`.
 
         Shaped like the alerts of a webhook notification (status "firing", endsAt the
         zero time as Alertmanager sends while firing) so gpuguard.remediator.alerts parses both
-        the same way. None when no peer answered well: "no alerts" and "could not ask"
-        must stay different answers. An alert that is malformed or not for us is left
-        out and counted (skip_counts), never the whole answer.
+        the same way. `alerts` is None when no peer answered well: "no alerts" and "could
+        not ask" must stay different answers. An alert that is malformed or not for us
+        is left out and counted (skip_counts), never the whole answer. Peers are tried
+        in this host's order (polling.peer_order) until one answers, each exchange
+        within timeout_seconds.
         """
         names = frozenset(alertnames)
         params = [("active", "true"), ("silenced", "false"), ("inhibited", "false"),
                   ("filter", matcher("hostname", hostname)),
                   ("filter", matcher(REMEDIATE_LABEL, REMEDIATE_VALUE))]
-        deadline = self._monotonic() + self.timeout * len(self.urls)
-        got = self._first_answer(f"/api/v2/alerts?{urlencode(params, quote_via=quote)}",
-                                 deadline, _parse_alerts_each)
-        if isinstance(got, str):
-            return None
-        parsed, malformed = got[1]
-        skipped = dict.fromkeys(SkipReason, 0)
-        skipped[SkipReason.MALFORMED] = malformed
-        kept: list[_ApiAlert] = []
-        for a in parsed:  # the filter narrows; these checks decide (a proxy may drop it)
-            why = _skip_reason(a, hostname, names)
-            if why is not None:
-                skipped[why] += 1
-            elif len(kept) < MAX_PULL_ALERTS:
-                kept.append(a)
-            else:
-                skipped[SkipReason.OVER_LIMIT] += 1
+        began = self._monotonic()
+        deadline = began + self.timeout * len(self.urls)
+        path = f"/api/v2/alerts?{urlencode(params, quote_via=quote)}"
+        failures: list[_Failure] = []
+        got: tuple[list[_ApiAlert], int] | None = None
+        for base in peer_order(self.urls, hostname):
+            try:
+                got = self._get(base, path, deadline, _parse_alerts_each)
+                break
+            except _Failure as exc:
+                failures.append(exc)
+        if got is None:
+            result = _poll_result(failures)
+            asked = [f.retry_after for f in failures if f.retry_after is not None]
+            answer = PollAnswer(None, result, "; ".join(f.detail for f in failures),
+                                min(asked) if asked else None)
+        else:
+            answer = PollAnswer(self._kept(*got, hostname, names), PollResult.OK)
+        ended = self._monotonic()
+        self.polls.record(answer.result, ended - began, ended)
+        return answer
+
+    def _kept(self, parsed: list[_ApiAlert], malformed: int, hostname: str,
+              names: frozenset[str]) -> list[dict[str, Any]]:
+        """The pulled alerts to hand on; the others counted by why (skip_counts)."""
+        kept, skipped = _sort_pulled(parsed, malformed, hostname, names)
         for why, n in skipped.items():
             self.count_skipped(why, n)
         if skipped[SkipReason.OVER_LIMIT] and not self._flooded:
@@ -403,31 +476,9 @@ class AlertmanagerClient:
                         "skipped (counted as over-limit) while there are that many",
                         skipped[SkipReason.OVER_LIMIT], MAX_PULL_ALERTS)
         self._flooded = bool(skipped[SkipReason.OVER_LIMIT])
-        return [
-            {
-                "status": AlertStatus.FIRING,
-                "labels": dict(a.labels),
-                "annotations": dict(a.annotations),
-                "startsAt": a.starts_at or None,
-                "endsAt": ZERO_TIME,
-                "generatorURL": a.generator_url,
-                "fingerprint": a.fingerprint,
-            }
-            for a in kept
-        ]
+        return kept
 
     # -- internals --------------------------------------------------------------------
-
-    def _first_answer(self, path: str, deadline: float,
-                      parse: Callable[[Any], T]) -> tuple[str, T] | str:
-        """(peer, parsed body) from the first peer that answers well, else why none did."""
-        failures = []
-        for base in self.urls:
-            try:
-                return base, self._get(base, path, deadline, parse)
-            except _Failure as exc:
-                failures.append(f"{base}: {exc.detail}")
-        return "unreachable: " + "; ".join(failures)
 
     def _silence_owners(self, base: str, ids: tuple[str, ...],
                         deadline: float) -> tuple[tuple[str, ...], list[str]]:
@@ -460,55 +511,38 @@ class AlertmanagerClient:
         raise failure
 
     def _fetch_json(self, url: str, deadline: float) -> Any:
-        remaining = deadline - self._monotonic()
-        if remaining <= 0:
-            raise _Failure(RequestResult.TIMEOUT, "no time left")
+        """GET `url` within timeout_seconds and by `deadline` (the whole call's), as JSON."""
+        limit = min(self.timeout, deadline - self._monotonic())
+        if limit <= 0:
+            raise _Failure(RequestResult.TIMEOUT, "timed out: no time left for this peer")
         headers = {"Accept": "application/json", "User-Agent": "gpuguard-remediator"}
         authorization = self._authorization()
         if authorization is not None:
             headers["Authorization"] = authorization
-        request = urllib.request.Request(url, headers=headers, method="GET")
         try:
-            # The timeout bounds connect and each read; the deadline bounds the body as a
-            # whole (a server that trickles headers can still stretch one request).
-            with self._opener.open(request, timeout=min(self.timeout, remaining)) as resp:
-                status = resp.status
-                body = self._read(resp, deadline)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code in (401, 403):
-                raise _Failure(RequestResult.UNAUTHORIZED, f"HTTP {exc.code}") from None
-            raise _Failure(RequestResult.ERROR, f"HTTP {exc.code}") from None
+            answer = bounded_http.get(url, headers, deadline=self._monotonic() + limit,
+                                      max_body=MAX_BODY_BYTES, monotonic=self._monotonic,
+                                      context=self._tls)
         except TimeoutError:
-            raise _Failure(RequestResult.TIMEOUT, f"timed out after {self.timeout:g}s") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise _Failure(RequestResult.TIMEOUT,
-                               f"timed out after {self.timeout:g}s") from None
-            raise _Failure(RequestResult.ERROR, f"{exc.reason}") from None
+            raise _Failure(RequestResult.TIMEOUT,
+                           f"timed out: no complete answer within {limit:.3g}s") from None
+        except bounded_http.TooLarge as exc:
+            raise _Failure(RequestResult.ERROR, str(exc)) from None
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise _Failure(RequestResult.ERROR, f"{type(exc).__name__}: {exc}") from None
+        status = answer.status
+        if status in (401, 403):
+            raise _Failure(RequestResult.UNAUTHORIZED, f"HTTP {status}")
+        if status in (429, 503):  # shed under load: pull mode retries sooner
+            raise _Failure(RequestResult.ERROR, f"HTTP {status}", busy=True,
+                           retry_after=retry_after_seconds(answer.headers.get("Retry-After")))
         if status != 200:
             raise _Failure(RequestResult.ERROR, f"HTTP {status}")
         try:
-            return json.loads(body)
+            return json.loads(answer.body)
         except (ValueError, RecursionError):  # UnicodeDecodeError included; deep nesting
             raise _Failure(RequestResult.ERROR,
                            "answer is not JSON Alertmanager would send") from None
-
-    def _read(self, resp: Any, deadline: float) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = resp.read(64 * 1024)
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _Failure(RequestResult.ERROR, f"answer larger than {MAX_BODY_BYTES} bytes")
-            if self._monotonic() > deadline:
-                raise _Failure(RequestResult.TIMEOUT, "answer not complete before the deadline")
-            chunks.append(chunk)
 
     def _authorization(self) -> str | None:
         """`Bearer TOKEN`, None without credentials_file; fails closed on an unusable file.

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from gpuguard.exporter.metrics import event_metrics, inspector_metrics
 from gpuguard.remediator.alertmanager import RequestResult, SkipReason
+from gpuguard.remediator.polling import DURATION_BUCKETS, PollResult, PollStats
 from gpuguard.remediator.service import Remediator
+from gpuguard.remediator.status import HealthCode
 
 
 class RemediatorCollector(Collector):
@@ -26,6 +33,8 @@ class RemediatorCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._own()
         yield from self._alertmanager()
+        yield from self._polls()
+        yield from self._stuck()
         yield GaugeMetricFamily("gpuguard_remediator_queue_depth",
                                 "Accepted alerts not finished yet (queued or deferred).",
                                 value=self.service.queue_depth())
@@ -86,3 +95,40 @@ class RemediatorCollector(Collector):
         for why in SkipReason:
             skipped.add_metric([why], skips[why])
         yield skipped
+
+    def _polls(self) -> Iterator[Metric]:
+        client = self.service.alertmanager
+        view = (client.polls if client is not None else PollStats()).view()
+        polls = CounterMetricFamily(
+            "gpuguard_remediator_alertmanager_polls",
+            "Pull mode's polls of Alertmanager, by result (ok, busy: 503 or 429, timeout, "
+            "unauthorized, error).", labels=["result"])
+        for result in PollResult:
+            polls.add_metric([result], view.counts[result])
+        yield polls
+        bounds = [*(f"{b:g}" for b in DURATION_BUCKETS), "+Inf"]
+        yield HistogramMetricFamily(
+            "gpuguard_remediator_alertmanager_poll_duration_seconds",
+            "How long each poll of Alertmanager took, every peer it tried included.",
+            buckets=list(zip(bounds, view.buckets, strict=True)), sum_value=view.duration_sum)
+        yield GaugeMetricFamily(
+            "gpuguard_remediator_alertmanager_failed_polls_in_a_row",
+            "Polls of Alertmanager that failed since the last one that did not (pull mode).",
+            value=view.failures_in_a_row)
+
+    def _stuck(self) -> Iterator[Metric]:
+        status = self.service.status
+        busy, limit = status.worker_busy()
+        yield GaugeMetricFamily(
+            "gpuguard_remediator_worker_busy_seconds",
+            "How long the worker has been on its current item (0 when idle).", value=busy)
+        yield GaugeMetricFamily(
+            "gpuguard_remediator_worker_stuck",
+            "1 while the worker has been on one item longer than any item may take "
+            "(/healthz: worker-stuck).", value=1 if busy > limit else 0)
+        problem = status.poller_problem()
+        yield GaugeMetricFamily(
+            "gpuguard_remediator_alertmanager_poller_stalled",
+            "1 while no poll of Alertmanager has completed for several intervals "
+            "(/healthz: poller-stalled).",
+            value=1 if problem is not None and problem[0] == HealthCode.POLLER_STALLED else 0)

@@ -3,18 +3,32 @@
 For a fleet with one central Alertmanager: no route per node, no inbound port. Every
 `pull_interval_seconds` the remediator asks for its own active, unsilenced,
 uninhibited remediate="true" alerts named in `remediate.alerts` and hands them to the
-same intake a webhook delivery goes through. Why: docs/design.md, The reap (pull mode).
+same intake a webhook delivery goes through. Why: docs/design.md, The reap (pull mode);
+when and how it polls a busy Alertmanager: polling.py.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import threading
+import time
+from collections.abc import Callable
 
-from gpuguard.periodic import Periodic
-from gpuguard.remediator.alertmanager import AlertmanagerClient, SkipReason
+from gpuguard.remediator.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
 from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_alert
 from gpuguard.remediator.decision_log import DecisionSource
 from gpuguard.remediator.intake import Intake
+from gpuguard.remediator.polling import (
+    FAILED_POLLS_UNHEALTHY,
+    JITTER,
+    STALLED_INTERVALS,
+    delay_after,
+    first_delay,
+    host_random,
+    next_delay,
+)
+from gpuguard.remediator.status import HealthCode
 
 log = logging.getLogger("gpuguard.remediator.pull")
 
@@ -22,33 +36,48 @@ RECEIVER = "gpuguard-remediator-pull"
 
 
 class Puller:
-    """One background thread; each poll is one delivery of this host's firing alerts."""
+    """One background thread; each poll is one delivery of this host's firing alerts.
 
-    def __init__(self, intake: Intake, client: AlertmanagerClient, *,
-                 interval: float) -> None:
+    When: polling.py (jittered, backing off after a busy or slow Alertmanager); `rng`
+    defaults to this host's own (polling.host_random), so a test can replay it.
+    """
+
+    def __init__(self, intake: Intake, client: AlertmanagerClient, *, interval: float,
+                 rng: random.Random | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.intake = intake
         self.client = client
         self.interval = interval
+        self.rng = rng if rng is not None else host_random(intake.hostname)
         self.polls = 0
         self.failed_polls = 0
-        self._failing = False
-        self._loop = Periodic("gpuguard-remediator-pull", interval, self._tick)
+        self.failures_in_a_row = 0
+        self.last: PollAnswer | None = None
+        self._monotonic = monotonic
+        self._started: float | None = None
+        self._last_completed: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def poll_once(self) -> int | None:
         """Deliver what Alertmanager says fires for this host now; None when it did not say."""
-        alerts = self.client.active_alerts(hostname=self.intake.hostname,
-                                           alertnames=self.intake.policy.alerts)
+        answer = self.client.poll(hostname=self.intake.hostname,
+                                  alertnames=self.intake.policy.alerts)
+        self.last = answer
         self.polls += 1
+        self._last_completed = self._monotonic()
+        alerts = answer.alerts
         if alerts is None:
             self.failed_polls += 1
-            if not self._failing:
-                log.warning("pull: no Alertmanager answered (%s); nothing is delivered until "
-                            "one does", ", ".join(self.client.urls))
-                self._failing = True
+            self.failures_in_a_row += 1
+            if self.failures_in_a_row == 1:
+                log.warning("pull: no Alertmanager answered (%s: %s); nothing is delivered "
+                            "until one does", answer.result, answer.detail)
             return None
-        if self._failing:
-            log.info("pull: Alertmanager answers again")
-            self._failing = False
+        if self.failures_in_a_row:
+            log.info("pull: Alertmanager answers again after %d failed poll(s)",
+                     self.failures_in_a_row)
+            self.failures_in_a_row = 0
         parsed: list[Alert] = []
         for i, raw in enumerate(alerts):
             try:
@@ -64,17 +93,55 @@ class Puller:
                            source=DecisionSource.PULL)
         return len(parsed)
 
+    def next_delay(self) -> float:
+        """Seconds from the end of the last poll to the next one."""
+        last = self.last
+        if last is None:
+            return next_delay(self.interval, self.rng)
+        return delay_after(last.result, self.failures_in_a_row, self.interval, self.rng,
+                           last.retry_after)
+
+    def problem(self) -> tuple[HealthCode, str] | None:
+        """Why /healthz should say the poller is degraded; None while it is not."""
+        if self.failures_in_a_row >= FAILED_POLLS_UNHEALTHY:
+            last = self.last
+            why = f"{last.result}: {last.detail}" if last is not None else "?"
+            return HealthCode.POLLER_FAILING, (f"{self.failures_in_a_row} polls of "
+                                               f"Alertmanager in a row failed (last {why})")
+        since = self._last_completed if self._last_completed is not None else self._started
+        if since is None:
+            return None
+        limit = self.stall_limit()
+        quiet = self._monotonic() - since
+        if quiet > limit:
+            return HealthCode.POLLER_STALLED, (f"no poll of Alertmanager completed for "
+                                               f"{quiet:.0f}s (over {limit:g}s)")
+        return None
+
+    def stall_limit(self) -> float:
+        """STALLED_INTERVALS intervals at their longest, plus the longest one poll takes."""
+        return (STALLED_INTERVALS * self.interval * (1 + JITTER)
+                + self.client.timeout * len(self.client.urls))
+
     def start(self) -> None:
-        self._loop.start()
+        self._started = self._monotonic()
+        self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-pull",
+                                        daemon=True)
+        self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._loop.stop(timeout)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def alive(self) -> bool:
-        return self._loop.alive()
+        return self._thread is not None and self._thread.is_alive()
 
-    def _tick(self) -> None:
-        try:
-            self.poll_once()
-        except Exception:  # a bug must not end polling: logged, and tried again
-            log.exception("pull: poll failed")
+    def _run(self) -> None:
+        delay = first_delay(self.interval, self.rng)  # not in step with the other hosts
+        while not self._stop.wait(delay):
+            try:
+                self.poll_once()
+            except Exception:  # a bug must not end polling: logged, and tried again
+                log.exception("pull: poll failed")
+            delay = self.next_delay()

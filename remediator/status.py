@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpuguard.compat import StrEnum
 from gpuguard.remediator.audit_trail import AuditTrail
@@ -23,10 +23,19 @@ class HealthCode(StrEnum):
     REAPS_UNSETTLED = "reaps-unsettled"
     AUDIT_LOG_UNWRITABLE = "audit-log-unwritable"
     WORKER_STUCK = "worker-stuck"
+    POLLER_STALLED = "poller-stalled"  # no poll completed for STALLED_INTERVALS intervals
+    POLLER_FAILING = "poller-failing"  # FAILED_POLLS_UNHEALTHY failed polls in a row
 
 
 class Liveness(Protocol):
     def alive(self) -> bool: ...
+
+
+@runtime_checkable
+class Degradable(Protocol):
+    """A companion that can be alive and still not doing its job (pull mode's poller)."""
+
+    def problem(self) -> tuple[HealthCode, str] | None: ...
 
 
 class WorkerHealth(Liveness, Protocol):
@@ -62,13 +71,30 @@ class Status:
         if (audit_error := self._trail.error) is not None:
             return False, HealthCode.AUDIT_LOG_UNWRITABLE, (f"audit log cannot be written "
                                                             f"({audit_error}): no reap can run")
+        busy, limit = self.worker_busy()
+        if busy > limit:
+            return False, HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
+        if (problem := self.poller_problem()) is not None:
+            return False, *problem
+        return True, HealthCode.OK, "ok"
+
+    def worker_busy(self) -> tuple[float, float]:
+        """(seconds the worker has been on its current item, 0 when idle; the most one item
+        may take: the reap's deadline, then SIGTERM's wait and SIGKILL's, and 30 s of
+        slack for inspection and records)."""
         busy = self._work.busy_since
         policy = self._work.policy
         limit = (policy.worker_timeout_seconds + policy.term_timeout_seconds
                  + KILL_CONFIRM_SECONDS + 30)
-        if busy is not None and self._work.clocks.monotonic() - busy > limit:
-            return False, HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
-        return True, HealthCode.OK, "ok"
+        return (0.0 if busy is None else max(0.0, self._work.clocks.monotonic() - busy)), limit
+
+    def poller_problem(self) -> tuple[HealthCode, str] | None:
+        """The first companion's reason to be degraded (pull mode: polls failing or none
+        completing), None when there is none."""
+        for companion in self._companions:
+            if isinstance(companion, Degradable) and (problem := companion.problem()):
+                return problem
+        return None
 
     def snapshot(self) -> dict[str, Any]:
         """The JSON behind GET /state."""

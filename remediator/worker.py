@@ -242,11 +242,15 @@ class Worker:
         confirmations: list[Confirmation] = []
 
         def confirm() -> tuple[str, str] | None:
-            """Alertmanager, asked right before the first signal: still firing, unsilenced?"""
+            """Alertmanager, asked right before the first signal: still firing, unsilenced?
+            Within what is left of the reap's deadline: the second time the tree is frozen,
+            and a peer that answers slowly must not keep it so (no answer in time: the
+            reap is refused and what it stopped continued)."""
             assert self._alertmanager is not None
             answer = self._alertmanager.confirm(
                 alertname=item.alert.label("alertname") or "", hostname=key.hostname,
-                root_pid=key.root_pid, root_start_time=key.root_start_time)
+                root_pid=key.root_pid, root_start_time=key.root_start_time,
+                within=deadline - work.clocks.monotonic())
             confirmations.append(answer)
             return None if answer.firing else refusal_of(answer)
 
