@@ -3,6 +3,7 @@ as the remediator asks it, and the line that says it."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuguard.config import Config
@@ -12,17 +13,20 @@ from gpuguard.remediator.alertmanager import AlertmanagerClient, ConfirmationSta
 
 
 def alert_state(config: Config, hostname: str, root_pid: int,
-                root_start_time: int) -> dict[str, Any] | None:
+                root_start_time: int, *, deadline: float | None = None) -> dict[str, Any] | None:
     """Alertmanager's view of this tree's alert (None when remediate.alertmanager is unset).
 
     Every alertname in remediate.alerts is asked; the answer that most constrains a
     reap is kept: silenced, then unreachable, then inhibited, firing, not-firing.
+    `deadline` (time.monotonic()): a reap's, which every question ends within (the tree
+    may be frozen meanwhile); a question with no time left reads unreachable.
     """
     if config.remediate.alertmanager is None:
         return None
     client = AlertmanagerClient(config.remediate.alertmanager)
-    answers = [(name, client.confirm(alertname=name, hostname=hostname, root_pid=root_pid,
-                                     root_start_time=root_start_time))
+    answers = [(name, client.confirm(
+        alertname=name, hostname=hostname, root_pid=root_pid, root_start_time=root_start_time,
+        within=None if deadline is None else deadline - time.monotonic()))
                for name in config.remediate.alerts]
     # A question that got no answer may be the one whose alert is silenced: it ranks
     # right after a silence, above every answer that would let a reap go on.

@@ -270,6 +270,7 @@ class ManualReap:
         self.result: ReapResult | None = None
         self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
         self.alert: dict[str, Any] | None = None
+        self.deadline: float | None = None  # the reap's (time.monotonic()), once it starts
         self.reap_id = uuid.uuid4().hex
 
     def journal(self, phase: str, members: tuple[Member, ...]) -> None:
@@ -281,7 +282,7 @@ class ManualReap:
     def confirm(self) -> tuple[str, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) needs --force."""
         alert = self.alert = alert_state(self.config, self.args.hostname, self.key.root_pid,
-                                         self.key.root_start_time)
+                                         self.key.root_start_time, deadline=self.deadline)
         if alert is None or self.args.force or alert["state"] not in (
                 ConfirmationState.SILENCED, ConfirmationState.UNREACHABLE):
             return None
@@ -334,7 +335,7 @@ class ManualReap:
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
                         reasons=None if args.force else tuple(self.config.remediate.reasons))
-        deadline = time.monotonic() + self.config.remediate.worker_timeout_seconds
+        deadline = self.deadline = time.monotonic() + self.config.remediate.worker_timeout_seconds
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
         # during the reap reaches the reaper as Interrupted: it continues what it stopped.

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,15 @@ from tests.e2e.test_alertmanager_client import api_alert, client, confirm, tree
 from tests.support.certs import Certs, make_certs
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, stat_fields, wait_for
-from tests.support.remediator_harness import HOST, TOKEN, Harness, payload, spawn_orphan
+from tests.support.remediator_harness import (
+    HOST,
+    TOKEN,
+    Harness,
+    Run,
+    payload,
+    spawn_orphan,
+    write_config,
+)
 from tests.support.slowpeer import Plan, Reply, SlowPeer
 
 #: Headroom for a loaded 2-core machine on top of each bound below.
@@ -244,3 +254,44 @@ def test_pull_mode_a_frozen_confirmation_is_bounded_too(
     for record in h.audit():
         sent = {s["signal"] for s in record.get("signals", [])}
         assert not sent & {"SIGTERM", "SIGKILL"}, record
+
+
+def test_gpuguard_reap_apply_bounds_its_frozen_confirmation_by_its_deadline(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        peer: Callable[[Plan], SlowPeer]) -> None:
+    """`gpuguard reap --apply` asks Alertmanager with the tree frozen too: the answer it
+    waits for ends within what is left of worker_timeout_seconds (2 s here, against a
+    30 s per-request timeout), then the tree is continued and nothing else is sent."""
+    orphan = spawn_orphan(trees, fake_gpu)
+    labels = {"alertname": "GPUOrphanTree", "hostname": HOST, "root_pid": str(orphan.root),
+              "root_start_time": str(orphan.root_start)}
+    body = json.dumps([api_alert(labels)]).encode()
+    server = peer(lambda n: Reply(body=body, drip="body" if n else "", every=0.5))
+    config = write_config(tmp_path, alertmanager={"url": server.url, "timeout_seconds": 30},
+                          worker_timeout_seconds=2)
+    stopped: list[float] = []  # when the holder was seen stopped
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if _state(orphan.holder) == "T":
+                stopped.append(time.monotonic())
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        proc = gpuguard("reap", str(orphan.root), "--config", str(config), "--json",
+                        "--allow-pid-namespace", "--hostname", HOST, "--apply",
+                        "--start-time", str(orphan.root_start))
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+    doc = json.loads(proc.stdout)
+    assert doc["reason"] == "alertmanager-unreachable", doc
+    assert stopped, "the tree was never frozen: the frozen confirmation was not reached"
+    held = stopped[-1] - stopped[0]
+    assert held < 2 + SLACK, f"held stopped for {held:.1f}s"
+    assert orphan.all_alive() and _state(orphan.holder) != "T"
+    sent = {s["signal"] for s in doc["signals"]}
+    assert "SIGSTOP" in sent and not sent & {"SIGTERM", "SIGKILL"}, sent
