@@ -163,16 +163,18 @@ class Signaller:
         # after the kernel took the SIGSTOP still finds the member to continue.
         target.stopped = before is None or not before.is_stopped
         if target.stopped and not previous:
-            self._guard(target, previous)
+            self._guard(run, target, previous)
         if self.send(run, target, signal.SIGSTOP) != SignalResult.SENT:
             target.stopped = previous
 
-    def _guard(self, target: Target, previous: bool) -> None:
+    def _guard(self, run: ReapRun, target: Target, previous: bool) -> None:
         """The thaw guardian takes the member's pidfd before its SIGSTOP; when it cannot,
         the member is not stopped and the reap ends (what it stopped is continued)."""
-        if self.guardian is None or target.fd is None:
-            return  # no guardian (a test's reaper, `gpuguard run`), or the pid path
+        if self.guardian is None or run.path == KillPath.PID:
+            return  # no guardian (a test's reaper, `gpuguard run`), or nothing to hand it
         try:
+            if target.fd is None:
+                raise GuardianError(f"no pidfd of {target.member.pid} to hand over")
             self.guardian.hold(target.member.pid, target.fd)
         except GuardianError as exc:
             target.stopped = previous

@@ -31,6 +31,7 @@ from tests.support.proctree import Trees, alive, children_of, stat_fields, wait_
 from tests.support.remediator_harness import (
     HOST,
     TOKEN,
+    Harness,
     Orphan,
     payload,
     spawn_orphan,
@@ -343,5 +344,25 @@ def test_the_guardian_ignores_a_stop_and_lets_go_of_what_the_reaper_continued(
         wait_for(lambda: state(held.pid) == state(late.pid) == "S",
                  what="the held sleepers to be continued")
         assert stopped(let_go.pid)  # let go of: stays as the reaper left it
+    finally:
+        guardian.close()
+
+
+def test_a_guardian_that_cannot_take_the_tree_refuses_the_reap_before_any_stop(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Fail closed: a freeze nothing would continue if the reaper died is not begun.
+    (`true` stands for a guardian that exits at once: no interpreter, a seccomp kill.)"""
+    guardian = ThawGuardian(python="/bin/true")
+    h = harness(reaper_kw={"guardian": guardian})
+    try:
+        tree = spawn_orphan(trees, fake_gpu)
+        answer = h.post(payload(tree.alert()))
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        h.settle()
+        (record,) = [r for r in h.audit() if r["phase"] == "final"]
+        assert (record["outcome"], record["outcome_reason"]) == ("aborted", "guardian-failed")
+        assert record["outcome_detail"].startswith("the thaw guardian ")
+        assert tree.all_alive() and not any(stopped(p) for p in tree.members)
+        assert not [s for s in record["signals"] if s["signal"] == "SIGSTOP"]
     finally:
         guardian.close()
