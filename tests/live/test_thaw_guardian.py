@@ -196,6 +196,10 @@ def test_a_remediator_sigkilled_mid_freeze_leaves_nothing_stopped(
         # It holds a pidfd of each member, and of its reaper: never a bare pid.
         guardian = guardian_of(server.proc.pid)
         assert sorted(pidfds(guardian).values()) == sorted([*tree.members, server.proc.pid])
+        # The SIGTERM a unit's stop sends the whole cgroup (and a terminal's signals) leave
+        # it in place: it acts on its reaper's going, not on being told to stop.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            os.kill(guardian, sig)
 
         assert_thawed_after_sigkill(server.proc, tree.members)
         assert tree.all_alive()  # continued, not killed: a new decision may reap it later
