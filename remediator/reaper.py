@@ -38,6 +38,7 @@ from gpuguard.remediator.recheck import recheck_frozen
 from gpuguard.remediator.recovery import thaw_interrupted
 from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.signalling import PIDFD_OPEN, PIDFD_SEND, PidfdOpen, PidfdSend, Signaller
+from gpuguard.remediator.thaw_guardian import ThawGuardian
 
 log = logging.getLogger("gpuguard.remediator.reaper")
 
@@ -73,12 +74,16 @@ class Reaper:
         kill: Callable[[int, int], None] = os.kill,
         monotonic: Callable[[], float] = time.monotonic,
         refused_stop: RefusedStop = "abort",
+        guardian: ThawGuardian | None = None,
     ) -> None:
         self.nvml = nvml
         self.counters = counters
         self._monotonic = monotonic
+        #: With a guardian, every member is handed to it before its SIGSTOP: a SIGKILL of
+        #: this process mid-reap is then followed by SIGCONTs (thaw_guardian.py).
+        self.guardian = guardian
         self._signaller = Signaller(pidfd_open=pidfd_open, pidfd_send=pidfd_send, kill=kill,
-                                    monotonic=monotonic)
+                                    monotonic=monotonic, guardian=guardian)
         self._freezer = Freezer(self._signaller, counters=counters, refused_stop=refused_stop)
         self._killer = Killer(self._freezer)
 
@@ -126,6 +131,8 @@ class Reaper:
                                 "is false")
         # Every path out of here thaws before the handles close (the handlers and the
         # finally): a thaw through pidfds cannot reach a reused pid.
+        if self.guardian is not None and not plan.dry_run:
+            self.guardian.begin()  # one that died is started again; failing, it refuses
         try:
             try:
                 early = self._prepare(run, plan, deadline, cancelled, confirm)
@@ -136,6 +143,8 @@ class Reaper:
                 self._signaller.thaw(run)
                 raise
         finally:
+            if self.guardian is not None and not plan.dry_run:
+                self.guardian.done()
             self._signaller.close(run)
 
     def thaw_interrupted(self, members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]:

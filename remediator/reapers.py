@@ -19,6 +19,7 @@ from gpuguard.remediator.outcome import ReapResult, SignalRecord
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reap_run import Confirm, Holding, Journal
 from gpuguard.remediator.settings import Remediate
+from gpuguard.remediator.thaw_guardian import ThawGuardian
 
 
 class TreeReaper(Protocol):
@@ -39,12 +40,14 @@ class TreeReaper(Protocol):
 
 
 def platform_reaper(*, nvml: HolderSource, counters: Counters = COUNTERS,
-                    monotonic: Callable[[], float] = time.monotonic) -> TreeReaper:
-    """This platform's reaper (gpuguard.host.platform.IS_WINDOWS decides)."""
+                    monotonic: Callable[[], float] = time.monotonic,
+                    guardian: ThawGuardian | None = None) -> TreeReaper:
+    """This platform's reaper (gpuguard.host.platform.IS_WINDOWS decides); `guardian`
+    (Linux) continues what a reap stopped if the process doing it dies."""
     if IS_WINDOWS:
         from gpuguard.remediator.windows_reaper import WindowsReaper
 
         return WindowsReaper(nvml=nvml, counters=counters, monotonic=monotonic)
     from gpuguard.remediator.reaper import Reaper
 
-    return Reaper(nvml=nvml, counters=counters, monotonic=monotonic)
+    return Reaper(nvml=nvml, counters=counters, monotonic=monotonic, guardian=guardian)

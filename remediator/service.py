@@ -38,6 +38,7 @@ from gpuguard.remediator.reapers import TreeReaper, platform_reaper
 from gpuguard.remediator.refusals import RefusalMemory
 from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.status import HealthCode, Liveness, Status
+from gpuguard.remediator.thaw_guardian import ThawGuardian
 from gpuguard.remediator.worker import Worker
 from gpuguard.remediator.workstate import WorkState
 
@@ -71,6 +72,7 @@ class Remediator:
         launchers: LauncherMemory | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        guardian: ThawGuardian | None = None,
     ) -> None:
         self.config = config
         self.policy = config.remediate
@@ -84,6 +86,7 @@ class Remediator:
         self.alertmanager = alertmanager
         self.events = events  # the kernel's process events: how launchers died
         self.launchers = launchers  # the first reason established per orphan root
+        self.guardian = guardian  # the reaper's: started with the service, closed with it
         self.metrics = RemediatorMetrics()
         # The wall clock dates the audit and /state only; ages, rate-limit windows and
         # due times are on the ledger's boot clock, which no wall-clock step moves.
@@ -110,6 +113,8 @@ class Remediator:
 
     def start(self) -> None:
         """Recover what a crash left (continue stopped trees), then start working."""
+        if self.guardian is not None:
+            self.guardian.start()  # not waited for: it comes up while recovery runs
         self.interrupted.settle()
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once
@@ -145,6 +150,9 @@ class Remediator:
         if self.events is not None:
             self.events.stop()
         self.worker.join(timeout)
+        if self.guardian is not None and not self.worker.alive():
+            # (A worker still reaping keeps it: this process's exit then tells it.)
+            self.guardian.close()
 
     def wake(self) -> None:
         """Re-check the queue now (new work, or an injected clock moved)."""
@@ -212,15 +220,17 @@ def build_remediator(
                                    boot=boot_id(), alive=identity_alive)
     if (problem := ensure_marks_dir(config.classify.marks_dir)) is not None:
         log.info("%s", problem)
+    guardian = None
     if reaper is None:
-        reaper = platform_reaper(nvml=nvml, counters=counters, monotonic=monotonic)
+        guardian = ThawGuardian() if not IS_WINDOWS else None
+        reaper = platform_reaper(nvml=nvml, counters=counters, monotonic=monotonic,
+                                 guardian=guardian)
     if alertmanager is None and policy.alertmanager is not None:
         alertmanager = AlertmanagerClient(policy.alertmanager)
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
                          ledger=ledger, audit=audit, counters=counters, reaper=reaper,
                          alertmanager=alertmanager, events=events, launchers=launchers,
-                         clock=clock,
-                         monotonic=monotonic)
+                         clock=clock, monotonic=monotonic, guardian=guardian)
     if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
         service.attach(Puller(service.intake, alertmanager,
                               interval=policy.alertmanager.pull_interval_seconds))

@@ -23,6 +23,7 @@ from gpuguard.orphans.process import (
 from gpuguard.remediator.inspection import member_of
 from gpuguard.remediator.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap_run import Abort, NoPidfd, ReapRun, Target
+from gpuguard.remediator.thaw_guardian import GuardianError, ThawGuardian
 
 log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts
 
@@ -43,11 +44,13 @@ class Signaller:
     """Holds, signals and watches the targets of a reap; the only code that sends them."""
 
     def __init__(self, *, pidfd_open: PidfdOpen | None, pidfd_send: PidfdSend | None,
-                 kill: Callable[[int, int], None], monotonic: Callable[[], float]) -> None:
+                 kill: Callable[[int, int], None], monotonic: Callable[[], float],
+                 guardian: ThawGuardian | None = None) -> None:
         self._pidfd_open = pidfd_open if pidfd_send is not None else None
         self._pidfd_send = pidfd_send
         self._kill = kill
         self.monotonic = monotonic
+        self.guardian = guardian  # continues what a reap stopped if this process dies
 
     @property
     def path(self) -> KillPath:
@@ -159,8 +162,24 @@ class Signaller:
         # Flagged before the signal: an exception (a signal's Interrupted) landing right
         # after the kernel took the SIGSTOP still finds the member to continue.
         target.stopped = before is None or not before.is_stopped
+        if target.stopped and not previous:
+            self._guard(run, target, previous)
         if self.send(run, target, signal.SIGSTOP) != SignalResult.SENT:
             target.stopped = previous
+
+    def _guard(self, run: ReapRun, target: Target, previous: bool) -> None:
+        """The thaw guardian takes the member's pidfd before its SIGSTOP; when it cannot,
+        the member is not stopped and the reap ends (what it stopped is continued)."""
+        if self.guardian is None or run.path == KillPath.PID:
+            return  # no guardian (a test's reaper, `gpuguard run`), or nothing to hand it
+        try:
+            if target.fd is None:
+                raise GuardianError(f"no pidfd of {target.member.pid} to hand over")
+            self.guardian.hold(target.member.pid, target.fd)
+        except GuardianError as exc:
+            target.stopped = previous
+            raise Abort("guardian-failed", f"{exc}; {target.member.pid} was not stopped: a "
+                        "freeze nothing would continue if this process died") from None
 
     def thaw(self, run: ReapRun) -> None:
         """Undo a partial freeze: an aborted reap must leave the tree as it found it (what
@@ -179,6 +198,7 @@ class Signaller:
                 except BaseException as exc:  # the next member is still continued
                     failure = failure or exc
         self.mark(run, continued, held=False)
+        self.unguard(continued)
         if failure is not None:
             raise failure
 
@@ -191,6 +211,12 @@ class Signaller:
                 target.stopped = False
                 continued.append(target)
         self.mark(run, continued, held=False)
+        self.unguard(continued)
+
+    def unguard(self, targets: list[Target]) -> None:
+        """Continued by the reap itself: the guardian lets go of them."""
+        if self.guardian is not None and targets:
+            self.guardian.let_go([t.member.pid for t in targets if t.fd is not None])
 
     @staticmethod
     def mark(run: ReapRun, targets: list[Target], *, held: bool) -> None:

@@ -63,6 +63,7 @@ from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reapers import platform_reaper
 from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.settlement import final_decision
+from gpuguard.remediator.thaw_guardian import ThawGuardian
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 #: The signals that stop `reap --apply` part-way, by name: a terminal's Ctrl-C or hangup,
@@ -266,6 +267,9 @@ class ManualReap:
         else:
             self.dry_run_unaudited = True
         self.stop = StopOnSignal() if args.apply else None
+        #: Continues what the reap stopped if this process is SIGKILLed mid-reap: one per
+        #: reap, started before the inspection (its start overlaps it), closed after.
+        self.guardian = ThawGuardian() if args.apply and not IS_WINDOWS else None
         self.live = LiveTree(root=None)
         self.result: ReapResult | None = None
         self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
@@ -298,6 +302,8 @@ class ManualReap:
                 try:
                     if stop is not None:
                         stop.arm()
+                    if self.guardian is not None:
+                        self.guardian.start()
                     self.inspect_and_reap()
                 except Interrupted as stopped:  # outside the reaper: nothing was signalled
                     if self.result is None:
@@ -307,6 +313,8 @@ class ManualReap:
                 finally:
                     if stop is not None:
                         stop.disarm()
+                    if self.guardian is not None:
+                        self.guardian.close()  # the reap is over: it continued what it stopped
         except Interrupted:
             pass  # in the instant between the reap's end and the disarm: nothing to stop
 
@@ -339,7 +347,7 @@ class ManualReap:
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
         # during the reap reaches the reaper as Interrupted: it continues what it stopped.
-        result = self.result = platform_reaper(nvml=self.nvml).reap(
+        result = self.result = platform_reaper(nvml=self.nvml, guardian=self.guardian).reap(
             plan, policy=self.config.remediate, rules=self.config.classify,
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,

@@ -40,6 +40,7 @@ IO_MODULES = frozenset({
     "gpuguard.remediator.cli", "gpuguard.remediator.pull", "gpuguard.remediator.alertmanager",
     "gpuguard.remediator.signalling", "gpuguard.remediator.freezing",
     "gpuguard.remediator.killing", "gpuguard.remediator.recheck", "gpuguard.remediator.recovery",
+    "gpuguard.remediator.thaw_guardian",
 })
 
 #: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
