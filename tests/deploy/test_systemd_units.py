@@ -15,12 +15,15 @@ import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from gpuguard.config import Config, load_config
+from gpuguard.config import Config, load_config, parse_config
 from gpuguard.exporter import cli as exporter_cli
 from gpuguard.remediator import cli as remediator_cli
+from gpuguard.validation import ConfigError
 from tests.support.ci import require
 from tests.support.servers import REPO
 
@@ -203,3 +206,56 @@ def test_sysusers_creates_the_units_user(tmp_path: Path) -> None:
     assert int(user[2]) < 1000, "a system user"
     assert user[6] == "/usr/sbin/nologin"
     assert one(EXPORTER, "Group") in (tmp_path / "etc" / "group").read_text()
+
+
+def _known_keys(doc: Any) -> list[str] | None:
+    """The keys the loader knows where `doc` puts an unknown one: it names them all in its
+    error (validation.mapping); None when that place takes no fixed keys."""
+    try:
+        parse_config(yaml.safe_dump(doc))
+    except ConfigError as exc:
+        found = re.search(r"unknown key \(known keys: ([^)]*)\)", str(exc))
+        return found.group(1).split(", ") if found else None
+    return None
+
+
+def _nest(path: tuple[str, ...], leaf: Any) -> Any:
+    for key in reversed(path):
+        leaf = {key: leaf}
+    return leaf
+
+
+def validator_keys(path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path the config loader knows, found by asking it (an unknown key at each
+    mapping), so that a key added to a loader is found here without a list to keep."""
+    keys = _known_keys(_nest(path, {"zz-unknown": 1}))
+    if keys is None:
+        return []
+    found = []
+    for key in keys:
+        found.append((*path, key))
+        found += validator_keys((*path, key))
+    return found
+
+
+#: Old spellings the loader still reads (CHANGELOG's upgrade notes): not to be advertised.
+OLD_NAMES = {("classify", "reapers")}
+
+
+def test_the_example_config_names_every_key_the_loader_knows() -> None:
+    """"Every key commented": each key path the loader accepts appears in the example,
+    set (a default) or commented out (an example), within its own section."""
+    text = EXAMPLE_CONFIG.read_text()
+    sections: dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        top = re.match(r"#? ?([a-z_]+):", line)
+        if top and not line.startswith((" ", "#  ")):
+            current = top.group(1)
+        sections[current] = sections.get(current, "") + line + "\n"
+    paths = [p for p in validator_keys() if p not in OLD_NAMES]
+    assert {p[0] for p in paths} >= {"classify", "remediate", "quotas", "audit"}
+    missing = [".".join(p) for p in paths
+               if not re.search(rf"(?m)^[ #]*{re.escape(p[-1])}:|[{{,] *{re.escape(p[-1])}:",
+                                sections.get(p[0], ""))]
+    assert missing == [], f"{EXAMPLE_CONFIG.name} lacks {', '.join(missing)}"
