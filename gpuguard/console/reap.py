@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import getpass
+import logging
 import os
 import signal
 import threading
@@ -43,6 +44,7 @@ from gpuguard.console.contract import (
 )
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
+from gpuguard.host.descriptors import raise_open_file_limit
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
@@ -63,6 +65,8 @@ from gpuguard.remediator.reapers import platform_reaper
 from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+
+log = logging.getLogger("gpuguard.console.reap")
 
 #: The signals that stop `reap --apply` part-way, by name: a terminal's Ctrl-C or hangup,
 #: a supervisor; on Windows (no SIGHUP there) the console's Ctrl-Break (SIGBREAK).
@@ -384,6 +388,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """The remediator's verification and reaper, driven by a person instead of an alert."""
     config = load(args.config)
     check_arguments(args)
+    if args.apply:  # the reap holds a pidfd per member: the soft limit bounds the tree
+        log.debug("%s", raise_open_file_limit())
     key = tree_key(args)
     reap = ManualReap(args, config, key)
     try:
