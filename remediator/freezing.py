@@ -15,7 +15,7 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.descriptors import Budget, descriptor_budget
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member
-from gpuguard.orphans.process import ProcInfo, is_child_of
+from gpuguard.orphans.process import ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.audit import Phase
@@ -40,6 +40,10 @@ TREE_TOO_LARGE = "tree-too-large"
 #: the /proc reads of the reap itself, NVML's device files, the sockets of Alertmanager,
 #: the webhook and the TLS front (connections beyond this wait at accept, never a reap).
 DESCRIPTOR_RESERVE = 128
+#: The refusal of a member in a tracing stop (state `t`): see Freezer.traced.
+MEMBER_TRACED = "member-traced"
+#: The state letter of a task its tracer (ptrace) has stopped.
+TRACING_STOP = "t"
 
 
 class Freezer:
@@ -148,7 +152,7 @@ class Freezer:
                 target.exited = True
                 continue
             member = member_of(info, view)
-            refused = self._refusal(run, member, info, view)
+            refused = self._refusal(run, member, info, view, threads=True)
             if refused is None:
                 target.member, target.info = member, info
                 kept.append(target)
@@ -163,12 +167,40 @@ class Freezer:
         return kept
 
     @staticmethod
-    def _refusal(run: ReapRun, member: Member, info: ProcInfo,
-                 view: ProcSource) -> tuple[str, str] | None:
+    def traced(info: ProcInfo, view: ProcSource, *, threads: bool) -> tuple[str, str] | None:
+        """A member in a tracing stop (state `t`: a debugger, strace, a ptrace sandbox), as
+        a refusal; with `threads`, any of its threads (read now), not only the main one.
+
+        Such a process only looks frozen: its tracer can resume it at any moment (then it
+        may fork, exec a protected program or start ignoring SIGHUP between the last
+        judgement and SIGTERM), and it sees every signal but SIGKILL before the process
+        does, so it may swallow our SIGSTOP and SIGTERM. The reap cannot hold what someone
+        else holds: it refuses the tree (fail closed) instead of reading `t` as stopped by
+        us. A person tracing a job is also a person working on it.
+        """
+        states: tuple[str, ...] = (info.state,)
+        if threads:
+            try:
+                states += view.thread_states(info.pid) or ()
+            except ProcUnreadable as exc:
+                return Reason.MEMBER_UNKNOWN, (f"{info.pid} ({info.comm}): its threads "
+                                               f"cannot be read ({exc}), so whether a "
+                                               "tracer holds one cannot be told")
+        if TRACING_STOP not in states:
+            return None
+        return MEMBER_TRACED, (f"{info.pid} ({info.comm}) is in a tracing stop (state t): "
+                               "its tracer, not this reap, decides when it runs again, and "
+                               "sees every signal but SIGKILL first")
+
+    @classmethod
+    def _refusal(cls, run: ReapRun, member: Member, info: ProcInfo, view: ProcSource, *,
+                 threads: bool = False) -> tuple[str, str] | None:
         """Every rule one process must pass to be signalled, as (reason, detail), or None:
-        the policy's refusals, then (unless a person forced it) the classifier's
-        protections, judged from `view`."""
+        the policy's refusals, a tracer's hold (its threads too with `threads`), then
+        (unless a person forced it) the classifier's protections, judged from `view`."""
         refused = member_refusal(member, run.policy, run.protected)
+        if refused is None:
+            refused = cls.traced(info, view, threads=threads)
         if refused is None and not run.force:
             judged = judge_member(info, view, run.rules)
             if judged is not None:
