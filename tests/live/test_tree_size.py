@@ -15,6 +15,7 @@ import json
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,16 @@ from tests.live.test_remediator_reaper import DriverLikeNvml, nvml, plan_for, re
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.fanout import build_fanout
 from tests.support.proctree import Trees, alive, descendants_of, stat_fields, wait_for
-from tests.support.remediator_harness import GIB, spawn_orphan, start_time_of, write_config
+from tests.support.remediator_harness import (
+    GIB,
+    Harness,
+    account,
+    alert,
+    payload,
+    spawn_orphan,
+    start_time_of,
+    write_config,
+)
 from tests.support.servers import REPO, ServerProcess, child_env
 
 #: root sh -> (fan-out -> N pause()ing children) + the GPU holder; the launcher is killed.
@@ -147,3 +157,28 @@ def test_a_tree_that_outgrows_the_budget_while_frozen_is_continued_not_killed(
     assert not any(sig in ("SIGTERM", "SIGKILL") for _, sig in sent(result))
     assert ("SIGCONT" in {sig for _, sig in sent(result)}) and orphan.all_alive()
     wait_for(lambda: states(orphan.members) == {"S"}, what="the tree continued")
+
+
+def test_the_remediator_audits_a_tree_too_large_and_signals_nothing(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        fanout: Path) -> None:
+    """The daemon's path: an alert for a 300-process tree where this process may hold 50
+    more descriptors. The decision and the final audit record say `tree-too-large` with
+    the count and the limit; no intent record, no signal, every member still sleeping."""
+    root, members = spawn_wide_orphan(trees, fake_gpu, fanout, 300)
+    h = harness()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_count() + DESCRIPTOR_RESERVE + 50, hard))
+    try:
+        assert account(h.post(payload(alert(root, start_time_of(root)))))["status"] == "accepted"
+        h.settle()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    records = [r for r in h.audit() if r["key"]["root_pid"] == root]
+    assert [r["phase"] for r in records] == ["final"], records
+    (final,) = records
+    assert (final["outcome"], final["outcome_reason"]) == ("aborted", "tree-too-large"), final
+    assert "300 member(s)" in final["outcome_detail"] and final["signals"] == []
+    assert states(members) == {"S"} and all(alive(p) for p in members)
+    latest = [d for d in h.decisions(root) if d["source"] == "worker"][0]  # newest first
+    assert (latest["action"], latest["reason"]) == ("ignore", "tree-too-large"), latest
