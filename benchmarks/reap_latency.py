@@ -6,7 +6,7 @@ the fake NVML: the time from the plan to the final ReapResult, in a child proces
 reap whose RLIMIT_NOFILE starts at the usual default (soft 1,024, hard as this machine's).
 
 - after: this checkout; the child raises its soft limit first, as both daemons and
-  `gpuguard reap --apply` now do at start.
+  `gpuguard reap` now do at start.
 - before: the code at BASELINE (extracted with `git archive` into the temp dir), which
   raised nothing: a 1,100-process tree is refused there (`member-unknown`), recorded as
   such; and the same code with the soft limit raised by hand, for the cost of the same

@@ -388,8 +388,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """The remediator's verification and reaper, driven by a person instead of an alert."""
     config = load(args.config)
     check_arguments(args)
-    if args.apply:  # the reap holds a pidfd per member: the soft limit bounds the tree
-        log.debug("%s", raise_open_file_limit())
+    # A reap, dry runs included, holds a pidfd per member: the soft limit bounds the tree.
+    log.debug("%s", raise_open_file_limit())
     key = tree_key(args)
     reap = ManualReap(args, config, key)
     try:

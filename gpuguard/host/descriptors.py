@@ -2,7 +2,7 @@
 
 A reap holds one pidfd per member for as long as it runs (a pidfd keeps naming its
 process when the pid is reused), so the soft limit bounds the size of a tree that can be
-reaped. The daemons and `gpuguard reap --apply` raise the soft limit to the hard one at
+reaped. The daemons and `gpuguard reap` raise the soft limit to the hard one at
 start (`raise_open_file_limit`), and each reap asks first how many it may take
 (`descriptor_budget`): a tree larger than that is refused by name, before any signal,
 rather than failing member by member half-way (`tree-too-large`).

@@ -63,15 +63,16 @@ def spawn_wide_orphan(trees: Trees, world: FakeGpuWorld, fanout: Path,
 
 
 def reap_under(world: FakeGpuWorld, lib: Path, config: Path, root: int, soft: int,
-               hard: int) -> tuple[int, dict]:
-    """`gpuguard reap ROOT --apply` in a child whose RLIMIT_NOFILE is (soft, hard)."""
+               hard: int, *, apply: bool = True) -> tuple[int, dict]:
+    """`gpuguard reap ROOT --apply` (or its dry run) in a child whose RLIMIT_NOFILE is
+    (soft, hard)."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     proc = subprocess.run(
         [sys.executable, "-m", "gpuguard.console", "reap", str(root), "--config", str(config),
-         "--json", "--allow-pid-namespace", "--apply", "--start-time",
-         str(start_time_of(root))],
+         "--json", "--allow-pid-namespace",
+         *(["--apply", "--start-time", str(start_time_of(root))] if apply else [])],
         cwd=REPO, env=world.subprocess_env(lib, child_env(NO_COLOR="1")), capture_output=True,
         text=True, timeout=300, preexec_fn=limit)
     assert proc.stdout, proc.stderr
@@ -92,6 +93,9 @@ def test_a_1100_process_tree_is_reaped_under_a_1024_soft_limit(
         pytest.skip(f"the hard open-file limit here is {hard}: too low for this tree")
     root, members = spawn_wide_orphan(trees, fake_gpu, fanout, 1100)
     config = write_config(tmp_path, worker_timeout_seconds=120)
+    code, doc = reap_under(fake_gpu, fake_nvml_lib, config, root, 1024, min(hard, 65536),
+                           apply=False)  # a dry run holds every member too
+    assert (code, doc["outcome"]) == (0, "dry-run"), (doc["reason"], doc["detail"])
     code, doc = reap_under(fake_gpu, fake_nvml_lib, config, root, 1024, min(hard, 65536))
     assert (code, doc["outcome"]) == (0, "reaped"), (doc["reason"], doc["detail"])
     assert len(doc["members"]) == 1100
