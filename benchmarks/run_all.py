@@ -61,6 +61,12 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                       "One refused 40-process tree delivered 240 times 15 s apart (a "
                       "simulated hour): audit bytes against a full record per delivery. "
                       "Target: >= 20x fewer bytes."),
+    "reap_latency": (240.0,
+                     "Reap latency (plan to final result, enforce, the real Reaper over the fake "
+                     "NVML) of a 10- and a 1,100-process orphan tree, each reap in a child that "
+                     "starts at the default soft limit of 1,024 open files: this code against "
+                     "7c2d221 (before issue 43) side by side. Targets: both reaped, 10 in < 1 s, "
+                     "1,100 in < 10 s (before: 1,100 refused, member-unknown)."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

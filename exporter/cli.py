@@ -16,6 +16,7 @@ from gpuguard.config import Config, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, windows_scan_sources
 from gpuguard.flags import add_common, served_url
+from gpuguard.host.descriptors import raise_open_file_limit
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.nvml import Nvml
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
+    # Scrapes, the connector and /proc reads: the soft limit is the default 1,024 otherwise.
+    log.debug("%s", raise_open_file_limit())
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None

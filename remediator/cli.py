@@ -22,6 +22,7 @@ from prometheus_client import ProcessCollector
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.flags import add_common
+from gpuguard.host.descriptors import raise_open_file_limit
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
@@ -114,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
+    log.debug("%s", raise_open_file_limit())  # a reap holds a pidfd per member
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
     except ConfigError as exc:
         return _fail(f"config error: {exc}")
-
     host, port = args.listen
     token_path = args.token_file or os.environ.get(TOKEN_ENV) or None
     if token_path is None and not args.insecure_no_auth:

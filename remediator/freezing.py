@@ -1,6 +1,10 @@
 """Freezing a tree: hold every member, judge it, SIGSTOP root first and re-collect until
 no new member appears, so that a retry loop cannot respawn a child between kills. Every
-process, planned or joining, is judged on facts read during this reap."""
+process, planned or joining, is judged on facts read during this reap.
+
+Each held process costs one descriptor (its pidfd) for the whole reap: a tree larger than
+what the open-file limit leaves is refused as a whole (`tree-too-large`) before anything is
+signalled, or, when it grows past it while being frozen, before any SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,17 +12,19 @@ import os
 from collections.abc import Callable
 
 from gpuguard.host.counters import Counters
+from gpuguard.host.descriptors import Budget, descriptor_budget
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member
-from gpuguard.orphans.process import ProcInfo, is_child_of
+from gpuguard.orphans.process import ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.audit import Phase
 from gpuguard.remediator.inspection import member_of
+from gpuguard.remediator.outcome import KillPath
 from gpuguard.remediator.policy import member_refusal
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
-from gpuguard.remediator.signalling import Signaller
+from gpuguard.remediator.signalling import OUT_OF_DESCRIPTORS, Signaller
 from gpuguard.remediator.tree import Member
 
 #: How long one freeze pass waits for SIGSTOPped members to show state T (a process in
@@ -27,6 +33,17 @@ FREEZE_CONFIRM_SECONDS = 1.0
 
 #: Why a child found in a children file is simply not part of the tree (not a refusal).
 _NOT_OURS = ("exited", "replaced", "reparented", "parent-replaced")
+
+#: The refusal of a tree with more members than descriptors a reap may hold.
+TREE_TOO_LARGE = "tree-too-large"
+#: Descriptors a reap leaves to the rest of its process: the audit log and state file,
+#: the /proc reads of the reap itself, NVML's device files, the sockets of Alertmanager,
+#: the webhook and the TLS front (connections beyond this wait at accept, never a reap).
+DESCRIPTOR_RESERVE = 128
+#: The refusal of a member in a tracing stop (state `t`): see Freezer.traced.
+MEMBER_TRACED = "member-traced"
+#: The state letter of a task its tracer (ptrace) has stopped.
+TRACING_STOP = "t"
 
 
 class Freezer:
@@ -37,12 +54,25 @@ class Freezer:
         self.signaller = signaller
         self.counters = counters
         self.on_refused_stop = refused_stop
+        #: What the current reap may hold (hold_planned sets it); None: no limit applies.
+        self.budget: Budget | None = None
 
     def hold_planned(self, run: ReapRun, plan: ReapPlan) -> None:
         """Open a handle on every planned member, verify it is still that process and still
-        below the root, judge it. Root first, then breadth first: parents come first."""
+        below the root, judge it. Root first, then breadth first: parents come first.
+        A tree with more members than descriptors left is refused before any is held."""
+        self.budget = (descriptor_budget(DESCRIPTOR_RESERVE) if run.path == KillPath.PIDFD
+                       else None)  # the pid path holds no descriptor per member
+        if self.budget is not None and len(plan.members) > self.budget.available:
+            raise Abort(TREE_TOO_LARGE, f"the tree has {len(plan.members)} member(s), each "
+                        f"held by a descriptor for the whole reap, and {self.budget.describe()}"
+                        ": nothing was signalled; raise the open-file limit (LimitNOFILE=) "
+                        "to reap it")
         for member in plan.members:
             target, why = self.signaller.open(run, member.pid, member.start_time)
+            if why == OUT_OF_DESCRIPTORS:
+                raise self._too_large(run, f"member {member.pid} ({member.comm})",
+                                      len(plan.members))
             if target is None:
                 if member.pid == plan.key.root_pid:
                     reason = "root-replaced" if why in ("replaced", "unreadable") else "root-gone"
@@ -122,7 +152,7 @@ class Freezer:
                 target.exited = True
                 continue
             member = member_of(info, view)
-            refused = self._refusal(run, member, info, view)
+            refused = self._refusal(run, member, info, view, threads=True)
             if refused is None:
                 target.member, target.info = member, info
                 kept.append(target)
@@ -137,12 +167,40 @@ class Freezer:
         return kept
 
     @staticmethod
-    def _refusal(run: ReapRun, member: Member, info: ProcInfo,
-                 view: ProcSource) -> tuple[str, str] | None:
+    def traced(info: ProcInfo, view: ProcSource, *, threads: bool) -> tuple[str, str] | None:
+        """A member in a tracing stop (state `t`: a debugger, strace, a ptrace sandbox), as
+        a refusal; with `threads`, any of its threads (read now), not only the main one.
+
+        Such a process only looks frozen: its tracer can resume it at any moment (then it
+        may fork, exec a protected program or start ignoring SIGHUP between the last
+        judgement and SIGTERM), and it sees every signal but SIGKILL before the process
+        does, so it may swallow our SIGSTOP and SIGTERM. The reap cannot hold what someone
+        else holds: it refuses the tree (fail closed) instead of reading `t` as stopped by
+        us. A person tracing a job is also a person working on it.
+        """
+        states: tuple[str, ...] = (info.state,)
+        if threads:
+            try:
+                states += view.thread_states(info.pid) or ()
+            except ProcUnreadable as exc:
+                return Reason.MEMBER_UNKNOWN, (f"{info.pid} ({info.comm}): its threads "
+                                               f"cannot be read ({exc}), so whether a "
+                                               "tracer holds one cannot be told")
+        if TRACING_STOP not in states:
+            return None
+        return MEMBER_TRACED, (f"{info.pid} ({info.comm}) is in a tracing stop (state t): "
+                               "its tracer, not this reap, decides when it runs again, and "
+                               "sees every signal but SIGKILL first")
+
+    @classmethod
+    def _refusal(cls, run: ReapRun, member: Member, info: ProcInfo, view: ProcSource, *,
+                 threads: bool = False) -> tuple[str, str] | None:
         """Every rule one process must pass to be signalled, as (reason, detail), or None:
-        the policy's refusals, then (unless a person forced it) the classifier's
-        protections, judged from `view`."""
+        the policy's refusals, a tracer's hold (its threads too with `threads`), then
+        (unless a person forced it) the classifier's protections, judged from `view`."""
         refused = member_refusal(member, run.policy, run.protected)
+        if refused is None:
+            refused = cls.traced(info, view, threads=threads)
         if refused is None and not run.force:
             judged = judge_member(info, view, run.rules)
             if judged is not None:
@@ -197,6 +255,19 @@ class Freezer:
             frontier = generation
         return joined
 
+    def _too_large(self, run: ReapRun, who: str, members: int) -> Abort:
+        """The refusal of a tree this reap cannot hold whole: `who` could not be held for
+        want of a descriptor, with at least `members` members; what the reap stopped is
+        continued by whoever catches the Abort."""
+        limit = self.budget.describe() if self.budget is not None else "none was left"
+        return Abort(TREE_TOO_LARGE, f"{who} could not be held: the tree has at least "
+                     f"{members} member(s), each held by a descriptor for the whole reap, "
+                     f"and {limit}; raise the open-file limit (LimitNOFILE=) to reap it")
+
+    def _full(self, run: ReapRun) -> bool:
+        """Whether one more held process would pass the budget (every target holds one)."""
+        return self.budget is not None and len(run.targets) >= self.budget.available
+
     def _next_generation(self, run: ReapRun, frontier: list[Target], *,
                          refuse: bool) -> list[Target]:
         """The children of `frontier` not held yet, held and admitted."""
@@ -205,7 +276,16 @@ class Freezer:
             for child in run.view.children(parent.member.pid) or ():
                 if child in run.targets or any(m.pid == child for m in run.released):
                     continue
-                target, why = self.signaller.open(run, child, None, parent=parent.info)
+                full = self._full(run)
+                target, why = ((None, OUT_OF_DESCRIPTORS) if full else
+                               self.signaller.open(run, child, None, parent=parent.info))
+                if why == OUT_OF_DESCRIPTORS:
+                    abort = self._too_large(run, f"child {child} of member {parent.member.pid}",
+                                            len(run.targets) + 1)
+                    if refuse:
+                        raise abort
+                    run.notes.append(f"left {child} unsignalled: {abort.detail}")
+                    continue
                 if target is None and why not in _NOT_OURS:
                     detail = (f"child {child} of member {parent.member.pid} {why}: a "
                               "process that cannot be held cannot be judged")

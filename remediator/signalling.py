@@ -38,6 +38,10 @@ PIDFD_SEND: PidfdSend | None = getattr(signal, "pidfd_send_signal", None)
 POLL_SECONDS = 0.01
 #: A thread in one of these states has stopped or has exited.
 _STOPPED_OR_EXITED = STOPPED_STATES | EXITED_STATES
+#: Why open() could not hold a process when the process ran out of descriptors (EMFILE,
+#: or the system's table is full: ENFILE): the tree is too large here, not unknown.
+OUT_OF_DESCRIPTORS = "could not be held: no descriptor left"
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
 
 class Signaller:
@@ -81,6 +85,8 @@ class Signaller:
                     return None, "exited"
                 if exc.errno == errno.ENOSYS:
                     raise NoPidfd() from exc
+                if exc.errno in _NO_DESCRIPTOR:
+                    return None, OUT_OF_DESCRIPTORS
                 return None, f"could not be opened ({exc.strerror})"
         try:
             info = run.view.fresh_stat(pid)
@@ -89,6 +95,9 @@ class Signaller:
         except ProcUnreadable as exc:
             if fd is not None:
                 os.close(fd)
+            cause = exc.__cause__
+            if isinstance(cause, OSError) and cause.errno in _NO_DESCRIPTOR:
+                return None, OUT_OF_DESCRIPTORS
             return None, f"unreadable ({exc})"
         why = ""
         if info is None or not live:

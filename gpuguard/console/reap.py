@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import getpass
+import logging
 import os
 import signal
 import threading
@@ -44,6 +45,7 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
+from gpuguard.host.descriptors import raise_open_file_limit
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
@@ -65,6 +67,8 @@ from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.settlement import final_decision
 from gpuguard.remediator.thaw_guardian import ThawGuardian
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+
+log = logging.getLogger("gpuguard.console.reap")
 
 #: The signals that stop `reap --apply` part-way, by name: a terminal's Ctrl-C or hangup,
 #: a supervisor; on Windows (no SIGHUP there) the console's Ctrl-Break (SIGBREAK).
@@ -405,6 +409,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """The remediator's verification and reaper, driven by a person instead of an alert."""
     config = load(args.config)
     check_arguments(args)
+    # A reap, dry runs included, holds a pidfd per member: the soft limit bounds the tree.
+    log.debug("%s", raise_open_file_limit())
     key = tree_key(args)
     reap = ManualReap(args, config, key)
     try:

@@ -266,6 +266,17 @@ def test_a_member_that_cannot_be_held_refuses_the_reap(
         return os.pidfd_open(pid)
 
     result = reap(plan, nvml, pidfd_open=out_of_fds)
+    # Out of descriptors is a tree too large for this process, said so (issue 43).
+    assert (result.outcome, result.reason) == ("aborted", "tree-too-large"), result
+    assert f"member {orphan.holder} " in result.detail and "LimitNOFILE" in result.detail
+    assert result.signals == () and orphan.all_alive()
+
+    def refused(pid: int) -> int:
+        if pid == orphan.holder:
+            raise OSError(errno.EACCES, "Permission denied")
+        return os.pidfd_open(pid)
+
+    result = reap(plan, nvml, pidfd_open=refused)
     assert (result.outcome, result.reason) == ("aborted", "member-unknown"), result
     assert result.signals == () and orphan.all_alive()
 
