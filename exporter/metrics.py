@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpuguard.build import version
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.scanner import Scanner, Snapshot, owner
+from gpuguard.exporter.scanner import Scanner, Snapshot
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.exit_store import EVICTION_CAUSES
 from gpuguard.host.nvml import NvmlReading
@@ -131,7 +131,8 @@ class GpuguardCollector(Collector):
                                   labels=TREE_LABELS)
         seen: set[int] = set()
         for tree in snap.trees:
-            # --no-collector.processes: no per-process series, and no name lookups for them.
+            # --no-collector.processes: no per-process series. Names come from the scan
+            # (snap.owner): a scrape never asks NSS, and its series agree on each uid.
             for hv in tree.holder_verdicts if self.processes else ():
                 pid = hv.holder.pid
                 if pid in seen:
@@ -145,7 +146,7 @@ class GpuguardCollector(Collector):
                 pinfo.add_metric([
                     str(pid),
                     str(me.start_time) if me else "",
-                    owner(me) if me else "",
+                    snap.owner(me) if me else "",
                     me.comm if me else "",
                     tree.verdict if tree_decides else hv.verdict,
                     tree.reason if tree_decides else hv.reason,
@@ -157,7 +158,7 @@ class GpuguardCollector(Collector):
                 continue
             orphan = snap.orphans[tree.root.identity]
             labels = [str(tree.root.pid), str(tree.root.start_time), tree.root.comm,
-                      owner(tree.root), tree.reason]
+                      snap.owner(tree.root), tree.reason]
             age.add_metric(labels, orphan.age_seconds)
             memory.add_metric(labels, tree.gpu_bytes)
             procs.add_metric(labels, orphan.processes)

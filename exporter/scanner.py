@@ -1,7 +1,9 @@
 """The background scan loop: NVML holders -> classify() -> immutable Snapshot.
 
 HTTP never waits for a scan: scrapes render the last Snapshot, which is
-replaced atomically (one reference assignment) when a scan finishes.
+replaced atomically (one reference assignment) when a scan finishes. Nor for NSS: the
+user names a scrape shows are resolved on the scan thread, once per scan, into the
+Snapshot (`users`), so every series of one scrape names a uid alike.
 
 On Windows (gpuguard.host.platform.IS_WINDOWS) a scan reads psutil's process table
 (`table`) and judges it with classify_windows(); the Snapshot is the same, so the
@@ -26,7 +28,7 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, boottime
-from gpuguard.host.users import USERS
+from gpuguard.host.users import USERS, UserNames, label_names
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
@@ -78,23 +80,41 @@ class Snapshot:
     proc_reads: int = 0  # /proc reads made by this scan
     errors: tuple[tuple[str, str], ...] = ()
     accounting: Accounting = field(default_factory=Accounting)
+    #: uid -> user label (a name, or the decimal uid), resolved once by this scan for
+    #: every process its series name: a scrape reads them and never asks NSS.
+    users: Mapping[int, str] = field(default_factory=dict)
+
+    def owner(self, info: ProcInfo) -> str:
+        """owner() from this scan's names."""
+        return owner(info, self.users)
 
 
 def user_name(uid: int | None) -> str:
-    """A uid's name for labels and accounting, or the bare uid when NSS has none.
-
-    Asks the one resolver (gpuguard/host/users.py), which never caches a failure: a user
-    that NSS cannot name now is named on the first scan after it can.
-    """
+    """A uid's name for display outside the exporter (the console), or the bare uid
+    when NSS has none: asks USERS (gpuguard/host/users.py), which never caches a failure.
+    The exporter's own labels come from its scans' names (Snapshot.users)."""
     return USERS.label(uid)
 
 
-def owner(info: ProcInfo) -> str:
+def owner(info: ProcInfo, names: Mapping[int, str] | None = None) -> str:
     """The user label of a process: its Windows account as psutil gave it ("" when access
-    was denied), else its uid's name (user_name)."""
+    was denied), else its uid's name from `names` (one scan's: a uid it lacks shows as
+    its number, NSS is not asked), or without `names` user_name()."""
     if isinstance(info, WinProcInfo):
         return info.proc.username or ""
-    return user_name(info.uid)
+    if names is None:
+        return user_name(info.uid)
+    return names.get(info.uid, str(info.uid))
+
+
+def labelled_uids(trees: Sequence[Tree]) -> list[int]:
+    """The uids one scan's series name: each holder's and each orphan root's."""
+    uids: list[int] = []
+    for tree in trees:
+        procs = [hv.chain[0] for hv in tree.holder_verdicts if hv.chain]
+        procs += [tree.root] if tree.root is not None else []
+        uids += [p.uid for p in procs if not isinstance(p, WinProcInfo)]
+    return uids
 
 
 class GroupCache:
@@ -135,7 +155,8 @@ class GroupCache:
         return groups
 
 
-def holder_facts(trees: Sequence[Tree], view: ProcSource) -> dict[int, HolderFacts]:
+def holder_facts(trees: Sequence[Tree], view: ProcSource,
+                 names: Mapping[int, str]) -> dict[int, HolderFacts]:
     """Each visible holder's comm, command line and container, from the identity cache.
 
     classify() has read the command line and cgroup of most holders already (rules 3
@@ -148,7 +169,7 @@ def holder_facts(trees: Sequence[Tree], view: ProcSource) -> dict[int, HolderFac
             me = hv.chain[0] if hv.chain else None
             if me is None or me.pid in facts:
                 continue
-            facts[me.pid] = HolderFacts(me.pid, me.start_time, user_name(me.uid), me.comm,
+            facts[me.pid] = HolderFacts(me.pid, me.start_time, owner(me, names), me.comm,
                                         view.cmdline(me), attribute(view.cgroup(me)))
     return facts
 
@@ -192,13 +213,17 @@ class Scanner:
         audit: Audit | None = None,
         groups: Callable[[str], frozenset[str]] | None = None,
         table: TableSource | None = None,
+        users: UserNames | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
-        read): windows_scan_sources() gives it, and the `nvml` to read there."""
+        read): windows_scan_sources() gives it, and the `nvml` to read there. `users`
+        names uids for labels (default: label_names(), bounded lookups; never a
+        decision's resolver)."""
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
         self.groups = groups if groups is not None else GroupCache()
+        self.users = users if users is not None else label_names()
         self.nvml = nvml
         self.counters = counters
         self.table = table
@@ -240,6 +265,7 @@ class Scanner:
         trees: list[Tree] = []
         orphans: dict[tuple[int, int], OrphanInfo] = {}
         accounting = Accounting()
+        names: dict[int, str] = {}
         now = self._clock()
         boot_now = self._boot_clock()
         try:
@@ -257,7 +283,8 @@ class Scanner:
                 orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
             previous = self._latest.accounting.hot if self._latest is not None else {}
-            facts = (holder_facts(trees, self.view) if self.table is None
+            names = self.users.labels(labelled_uids(trees))
+            facts = (holder_facts(trees, self.view, names) if self.table is None
                      else windows_holder_facts(trees))
             accounting = account(reading.gpus, reading.holders, facts,
                                  quotas=quotas, audit=audit, groups=self.groups,
@@ -274,6 +301,7 @@ class Scanner:
             proc_reads=self.counters.proc_reads() - reads_before,
             errors=tuple(errors),
             accounting=accounting,
+            users=names,
         )
         with self._lock:
             self.scans_total += 1

@@ -4,7 +4,8 @@ The format node_exporter and dcgm-exporter read (`tls_server_config`,
 `http_server_config`, `basic_auth_users`). What the toolkit documents is honoured or
 refused at start-up, never silently ignored. `WebConfigSource` re-reads the file and
 its certificates when they change (and on SIGHUP); a broken edit, or one that would
-weaken a guard, keeps the last good one. Why: docs/design.md, Contracts (web config).
+weaken a guard (weakenings(): the one rule of what a reload may not do), keeps the last
+good one. Why: docs/design.md, Contracts (web config).
 """
 
 from __future__ import annotations
@@ -436,26 +437,20 @@ class WebConfigSource:
             # again at the next check (a SIGHUP's reload says so and keeps the last good).
             return "the file changed while it was read; keeping the last good one" \
                 if force else None
-        problem = None
-        if (config.tls is None) != (self._config.tls is None):
-            problem = "TLS cannot be switched on or off without a restart"
-        elif self._config.users and not config.users:
-            # Also what a file caught half-written looks like: never fail open.
-            problem = "basic auth cannot be switched off without a restart"
-        elif (weaker := _weaker_client_auth(self._config.tls, config.tls)) is not None:
-            problem = weaker
-        if problem is not None:
+        refusals = list(weakenings(self._config, config))
+        if self._config.tls is None and config.tls is not None:
+            # Not a weakening, but not live either: the TLS front is built at start.
+            refusals.append("TLS cannot be switched on without a restart")
+        if refusals:
+            problem = "; ".join(refusals)
             self._failed = seen
-            log.error("web config %s: %s; keeping the last good one", self.path, problem)
+            log.error("web config %s: refused, keeping the last good one: %s", self.path,
+                      problem)
             return problem
         self._config, self._context = config, context
         self._seen, self._failed = after, None
         log.info("web config %s reloaded", self.path)
         return None
-
-
-#: How much each client_auth_type asks of a client, weakest first.
-_CLIENT_AUTH_STRENGTH = {ssl.CERT_NONE: 0, ssl.CERT_OPTIONAL: 1, ssl.CERT_REQUIRED: 2}
 
 
 def san_allowed(peercert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
@@ -478,20 +473,64 @@ def _san_key(name: str) -> str:
         return name
 
 
-def _weaker_client_auth(old: TlsConfig | None, new: TlsConfig | None) -> str | None:
-    """Why a reload from `old` to `new` would weaken client-certificate checks, or None.
 
-    Like basic auth, client certificates are a guard that only a restart may take down:
-    a reload that drops or relaxes client_auth_type (or its client_ca_file) is what a
-    file caught half-written, or an edit of the wrong copy, looks like. A new CA file
-    (rotation) is fine; so is asking more."""
-    if old is None or new is None:
-        return None
+#: How much each client_auth_type asks of a client, weakest first.
+_CLIENT_AUTH_STRENGTH = {ssl.CERT_NONE: 0, ssl.CERT_OPTIONAL: 1, ssl.CERT_REQUIRED: 2}
+_CLIENT_AUTH_NAMES = {mode: name for name, mode in CLIENT_AUTH.items()}
+_VERSION_NAMES = {version: name for name, version in TLS_VERSIONS.items()}
+_SUITE_NAMES = {openssl: go for go, openssl in CIPHER_SUITES.items()}
+
+
+def weakenings(old: WebConfig, new: WebConfig) -> tuple[str, ...]:
+    """Every way `new` in place of `old` would let in a client, a login or a protocol that
+    `old` keeps out, one line each naming its key: what a reload may not do.
+
+    A guard comes down only with a restart: a reload that lowers one is what a file
+    caught half-written, or an edit of the wrong copy, looks like. What changes without
+    widening is fine: rotated certificates, keys, CA files and passwords, and anything
+    stricter. The list and its reasons are docs/web-config.md's, Reloads.
+    """
+    found: list[str] = []
+    if old.tls is not None and new.tls is None:
+        found.append("TLS cannot be switched off without a restart (tls_server_config "
+                     "removed)")
+    if old.users and not new.users:
+        # Also what a file caught half-written looks like: never fail open.
+        found.append("basic auth cannot be switched off without a restart "
+                     "(basic_auth_users removed)")
+    elif old.users and (added := sorted(set(new.users) - set(old.users))):
+        found.append(f"basic_auth_users cannot gain users without a restart (added: "
+                     f"{', '.join(added)})")
+    if old.tls is not None and new.tls is not None:
+        found += _tls_weakenings(old.tls, new.tls)
+    return tuple(found)
+
+
+def _tls_weakenings(old: TlsConfig, new: TlsConfig) -> list[str]:
+    found: list[str] = []
     if _CLIENT_AUTH_STRENGTH[new.client_auth] < _CLIENT_AUTH_STRENGTH[old.client_auth]:
-        names = {mode: name for name, mode in CLIENT_AUTH.items()}
-        return (f"client_auth_type cannot be weakened from {names[old.client_auth]} to "
-                f"{names[new.client_auth]} without a restart")
+        found.append(f"client_auth_type cannot be weakened from "
+                     f"{_CLIENT_AUTH_NAMES[old.client_auth]} to "
+                     f"{_CLIENT_AUTH_NAMES[new.client_auth]} without a restart")
     if old.client_ca_file and not new.client_ca_file and new.client_auth != ssl.CERT_NONE:
-        return ("client_ca_file cannot be dropped without a restart (client certificates "
-                "would be verified against every CA the system trusts)")
-    return None
+        found.append("client_ca_file cannot be dropped without a restart (client "
+                     "certificates would be verified against every CA the system trusts)")
+    if old.allowed_sans:
+        kept = {_san_key(name) for name in old.allowed_sans}
+        if not new.allowed_sans:
+            found.append("client_allowed_sans cannot be dropped without a restart (every "
+                         "verified client certificate would get in)")
+        elif added := [n for n in new.allowed_sans if _san_key(n) not in kept]:
+            found.append(f"client_allowed_sans cannot be widened without a restart "
+                         f"(added: {', '.join(added)})")
+    if new.min_version < old.min_version:
+        found.append(f"min_version cannot be lowered from {_VERSION_NAMES[old.min_version]} "
+                     f"to {_VERSION_NAMES[new.min_version]} without a restart")
+    if old.ciphers:
+        if not new.ciphers:
+            found.append("cipher_suites cannot be dropped without a restart (every TLS 1.2 "
+                         "suite OpenSSL offers would be allowed)")
+        elif added := [c for c in new.ciphers if c not in old.ciphers]:
+            found.append(f"cipher_suites cannot be widened without a restart (added: "
+                         f"{', '.join(_SUITE_NAMES.get(c, c) for c in added)})")
+    return found

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -93,6 +94,36 @@ def test_client_allowed_sans_close_other_clients_before_any_answer(
         with pytest.raises(requests.exceptions.ConnectionError):
             get(exp, certs, client="client")  # verified, but names no allowed SAN
         assert get(exp, certs, client="named").status_code == 200  # the server lives on
+    finally:
+        exp.stop()
+
+
+def test_a_reload_that_drops_client_allowed_sans_is_refused_and_the_old_list_holds(
+        tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib) -> None:
+    """Issue 36: a reload that weakened client_auth_type or dropped client_ca_file was
+    refused, one that dropped client_allowed_sans was taken. Every weakening is one rule
+    now (webconfig.weakenings): refused, named in the log, the old list in force."""
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
+    sans = "  client_allowed_sans: [prometheus.example]\n"
+    config = web_config(tmp_path, certs, extra_tls=sans)
+    exp = Exporter(env=env, args=["--web-config-file", config], scan_interval=0.2)
+    try:
+        wait_for(lambda: get(exp, certs, client="named").status_code == 200,
+                 what="a scrape by the client the SAN names")
+        with pytest.raises(requests.exceptions.ConnectionError):
+            get(exp, certs, client="client")  # verified, but names no allowed SAN
+        Path(config).write_text(Path(config).read_text().replace(sans, ""))
+        exp.proc.send_signal(signal.SIGHUP)
+        line = wait_for(lambda: next((ln for ln in exp.stderr_lines
+                                      if "reload refused" in ln), None),
+                        what="the refused reload's log line")
+        assert "client_allowed_sans cannot be dropped" in line, line
+        answer = get(exp, certs, client="named")
+        assert answer.status_code == 200
+        assert "gpuguard_config_last_reload_successful 0.0" in answer.text
+        with pytest.raises(requests.exceptions.ConnectionError):
+            get(exp, certs, client="client")  # still refused: the old list holds
+        assert exp.proc.poll() is None
     finally:
         exp.stop()
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
@@ -15,7 +16,14 @@ import pytest
 from gpuguard.reload import ReloadRefused
 from gpuguard.validation import ConfigError
 from gpuguard.web.webauth import BasicAuth
-from gpuguard.web.webconfig import RECHECK_SECONDS, WebConfigSource, load_web_config
+from gpuguard.web.webconfig import (
+    RECHECK_SECONDS,
+    WebConfig,
+    WebConfigSource,
+    load_web_config,
+    parse_web_config,
+    weakenings,
+)
 from tests.support.certs import Certs, make_certs
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -316,3 +324,147 @@ def test_long_passwords_and_unknown_users_are_refused_as_slowly_as_wrong_ones(
         timings[(who, len(password))] = time.perf_counter() - began
     slowest, fastest = max(timings.values()), min(timings.values())
     assert fastest > slowest / 3, timings  # one bcrypt check at cost 10 each
+
+
+# -- weakenings(): the one rule of what a reload may not do ----------------------------
+
+
+def parsed(tmp_path: Path, text: str) -> WebConfig:
+    return parse_web_config(text, source=str(tmp_path / "web.yml"))
+
+
+def tls_with(certs: Certs, body: str = "", *, server: str = "server") -> str:
+    return ("tls_server_config:\n"
+            f"  cert_file: {certs.path(server + '.crt')}\n"
+            f"  key_file: {certs.path(server + '.key')}\n" + body)
+
+
+def client_certs(certs: Certs, extra: str = "", *, ca: str = "ca",
+                 auth: str = "RequireAndVerifyClientCert") -> str:
+    return f"  client_auth_type: {auth}\n  client_ca_file: {certs.path(ca + '.crt')}\n" + extra
+
+
+OTHER_HASH = bcrypt.hashpw(b"other", bcrypt.gensalt(rounds=4)).decode()
+
+
+@pytest.mark.parametrize(("before", "after", "weakening"), [
+    # TLS itself.
+    (lambda c: tls_with(c), lambda c: "{}\n", "TLS cannot be switched off"),
+    (lambda c: "{}\n", lambda c: tls_with(c), None),  # stricter (refused elsewhere: not live)
+    (lambda c: tls_with(c), lambda c: tls_with(c, server="server2"), None),  # rotation
+    # Basic auth.
+    (lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n", lambda c: "{}\n",
+     "basic auth cannot be switched off"),
+    (lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n",
+     lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n  bob: '{OTHER_HASH}'\n",
+     "basic_auth_users cannot gain users without a restart (added: bob)"),
+    (lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n",
+     lambda c: f"basic_auth_users:\n  bob: '{HASH}'\n", "added: bob"),  # a rename adds
+    (lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n",
+     lambda c: f"basic_auth_users:\n  alice: '{OTHER_HASH}'\n", None),  # password rotation
+    (lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n  bob: '{OTHER_HASH}'\n",
+     lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n", None),  # a login removed
+    (lambda c: "{}\n", lambda c: f"basic_auth_users:\n  alice: '{HASH}'\n", None),  # on
+    # Client certificates.
+    (lambda c: tls_with(c, client_certs(c)),
+     lambda c: tls_with(c, client_certs(c, auth="VerifyClientCertIfGiven")),
+     "client_auth_type cannot be weakened from RequireAndVerifyClientCert to "
+     "VerifyClientCertIfGiven"),
+    (lambda c: tls_with(c, client_certs(c)), lambda c: tls_with(c),
+     "client_auth_type cannot be weakened from RequireAndVerifyClientCert to NoClientCert"),
+    (lambda c: tls_with(c, client_certs(c)),
+     lambda c: tls_with(c, "  client_auth_type: RequireAndVerifyClientCert\n"),
+     "client_ca_file cannot be dropped"),
+    (lambda c: tls_with(c, client_certs(c)), lambda c: tls_with(c, client_certs(c, ca="other-ca")),
+     None),  # a CA rotated: a different CA file is no wider by itself
+    (lambda c: tls_with(c, client_certs(c, auth="VerifyClientCertIfGiven")),
+     lambda c: tls_with(c, client_certs(c)), None),  # asking more
+    # client_allowed_sans: a removed list is widest, a superset wider, a subset narrower.
+    (lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example]\n")),
+     lambda c: tls_with(c, client_certs(c)), "client_allowed_sans cannot be dropped"),
+    (lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example]\n")),
+     lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example, b.example]\n")),
+     "client_allowed_sans cannot be widened without a restart (added: b.example)"),
+    (lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example]\n")),
+     lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [b.example]\n")),
+     "added: b.example"),  # replaced: the new name gets in
+    (lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example, b.example]\n")),
+     lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [b.example]\n")), None),
+    (lambda c: tls_with(c, client_certs(c)),
+     lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: [a.example]\n")), None),
+    (lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: ['::1']\n")),
+     lambda c: tls_with(c, client_certs(c, "  client_allowed_sans: ['0:0:0:0:0:0:0:1']\n")),
+     None),  # the same address, written otherwise (compared by value, as the check does)
+    # Protocol versions and suites.
+    (lambda c: tls_with(c, "  min_version: TLS13\n"), lambda c: tls_with(c),
+     "min_version cannot be lowered from TLS13 to TLS12"),  # absent: TLS12
+    (lambda c: tls_with(c), lambda c: tls_with(c, "  min_version: TLS13\n"), None),
+    (lambda c: tls_with(c, "  max_version: TLS12\n"), lambda c: tls_with(c), None),
+    (lambda c: tls_with(c, "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"),
+     lambda c: tls_with(c), "cipher_suites cannot be dropped"),
+    (lambda c: tls_with(c, "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"),
+     lambda c: tls_with(c, "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, "
+                           "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n"),
+     "cipher_suites cannot be widened without a restart (added: "
+     "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384)"),
+    (lambda c: tls_with(c, "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, "
+                           "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n"),
+     lambda c: tls_with(c, "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n"),
+     None),
+    (lambda c: tls_with(c), lambda c: tls_with(c, "  prefer_server_cipher_suites: false\n"),
+     None),  # whose order wins among suites both allow
+    # Neither an access guard nor kept from start: applied as read.
+    (lambda c: "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+     lambda c: "{}\n", None),
+])
+def test_weakenings_names_each_guard_a_reload_would_lower(
+        tmp_path: Path, certs: Certs, before: Callable[[Certs], str],
+        after: Callable[[Certs], str], weakening: str | None) -> None:
+    got = weakenings(parsed(tmp_path, before(certs)), parsed(tmp_path, after(certs)))
+    if weakening is None:
+        assert got == ()
+    else:
+        assert len(got) == 1 and weakening in got[0], got
+    # Back again is no weakening, unless names were replaced (new ones either way).
+    if weakening is not None and not weakening.startswith("added:"):
+        assert weakenings(parsed(tmp_path, after(certs)), parsed(tmp_path, before(certs))) == ()
+
+
+def test_a_reload_that_weakens_several_guards_is_refused_naming_each(
+        tmp_path: Path, certs: Certs, caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("server.crt", "server.key"):
+        shutil.copy(certs.path(name), tmp_path / name)
+    sans = "  client_allowed_sans: [prometheus.example]\n"
+    strict = ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+              + client_certs(certs, sans) + "  min_version: TLS13\n"
+              f"basic_auth_users:\n  alice: '{HASH}'\n")
+    path = write(tmp_path, strict)
+    clock = Clock()
+    source = WebConfigSource(path, clock=clock)
+    Path(path).write_text(strict.replace(sans, "")
+                          .replace("  min_version: TLS13\n", "")
+                          + f"  bob: '{OTHER_HASH}'\n")
+    with caplog.at_level("ERROR", logger="gpuguard.webconfig"), \
+            pytest.raises(ReloadRefused) as refused:
+        source.reload()
+    for said in (str(refused.value), caplog.text):
+        for key in ("client_allowed_sans cannot be dropped", "min_version cannot be lowered",
+                    "basic_auth_users cannot gain users"):
+            assert key in said, said
+    (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert "keeping the last good one" in line
+    config = source.current()[0]  # the old one stays in force
+    assert config.tls is not None and config.tls.allowed_sans == ("prometheus.example",)
+    assert config.tls.min_version == ssl.TLSVersion.TLSv1_3 and set(config.users) == {"alice"}
+    clock.now += RECHECK_SECONDS
+    assert source.current()[0] is config  # nor taken by the next check of the files
+
+
+def test_a_reload_never_switches_tls_on(tmp_path: Path, certs: Certs) -> None:
+    """Not a weakening, but the TLS front is built at start: switching it on waits."""
+    path = write(tmp_path, "{}\n")
+    source = WebConfigSource(path)
+    Path(path).write_text(tls_with(certs))
+    with pytest.raises(ReloadRefused, match="TLS cannot be switched on without a restart"):
+        source.reload()
+    assert source.current()[0].tls is None
