@@ -131,6 +131,8 @@ class Ledger:
             if not same_boot:  # keys name processes of one boot: only the window survives
                 data = {"reaps": data.get("reaps", [])}
             self._apply(data)
+            now = self.boot_clock()  # a sighting from the future (an older version's) is now
+            self._first_seen = {k: min(v, now) for k, v in self._first_seen.items()}
             self.interrupted = [(k, v) for k, v in self._done.items()
                                 if v.get("status") == ReapStatus.REAPING]
             self._prune()
@@ -282,7 +284,7 @@ class Ledger:
             self._pending[key] = PendingItem(key, item.alert, item.group_key, item.accepted_at,
                                              due)
             if first_seen is not None:
-                self._first_seen.setdefault(key, first_seen)
+                self._first_seen.setdefault(key, min(first_seen, self.boot_clock()))
                 self._gpus.setdefault(key, gpus)
             self._save()
 
@@ -290,7 +292,8 @@ class Ledger:
                         gpus: tuple[str, ...] = ()) -> None:
         with self._lock:
             if key not in self._first_seen:
-                self._first_seen[key] = first_seen
+                # Never later than now: a sighting in the future would never move.
+                self._first_seen[key] = min(first_seen, self.boot_clock())
                 self._gpus.setdefault(key, gpus)
                 self._save()
 
