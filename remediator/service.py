@@ -167,7 +167,8 @@ class Remediator:
     def counts(self) -> Counts:
         """A consistent copy of the counters for one scrape (HTTP threads mutate them)."""
         with self._work.lock:
-            return self.metrics.counts(audit_ok=self._trail.error is None)
+            return self.metrics.counts(audit_ok=self._trail.error is None,
+                                       audit_damaged_lines=self.audit.damaged_lines)
 
     def queue_depth(self) -> int:
         return len(self.ledger.pending())
