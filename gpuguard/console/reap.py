@@ -61,7 +61,7 @@ from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reapers import platform_reaper
 from gpuguard.remediator.settings import Mode
-from gpuguard.remediator.settlement import final_decision
+from gpuguard.remediator.settlement import final_decision, told
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
 #: The signals that stop `reap --apply` part-way, by name: a terminal's Ctrl-C or hangup,
@@ -327,11 +327,11 @@ class ManualReap:
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
         # during the reap reaches the reaper as Interrupted: it continues what it stopped.
-        result = self.result = platform_reaper(nvml=self.nvml).reap(
+        result = self.result = told(platform_reaper(nvml=self.nvml).reap(
             plan, policy=self.config.remediate, rules=self.config.classify,
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,
-            confirm=self.confirm)
+            confirm=self.confirm))
         self.decision = final_decision(self.decision, result, key)
 
     def refused(self) -> Decision | None:
