@@ -369,7 +369,7 @@ def test_body_read_is_capped_without_content_length(harness: Callable[..., Harne
     assert h.service.metrics.rejected["too_large"] == 1
 
 
-def test_a_reap_cut_short_by_a_crash_is_audited_once_and_never_retried(
+def test_a_reap_cut_short_before_any_signal_is_audited_once_and_frees_its_key(
         tmp_path: Path, harness: Callable[..., Harness], trees: Trees,
         fake_gpu: FakeGpuWorld) -> None:
     orphan = spawn_orphan(trees, fake_gpu)
@@ -379,7 +379,9 @@ def test_a_reap_cut_short_by_a_crash_is_audited_once_and_never_retried(
     (record,) = h.audit()
     assert record["decision"]["reason"] == "interrupted" and record["alert"]["fingerprint"] == (
         "fp-crashed")
-    assert account(h.post(payload(orphan.alert())))["status"] == "duplicate"
+    assert record["signals"] == [] and "nothing was signalled" in record["decision"]["detail"]
     h.service.stop()
     again = harness()
     assert len(again.audit()) == 1 and orphan.all_alive()
+    # Nothing was signalled: the key is free again, a later delivery decides (issue 43).
+    assert account(again.post(payload(orphan.alert())))["status"] == "accepted"
