@@ -17,7 +17,6 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -262,11 +261,14 @@ class AuditLog:
         return any(r.get("reap_id") == reap_id and r.get("phase") == Phase.FINAL
                    for r in self._read(f'"reap_id": "{reap_id}"'))
 
-    def _read(self, needle: str | None = None) -> Iterator[dict[str, Any]]:
+    def _read(self, needle: str | None = None) -> list[dict[str, Any]]:
         """Every record (of lines containing `needle`: a cheap pre-filter before JSON),
         oldest first. A damaged line is skipped and counted, never fatal: the record a
-        crash-era writer glued onto a torn line is still read (salvaged)."""
+        crash-era writer glued onto a torn line is still read (salvaged). Read whole
+        under a shared flock, released before returning (a writer of this process
+        waits for no reader left half-way)."""
         want = needle.encode("utf-8") if needle is not None else None
+        found: list[dict[str, Any]] = []
         try:
             with open(self.path, "rb") as fh:
                 if fcntl is not None:  # no writer is half-way through a line meanwhile
@@ -288,14 +290,15 @@ class AuditLog:
                             "; the record written after it was read" if record is not None
                             else ""))
                     if record is not None:
-                        yield record
+                        found.append(record)
         except FileNotFoundError:
-            return
+            pass
+        return found
 
     def records(self) -> list[dict[str, Any]]:
         """Every whole record, oldest first (tests and `/state` debugging; not for hot
         paths); damaged lines are skipped and counted (`damaged_lines`)."""
-        return list(self._read())
+        return self._read()
 
 
 def parse_line(text: str) -> tuple[dict[str, Any] | None, bool]:
