@@ -4,15 +4,19 @@ A kill must be explainable from this file alone: who asked, what was decided and
 which processes, how they were signalled. Records are written ahead (`intent`, `joined`
 before any signal, `final` after the reap); a write that fails raises, and then the
 caller signals nothing. A crash loses at most the record being written.
+
+Every record is whole or absent (AuditLog.append says how): a write the disk cut short
+is undone, a line a crash left without its newline is ended before the next record, and
+readers skip a damaged line (and count it) instead of failing on the whole file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,16 @@ from gpuguard.remediator.outcome import ReapResult, SignalRecord
 from gpuguard.remediator.pending import PendingItem
 from gpuguard.remediator.policy import Decision
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+
+try:
+    import fcntl
+except ImportError:  # Windows: no lock across processes (docs/windows.md)
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger("gpuguard.remediator")
+
+#: Damaged lines remembered (by file and end offset) so a re-read counts each once.
+MAX_DAMAGED_REMEMBERED = 4096
 
 
 class Phase(StrEnum):
@@ -135,11 +149,16 @@ def check_private_dir(path: Path, what: str) -> None:
 
 
 class AuditLog:
-    """One file, opened per record (survives logrotate's move), one lock per process."""
+    """One file, opened per record (survives logrotate's move), one lock per process and,
+    across processes (the remediator and `gpuguard reap --apply`), an flock per write."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()  # readers count too, on other threads
+        #: (device, inode, end offset) of each damaged line met, so each counts once
+        self._damaged: set[tuple[int, int, int]] = set()
+        self.damaged_lines = 0  # damaged lines met by a read or repaired by a write
 
     def check_writable(self) -> None:
         """Fail at start-up, not at the first kill, when the log cannot be written safely."""
@@ -150,7 +169,8 @@ class AuditLog:
     def _open(self) -> int:
         """Append-only, and never through a symlink planted where the log should be
         (Windows has no O_NOFOLLOW: a reparse point at the path is refused before the
-        open; there the file is opened binary, so a line ends in \\n as on Linux)."""
+        open; there the file is opened binary, so a line ends in \\n as on Linux).
+        Read-write: append() reads the last byte to end a torn line."""
         if IS_WINDOWS:
             try:
                 if _reparse_point(os.lstat(self.path)):
@@ -158,23 +178,74 @@ class AuditLog:
                                           "junction")
             except FileNotFoundError:
                 pass
-            return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT
                            | getattr(os, "O_BINARY", 0), 0o640)
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
 
     def append(self, record: dict[str, Any]) -> None:
+        """Write `record` as one line, durably, or leave the file as it was and raise.
+
+        Whole or absent, by two rules. A failed write is undone: the size before it is
+        remembered and, on any failure (ENOSPC part-way, an fsync error), the file is cut
+        back to it, so no half line is left for the next record to be glued onto, and a
+        record the caller was told failed (and so signalled nothing for) is not left
+        behind looking written. And a line some earlier writer left without its newline
+        (a crash or power loss mid-write, which nothing can undo; a cut back that failed
+        too) is ended first with a newline of our own, so the new record always starts
+        a line and parses. Size, repair, write and fsync happen under an exclusive flock
+        that every writer takes, so no other process's record is cut by our undo.
+        A repaired line is a damaged one: counted and logged like one a reader meets.
+        """
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
         data = line.encode("utf-8")
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = self._open()
             try:
-                written = 0
-                while written < len(data):
-                    written += os.write(fd, data[written:])
-                os.fsync(fd)
+                if fcntl is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close
+                st = os.fstat(fd)
+                size = st.st_size
+                if size and not self._ends_a_line(fd, size):
+                    self._note_damaged(st, size + 1, "a line without its end (a write "
+                                       "cut short by a crash) was ended before this record")
+                    data = b"\n" + data
+                try:
+                    written = 0
+                    while written < len(data):
+                        written += os.write(fd, data[written:])
+                    os.fsync(fd)
+                except BaseException:
+                    self._undo(fd, size)
+                    raise
             finally:
                 os.close(fd)
+
+    @staticmethod
+    def _ends_a_line(fd: int, size: int) -> bool:
+        os.lseek(fd, size - 1, os.SEEK_SET)  # O_APPEND: writes still go to the end
+        return os.read(fd, 1) == b"\n"
+
+    def _undo(self, fd: int, size: int) -> None:
+        """Cut the file back to `size`: the record is absent, not torn. Cutting back
+        needs no space; if it fails anyway, the next append ends the torn line."""
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        except OSError as exc:
+            log.error("audit log %s: a failed write could not be undone (%s); the next "
+                      "record starts a new line", self.path, exc.strerror or exc)
+
+    def _note_damaged(self, st: os.stat_result, end: int, what: str) -> None:
+        """Count a damaged line once (by file and where it ends) and log it."""
+        where = (st.st_dev, st.st_ino, end)
+        with self._count_lock:
+            if where in self._damaged:
+                return
+            if len(self._damaged) < MAX_DAMAGED_REMEMBERED:
+                self._damaged.add(where)
+            self.damaged_lines += 1
+        log.warning("audit log %s: damaged line ending at byte %d: %s", self.path, end, what)
 
     def has_record(self, hostname: str, root_pid: int, root_start_time: int, *,
                    since: float) -> bool:
@@ -183,31 +254,77 @@ class AuditLog:
         want = {"hostname": hostname, "root_pid": root_pid, "root_start_time": root_start_time}
         return any(r.get("key") == want and float(r.get("ts", 0)) >= since
                    and r.get("phase", Phase.FINAL) == Phase.FINAL
-                   for r in self._containing(f'"root_pid": {root_pid}'))
+                   for r in self._read(f'"root_pid": {root_pid}'))
 
     def has_final(self, reap_id: str) -> bool:
         """Whether the final record of reap `reap_id` was written (crash recovery)."""
         return any(r.get("reap_id") == reap_id and r.get("phase") == Phase.FINAL
-                   for r in self._containing(f'"reap_id": "{reap_id}"'))
+                   for r in self._read(f'"reap_id": "{reap_id}"'))
 
-    def _containing(self, needle: str) -> Iterator[dict[str, Any]]:
-        """Records whose line contains `needle` (cheap pre-filter before JSON parsing)."""
+    def _read(self, needle: str | None = None) -> list[dict[str, Any]]:
+        """Every record (of lines containing `needle`: a cheap pre-filter before JSON),
+        oldest first. A damaged line is skipped and counted, never fatal: the record a
+        crash-era writer glued onto a torn line is still read (salvaged). Read whole
+        under a shared flock, released before returning (a writer of this process
+        waits for no reader left half-way)."""
+        want = needle.encode("utf-8") if needle is not None else None
+        found: list[dict[str, Any]] = []
         try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if needle not in line:
+            with open(self.path, "rb") as fh:
+                if fcntl is not None:  # no writer is half-way through a line meanwhile
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_SH)
+                st = os.fstat(fh.fileno())
+                end = 0
+                for raw in fh:
+                    # Where the line's newline is (or, for a torn last line, would be):
+                    # the same place append() counts a line it ends.
+                    end += len(raw) + (0 if raw.endswith(b"\n") else 1)
+                    if want is not None and want not in raw:
                         continue
-                    try:
-                        yield json.loads(line)
-                    except ValueError:
-                        continue  # a torn last line from a crash
+                    text = raw.decode("utf-8", errors="replace").strip()
+                    if not text:
+                        continue
+                    record, damaged = parse_line(text)
+                    if damaged:
+                        self._note_damaged(st, end, "skipped" + (
+                            "; the record written after it was read" if record is not None
+                            else ""))
+                    if record is not None:
+                        found.append(record)
         except FileNotFoundError:
-            return
+            pass
+        return found
 
     def records(self) -> list[dict[str, Any]]:
-        """Every record, oldest first (tests and `/state` debugging; not for hot paths)."""
+        """Every whole record, oldest first (tests and `/state` debugging; not for hot
+        paths); damaged lines are skipped and counted (`damaged_lines`)."""
+        return self._read()
+
+
+def parse_line(text: str) -> tuple[dict[str, Any] | None, bool]:
+    """(the record on one line or None, whether the line was damaged).
+
+    A whole line is one JSON object. A damaged one (a write cut short, with a later
+    record appended onto it by a version without the repair) may still end in a whole
+    record: the first `{"` from which the rest of the line is one object with a `key`
+    is taken as that record (the torn head never parses through to the line's end).
+    """
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    else:
+        if isinstance(record, dict):
+            return record, False
+        return None, True
+    start = text.find('{"', 1)
+    while start != -1:
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+            record = json.loads(text[start:])
+        except ValueError:
+            pass
+        else:
+            if isinstance(record, dict) and "key" in record:
+                return record, True
+        start = text.find('{"', start + 1)
+    return None, True

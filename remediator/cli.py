@@ -1,21 +1,27 @@
 """`gpuguard-remediator`: the Alertmanager webhook that may reap orphan GPU trees.
 
-Start-up refuses, in one line on stderr and exit status 2, anything that would
-make the remediator unsafe or silently useless: a bad config, no token (unless
---insecure-no-auth, and then only on loopback), an unusable state directory or
-audit log. Served by waitress, threaded, one process: the queue, the worker and
-the dedupe ledger must live in one process.
+Start-up refuses, in one line on stderr, anything that would make the remediator
+unsafe or silently useless. Exit status 2 (the unit never restarts it: a person must
+change something first): a bad config or flag, no token (unless --insecure-no-auth,
+and then only on loopback), a path others could tamper with, a state file that does
+not parse. Exit status 3 (the unit restarts it): a state directory or audit log that
+cannot be used now (read-only, full, an I/O error), or a port that is taken; a state
+directory that can be read first gets its crash recovery, so what an interrupted reap
+left stopped is continued before the exit. Served by waitress, threaded, one process:
+the queue, the worker and the dedupe ledger must live in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
 import socket
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import ProcessCollector
 
@@ -28,10 +34,13 @@ from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.remediator.audit import UnsafePathError
-from gpuguard.remediator.ledger import LedgerError
+from gpuguard.remediator.ledger import LedgerError, StateUnavailable
 from gpuguard.validation import ConfigError
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.web.webconfig import WebConfigSource
+
+if TYPE_CHECKING:
+    from gpuguard.remediator.service import Remediator
 
 log = logging.getLogger("gpuguard.remediator")
 
@@ -77,9 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str) -> int:
+#: Exit statuses: a person must change something (never restarted by the units) ...
+EXIT_CONFIG = 2
+#: ... or it may work on the next try (a full or read-only disk, a port still taken).
+EXIT_RETRY = 3
+
+
+def _fail(message: str, status: int = EXIT_CONFIG) -> int:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-    return 2
+    return status
 
 
 def _loopback(host: str) -> bool:
@@ -89,6 +104,33 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _state_failure(exc: Exception) -> int:
+    """The exit for a state directory or audit log that cannot be used: 3 (restarted)
+    when it may work on the next try, 2 when a person must change something."""
+    if isinstance(exc, StateUnavailable):
+        return _fail(f"state error: {exc}; exiting for a restart", EXIT_RETRY)
+    if isinstance(exc, UnsafePathError):
+        return _fail(f"unsafe path: {exc}")
+    if isinstance(exc, LedgerError):
+        return _fail(f"state error: {exc}")
+    assert isinstance(exc, OSError)
+    where = exc.filename or "state_dir/audit_log"
+    if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink planted at the audit log
+        return _fail(f"unsafe path: {where}: {exc.strerror}")
+    return _fail(f"cannot use {where}: {exc.strerror}; exiting for a restart", EXIT_RETRY)
+
+
+def _start(service: Remediator, server: Any) -> int | None:
+    """Start the service (crash recovery first); the exit status if it may not run."""
+    try:
+        service.start()
+    except StateUnavailable as exc:  # recovery ran; nothing else may start
+        server.close()
+        service.stop()
+        return _state_failure(exc)
+    return None
 
 
 def reload_config(path: str, running: Config,
@@ -163,12 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         # Windows has no process-events connector (and no launcher evidence to hear).
         service = build_remediator(config, hostname=args.hostname,
                                    events=ProcessEvents() if not IS_WINDOWS else None)
-    except LedgerError as exc:
-        return _fail(f"state error: {exc}")
-    except UnsafePathError as exc:
-        return _fail(f"unsafe path: {exc}")
-    except OSError as exc:
-        return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
+    except (LedgerError, UnsafePathError, OSError) as exc:
+        return _state_failure(exc)
     reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)
     app = create_app(service, token=token,
                      collectors=(reloader, build.BuildInfoCollector(),
@@ -180,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                                ident=PROG, web=web, body=AlertsIntake(service.intake, token),
                                open_paths=lambda path: path in own_auth)
     except OSError as exc:
-        return _fail(f"cannot listen on {host}:{port}: {exc.strerror}")
+        service.stop()
+        return _fail(f"cannot listen on {host}:{port}: {exc.strerror}", EXIT_RETRY)
     hangups.hand_to(reloader)
-    service.start()
+    if (status := _start(service, server)) is not None:
+        return status
     log.info("mode %s, host %s, policy %s", config.remediate.mode, args.hostname, config.source)
     try:
         serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}",

@@ -66,6 +66,11 @@ class RemediatorCollector(Collector):
                                   "Audit records that could not be written; no reap signals "
                                   "anything without its record.",
                                   value=c["audit_failures"])
+        yield CounterMetricFamily("gpuguard_remediator_audit_damaged_lines",
+                                  "Damaged audit log lines (a write cut short by a crash or "
+                                  "a full disk) that a read skipped or a write ended; each "
+                                  "counted once.",
+                                  value=c["audit_damaged_lines"])
         yield GaugeMetricFamily("gpuguard_remediator_audit_ok",
                                 "1 while the last audit write succeeded (0: reaps are refused).",
                                 value=1 if c["audit_ok"] else 0)

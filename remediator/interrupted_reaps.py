@@ -9,6 +9,8 @@ from typing import Any
 
 from gpuguard.remediator.audit import Phase, audit_record
 from gpuguard.remediator.audit_trail import AuditTrail
+from gpuguard.remediator.ledger import LedgerError, may_have_signalled
+from gpuguard.remediator.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.policy import Action, Decision
 from gpuguard.remediator.reapers import TreeReaper
 from gpuguard.remediator.tree import TreeKey
@@ -46,11 +48,12 @@ class InterruptedReaps:
         work = self._work
         reap_id = entry.get("reap_id")
         audit = self._trail.log
+        signalled = may_have_signalled(entry)
         finished = (audit.has_final(str(reap_id)) if reap_id else
                     audit.has_record(key.hostname, key.root_pid, key.root_start_time,
                                      since=float(entry.get("at", 0))))
-        if finished:
-            work.ledger.settle_interrupted(key)  # the final record made it; only settle
+        if finished:  # the final record made it; only settle
+            self._settle_ledger(key, "interrupted", signalled)
             return True
         recorded: list[_Recorded] = [
             (int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,
@@ -63,23 +66,68 @@ class InterruptedReaps:
         # before the marks (3 fields) counts every member as held.
         thaw = [(pid, start) for pid, start, was_stopped, held in recorded
                 if held and not was_stopped]
-        decision = Decision(Action.IGNORE, "interrupted-thawed" if recorded else "interrupted",
-                            "the remediator stopped during this reap; members it may "
-                            "have stopped are continued (SIGCONT) and left alive", key)
         record = functools.partial(
-            audit_record, work.hostname, live=None, result=None, decision=decision,
-            key=key, mode=str(entry.get("mode")), reap_id=reap_id,
+            audit_record, work.hostname, live=None, result=None, key=key,
+            mode=str(entry.get("mode")), reap_id=reap_id,
             fingerprint=str(entry.get("fingerprint", "")),
             member_ids=[(pid, start) for pid, start, _, _ in recorded])
         try:
             if thaw:  # the SIGCONTs are signals too: written down first
-                self._trail.append(record(now=work.clocks.wall(), phase=Phase.INTENT))
+                self._trail.append(record(
+                    decision=Decision(Action.IGNORE, INTERRUPTED, f"{CUT_SHORT}; the "
+                                      f"{len(thaw)} member(s) it may have stopped are "
+                                      "continued (SIGCONT) if still stopped, and left "
+                                      "alive", key),
+                    now=work.clocks.wall(), phase=Phase.INTENT))
             signals = self._reaper.thaw_interrupted(thaw)
-            self._trail.append(record(now=work.clocks.wall(), signals=signals))
+            decision = settled_decision(key, thaw, signals, signalled=signalled)
+            self._trail.append(record(decision=decision, now=work.clocks.wall(),
+                                      signals=signals))
         except OSError:
             log.error("interrupted reap of %s not settled: the audit log cannot be "
                       "written; retried while the worker runs", key)
             return False
         work.metrics.reap_failures += 1
-        work.ledger.settle_interrupted(key, decision.reason)
+        log.warning("interrupted reap of %s settled: %s", key, decision.detail)
+        self._settle_ledger(key, decision.reason, signalled)
         return True
+
+    def _settle_ledger(self, key: TreeKey, outcome: str, signalled: bool) -> None:
+        """The state file's side of a settled reap. One that cannot be written (a full or
+        read-only state directory) is left "reaping" there: its final record is in the
+        audit log, so the next start only settles it, continuing nothing twice."""
+        try:
+            self._work.ledger.settle_interrupted(key, outcome, signalled=signalled)
+        except LedgerError as exc:
+            log.error("interrupted reap of %s is audited but not settled in the state file "
+                      "(%s); the next start settles it from its final record", key, exc)
+
+
+#: How every record of a settled interrupted reap begins.
+CUT_SHORT = "the remediator stopped during this reap"
+INTERRUPTED = "interrupted"
+THAWED = "interrupted-thawed"
+
+
+def settled_decision(key: TreeKey, thaw: list[tuple[int, int]],
+                     signals: tuple[SignalRecord, ...], *, signalled: bool) -> Decision:
+    """What the settled reap's final record says, true to the SIGCONTs really sent:
+    `interrupted-thawed` only when one was; `interrupted` (with why) when none was."""
+    sent = [s.pid for s in signals if s.signal == "SIGCONT" and s.result == SignalResult.SENT]
+    failed = [f"{s.pid} ({s.error})" for s in signals if s.failed]
+    if not thaw:
+        detail = (f"{CUT_SHORT} before its first signal: nothing was signalled; the tree "
+                  "may be decided again on the next delivery" if not signalled else
+                  f"{CUT_SHORT}; it held none of the members stopped: nothing was "
+                  "continued")
+    elif not sent:
+        detail = (f"{CUT_SHORT}; none of the {len(thaw)} member(s) it may have stopped "
+                  "was still stopped (or still the same process): nothing was continued")
+    else:
+        others = len(thaw) - len(sent) - len(failed)
+        detail = (f"{CUT_SHORT}; continued (SIGCONT) {len(sent)} of the {len(thaw)} "
+                  f"member(s) it may have stopped ({', '.join(map(str, sent))}) and left "
+                  "them alive" + (f"; {others} no longer stopped or gone" if others else ""))
+    if failed:
+        detail += f"; SIGCONT failed for {', '.join(failed)}: still stopped"
+    return Decision(Action.IGNORE, THAWED if sent else INTERRUPTED, detail, key)

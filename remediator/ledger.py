@@ -11,6 +11,7 @@ so that downtime is never credited.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -53,6 +54,12 @@ class LedgerError(Exception):
     """The state file exists but cannot be used; starting anyway could reap twice."""
 
 
+class StateUnavailable(LedgerError):
+    """The state directory cannot be read or written now (read-only, full, an I/O error):
+    transient, unlike a state file that does not parse. At start the ledger keeps what
+    it read (`Ledger.unwritable` says why) so crash recovery can still run on it."""
+
+
 def this_boot_id() -> str:
     """This boot's id: the kernel's random one (BOOT_ID) on Linux; on Windows its boot
     counter or kernel boot time (gpuguard/host/windows/boot.py). OSError when unreadable."""
@@ -90,73 +97,48 @@ class Ledger:
             raise LedgerError(f"{BOOT_ID}: cannot read the boot id: {exc.strerror}") from None
         self.interrupted: list[tuple[TreeKey, dict[str, Any]]] = []
         self._on_disk: dict[str, Any] = {}  # the last state written (a failed save goes back)
+        #: Why the state read at start could not be written back (None: it could): the
+        #: remediator then only runs crash recovery, and exits for a restart.
+        self.unwritable: str | None = None
         self._load()
 
     # -- persistence -----------------------------------------------------------------
 
     def _load(self) -> None:
+        """Read the state file (or start one); a state directory that cannot be written
+        keeps what was read, for crash recovery, and says so in `unwritable`."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise LedgerError(f"{self.dir}: cannot create state_dir: {exc.strerror}") from None
+            raise StateUnavailable(f"{self.dir}: cannot create state_dir: "
+                                   f"{exc.strerror}") from None
         try:
             check_private_dir(self.dir, "state_dir")
         except UnsafePathError as exc:
             raise LedgerError(str(exc)) from None
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text: str | None = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._save()
-            return
+            text = None
         except OSError as exc:
-            raise LedgerError(f"{self.path}: cannot read: {exc.strerror}") from None
+            raise StateUnavailable(f"{self.path}: cannot read: {exc.strerror}") from None
+        if text is not None:
+            try:
+                data = read_state(json.loads(text), self._boot, self._clock(),
+                                  self.boot_clock())
+                self._apply(data)
+                self.interrupted = [(k, v) for k, v in self._done.items()
+                                    if v.get("status") == ReapStatus.REAPING]
+                self._prune()
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+                raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
+                                  "only after checking the audit log for unfinished "
+                                  "reaps") from None
+            self._on_disk = copy.deepcopy(data)  # a failed save below goes back to it
         try:
-            data = json.loads(text)
-            version = data.get("version")
-            if version == 1:
-                same_boot = (abs(float(data.get("boot_time", 0)) - _v1_boot_time())
-                             <= V1_BOOT_TOLERANCE_SECONDS)
-            elif version in (2, FORMAT_VERSION):
-                # An empty id says nothing about the boot ("" == "" would continue an
-                # earlier boot's held marks on whatever holds those pids now).
-                same_boot = bool(self._boot.strip()) and data.get("boot_id") == self._boot
-            else:
-                raise ValueError(f"unknown format version {version!r}")
-            if version != FORMAT_VERSION:
-                data = self._from_wall_clock(data, same_boot)
-            elif not same_boot:
-                written = float(data["boot_clock"])
-                data["reaps"] = [[min(float(t) - written, 0.0), m]
-                                 for t, m in data.get("reaps", [])]
-            if not same_boot:  # keys name processes of one boot: only the window survives
-                data = {"reaps": data.get("reaps", [])}
-            self._apply(data)
-            self.interrupted = [(k, v) for k, v in self._done.items()
-                                if v.get("status") == ReapStatus.REAPING]
-            self._prune()
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            raise LedgerError(f"{self.path}: unusable state file ({exc}); move it aside "
-                              "only after checking the audit log for unfinished reaps") from None
-        self._save()
-
-    def _from_wall_clock(self, data: dict[str, Any], same_boot: bool) -> dict[str, Any]:
-        """A version 1 or 2 file's wall-clock times, placed on the boot clock once by the
-        clocks' offset now (a wall step since it was written shifts them, this once); an
-        earlier boot's reaps no later than this boot's start."""
-        offset = self._clock() - self.boot_clock()
-
-        def on_boot(t: Any) -> float:
-            return float(t) - offset
-
-        reaps = [[on_boot(t) if same_boot else min(on_boot(t), 0.0), m]
-                 for t, m in data.get("reaps", [])]
-        done = {k: {**v, **({"at_boot": on_boot(v["at"])} if "at" in v else {})}
-                for k, v in data.get("done", {}).items()}
-        pending = {k: {**v, "accepted_at": on_boot(v["accepted_at"]), "due": on_boot(v["due"])}
-                   for k, v in data.get("pending", {}).items()}
-        first_seen = {k: on_boot(v) for k, v in data.get("first_seen", {}).items()}
-        return {**data, "reaps": reaps, "done": done, "pending": pending,
-                "first_seen": first_seen}
+            self._save()
+        except StateUnavailable as exc:
+            self.unwritable = str(exc)
 
     def _apply(self, data: dict[str, Any]) -> None:
         """Set the in-memory state from the file's form (loading, or undoing a failed save)."""
@@ -190,8 +172,8 @@ class Ledger:
             self._write(payload.encode("utf-8"))
         except OSError as exc:
             self._apply(self._on_disk)
-            raise LedgerError(f"{self.path}: cannot write the state: "
-                              f"{exc.strerror or exc}") from None
+            raise StateUnavailable(f"{self.path}: cannot write the state: "
+                                   f"{exc.strerror or exc}") from None
         self._on_disk = json.loads(payload)  # a deep copy, as written
 
     def _write(self, payload: bytes) -> None:
@@ -282,7 +264,7 @@ class Ledger:
             self._pending[key] = PendingItem(key, item.alert, item.group_key, item.accepted_at,
                                              due)
             if first_seen is not None:
-                self._first_seen.setdefault(key, first_seen)
+                self._first_seen.setdefault(key, min(first_seen, self.boot_clock()))
                 self._gpus.setdefault(key, gpus)
             self._save()
 
@@ -290,7 +272,8 @@ class Ledger:
                         gpus: tuple[str, ...] = ()) -> None:
         with self._lock:
             if key not in self._first_seen:
-                self._first_seen[key] = first_seen
+                # Never later than now: a sighting in the future would never move.
+                self._first_seen[key] = min(first_seen, self.boot_clock())
                 self._gpus.setdefault(key, gpus)
                 self._save()
 
@@ -305,7 +288,7 @@ class Ledger:
             reap_id = uuid.uuid4().hex
             self._done[key] = {"status": ReapStatus.REAPING, "mode": mode, "at": self._clock(),
                                "at_boot": now, "fingerprint": fingerprint,
-                               "reap_id": reap_id}
+                               "reap_id": reap_id, "signalled": False}
             self._reaps.append((now, mode))
             self._pending.pop(key, None)
             self._save()
@@ -340,6 +323,8 @@ class Ledger:
                 if (m[0], m[1]) in wanted:
                     m[3:] = [held]
             entry["members"] = known
+            if held:  # a signal may go out from here on: the key stays closed after a crash
+                entry["signalled"] = True
             self._save()
 
     def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool) -> None:
@@ -351,19 +336,81 @@ class Ledger:
             if signalled or outcome == Outcome.DRY_RUN:
                 entry.update(status=ReapStatus.DONE, outcome=outcome)
             else:
-                del self._done[key]
-                started = float(entry.get("at_boot", -1))
-                for i in range(len(self._reaps) - 1, -1, -1):
-                    if self._reaps[i] == (started, entry.get("mode")):
-                        del self._reaps[i]
-                        break
+                self._free(key, entry)
             self._prune()
             self._save()
 
-    def settle_interrupted(self, key: TreeKey, outcome: str = "interrupted") -> None:
-        """A reap cut short by a crash: done for good (never re-killed without a new key)."""
+    def _free(self, key: TreeKey, entry: dict[str, Any]) -> None:
+        """Forget a reap that signalled nothing: its key and its rate-limit slot."""
+        del self._done[key]
+        started = float(entry.get("at_boot", -1))
+        for i in range(len(self._reaps) - 1, -1, -1):
+            if self._reaps[i] == (started, entry.get("mode")):
+                del self._reaps[i]
+                break
+
+    def settle_interrupted(self, key: TreeKey, outcome: str = "interrupted", *,
+                           signalled: bool = True) -> None:
+        """A reap cut short by a crash: done for good (never re-killed without a new key),
+        or, when it cannot have signalled anything (`signalled` False), forgotten like
+        one that aborted early: a later delivery decides again."""
         with self._lock:
             entry = self._done.get(key)
             if entry is not None:
-                entry.update(status=ReapStatus.DONE, outcome=outcome)
+                if signalled:
+                    entry.update(status=ReapStatus.DONE, outcome=outcome)
+                else:
+                    self._free(key, entry)
                 self._save()
+
+
+def may_have_signalled(entry: dict[str, Any]) -> bool:
+    """Whether a reap (a "reaping" entry) may have sent a signal: its first one, a SIGSTOP,
+    goes out only after its members were marked held. An entry from before this mark was
+    kept counts as signalled (the key then stays closed, as it did)."""
+    return bool(entry.get("signalled", True))
+
+
+def read_state(data: Any, boot: str, wall: float, boot_now: float) -> dict[str, Any]:
+    """The state file's content as this boot reads it (format version 3 on the boot
+    clock); ValueError (and the like) when it cannot be used. `wall` and `boot_now` are
+    the two clocks now; `boot` this boot's id."""
+    version = data.get("version")
+    if version == 1:
+        same_boot = (abs(float(data.get("boot_time", 0)) - _v1_boot_time())
+                     <= V1_BOOT_TOLERANCE_SECONDS)
+    elif version in (2, FORMAT_VERSION):
+        # An empty id says nothing about the boot ("" == "" would continue an
+        # earlier boot's held marks on whatever holds those pids now).
+        same_boot = bool(boot.strip()) and data.get("boot_id") == boot
+    else:
+        raise ValueError(f"unknown format version {version!r}")
+    if version != FORMAT_VERSION:
+        data = _from_wall_clock(data, same_boot, wall - boot_now)
+    elif not same_boot:
+        written = float(data["boot_clock"])
+        data["reaps"] = [[min(float(t) - written, 0.0), m] for t, m in data.get("reaps", [])]
+    if not same_boot:  # keys name processes of one boot: only the window survives
+        data = {"reaps": data.get("reaps", [])}
+    # A sighting from the future (a version that took a wall-clock step for an age) is now.
+    data["first_seen"] = {k: min(float(v), boot_now)
+                          for k, v in data.get("first_seen", {}).items()}
+    return dict(data)
+
+
+def _from_wall_clock(data: dict[str, Any], same_boot: bool, offset: float) -> dict[str, Any]:
+    """A version 1 or 2 file's wall-clock times, placed on the boot clock once by the
+    clocks' offset now (a wall step since it was written shifts them, this once); an
+    earlier boot's reaps no later than this boot's start."""
+
+    def on_boot(t: Any) -> float:
+        return float(t) - offset
+
+    reaps = [[on_boot(t) if same_boot else min(on_boot(t), 0.0), m]
+             for t, m in data.get("reaps", [])]
+    done = {k: {**v, **({"at_boot": on_boot(v["at"])} if "at" in v else {})}
+            for k, v in data.get("done", {}).items()}
+    pending = {k: {**v, "accepted_at": on_boot(v["accepted_at"]), "due": on_boot(v["due"])}
+               for k, v in data.get("pending", {}).items()}
+    first_seen = {k: on_boot(v) for k, v in data.get("first_seen", {}).items()}
+    return {**data, "reaps": reaps, "done": done, "pending": pending, "first_seen": first_seen}

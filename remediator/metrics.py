@@ -33,6 +33,7 @@ class Counts(TypedDict):
     refusals_repeated: int
     audit_failures: int
     audit_ok: bool
+    audit_damaged_lines: int
 
 
 def _no_rejections() -> dict[RejectCause, int]:
@@ -53,11 +54,12 @@ class RemediatorMetrics:
         slot = (action, reason)
         self.decisions[slot] = self.decisions.get(slot, 0) + 1
 
-    def counts(self, *, audit_ok: bool) -> Counts:
-        """A copy (the caller holds the lock)."""
+    def counts(self, *, audit_ok: bool, audit_damaged_lines: int = 0) -> Counts:
+        """A copy (the caller holds the lock); the audit log counts its damaged lines."""
         return Counts(decisions=dict(self.decisions), rejected=dict(self.rejected),
                       reaped_processes=self.reaped_processes,
                       reclaimed_bytes=self.reclaimed_bytes,
                       reap_failures=self.reap_failures,
                       refusals_repeated=self.refusals_repeated,
-                      audit_failures=self.audit_failures, audit_ok=audit_ok)
+                      audit_failures=self.audit_failures, audit_ok=audit_ok,
+                      audit_damaged_lines=audit_damaged_lines)

@@ -318,10 +318,14 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     # Age, counted locally on the boot clock: never older than what this remediator has
     # seen itself. startsAt (Alertmanager's wall clock) is placed on the boot clock by
     # how long ago the wall clock says it was: a forward step makes it older, and then
-    # the local sighting wins; it can only ever make the tree younger.
+    # the local sighting wins; it can only ever make the tree younger. And never younger
+    # than now: a wall clock behind Alertmanager's (stepped back) puts startsAt in the
+    # future, and a sighting stored there would keep the tree too young for the whole
+    # step after the clock is put right.
     first_seen = state.first_seen.get(key, state.now)
     if alert.starts_at is not None:
         first_seen = max(first_seen, state.now - (state.wall_now - alert.starts_at))
+    first_seen = min(first_seen, state.now)
     age = state.now - first_seen
     if age < state.policy.min_age_seconds:
         recheck = first_seen + state.policy.min_age_seconds

@@ -31,7 +31,7 @@ from gpuguard.remediator.decision_log import DecisionLog
 from gpuguard.remediator.inspection import HolderSource
 from gpuguard.remediator.intake import Intake
 from gpuguard.remediator.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.ledger import Ledger
+from gpuguard.remediator.ledger import Ledger, StateUnavailable
 from gpuguard.remediator.metrics import Counts, RemediatorMetrics
 from gpuguard.remediator.pull import Puller
 from gpuguard.remediator.reapers import TreeReaper, platform_reaper
@@ -112,10 +112,23 @@ class Remediator:
         self._companions.append(companion)
 
     def start(self) -> None:
-        """Recover what a crash left (continue stopped trees), then start working."""
+        """Recover what a crash left (continue stopped trees), then start working.
+
+        With a state directory that could not be written at load (read-only, full), the
+        recovery still runs on what was read (what an interrupted reap left stopped is
+        continued, audited), and then StateUnavailable is raised instead of starting:
+        no new reap may begin without its state, and a restart (exit status 3) tries
+        again once the disk is fixed.
+        """
         if self.guardian is not None:
             self.guardian.start()  # not waited for: it comes up while recovery runs
         self.interrupted.settle()
+        if (problem := self.ledger.unwritable) is not None:
+            left = len(self.interrupted.unsettled)
+            raise StateUnavailable(
+                f"{problem}; crash recovery ran on the state as read"
+                + (f" ({left} interrupted reap(s) could not be audited, so not continued)"
+                   if left else "") + "; nothing else starts until it can be written")
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once
         self.worker.start()
@@ -175,7 +188,8 @@ class Remediator:
     def counts(self) -> Counts:
         """A consistent copy of the counters for one scrape (HTTP threads mutate them)."""
         with self._work.lock:
-            return self.metrics.counts(audit_ok=self._trail.error is None)
+            return self.metrics.counts(audit_ok=self._trail.error is None,
+                                       audit_damaged_lines=self.audit.damaged_lines)
 
     def queue_depth(self) -> int:
         return len(self.ledger.pending())
@@ -197,8 +211,10 @@ def build_remediator(
 ) -> Remediator:
     """The Remediator (worker, ledger, audit) for `config`, not started.
 
-    Raises LedgerError, UnsafePathError or OSError when the state directory or
-    the audit log cannot be used; call `stop()` on the result when done with it.
+    Raises LedgerError (StateUnavailable: for now), UnsafePathError or OSError when the
+    state directory or the audit log cannot be used; call `stop()` on the result when
+    done with it. A state directory that can be read but not written is not one of them:
+    `start()` then recovers and raises.
     `clock` (wall) dates the audit; `boot_clock` counts ages, windows and due times.
     """
     counters = counters if counters is not None else Counters()

@@ -3,8 +3,10 @@ worker and `gpuguard reap --apply` both settle a reaper's result here."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuguard.remediator.alertmanager import ConfirmationState
-from gpuguard.remediator.outcome import Outcome, ReapResult
+from gpuguard.remediator.outcome import Outcome, ReapResult, SignalResult
 from gpuguard.remediator.policy import Action, Decision
 from gpuguard.remediator.tree import TreeKey
 
@@ -25,3 +27,37 @@ def final_decision(decision: Decision, result: ReapResult | None, key: TreeKey) 
     if result.outcome == Outcome.ABORTED:
         return Decision(Action.IGNORE, result.reason, result.detail, key)
     return decision
+
+
+#: The signal that stops a member and the one that continues it, per platform.
+_PAUSES = {"SIGSTOP": "SIGCONT", "SUSPEND": "RESUME"}
+NOTHING_TERMINATED = "nothing was terminated"
+
+
+def told(result: ReapResult) -> ReapResult:
+    """`result` with a detail true to the signals it sent, for an aborted reap.
+
+    Why a reap aborted is written where it aborted, often before anyone knows whether
+    the tree had been stopped yet (Alertmanager's answer is asked for before the freeze
+    and again after it): the signals sent are only known here, so this is where the
+    record says them, "nothing was signalled" or what was stopped and continued.
+    """
+    if result.outcome != Outcome.ABORTED:
+        return result
+    sent = [s for s in result.signals if s.result == SignalResult.SENT]
+    if not sent:
+        return dataclasses.replace(result, detail=f"{result.detail}; nothing was signalled")
+    said = []
+    for pause, resume in _PAUSES.items():
+        paused = {s.pid for s in sent if s.signal == pause}
+        resumed = {s.pid for s in sent if s.signal == resume}
+        if paused and paused == resumed:
+            said.append(f"stopped ({pause}) and continued ({resume}) {len(paused)} member(s)")
+        elif paused or resumed:
+            said.append(f"stopped ({pause}) {len(paused)} member(s) and continued ({resume}) "
+                        f"{len(resumed)}")
+            if left := sorted(paused - resumed):
+                said.append(f"still stopped: {', '.join(map(str, left))}")
+    if NOTHING_TERMINATED not in result.detail:
+        said.append(NOTHING_TERMINATED)
+    return dataclasses.replace(result, detail="; ".join([result.detail, *said]))

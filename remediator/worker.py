@@ -30,7 +30,7 @@ from gpuguard.remediator.policy import Action, Decision, decide
 from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reapers import TreeReaper
 from gpuguard.remediator.refusals import RefusalMemory
-from gpuguard.remediator.settlement import final_decision
+from gpuguard.remediator.settlement import final_decision, told
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.workstate import WorkState
 
@@ -272,6 +272,7 @@ class Worker:
                 confirmation: Confirmation | None) -> None:
         """Count, audit and settle a reap that ran (or raised: `result` None)."""
         work = self._work
+        result = told(result) if result is not None else None
         final = final_decision(decision, result, item.key)
         with work.lock:
             if result is not None:
@@ -299,4 +300,5 @@ def refusal_of(answer: Confirmation) -> tuple[str, str]:
                                             f" (created by {creators})")
     if answer.state in (ConfirmationState.INHIBITED, ConfirmationState.NOT_FIRING):
         return answer.state, f"Alertmanager: {answer.detail}"
-    return UNREACHABLE_REASON, f"Alertmanager not confirmed, nothing signalled: {answer.detail}"
+    # Not "nothing signalled": asked again with the tree frozen, it was (settlement.told).
+    return UNREACHABLE_REASON, f"Alertmanager not confirmed: {answer.detail}"

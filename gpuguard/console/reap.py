@@ -64,7 +64,7 @@ from gpuguard.remediator.reap_plan import ReapPlan
 from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reapers import platform_reaper
 from gpuguard.remediator.settings import Mode, Remediate
-from gpuguard.remediator.settlement import final_decision
+from gpuguard.remediator.settlement import final_decision, told
 from gpuguard.remediator.thaw_guardian import ThawGuardian
 from gpuguard.remediator.tree import LiveTree, Member, TreeKey
 
@@ -351,11 +351,11 @@ class ManualReap:
         # --force overrides the classifier (verdict and member protections), never the
         # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
         # during the reap reaches the reaper as Interrupted: it continues what it stopped.
-        result = self.result = platform_reaper(nvml=self.nvml, guardian=self.guardian).reap(
+        result = self.result = told(platform_reaper(nvml=self.nvml, guardian=self.guardian).reap(
             plan, policy=self.config.remediate, rules=self.config.classify,
             protected_pids=protected_pids(), deadline=deadline,
             journal=self.journal if args.apply else None, force=args.force,
-            confirm=self.confirm, events=events, memory=memory)
+            confirm=self.confirm, events=events, memory=memory))
         self.decision = final_decision(self.decision, result, key)
 
     def refused(self) -> Decision | None:

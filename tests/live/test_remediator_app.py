@@ -259,6 +259,31 @@ def test_a_wall_clock_step_neither_ages_a_tree_nor_empties_the_rate_limit(
     assert state["rate_limit"]["next_slot_at"] == pytest.approx(clock.now + 3600, abs=1)
 
 
+def test_a_wall_clock_behind_alertmanagers_counts_the_age_from_now_not_the_future(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Issue 43: our wall clock an hour behind (stepped back) reads Alertmanager's startsAt
+    as an hour ahead; the sighting stored there kept the tree too-young 120 s after the
+    clock was put right. A sighting is never later than now: a minute after the
+    correction the tree is old enough (min_age_seconds=60)."""
+    from datetime import datetime, timezone
+
+    hour = 3600.0
+    clock = FakeClock()
+    h = harness(clock=clock, min_age_seconds=60)
+    orphan = spawn_orphan(trees, fake_gpu)
+    starts = datetime.fromtimestamp(clock.now - 10, tz=timezone.utc).isoformat()
+    clock.step(-hour)  # ours behind; Alertmanager's (startsAt) right
+    assert account(h.post(payload(orphan.alert(starts_at=starts))))["status"] == "accepted"
+    h.settle()
+    assert h.decisions(orphan.root)[0]["reason"] == "too-young"
+    clock.step(hour)  # put right
+    clock.now += 61
+    assert account(h.post(payload(orphan.alert(starts_at=starts))))["status"] == "accepted"
+    wait_for(orphan.none_alive, what="the reap a minute after the correction")
+    h.settle()
+    assert only_record(h, orphan)["decision"]["action"] == "reap"
+
+
 def test_resolved_alert_cancels_the_pending_reap(harness: Callable[..., Harness], trees: Trees,
                                                  fake_gpu: FakeGpuWorld) -> None:
     """With remediate.alertmanager a too-young tree stays pending (re-checked, then
@@ -369,7 +394,7 @@ def test_body_read_is_capped_without_content_length(harness: Callable[..., Harne
     assert h.service.metrics.rejected["too_large"] == 1
 
 
-def test_a_reap_cut_short_by_a_crash_is_audited_once_and_never_retried(
+def test_a_reap_cut_short_before_any_signal_is_audited_once_and_frees_its_key(
         tmp_path: Path, harness: Callable[..., Harness], trees: Trees,
         fake_gpu: FakeGpuWorld) -> None:
     orphan = spawn_orphan(trees, fake_gpu)
@@ -379,7 +404,9 @@ def test_a_reap_cut_short_by_a_crash_is_audited_once_and_never_retried(
     (record,) = h.audit()
     assert record["decision"]["reason"] == "interrupted" and record["alert"]["fingerprint"] == (
         "fp-crashed")
-    assert account(h.post(payload(orphan.alert())))["status"] == "duplicate"
+    assert record["signals"] == [] and "nothing was signalled" in record["decision"]["detail"]
     h.service.stop()
     again = harness()
     assert len(again.audit()) == 1 and orphan.all_alive()
+    # Nothing was signalled: the key is free again, a later delivery decides (issue 43).
+    assert account(again.post(payload(orphan.alert())))["status"] == "accepted"

@@ -236,6 +236,29 @@ def test_a_wall_clock_step_forward_neither_ages_a_tree_nor_empties_the_window() 
     assert decide(make_alert(), orphan(), full).reason == "rate-limited"
 
 
+def test_a_backward_wall_clock_step_never_places_a_sighting_in_the_future() -> None:
+    """Our wall clock an hour behind Alertmanager's (stepped back, or not yet corrected):
+    its startsAt reads as an hour from now. A sighting is never later than now on the
+    boot clock, so once the clock is right the tree's age counts from this check, not
+    from an hour ahead (issue 43: still too-young 120 s after the correction)."""
+    hour = 3600.0
+    starts = make_alert(starts_at=datetime.fromtimestamp(NOW - 10, tz=timezone.utc).isoformat())
+    behind = state(first_seen={}, wall_now=NOW - hour)
+    decision = decide(starts, orphan(), behind)
+    assert (decision.action, decision.reason) == (Action.DEFER, "too-young")
+    assert decision.first_seen == NOW and decision.recheck_at == NOW + 300
+    assert "orphan for 0.0s" in decision.detail
+    # startsAt from "the future" still makes a tree younger, as any later startsAt does
+    # (the alert restarted), but no younger than now.
+    seen = state(first_seen={KEY: NOW - 100}, wall_now=NOW - hour)
+    assert decide(starts, orphan(), seen).first_seen == NOW
+    # The clock put right: startsAt counts again.
+    assert decide(starts, orphan(), state(first_seen={KEY: NOW - 400})).first_seen == NOW - 10
+    # One stored in the future by an older version reads as now, never later.
+    future = state(first_seen={KEY: NOW + hour})
+    assert decide(starts, orphan(), future).first_seen == NOW
+
+
 def test_rate_limit_is_a_sliding_window_per_mode() -> None:
     policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=2, per_seconds=60))
     full = state(policy, reap_times=(NOW - 50, NOW - 10))
@@ -407,6 +430,27 @@ def test_a_wall_clock_step_makes_the_ledger_forget_nothing(tmp_path: Path) -> No
     again = open_ledger()
     assert again.done_modes() == {KEY: "enforce"}
     assert again.reap_times("enforce") == (1_000.0,) and again.first_seen() == {other: 990.0}
+
+
+def test_the_ledger_never_keeps_a_sighting_in_the_future(tmp_path: Path) -> None:
+    """A first sighting later than now on the boot clock (written by a version that took
+    a wall-clock step for the tree's age) is read as now, and none is stored later."""
+    boot = [1_000.0]
+    other, third = TreeKey("node-a", 5, 6), TreeKey("node-a", 7, 8)
+    (tmp_path / "remediator-state.json").write_text(json.dumps({
+        "version": 3, "boot_id": "boot-1", "boot_clock": 990.0, "done": {}, "pending": {},
+        "first_seen": {str(KEY): 4_600.0, str(other): 900.0}, "gpus": {}, "reaps": []}))
+    ledger = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: "boot-1",
+                    boot_clock=lambda: boot[0])
+    assert ledger.first_seen() == {KEY: 1_000.0, other: 900.0}
+    ledger.note_first_seen(third, 5_000.0)
+    assert ledger.first_seen()[third] == 1_000.0
+    item = PendingItem(TreeKey("node-a", 9, 10), make_alert(), "g", 1_000.0, 1_000.0)
+    ledger.add_pending([item])
+    ledger.defer(item.key, 1_300.0, 7_000.0)
+    assert ledger.first_seen()[item.key] == 1_000.0
+    saved = json.loads((tmp_path / "remediator-state.json").read_text())["first_seen"]
+    assert max(saved.values()) == 1_000.0
 
 
 @pytest.mark.parametrize("same_boot", [True, False])

@@ -42,3 +42,28 @@ def test_a_reap_that_ran_keeps_its_decision_and_one_that_raised_is_an_error() ->
     done = ReapResult(outcome=Outcome.REAPED, reason="", detail="")
     assert final_decision(PLANNED, done, KEY) is PLANNED
     assert final_decision(PLANNED, None, KEY).reason == "internal-error"
+
+
+def test_an_aborted_reap_says_what_it_signalled() -> None:
+    """Why a reap aborted is written before anyone knows whether the tree was stopped
+    yet (issue 43: "nothing signalled" after SIGSTOP and SIGCONT to every member)."""
+    from gpuguard.remediator.outcome import SignalRecord
+    from gpuguard.remediator.settlement import told
+
+    frozen = tuple(SignalRecord(pid, sig, "sent", 1.0) for sig in ("SIGSTOP", "SIGCONT")
+                   for pid in (10, 11))
+    refused = ReapResult(outcome=Outcome.ABORTED, reason="alertmanager-unreachable",
+                         detail="Alertmanager not confirmed: HTTP 503", signals=frozen)
+    assert told(refused).detail == ("Alertmanager not confirmed: HTTP 503; stopped (SIGSTOP) "
+                                    "and continued (SIGCONT) 2 member(s); nothing was "
+                                    "terminated")
+    assert told(aborted("alertmanager-unreachable")).detail == "why; nothing was signalled"
+    stuck = (*frozen[:3], SignalRecord(11, "SIGCONT", "error: Operation not permitted", 2.0))
+    assert told(ReapResult(outcome=Outcome.ABORTED, detail="x", signals=stuck)).detail == (
+        "x; stopped (SIGSTOP) 2 member(s) and continued (SIGCONT) 1; still stopped: 11; "
+        "nothing was terminated")
+    said = told(ReapResult(outcome=Outcome.ABORTED, detail="nothing was terminated",
+                           signals=frozen)).detail
+    assert said.count("nothing was terminated") == 1
+    done = ReapResult(outcome=Outcome.REAPED, signals=frozen)
+    assert told(done) is done
