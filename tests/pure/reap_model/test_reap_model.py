@@ -23,6 +23,8 @@ from gpuguard.remediator.freezing import Freezer
 from gpuguard.remediator.outcome import Outcome
 from gpuguard.remediator.policy import Action
 from tests.pure.reap_model import model as m
+from tests.pure.reap_model import reap_steps as rs
+from tests.pure.reap_model import states as st
 from tests.pure.reap_model.checker import Result, explore
 
 #: The depth bound. Every reachable state of both deployments lies within it (the deepest
@@ -35,33 +37,33 @@ DEPTH = 80
 #: nothing restarts, with the reaper SIGKILLed once (both dead at once is the gap left:
 #: test_both_killed_at_once_is_the_gap_left).
 DEPLOYMENTS = {
-    "daemon": (m.Config(), 60_000),
-    "reap-apply": (m.Config(restart=False, guardian_crashes=0), 20_000),
+    "daemon": (st.Config(), 60_000),
+    "reap-apply": (st.Config(restart=False, guardian_crashes=0), 20_000),
 }
 
 
-def check(config: m.Config, *, depth: int = DEPTH, stop_on: str | None = None
-          ) -> tuple[Result[m.State], int]:
+def check(config: st.Config, *, depth: int = DEPTH, stop_on: str | None = None
+          ) -> tuple[Result[st.State], int]:
     """The checker over `config`'s model; also the longest stretch anything stayed stopped."""
     longest = [0]
 
-    def promises(before: m.State, events: tuple[m.Event, ...], after: m.State) -> list[str]:
+    def promises(before: st.State, events: tuple[st.Event, ...], after: st.State) -> list[str]:
         longest[0] = max(longest[0], after.frozen_age)
         return m.violations(config, before, events, after)
 
-    result = explore([m.initial(config)], lambda s: m.successors(config, s), promises,
+    result = explore([st.initial(config)], lambda s: m.successors(config, s), promises,
                      depth=depth, stop_on=stop_on,
-                     classify=lambda s: s.outcome if s.pc == m.DONE else None)
+                     classify=lambda s: s.outcome if s.pc == st.DONE else None)
     return result, longest[0]
 
 
-def describe(state: m.State) -> str:
+def describe(state: st.State) -> str:
     procs = " ".join(
         f"{name}:-" if p is None else
         f"{name}:{'new-owner' if not p.member else 'member'}"
         f"{'' if p.alive else ',gone'}{',T' if p.stopped and p.alive else ''}"
         f"{',protected' if p.protected else ''}"
-        for name, p in zip(m.SLOT_NAMES, state.procs, strict=True))
+        for name, p in zip(st.SLOT_NAMES, state.procs, strict=True))
     return (f"[{procs}] pc={state.pc} stopped-for={state.frozen_age} "
             f"named={sorted(state.named)} marks={sorted(state.marks)} "
             f"guardian={state.guardian}")
@@ -71,7 +73,7 @@ def describe(state: m.State) -> str:
 
 
 @functools.cache
-def checked_deployment(name: str) -> tuple[str, Result[m.State], int, m.Config]:
+def checked_deployment(name: str) -> tuple[str, Result[st.State], int, st.Config]:
     """Each deployment is checked once per session (several tests read the result)."""
     config, _ = DEPLOYMENTS[name]
     result, longest = check(config)
@@ -81,7 +83,7 @@ def checked_deployment(name: str) -> tuple[str, Result[m.State], int, m.Config]:
 
 
 @pytest.fixture(params=sorted(DEPLOYMENTS))
-def checked(request: pytest.FixtureRequest) -> tuple[str, Result[m.State], int, m.Config]:
+def checked(request: pytest.FixtureRequest) -> tuple[str, Result[st.State], int, st.Config]:
     return checked_deployment(request.param)
 
 
@@ -157,7 +159,7 @@ BROKEN = {
 @pytest.mark.parametrize("variant", sorted(BROKEN))
 def test_a_broken_protocol_is_caught(variant: str) -> None:
     changes, promise = BROKEN[variant]
-    config = dataclasses.replace(m.Config(), **changes)
+    config = dataclasses.replace(st.Config(), **changes)
     result, _ = check(config, stop_on=promise)
     assert promise in result.counterexamples, f"{variant}: {result.summary()}"
     print(f"\n{variant}: {result.summary()}\n"
@@ -174,7 +176,7 @@ def test_every_promise_has_a_broken_variant() -> None:
 def test_both_killed_at_once_is_the_gap_left() -> None:
     """`gpuguard reap --apply` (nothing restarts it) with its guardian SIGKILLed too while a
     tree is frozen: nobody is left to continue it. The daemon's restart covers this."""
-    config = m.Config(restart=False)
+    config = st.Config(restart=False)
     result, _ = check(config, stop_on=m.FREEZE_BOUNDED)
     example = result.counterexamples[m.FREEZE_BOUNDED]
     print("\n" + example.render(describe))
@@ -185,7 +187,7 @@ def test_both_killed_at_once_is_the_gap_left() -> None:
 def test_a_sigcont_from_someone_else_reopens_the_window() -> None:
     """The freeze is what keeps a judged member from exec'ing into a protected program
     before its SIGTERM; its owner (or root) can SIGCONT it in between."""
-    result, _ = check(m.Config(foreign_cont=True, **QUIET), stop_on=m.PROTECTED_SPARED)
+    result, _ = check(st.Config(foreign_cont=True, **QUIET), stop_on=m.PROTECTED_SPARED)
     example = result.counterexamples[m.PROTECTED_SPARED]
     print("\n" + example.render(describe))
     assert any("sends it SIGCONT" in label for label, _ in example.trace)
@@ -195,7 +197,7 @@ def test_a_sigcont_from_someone_else_reopens_the_window() -> None:
 
 
 def test_every_model_step_names_code_that_exists() -> None:
-    for step, (module, qualname) in m.STEPS.items():
+    for step, (module, qualname) in st.STEPS.items():
         target: object = importlib.import_module(module)
         for part in qualname.split("."):
             assert hasattr(target, part), f"{step}: {module}.{qualname} is gone"
@@ -224,11 +226,11 @@ def _calls(function: object, wanted: set[str]) -> list[str]:
     return [name for _, _, name in sorted(found)]
 
 
-def _happy_path(config: m.Config) -> list[str]:
+def _happy_path(config: st.Config) -> list[str]:
     """The reaper's steps when nothing goes wrong and no one else acts: each time the
     first of its choices (the model lists success first)."""
-    state, visited = m.initial(config), []
-    while state.pc != m.DONE:
+    state, visited = st.initial(config), []
+    while state.pc != st.DONE:
         visited.append(state.pc)
         _, after, _ = m.reaper_successors(config, state)[0]
         state = after
@@ -237,11 +239,11 @@ def _happy_path(config: m.Config) -> list[str]:
 
 #: Each model step as the code's calls it stands for.
 CODE_CALLS = {
-    m.HOLD: ["_hold"], m.CHECK: ["check_wanted"], m.INTENT: ["write"],
-    m.CONFIRM: ["_confirm"], m.MARK: ["mark"], m.STOP: ["stop"], m.COLLECT: ["collect"],
-    m.REJUDGE: ["rejudge"], m.RECHECK: ["recheck_frozen"], m.TERM: ["send:SIGTERM"],
-    m.RESUME: ["resume"], m.UNMARK: [], m.WAIT: ["wait_gone"],
-    m.KILL: ["send:SIGKILL", "wait_gone"],
+    st.HOLD: ["_hold"], st.CHECK: ["check_wanted"], st.INTENT: ["write"],
+    st.CONFIRM: ["_confirm"], st.MARK: ["mark"], st.STOP: ["stop"], st.COLLECT: ["collect"],
+    st.REJUDGE: ["rejudge"], st.RECHECK: ["recheck_frozen"], st.TERM: ["send:SIGTERM"],
+    st.RESUME: ["resume"], st.UNMARK: [], st.WAIT: ["wait_gone"],
+    st.KILL: ["send:SIGKILL", "wait_gone"],
 }
 
 
@@ -249,12 +251,12 @@ def test_the_model_reaps_in_the_order_the_code_does() -> None:
     """The happy path of the model is plan() then KILL_PLAN, and those are the order of
     Reaper._freeze_and_judge (the freeze: Freezer.freeze's), then of Killer.kill. A step
     moved in one and not the other fails here."""
-    config = m.Config()
+    config = st.Config()
     path = _happy_path(config)
-    assert path == [*m.plan(config), *m.KILL_PLAN], path
-    before_term = list(m.plan(config)[1:])  # the decision is the worker's
-    frozen = before_term.index(m.MARK)
-    assert before_term[frozen:frozen + 3] == [m.MARK, m.STOP, m.COLLECT]
+    assert path == [*rs.plan(config), *rs.KILL_PLAN], path
+    before_term = list(rs.plan(config)[1:])  # the decision is the worker's
+    frozen = before_term.index(st.MARK)
+    assert before_term[frozen:frozen + 3] == [st.MARK, st.STOP, st.COLLECT]
     collapsed = [*before_term[:frozen], "freeze", *before_term[frozen + 3:]]
     expected = [call for step in collapsed for call in CODE_CALLS.get(step, [step])]
     assert _calls(reaper.Reaper._freeze_and_judge, {
@@ -262,7 +264,7 @@ def test_the_model_reaps_in_the_order_the_code_does() -> None:
         "recheck_frozen"}) == expected
     assert _calls(Freezer.freeze, {"mark", "stop", "collect"}) == ["mark", "stop", "collect"]
     # Killer.kill: both of its rejudge calls (the joiners', everyone's) are one model step.
-    kill_steps = [s for s in m.KILL_PLAN if s not in (m.FINAL, m.SETTLE)]
+    kill_steps = [s for s in rs.KILL_PLAN if s not in (st.FINAL, st.SETTLE)]
     expected = [call for step in kill_steps for call in CODE_CALLS[step]
                 for call in (["rejudge", "rejudge"] if call == "rejudge" else [call])]
     assert _calls(killing.Killer.kill, {"send", "resume", "wait_gone", "mark", "stop",
@@ -281,11 +283,11 @@ def test_the_model_ends_reaps_the_ways_the_code_does() -> None:
     reached = {match for label in result.labels
                for match in re.findall(r"\[abort: ([a-z-]+)\]", label)}
     reached.add("interrupted-thawed")  # recovery's ending, not an abort
-    assert reached == set(m.ABORT_REASONS)
-    for reason, module in m.ABORT_REASONS.items():
+    assert reached == set(st.ABORT_REASONS)
+    for reason, module in st.ABORT_REASONS.items():
         source = inspect.getsource(importlib.import_module(module))
         assert f'"{reason}"' in source, f"{reason} is not named in {module}"
 
 
 def test_the_model_writes_the_audit_phases_the_code_has() -> None:
-    assert m.PHASES == tuple(p.value for p in Phase)
+    assert st.PHASES == tuple(p.value for p in Phase)
