@@ -126,7 +126,7 @@ def _start(service: Remediator, server: Any) -> int | None:
     """Start the service (crash recovery first); the exit status if it may not run."""
     try:
         service.start()
-    except StateUnavailable as exc:  # recovery ran; nothing else may start
+    except (StateUnavailable, OSError) as exc:  # recovery ran; nothing else may start
         server.close()
         service.stop()
         return _state_failure(exc)

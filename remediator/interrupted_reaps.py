@@ -29,13 +29,17 @@ class InterruptedReaps:
         self._reaper = reaper
         #: reaps a crash cut short, not yet settled (/healthz: reaps-unsettled)
         self.unsettled: list[tuple[TreeKey, dict[str, Any]]] = list(work.ledger.interrupted)
+        #: what this run already continued of a reap whose records are still to be written:
+        #: a retry writes them and never continues twice (its owner may have stopped it since)
+        self._continued: dict[TreeKey, tuple[SignalRecord, ...]] = {}
 
     def settle(self) -> None:
         """Reaps a crash cut short: continue what they left stopped, audit, never re-kill.
 
-        One that cannot be audited now stays unsettled (the tree may stay stopped):
-        /healthz says so and the worker tries again every loop, since no signal, a
-        SIGCONT included, goes out without its record.
+        What each stopped is continued even when the audit log cannot be written (a
+        SIGCONT undoes the reap's own SIGSTOP of members its intent record named; the log
+        says so); one whose records cannot be written now stays unsettled: /healthz says
+        so and the worker tries again every loop, writing them, continuing nothing twice.
         """
         left: list[tuple[TreeKey, dict[str, Any]]] = []
         for key, entry in self.unsettled:
@@ -71,15 +75,25 @@ class InterruptedReaps:
             mode=str(entry.get("mode")), reap_id=reap_id,
             fingerprint=str(entry.get("fingerprint", "")),
             member_ids=[(pid, start) for pid, start, _, _ in recorded])
-        try:
-            if thaw:  # the SIGCONTs are signals too: written down first
+        if thaw:  # the SIGCONTs are signals too: written down first, where that can be
+            try:
                 self._trail.append(record(
                     decision=Decision(Action.IGNORE, INTERRUPTED, f"{CUT_SHORT}; the "
                                       f"{len(thaw)} member(s) it may have stopped are "
                                       "continued (SIGCONT) if still stopped, and left "
                                       "alive", key),
                     now=work.clocks.wall(), phase=Phase.INTENT))
-            signals = self._reaper.thaw_interrupted(thaw)
+            except OSError as exc:
+                # Every freeze thaws: a SIGCONT only undoes this reap's own SIGSTOP, of
+                # members its intent record already named; a full disk must not keep them
+                # stopped. The log says so; the final record follows once it can be written.
+                log.error("interrupted reap of %s: the audit log cannot be written (%s); "
+                          "continuing the %d member(s) it stopped anyway", key,
+                          exc.strerror, len(thaw))
+        try:
+            signals = self._continued.get(key)
+            if signals is None:
+                signals = self._continued[key] = self._reaper.thaw_interrupted(thaw)
             decision = settled_decision(key, thaw, signals, signalled=signalled)
             self._trail.append(record(decision=decision, now=work.clocks.wall(),
                                       signals=signals))
@@ -87,6 +101,7 @@ class InterruptedReaps:
             log.error("interrupted reap of %s not settled: the audit log cannot be "
                       "written; retried while the worker runs", key)
             return False
+        self._continued.pop(key, None)
         work.metrics.reap_failures += 1
         log.warning("interrupted reap of %s settled: %s", key, decision.detail)
         self._settle_ledger(key, decision.reason, signalled)

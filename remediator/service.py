@@ -9,6 +9,7 @@ and pull mode's poller into one `Remediator`. It starts nothing: the caller star
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -24,7 +25,7 @@ from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.alertmanager import AlertmanagerClient
-from gpuguard.remediator.audit import AuditLog
+from gpuguard.remediator.audit import AuditLog, UnsafePathError
 from gpuguard.remediator.audit_trail import AuditTrail
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision_log import DecisionLog
@@ -73,8 +74,10 @@ class Remediator:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         guardian: ThawGuardian | None = None,
+        audit_unusable: OSError | None = None,
     ) -> None:
         self.config = config
+        self.audit_unusable = audit_unusable  # why the audit log cannot be used at start
         self.policy = config.remediate
         self.hostname = hostname
         self.nvml = nvml
@@ -116,13 +119,16 @@ class Remediator:
 
         With a state directory that could not be written at load (read-only, full), the
         recovery still runs on what was read (what an interrupted reap left stopped is
-        continued, audited), and then StateUnavailable is raised instead of starting:
+        continued, audited where the log can be written), and then StateUnavailable (or,
+        for an audit log that cannot be used, its OSError) is raised instead of starting:
         no new reap may begin without its state, and a restart (exit status 3) tries
         again once the disk is fixed.
         """
         if self.guardian is not None:
             self.guardian.start()  # not waited for: it comes up while recovery runs
         self.interrupted.settle()
+        if self.audit_unusable is not None:
+            raise self.audit_unusable  # after recovery: what it stopped is continued anyway
         if (problem := self.ledger.unwritable) is not None:
             left = len(self.interrupted.unsettled)
             raise StateUnavailable(
@@ -230,7 +236,15 @@ def build_remediator(
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)
-    audit.check_writable()
+    try:
+        audit.check_writable()
+        audit_unusable: OSError | None = None
+    except UnsafePathError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink planted at the log: a person must look
+            raise
+        audit_unusable = exc  # read-only, full: crash recovery still runs (start())
     if launchers is None:
         launchers = LauncherMemory(os.path.join(policy.state_dir, LAUNCHER_MEMORY_FILE),
                                    boot=boot_id(), alive=identity_alive)
@@ -246,7 +260,8 @@ def build_remediator(
     service = Remediator(config, hostname=hostname or socket.gethostname(), nvml=nvml,
                          ledger=ledger, audit=audit, counters=counters, reaper=reaper,
                          alertmanager=alertmanager, events=events, launchers=launchers,
-                         clock=clock, monotonic=monotonic, guardian=guardian)
+                         clock=clock, monotonic=monotonic, guardian=guardian,
+                         audit_unusable=audit_unusable)
     if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
         service.attach(Puller(service.intake, alertmanager,
                               interval=policy.alertmanager.pull_interval_seconds))

@@ -275,3 +275,25 @@ def test_an_unwritable_state_dir_at_restart_still_continues_the_frozen_tree(
     again = start_remediator(config, env)  # the unit's restart, the disk still unwritable
     assert again.returncode == 3, again.stderr
     assert len(AuditLog(tmp_path / "audit.jsonl").records()) == 2  # settled once only
+
+
+def test_an_unwritable_audit_log_too_still_continues_the_frozen_tree(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path,
+        mounts: list[Path]) -> None:
+    """Every freeze thaws: with neither the state nor the audit log writable, the restart
+    still continues what the interrupted reap stopped (its intent record named them), says
+    so in the log, and exits 3; the records follow once the log can be written."""
+    logs = tmp_path / "log"
+    logs.mkdir(mode=0o700)
+    config = write_config(tmp_path, audit_log=str(logs / "audit.jsonl"))
+    orphan = spawn_orphan(trees, fake_gpu)
+    freeze_and_crash(tmp_path, orphan)
+    (logs / "audit.jsonl").touch(mode=0o600)
+    unwritable(tmp_path / "state", "read-only", mounts)
+    unwritable(logs, "read-only", mounts)
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
+
+    done = start_remediator(config, env)
+    assert done.returncode == 3, done.stderr
+    assert not any(stopped(p) for p in orphan.members) and orphan.all_alive(), done.stderr
+    assert "continuing the 2 member(s) it stopped anyway" in done.stderr, done.stderr
