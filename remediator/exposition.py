@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuguard.exporter.metrics import event_metrics, inspector_metrics
+from gpuguard.exporter.metrics import event_metrics, foreign_marks_metric, inspector_metrics
 from gpuguard.remediator.alertmanager import RequestResult, SkipReason
 from gpuguard.remediator.service import Remediator
 
@@ -31,6 +31,7 @@ class RemediatorCollector(Collector):
                                 value=self.service.queue_depth())
         yield from inspector_metrics(self.service.counters)
         yield from event_metrics(self.service.events)
+        yield foreign_marks_metric()
 
     def _own(self) -> Iterator[Metric]:
         c = self.service.counts()
