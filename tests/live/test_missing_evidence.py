@@ -213,3 +213,23 @@ def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_go
     assert after["decision"]["reason"] == "reason-not-allowed", after["decision"]
     assert "launcher-exited" in after["decision"]["detail"]
     assert all(r["signals"] == [] for r in (first, after)) and orphan.all_alive()
+
+
+def test_a_registration_that_cannot_be_read_is_named_not_the_environment(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """A keep registration that cannot be read (here a marks_dir that is a symbolic link
+    to itself: every lookup fails with ELOOP) makes the member unknown, and the detail
+    names the registration: the environment was read (issue 36: such a refusal blamed an
+    unreadable environment)."""
+    from gpuguard.orphans.members import judge_member
+
+    loop = tmp_path / "marks"
+    loop.symlink_to(loop)
+    orphan = spawn_orphan(trees, fake_gpu)
+    view = ProcessView(counters=Counters())
+    info = view.fresh_stat(orphan.root)
+    assert info is not None and view.keep_marker(info) is False  # read: no GPUGUARD_KEEP
+    judged = judge_member(info, view, Rules(marks_dir=str(loop)))
+    assert judged is not None and judged.reason == Reason.MEMBER_UNKNOWN
+    assert "registration" in judged.evidence.detail, judged.evidence.detail
+    assert "environ" not in judged.evidence.detail, judged.evidence.detail
