@@ -153,6 +153,7 @@ class Marks:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
+                os.fchmod(fd, 0o644)  # readable by every console, whatever the umask
                 os.write(fd, f"{self.boot}\n".encode())
                 os.fsync(fd)
             finally:
