@@ -40,6 +40,7 @@ from gpuguard.host.marks import (
     writable_by_others,
 )
 from gpuguard.host.procfs import ProcessView, boot_id
+from gpuguard.orphans.process import ProcUnreadable
 from gpuguard.orphans.rules_config import KEEP_MARK, RUN_MARK
 
 log = logging.getLogger("gpuguard.registrar")
@@ -53,6 +54,8 @@ REQUEST_DEADLINE = 2.0
 #: Open connections one uid may hold, and all together.
 PER_UID = 4
 MAX_CONNECTIONS = 256
+#: Registrations written between two sweeps of those whose process is gone.
+PRUNE_EVERY = 256
 #: A client waits this long for the answer (the launcher waits before CMD starts).
 CLIENT_TIMEOUT = 5.0
 #: Refusal codes (the second word of a `no` answer).
@@ -135,7 +138,11 @@ def decide(caller: Caller, verb: str, kind: str, pid: int, start_time: int,
     """Why the caller may not (un)register this process (code, message); None: it may.
     Only the process's owner or root; a `run` registration only by the launcher itself,
     the one process a subreaper's adoptions are about."""
-    info = view.fresh_stat(pid)
+    view.begin_scan()  # one request is one look: nothing kept from the last
+    try:
+        info = view.fresh_stat(pid)
+    except ProcUnreadable as exc:
+        return UNAVAILABLE, f"cannot read the process: {exc}"
     if info is None or info.is_zombie:
         return NO_PROCESS, f"no such process: {pid}"
     if info.start_time != start_time:
@@ -161,8 +168,11 @@ class Registrar:
     """Serves registrations for `directory` at registrar_socket(directory)."""
 
     def __init__(self, directory: str, socket_path: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 prune_every: int = PRUNE_EVERY) -> None:
         self.directory = directory
+        self._prune_every = prune_every
+        self._written = 0
         self.socket_path = socket_path or registrar_socket(directory)
         self._clock = clock
         self._marks = Marks(directory, boot_id())
@@ -325,6 +335,10 @@ class Registrar:
         try:
             if verb == "register":
                 self._marks.register(kind, pid, start_time)
+                self._written += 1
+                if self._written >= self._prune_every:
+                    self._written = 0
+                    self.prune()
                 return self._count("registered", "ok registered\n")
             removed = self._marks.unregister(kind, pid, start_time)
         except MarkError as exc:
@@ -334,6 +348,37 @@ class Registrar:
     def _count(self, result: str, answer: str) -> str:
         self.served[result] = self.served.get(result, 0) + 1
         return answer
+
+    def prune(self) -> int:
+        """Remove the registrations whose process is gone (a `gpuguard keep` job that
+        ended, a SIGKILLed launcher); how many. Every PRUNE_EVERY registrations, so the
+        directory holds what lives plus at most that many: a user who registers many
+        short-lived processes cannot fill /run. Only the daemons write here, so listing
+        it costs what they wrote (and what the old layout left, once)."""
+        removed = 0
+        self._view.begin_scan()
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError as exc:
+            log.warning("registrar: cannot list %s: %s", self.directory, exc.strerror)
+            return 0
+        for entry in entries:
+            parts = entry.name.split("-")
+            if (len(parts) != 3 or parts[0] not in KINDS or not parts[1].isdigit()
+                    or not parts[2].isdigit()):
+                continue
+            try:
+                info = self._view.fresh_stat(int(parts[1]))
+            except ProcUnreadable:
+                continue  # cannot tell: kept
+            if info is not None and not info.is_zombie and info.start_time == int(parts[2]):
+                continue
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+        return removed
 
     def directory_problem(self) -> str | None:
         """Whether the directory is still one only the daemons may write (checked per

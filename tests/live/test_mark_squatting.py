@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ import pytest
 
 from gpuguard.host.marks import FOREIGN, Marks, ensure_marks_dir, mark_name
 from gpuguard.host.procfs import boot_id
-from gpuguard.host.registrar import NOT_OWNER
+from gpuguard.host.registrar import NOT_OWNER, REQUEST_DEADLINE, Registrar, request
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from tests.live.test_missing_evidence import deliver, one_tree
@@ -323,3 +324,83 @@ def test_a_file_of_the_directorys_owner_counts_and_another_users_is_foreign(
     assert reader.has("keep", me, start, uid=uid) is False
     assert FOREIGN.total() == before + 2
     assert ensure_marks_dir(str(marks)) is None
+
+
+# -- the registrar's bounds -----------------------------------------------------------------
+
+#: Bob opens N connections to the socket and says nothing; "ready" once they are open.
+SILENT = ("import socket, sys, time\n"
+          "held = []\n"
+          "for _ in range(int(sys.argv[2])):\n"
+          "    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); held.append(s)\n"
+          "print('ready', flush=True); time.sleep(60)\n")
+
+
+def test_a_neighbour_holding_connections_open_does_not_keep_the_owner_out(
+        site: Site, exporter: Callable[[], Exporter], trees: Trees,
+        fake_gpu: FakeGpuWorld) -> None:
+    """Bob holds 20 connections open without a word (the registrar keeps 4 per uid, each
+    until its 2 s deadline): Alice's registration is answered at once, not after them."""
+    exporter()
+    orphan = alice_orphan(trees, fake_gpu)
+    sock = str(site.run / "register.sock")
+    bob = subprocess.Popen([*as_user(BOB), sys.executable, "-c", SILENT, sock, "20"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert bob.stdout is not None and bob.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        assert request(sock, "register", "keep", orphan.holder,
+                       start_time_of(orphan.holder)) == "registered"
+        waited = time.monotonic() - started
+        assert waited < REQUEST_DEADLINE / 2, waited  # measured: 3.8 ms, 2 loaded cores
+        kept = site.gpuguard(ALICE, "keep", str(orphan.root))
+        assert kept.returncode == 0, kept.stderr
+    finally:
+        bob.kill()
+        bob.wait(timeout=10)
+    tree = one_tree(orphan.root, rules=site.rules())
+    assert (tree.verdict, tree.reason) == ("protected", Reason.KEEP_MARKER), tree.evidence
+
+
+def test_registrations_of_processes_that_are_gone_are_swept(
+        site: Site, trees: Trees) -> None:
+    """Every prune_every registrations the registrar removes those whose process is gone:
+    a user who registers many short-lived processes cannot fill /run."""
+    assert ensure_marks_dir(str(site.marks)) is None
+    registrar = Registrar(str(site.marks), prune_every=4)
+    registrar.start()
+    sock = registrar.socket_path
+    try:
+        short = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+        for proc in short:
+            assert request(sock, "register", "keep", proc.pid,
+                           start_time_of(proc.pid)) == "registered"
+        for proc in short:
+            proc.kill()
+            proc.wait(timeout=10)
+        me = os.getpid()
+        assert len(list(site.marks.iterdir())) == 3
+        assert request(sock, "register", "keep", me, start_time_of(me)) == "registered"
+        assert [p.name for p in site.marks.iterdir()] == [
+            mark_name("keep", me, start_time_of(me))]
+    finally:
+        registrar.stop()
+    assert not Path(sock).exists()
+
+
+def test_run_without_a_registrar_says_so_and_runs_cmd(site: Site) -> None:
+    """Where the daemons' directory exists but nothing listens, `gpuguard run` says so in
+    one line and runs CMD anyway; where it does not exist (gpuguard not deployed), it
+    says nothing, as before."""
+    site.marks.mkdir(mode=0o755)
+    done = subprocess.run([*LAUNCHER, "--marks-dir", str(site.marks), "--", "sh", "-c",
+                           "echo ran"], cwd=REPO, env=site.env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "ran\n"), done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("gpuguard run: not registered: no gpuguard registrar listens"), line
+    assert line.endswith("only the GPUGUARD_RUN environment marker names this launcher")
+    elsewhere = subprocess.run([*LAUNCHER, "--marks-dir", str(site.base / "none" / "marks"),
+                                "--", "true"], cwd=REPO, env=site.env, capture_output=True,
+                               text=True, timeout=60, check=False)
+    assert (elsewhere.returncode, elsewhere.stderr) == (0, "")
