@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 def _registrar(config: Config) -> Registrar | None:
     """The exporter serves `gpuguard keep` and `gpuguard run` registrations (it runs on
     every host); a new classify.marks_dir takes a restart here."""
-    if IS_WINDOWS:
-        return None
+    if IS_WINDOWS or not os.path.isdir(config.classify.marks_dir):
+        return None  # ensure_marks_dir has said why registrations are off
     registrar, problem = start_registrar(config.classify.marks_dir)
     if problem is not None:
         log.warning("%s: gpuguard keep and gpuguard run cannot register", problem)
