@@ -273,7 +273,11 @@ class Registrar:
             except OSError as exc:
                 log.warning("registrar: accept failed: %s", exc.strerror)
                 return
-            caller = peer_of(sock)
+            try:
+                caller = peer_of(sock)
+            except OSError:
+                sock.close()  # no credentials, no registration
+                continue
             held = sum(1 for p in self._pending.values() if p.caller.uid == caller.uid)
             if held >= PER_UID or len(self._pending) >= MAX_CONNECTIONS:
                 sock.close()  # a flood from one uid fills its own slots, not others'
