@@ -404,3 +404,32 @@ def test_run_without_a_registrar_says_so_and_runs_cmd(site: Site) -> None:
                                 "--", "true"], cwd=REPO, env=site.env, capture_output=True,
                                text=True, timeout=60, check=False)
     assert (elsewhere.returncode, elsewhere.stderr) == (0, "")
+
+
+def test_a_run_registration_is_made_by_the_launcher_itself_or_root(site: Site) -> None:
+    """A subreaper's adoptions are about that one process: Alice may keep any process of
+    hers, but have a `run` registration written only for the process that asks."""
+    from gpuguard.host.procfs import ProcessView
+    from gpuguard.host.registrar import NOT_SELF, Caller, decide
+
+    sleeper = subprocess.Popen([*as_user(ALICE), "sleep", "600"])
+    try:
+        wait_for(lambda: os.stat(f"/proc/{sleeper.pid}").st_uid == ALICE
+                 and (stat_fields(sleeper.pid) or {}).get("comm") == "sleep",
+                 what="sleep as Alice")
+        start = start_time_of(sleeper.pid)
+        view = ProcessView()
+        other = Caller(pid=os.getpid(), uid=ALICE)  # another process of hers asks
+        assert decide(other, "register", "keep", sleeper.pid, start, view) is None
+        refusal = decide(other, "register", "run", sleeper.pid, start, view)
+        assert refusal is not None and refusal[0] == NOT_SELF
+        itself = Caller(pid=sleeper.pid, uid=ALICE)
+        assert decide(itself, "register", "run", sleeper.pid, start, view) is None
+        assert decide(Caller(pid=os.getpid(), uid=0), "register", "run", sleeper.pid, start,
+                      view) is None
+        bob = decide(Caller(pid=os.getpid(), uid=BOB), "register", "keep", sleeper.pid,
+                     start, view)
+        assert bob is not None and bob[0] == NOT_OWNER
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
