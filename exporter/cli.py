@@ -23,6 +23,7 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
+from gpuguard.host.registrar import Registrar, start_registrar
 from gpuguard.reload import EarlyHangups, Reloader
 from gpuguard.validation import ConfigError
 from gpuguard.web.landing import landing_page
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if not IS_WINDOWS and (problem := other_users_problem()) is not None:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     hangups.hand_to(reloader)
+    registrar = _registrar(config)
     if events is not None:
         events.start()
     scanner.start()
@@ -177,11 +179,27 @@ def main(argv: list[str] | None = None) -> int:
         serve_until_signalled(server, log, f"listening on {host}:{server.effective_port}",
                               on_hup=reloader.request)
     finally:
+        if registrar is not None:
+            registrar.stop()
         scanner.stop()
         if events is not None:
             events.stop()
         scanner.nvml.close()
     return 0
+
+
+def _registrar(config: Config) -> Registrar | None:
+    """The exporter serves `gpuguard keep` and `gpuguard run` registrations (it runs on
+    every host); a new classify.marks_dir takes a restart here."""
+    if IS_WINDOWS or not os.path.isdir(config.classify.marks_dir):
+        return None  # ensure_marks_dir has said why registrations are off
+    registrar, problem = start_registrar(config.classify.marks_dir)
+    if problem is not None:
+        log.warning("%s: gpuguard keep and gpuguard run cannot register", problem)
+    else:
+        assert registrar is not None
+        log.info("registrations served at %s", registrar.socket_path)
+    return registrar
 
 
 def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | None, Scanner]:

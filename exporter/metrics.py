@@ -17,6 +17,7 @@ from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.exit_store import EVICTION_CAUSES
+from gpuguard.host.marks import FOREIGN
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procevents import KINDS, ProcessEvents
 from gpuguard.orphans.vocabulary import Verdict
@@ -218,6 +219,7 @@ class GpuguardCollector(Collector):
         yield err
         yield from inspector_metrics(self.counters)
         yield from event_metrics(self.events)
+        yield foreign_marks_metric()
 
 
 def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
@@ -241,6 +243,16 @@ def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
     yield GaugeMetricFamily("gpuguard_process_events_up",
                             "1 while the process-event listener runs (launcher evidence).",
                             value=1 if events is not None and events.alive() else 0)
+
+
+def foreign_marks_metric() -> Metric:
+    """Files at a registration's name that no trusted writer made, each counted once
+    (gpuguard/host/marks.py; also used by the remediator)."""
+    return CounterMetricFamily(
+        "gpuguard_foreign_marks",
+        "Files found at a keep or run registration's name that the registrar did not "
+        "write (another user's, a link, not a regular file): ignored, each counted once.",
+        value=FOREIGN.total())
 
 
 def inspector_metrics(counters: Counters) -> Iterator[Metric]:

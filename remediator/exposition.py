@@ -13,7 +13,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpuguard.exporter.metrics import event_metrics, inspector_metrics
+from gpuguard.exporter.metrics import event_metrics, foreign_marks_metric, inspector_metrics
 from gpuguard.remediator.alertmanager import RequestResult, SkipReason
 from gpuguard.remediator.polling import DURATION_BUCKETS, PollResult, PollStats
 from gpuguard.remediator.service import Remediator
@@ -40,6 +40,7 @@ class RemediatorCollector(Collector):
                                 value=self.service.queue_depth())
         yield from inspector_metrics(self.service.counters)
         yield from event_metrics(self.service.events)
+        yield foreign_marks_metric()
 
     def _own(self) -> Iterator[Metric]:
         c = self.service.counts()

@@ -128,10 +128,12 @@ def add_reap(sub: Subparsers) -> None:
 def add_keep(sub: Subparsers) -> None:
     p = sub.add_parser("keep", help="mark a process so that no reap touches its tree, where "
                                     "the process cannot erase the mark",
-                       description="Register PID by identity in the daemons' directory "
-                                   "(classify.marks_dir): its tree reads protected "
-                                   "(keep-marker) while it runs, whatever becomes of its "
-                                   "environment. Only the process's owner or root may.")
+                       description="Have the exporter's registrar register PID by "
+                                   "identity in the daemons' directory (classify.marks_dir; "
+                                   "its socket is register.sock beside it): its tree reads "
+                                   "protected (keep-marker) while it runs, whatever becomes "
+                                   "of its environment. Only the process's owner or root "
+                                   "may: the registrar checks who asks.")
     p.add_argument("pid", type=pid_arg, metavar="PID")
     p.add_argument("--start-time", type=int, metavar="TICKS",
                    help="refuse unless PID still has this start_time")

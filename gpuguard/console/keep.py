@@ -1,9 +1,10 @@
 """`gpuguard keep PID [--start-time TICKS] [--remove]`: a keep mark the process cannot erase.
 
 GPUGUARD_KEEP=1 lives in the process's environment, which the process may overwrite
-(setproctitle does); this registers the process by identity in the daemons' directory
-(gpuguard/host/marks.py) instead. Only the process's owner or root may mark it: the daemons
-ignore a registration anyone else wrote.
+(setproctitle does); this has the process registered by identity in the daemons'
+directory instead (gpuguard/host/marks.py). The registrar the exporter serves writes it
+after the kernel has told it who asks (gpuguard/host/registrar.py): only the process's
+owner or root, and no other user can take its name first.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from gpuguard.console.contract import (
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.host.marks import MarkError, Marks
-from gpuguard.host.procfs import ProcessView, boot_id
+from gpuguard.host.marks import MarkError, registrar_socket
+from gpuguard.host.procfs import ProcessView
+from gpuguard.host.registrar import NO_PROCESS, Refused, RegistrarUnavailable, request
 from gpuguard.orphans.rules_config import KEEP_MARK
 
 
@@ -33,24 +35,24 @@ def cmd_keep(args: argparse.Namespace) -> int:
         raise Failure(EXIT_NO_PROCESS, f"keep: pid {args.pid} now names another process "
                       f"(start time {info.start_time}, not {args.start_time})")
     if os.geteuid() not in (0, info.uid):
-        raise Failure(EXIT_REFUSED, f"keep: pid {args.pid} belongs to uid {info.uid}: the "
-                      "daemons trust a mark only from the process's owner or root")
-    if not os.path.isdir(directory):
-        raise Failure(EXIT_USAGE, f"keep: {directory} does not exist (the gpuguard daemons "
-                      "create it when they start); start the job with GPUGUARD_KEEP=1 instead")
-    marks = Marks(directory, boot_id())
+        raise Failure(EXIT_REFUSED, f"keep: pid {args.pid} belongs to uid {info.uid}: only "
+                      "the process's owner or root may keep it")
     who = f"{info.pid} ({info.comm}, start time {info.start_time})"
+    verb = "unregister" if args.remove else "register"
     try:
-        if args.remove:
-            if marks.unregister(KEEP_MARK, info.pid, info.start_time):
-                print(f"no longer kept: {who}")
-            else:
-                print(f"was not kept: {who}")
-            return EXIT_OK
-        marks.register(KEEP_MARK, info.pid, info.start_time)
+        done = request(registrar_socket(directory), verb, KEEP_MARK, info.pid,
+                       info.start_time)
+    except RegistrarUnavailable as exc:
+        raise Failure(EXIT_USAGE, f"keep: {exc}; start the job with GPUGUARD_KEEP=1 "
+                      "instead") from None
+    except Refused as exc:
+        code = EXIT_NO_PROCESS if exc.code == NO_PROCESS else EXIT_REFUSED
+        raise Failure(code, f"keep: refused by the registrar: {exc}") from None
     except MarkError as exc:
-        raise Failure(EXIT_REFUSED, f"keep: {exc} (a file another user made at the same "
-                      "name reads as unknown to the daemons: the tree is not reaped)") from None
+        raise Failure(EXIT_REFUSED, f"keep: {exc}") from None
+    if args.remove:
+        print(f"no longer kept: {who}" if done == "removed" else f"was not kept: {who}")
+        return EXIT_OK
     print(f"kept: {who}: its tree is protected (keep-marker) while it runs; "
           f"undo with: gpuguard keep --remove {info.pid}")
     return EXIT_OK

@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 
 from gpuguard import PARENT_AT_START, PARENT_READ_BY
-from gpuguard.host.marks import Marks
 from gpuguard.launch.events import (
     EXIT_PARENT_DIED,
     FORWARDED_SIGNALS,
@@ -24,7 +23,11 @@ from gpuguard.launch.events import (
     Options,
 )
 from gpuguard.launch.options import CannotStart, Unsupported
-from gpuguard.launch.registration import register_launcher, unregister_launcher
+from gpuguard.launch.registration import (
+    Registered,
+    register_launcher,
+    unregister_launcher,
+)
 from gpuguard.launch.spawn import spawn
 from gpuguard.launch.stderr import say
 from gpuguard.launch.subreaper import (
@@ -66,7 +69,7 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
     # CMD itself, unseen, its pid free for reuse while we still name CMD by it.
     sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    registered: tuple[Marks, int, int] | None = None
+    registered: Registered | None = None
     try:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         prctl(PR_SET_PDEATHSIG, PDEATHSIG)

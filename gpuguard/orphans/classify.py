@@ -22,7 +22,7 @@ from gpuguard.orphans.protections import (
     BY_CMDLINE,
     BY_COMM,
     IGNORES_SIGHUP,
-    KEEP_MARKER,
+    KEEP,
     ProcSource,
     Protection,
     protection,
@@ -180,7 +180,7 @@ def adopted(chain: Chain, view: ProcSource, rules: Rules) -> HolderVerdict | Non
     state = leader_gone(x, view)
     # One that cannot be read (or was erased) is not an absent one: the tree's member
     # judgement (the root is a member) makes it unknown.
-    hit, _ = protection(x, view, rules, (KEEP_MARKER,))
+    hit, _ = protection(x, view, rules, KEEP)
     if hit is not None:
         return chain.verdict(Verdict.PROTECTED, hit.reason, hit.rule, hit.detail(x), [x.pid])
     ppid = chain.adopter_pid

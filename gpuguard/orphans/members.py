@@ -38,11 +38,13 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
     if unread:
         if not still_same(view.fresh_stat(member.pid), member):
             return None  # exited while being judged: nothing left to signal
-        files = ",".join(p.source for p in unread)
-        notes = "".join(p.unread_note for p in unread)
+        files = ",".join(p.source for p in unread if p.source)
+        notes = "".join(p.unread_note for p in unread if p.source)
+        what = [f"/proc/{member.pid}/{{{files}}}{notes}"] if files else []
+        what += [p.unread_note for p in unread if not p.source]
         return MemberJudgement(Verdict.UNKNOWN, Reason.MEMBER_UNKNOWN,
-                               Evidence(Rule.CHAIN, f"{who}: cannot read /proc/{member.pid}/"
-                                        f"{{{files}}}{notes}", (member.pid,)))
+                               Evidence(Rule.CHAIN, f"{who}: cannot read "
+                                        f"{'; nor '.join(what)}", (member.pid,)))
     return None
 
 

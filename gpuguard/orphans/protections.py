@@ -71,15 +71,15 @@ def sighup_ignored(info: ProcInfo, view: ProcSource, rules: Rules) -> bool | Non
 
 
 def keep_mark(info: ProcInfo, view: ProcSource, rules: Rules) -> bool | None:
-    """Rule 4's keep marker: GPUGUARD_KEEP=1 in the environment or a keep registration
-    (`gpuguard keep PID`); None when neither says yes and one cannot be read."""
-    env = view.keep_marker(info)
-    registered = view.registered(KEEP_MARK, info, rules.marks_dir)
-    if env or registered:
-        return True
-    if env is None or registered is None:
-        return None
-    return False
+    """Rule 4's keep marker: GPUGUARD_KEEP=1 in the environment; None when unreadable."""
+    return view.keep_marker(info)
+
+
+def keep_registration(info: ProcInfo, view: ProcSource, rules: Rules) -> bool | None:
+    """Rule 4's keep marker as a registration (`gpuguard keep PID`); None when it cannot
+    be read. Its own protection, so that one that cannot be read is named as itself,
+    never as an unreadable environment."""
+    return view.registered(KEEP_MARK, info, rules.marks_dir)
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,10 @@ class Protection:
     reads: bool  # whether `test` reads /proc (the comm came with the stat)
     chain_detail: str  # str.format with pid and comm: a chain rule's detail
     member_detail: str  # what the member judgement says the member does
-    source: str = ""  # the /proc file `test` reads, named when it cannot be
-    unread_note: str = ""  # appended to a member's unknown detail when it cannot be read
+    source: str = ""  # the /proc file `test` reads, named when it cannot be ("": none)
+    #: appended to a member's unknown detail when it cannot be read (with no `source`:
+    #: what could not be read, said whole)
+    unread_note: str = ""
 
     def detail(self, info: ProcInfo) -> str:
         return self.chain_detail.format(pid=info.pid, comm=info.comm)
@@ -111,13 +113,20 @@ IGNORES_SIGHUP = Protection(Rule.DETACH, Reason.IGNORES_SIGHUP, sighup_ignored, 
                             "{pid} ignores SIGHUP (nohup)", "ignores SIGHUP (nohup)", "status")
 KEEP_MARKER = Protection(
     Rule.DETACH, Reason.KEEP_MARKER, keep_mark, True,
-    "{pid} is marked to keep (GPUGUARD_KEEP=1 in its environment or `gpuguard keep`)",
-    "is marked to keep (GPUGUARD_KEEP=1 or `gpuguard keep`)", "environ",
+    "{pid} is marked to keep (GPUGUARD_KEEP=1 in its environment)",
+    "is marked to keep (GPUGUARD_KEEP=1)", "environ",
     " (environ: unreadable, or no KEY=VALUE entry left: a process that overwrote its "
     "environment, as setproctitle does, may have held GPUGUARD_KEEP=1; `gpuguard "
     "keep PID` marks it where it cannot be erased)")
+KEEP_REGISTRATION = Protection(
+    Rule.DETACH, Reason.KEEP_MARKER, keep_registration, True,
+    "{pid} is registered to keep (`gpuguard keep`)", "is registered to keep (`gpuguard keep`)",
+    "", "its `gpuguard keep` registration in classify.marks_dir (an I/O error, or a "
+    "directory that cannot be searched)")
+#: The keep marker's two forms: either one protects.
+KEEP = (KEEP_MARKER, KEEP_REGISTRATION)
 #: Every protection, in the order a member's are read and decide.
-PROTECTIONS = (BY_COMM, BY_CMDLINE, IGNORES_SIGHUP, KEEP_MARKER)
+PROTECTIONS = (BY_COMM, BY_CMDLINE, IGNORES_SIGHUP, *KEEP)
 
 
 def protection(info: ProcInfo, view: ProcSource, rules: Rules,

@@ -25,6 +25,7 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView
+from gpuguard.host.registrar import start_registrar
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
@@ -104,12 +105,18 @@ def test_an_erased_keep_marker_is_not_read_as_none_and_refuses_the_reap(
 
 def test_gpuguard_keep_marks_a_process_where_it_cannot_erase_the_mark(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
-        gpuguard: Run, tmp_path: Path) -> None:
+        gpuguard: Run, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     marks = tmp_path / "run" / "marks"
     marks.parent.mkdir()
     assert ensure_marks_dir(str(marks)) is None  # what the daemons do at start
-    assert marks.stat().st_mode & 0o7777 == 0o1733
+    assert marks.stat().st_mode & 0o7777 == 0o755  # only the daemons write there
     orphan = spawn_orphan(trees, fake_gpu, ERASED_KEEP)
+    absent = gpuguard("keep", str(orphan.holder), "--marks-dir", str(marks))
+    assert absent.returncode == 2 and "no gpuguard registrar listens" in absent.stderr
+    assert absent.stderr.count("\n") == 1, absent.stderr  # one line
+    registrar, problem = start_registrar(str(marks))  # what the exporter serves
+    assert registrar is not None, problem
+    request.addfinalizer(registrar.stop)
     done = gpuguard("keep", str(orphan.holder), "--marks-dir", str(marks))
     assert done.returncode == 0, done.stderr
     assert f"kept: {orphan.holder}" in done.stdout
@@ -139,27 +146,28 @@ def one_start(pid: int) -> int:
     return start_time_of(pid)
 
 
-def test_a_mark_from_another_user_is_not_trusted(
+def test_a_mark_from_another_user_is_ignored_not_unknown(
         trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
-    """The daemons trust a registration only from root or the process's owner: a file
-    another uid wrote at this process's name protects nothing, and since it keeps the
-    owner from writing there (sticky directory), it is read as "cannot tell": unknown,
-    never reaped on it (review finding: it read "no mark")."""
+    """The daemons trust a registration only from root, their own user or the process's
+    owner: a file another uid wrote at this process's name protects nothing, and since
+    the registrar writes over it, it blocks nothing either: it is no mark (the tree
+    stays an orphan), not "cannot tell" blamed on the environment (issue 36: it read
+    unknown, detail "cannot read environ"). tests/live/test_mark_squatting.py has the
+    same with two real users."""
     if os.geteuid() != 0:
         pytest.skip("needs root: writes a file as another uid")
     marks = tmp_path / "run" / "marks"
     marks.parent.mkdir()
     assert ensure_marks_dir(str(marks)) is None
     orphan = spawn_orphan(trees, fake_gpu)
-    name = f"keep-{orphan.holder}-{one_start(orphan.holder)}"
+    name = f"keep-{orphan.root}-{orphan.root_start}"
     (marks / name).write_text(Path("/proc/sys/kernel/random/boot_id").read_text())
     os.chown(marks / name, 54321, 54321)  # as if uid 54321 had written it
     tree = one_tree(orphan.root, rules=Rules(marks_dir=str(marks)))
-    assert (tree.verdict, tree.reason) == ("unknown", Reason.MEMBER_UNKNOWN), tree.evidence
-    assert "environ" in tree.evidence.detail
+    assert (tree.verdict, tree.root_pid) == ("orphan", orphan.root), tree.evidence
     os.chown(marks / name, 0, 0)  # the same file, root's: trusted
     tree = one_tree(orphan.root, rules=Rules(marks_dir=str(marks)))
-    assert (tree.verdict, tree.reason) == ("protected", Reason.MEMBER_PROTECTED)
+    assert (tree.verdict, tree.reason) == ("protected", Reason.KEEP_MARKER)
 
 
 # -- launcher evidence that outlives its record and a restart ------------------------------
@@ -284,3 +292,23 @@ def test_the_console_judges_on_what_the_remediator_recorded(
     assert "launcher-exited" in final["decision"]["detail"]
     config = tmp_path / "gpuguard.yml"  # the harness's, naming its state_dir
     console_refuses(gpuguard, config, orphan, "launcher-exited")
+
+
+def test_a_registration_that_cannot_be_read_is_named_not_the_environment(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """A keep registration that cannot be read (here a marks_dir that is a symbolic link
+    to itself: every lookup fails with ELOOP) makes the member unknown, and the detail
+    names the registration: the environment was read (issue 36: such a refusal blamed an
+    unreadable environment)."""
+    from gpuguard.orphans.members import judge_member
+
+    loop = tmp_path / "marks"
+    loop.symlink_to(loop)
+    orphan = spawn_orphan(trees, fake_gpu)
+    view = ProcessView(counters=Counters())
+    info = view.fresh_stat(orphan.root)
+    assert info is not None and view.keep_marker(info) is False  # read: no GPUGUARD_KEEP
+    judged = judge_member(info, view, Rules(marks_dir=str(loop)))
+    assert judged is not None and judged.reason == Reason.MEMBER_UNKNOWN
+    assert "registration" in judged.evidence.detail, judged.evidence.detail
+    assert "environ" not in judged.evidence.detail, judged.evidence.detail

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.registrar import start_registrar
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import (
@@ -949,7 +950,7 @@ def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies
 
 def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registration(
         trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run,
-        tmp_path: Path) -> None:
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """setproctitle-style erasure takes GPUGUARD_RUN with it: the launcher's own
     registration (--marks-dir, the daemons' directory) still names it, and it is gone
     once the launcher ends. Without the registration the erased marker is unknown, never
@@ -957,6 +958,9 @@ def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registr
     marks = tmp_path / "run" / "marks"
     marks.parent.mkdir()
     assert ensure_marks_dir(str(marks)) is None
+    registrar, problem = start_registrar(str(marks))  # what the exporter serves
+    assert registrar is not None, problem
+    request.addfinalizer(registrar.stop)
     config = tmp_path / "gpuguard.yml"
     config.write_text(f"classify:\n  marks_dir: {marks}\n")
     run = Launch(trees, rundir, [f"erased-daemon={HOLDER}", "await=daemon"],
