@@ -25,7 +25,7 @@ from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.orphans.rules_config import Rules
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees, wait_for
+from tests.support.proctree import SMALL_EXIT_STORE, Trees, exit_burst, wait_for
 
 pytestmark = pytest.mark.initial_pidns
 
@@ -110,8 +110,8 @@ def test_a_launcher_gone_where_no_listener_runs_is_session_ended(
 def test_the_exporter_keeps_the_first_reason_past_eviction_and_a_restart(
         trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
     """launcher-exited (not reaped by default) stays so once the record is evicted (a
-    store of 16, forced) and after a restart that reads the memory back from its file."""
-    listener = ProcessEvents(max_records=16)
+    small store and a burst of exits, forced) and after a restart that reads the memory back from its file."""
+    listener = ProcessEvents(max_records=SMALL_EXIT_STORE)
     listener.start()
     require(listener.available, f"no connector ({listener.unavailable_reason})")
     path = str(tmp_path / "launchers.json")
@@ -124,8 +124,7 @@ def test_the_exporter_keeps_the_first_reason_past_eviction_and_a_restart(
         wait_for(lambda: listener.exit_of(leader, after=0), what="the exit event")
         memory = LauncherMemory(path, boot=boot_id(), alive=identity_alive)
         assert scan_reason(listener, root, memory)[0] == "launcher-exited"
-        burst = trees.spawn("for i in $(seq 50); do /bin/true; done; echo done > {dir}/ok")
-        wait_for(lambda: (burst.dir / "ok").exists(), timeout=60, what="50 exits")
+        exit_burst(trees)
         wait_for(lambda: listener.exit_of(leader, after=0) is None, what="the eviction")
         assert listener.evictions()["count"] >= 1
         assert scan_reason(listener, root)[0] == "launcher-unrecorded"  # no memory

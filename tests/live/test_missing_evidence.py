@@ -32,7 +32,7 @@ from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.settings import Remediate
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees, stat_fields, wait_for
+from tests.support.proctree import SMALL_EXIT_STORE, Trees, exit_burst, stat_fields, wait_for
 from tests.support.remediator_harness import (
     FakeClock,
     Harness,
@@ -183,8 +183,7 @@ def listener(**options: object) -> ProcessEvents:
 
 def evict(events: ProcessEvents, trees: Trees, pid: int) -> None:
     """Push `pid`'s exit record out of the listener's (small) store with other exits."""
-    burst = trees.spawn("for i in $(seq 50); do /bin/true; done; echo done > {dir}/ok")
-    wait_for(lambda: (burst.dir / "ok").exists(), timeout=60, what="50 exits")
+    exit_burst(trees)
     wait_for(lambda: events.exit_of(pid, after=0) is None and events.evictions()["count"] > 0,
              what=f"the record of {pid} to be evicted")
 
@@ -192,10 +191,10 @@ def evict(events: ProcessEvents, trees: Trees, pid: int) -> None:
 @pytest.mark.initial_pidns
 def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_gone(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
-    """launcher-exited is not reaped by default; the record ages out (forced: a store of
-    16), the remediator restarts (its memory lives in state_dir): still launcher-exited.
+    """launcher-exited is not reaped by default; the record ages out (forced: a small
+    store and a burst of exits), the remediator restarts (its memory lives in state_dir): still launcher-exited.
     Before, the same tree read session-ended after either, and was reaped."""
-    events = listener(max_records=16)
+    events = listener(max_records=SMALL_EXIT_STORE)
     orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
     leader = orphan.tree.launcher.pid
     orphan.tree.launcher.wait(timeout=10)

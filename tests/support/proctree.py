@@ -98,6 +98,18 @@ def environment_in_place(pid: int) -> bool:
     return any(b"=" in entry[1:] for entry in raw.split(b"\0"))
 
 
+#: An exit store small enough for a burst to evict a record from, large enough that the
+#: host's other exits between a launcher's exit and a test's read of it do not (the
+#: connector reports every exit on the host: a loaded machine makes hundreds a second).
+SMALL_EXIT_STORE = 512
+
+
+def exit_burst(trees: Trees, count: int = 2 * SMALL_EXIT_STORE) -> None:
+    """`count` short-lived processes, one after another: as many exits for the connector."""
+    burst = trees.spawn(f"for i in $(seq {count}); do /bin/true; done; echo done > {{dir}}/ok")
+    wait_for(lambda: (burst.dir / "ok").exists(), timeout=120, what=f"{count} exits")
+
+
 def children_of(pid: int) -> list[int]:
     kids: list[int] = []
     try:
