@@ -380,20 +380,25 @@ class AlertmanagerClient:
         answers: list[Confirmation] = []
         failures: list[str] = []
         # Every peer: one that has not heard of a silence must not outvote one that has
-        # (a restart, a split, a slow gossip).
-        for base in peer_order(self.urls, hostname):
+        # (a restart, a split, a slow gossip). Each gets a fair share of what is left, so
+        # a slow peer cannot spend the time of the one that holds the silence.
+        peers = peer_order(self.urls, hostname)
+        for index, base in enumerate(peers):
+            now = self._monotonic()
+            share = min(deadline, now + (deadline - now) / (len(peers) - index))
             try:
-                alerts = self._get(base, path, deadline, _parse_alerts)
+                alerts = self._get(base, path, share, _parse_alerts)
             except _Failure as exc:
                 failures.append(f"{base}: {exc.detail}")
                 continue
-            answers.append(self._judge(base, alerts, want, deadline))
+            answers.append(self._judge(base, alerts, want, share))
         if not answers:
             return Confirmation(ConfirmationState.UNREACHABLE,
                                 "unreachable: " + "; ".join(failures))
         answer = min(answers, key=lambda a: _PRECEDENCE[a.state])
         if answer.state == ConfirmationState.FIRING and len(self.urls) > 1:
-            unanswered = f"; no answer from {len(failures)}" if failures else ""
+            unanswered = (f"; no answer from {len(failures)} ({'; '.join(failures)})"
+                          if failures else "")
             answer = dataclasses.replace(answer, detail=f"{answer.detail} on all "
                                          f"{len(answers)} peer(s) that answered{unanswered}")
         return answer

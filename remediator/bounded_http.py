@@ -136,11 +136,13 @@ def get(url: str, headers: Mapping[str, str], *, deadline: float, max_body: int,
         raise ValueError(f"not an http(s) URL: {url!r}")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn: _Bounded
+    # The port always given: http.client would parse one out of an IPv6 host ("::1").
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     if parts.scheme == "https":
-        conn = _BoundedTls(host, parts.port, left,
+        conn = _BoundedTls(host, port, left,
                            context=context if context is not None else tls_context())
     else:
-        conn = _Bounded(host, parts.port, left)
+        conn = _Bounded(host, port, left)
     try:
         conn.request("GET", target, headers=dict(headers))
         with conn.getresponse() as resp:  # closed here: `conn` forgets one that will close

@@ -28,6 +28,7 @@ from gpuguard.remediator.alertmanager import (
     matcher,
 )
 from gpuguard.remediator.alerts import parse_notification
+from gpuguard.remediator.polling import peer_order
 from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
@@ -461,3 +462,35 @@ def test_a_deeply_nested_answer_is_a_failed_peer(fake: Callable[[Route], FakeAle
     answer = confirm(client(deep.url, am.url), labels)
     assert answer.state == ConfirmationState.FIRING  # the next peer was asked
     assert confirm(client(deep.url), labels).state == ConfirmationState.UNREACHABLE
+
+
+def test_a_slow_peer_cannot_spend_the_time_of_the_peer_holding_the_silence(
+        fake: Callable[[Route], FakeAlertmanager]) -> None:
+    """A reap's kill-time question, with what is left of its deadline (`within`): the
+    first peer answers "firing" slowly, the second holds a silence. Each peer gets a fair
+    share, so the slow one times out and the silence is heard; before, the first spent
+    nearly all of it and the silence went unheard: firing, and the tree was reaped."""
+    labels = tree("h")
+    firing = json.dumps([api_alert(labels)]).encode()
+    silenced = json.dumps([api_alert(labels, state="suppressed",
+                                     silenced_by=["s-1"])]).encode()
+    gate = threading.Event()  # never set: each wait below is a peer's latency, not a sync
+
+    def slow(handler: BaseHTTPRequestHandler) -> tuple[int, bytes, dict[str, str]]:
+        gate.wait(1.8)
+        return 200, firing, {}
+
+    def holds_silence(handler: BaseHTTPRequestHandler) -> tuple[int, bytes, dict[str, str]]:
+        gate.wait(0.3)
+        if handler.path.startswith("/api/v2/alerts"):
+            return 200, silenced, {}
+        return 500, b"no silence lookup here", {}  # silenced all the same
+
+    first, second = fake(slow), fake(holds_silence)
+    urls = [first.url, second.url]
+    if peer_order(urls, "h")[0] != first.url:
+        urls.reverse()
+    got = client(*urls, timeout=30).confirm(
+        alertname=labels["alertname"], hostname="h", root_pid=labels["root_pid"],
+        root_start_time=labels["root_start_time"], within=2.0)
+    assert got.state == ConfirmationState.SILENCED, got

@@ -9,6 +9,7 @@ a real raw-socket peer on 127.0.0.1 (tests/support/slowpeer.py), the fake NVML.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 import time
@@ -295,3 +296,39 @@ def test_gpuguard_reap_apply_bounds_its_frozen_confirmation_by_its_deadline(
     assert orphan.all_alive() and _state(orphan.holder) != "T"
     sent = {s["signal"] for s in doc["signals"]}
     assert "SIGSTOP" in sent and not sent & {"SIGTERM", "SIGKILL"}, sent
+
+
+def test_an_ipv6_url_without_a_port_reaches_its_peer() -> None:
+    """`http://[::1]/`: http.client parsed a port out of the bare IPv6 host, so the
+    peer was never reached (unreachable: fail closed, but no Alertmanager on [::1]:80
+    could ever confirm a reap)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpuguard.remediator.bounded_http import get
+
+    class V6(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"[]")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    try:
+        server = V6(("::1", 80), Handler)
+    except OSError as exc:  # not root, no IPv6 loopback, or the port is taken
+        pytest.skip(f"cannot listen on [::1]:80: {exc.strerror}")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        answer = get("http://[::1]/api/v2/alerts", {}, deadline=time.monotonic() + 5,
+                     max_body=1024)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer.status == 200 and answer.body == b"[]"

@@ -110,7 +110,8 @@ def test_a_launcher_gone_where_no_listener_runs_is_session_ended(
 def test_the_exporter_keeps_the_first_reason_past_eviction_and_a_restart(
         trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
     """launcher-exited (not reaped by default) stays so once the record is evicted (a
-    small store and a burst of exits, forced) and after a restart that reads the memory back from its file."""
+    small store and a burst of exits, forced) and after a restart that reads the memory
+    back from its file."""
     listener = ProcessEvents(max_records=SMALL_EXIT_STORE)
     listener.start()
     require(listener.available, f"no connector ({listener.unavailable_reason})")

@@ -192,8 +192,9 @@ def evict(events: ProcessEvents, trees: Trees, pid: int) -> None:
 def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_gone(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
     """launcher-exited is not reaped by default; the record ages out (forced: a small
-    store and a burst of exits), the remediator restarts (its memory lives in state_dir): still launcher-exited.
-    Before, the same tree read session-ended after either, and was reaped."""
+    store and a burst of exits), the remediator restarts (its memory lives in state_dir):
+    still launcher-exited. Before, the same tree read session-ended after either, and was
+    reaped."""
     events = listener(max_records=SMALL_EXIT_STORE)
     orphan = spawn_orphan(trees, fake_gpu, LEAVES, orphan=False)
     leader = orphan.tree.launcher.pid
