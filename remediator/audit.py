@@ -12,11 +12,13 @@ readers skip a damaged line (and count it) instead of failing on the whole file.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import stat
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,26 @@ log = logging.getLogger("gpuguard.remediator")
 
 #: Damaged lines remembered (by file and end offset) so a re-read counts each once.
 MAX_DAMAGED_REMEMBERED = 4096
+
+
+#: The longest an append or a read waits for another process's lock on the log: a write
+#: takes milliseconds, so a lock held longer is a stuck or hostile holder, and a reap
+#: (its tree may be frozen) must not wait on it without bound.
+LOCK_WAIT_SECONDS = 2.0
+
+
+def _flock_within(fd: int, operation: int, seconds: float = LOCK_WAIT_SECONDS) -> bool:
+    """flock(fd, operation) waited for at most `seconds`; False when it was not had."""
+    assert fcntl is not None
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
 
 class Phase(StrEnum):
@@ -202,8 +224,10 @@ class AuditLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = self._open()
             try:
-                if fcntl is not None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)  # released by the close
+                if fcntl is not None and not _flock_within(fd, fcntl.LOCK_EX):
+                    raise OSError(errno.EWOULDBLOCK, "the audit log stayed locked by "
+                                  f"another process for {LOCK_WAIT_SECONDS:g}s",
+                                  str(self.path))  # released by the close otherwise
                 st = os.fstat(fd)
                 size = st.st_size
                 if size and not self._ends_a_line(fd, size):
@@ -272,7 +296,9 @@ class AuditLog:
         try:
             with open(self.path, "rb") as fh:
                 if fcntl is not None:  # no writer is half-way through a line meanwhile
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_SH)
+                    # (one that holds the lock longer than any write takes is waited
+                    # for no longer: read as it is, a half line counted as damaged)
+                    _flock_within(fh.fileno(), fcntl.LOCK_SH)
                 st = os.fstat(fh.fileno())
                 end = 0
                 for raw in fh:

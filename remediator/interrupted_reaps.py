@@ -53,9 +53,14 @@ class InterruptedReaps:
         reap_id = entry.get("reap_id")
         audit = self._trail.log
         signalled = may_have_signalled(entry)
-        finished = (audit.has_final(str(reap_id)) if reap_id else
-                    audit.has_record(key.hostname, key.root_pid, key.root_start_time,
-                                     since=float(entry.get("at", 0))))
+        try:
+            finished = (audit.has_final(str(reap_id)) if reap_id else
+                        audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                         since=float(entry.get("at", 0))))
+        except OSError as exc:  # an I/O error: what it stopped must not wait on the disk
+            log.error("interrupted reap of %s: the audit log cannot be read (%s); "
+                      "continuing what it stopped", key, exc.strerror or exc)
+            finished = False
         if finished:  # the final record made it; only settle
             self._settle_ledger(key, "interrupted", signalled)
             return True
@@ -94,18 +99,33 @@ class InterruptedReaps:
             signals = self._continued.get(key)
             if signals is None:
                 signals = self._continued[key] = self._reaper.thaw_interrupted(thaw)
+                self._let_go(key, thaw)
             decision = settled_decision(key, thaw, signals, signalled=signalled)
             self._trail.append(record(decision=decision, now=work.clocks.wall(),
                                       signals=signals))
         except OSError:
             log.error("interrupted reap of %s not settled: the audit log cannot be "
-                      "written; retried while the worker runs", key)
+                      "written; retried while the worker runs, or at the next start", key)
             return False
         self._continued.pop(key, None)
         work.metrics.reap_failures += 1
         log.warning("interrupted reap of %s settled: %s", key, decision.detail)
         self._settle_ledger(key, decision.reason, signalled)
         return True
+
+    def _let_go(self, key: TreeKey, members: list[tuple[int, int]]) -> None:
+        """Mark what recovery continued as no longer held, so that a restart before the
+        records are written (exit 3, an audit log that cannot be written) does not
+        continue it again, perhaps after its owner stopped it. A state file that cannot
+        be written either cannot say so: then a restart continues again what is still
+        stopped (docs/remediator.md)."""
+        if not members:
+            return
+        try:
+            self._work.ledger.mark_held(key, members, False)
+        except LedgerError as exc:
+            log.warning("interrupted reap of %s: cannot note in the state file that its "
+                        "members were continued (%s)", key, exc)
 
     def _settle_ledger(self, key: TreeKey, outcome: str, signalled: bool) -> None:
         """The state file's side of a settled reap. One that cannot be written (a full or

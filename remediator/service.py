@@ -133,7 +133,7 @@ class Remediator:
             left = len(self.interrupted.unsettled)
             raise StateUnavailable(
                 f"{problem}; crash recovery ran on the state as read"
-                + (f" ({left} interrupted reap(s) could not be audited, so not continued)"
+                + (f" ({left} interrupted reap(s) continued but not yet audited)"
                    if left else "") + "; nothing else starts until it can be written")
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once

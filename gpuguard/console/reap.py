@@ -82,6 +82,12 @@ def stop_signals(module: Any = signal) -> tuple[signal.Signals, ...]:
 
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = stop_signals()
+#: A terminal's stop signals (Ctrl-Z, a background job touching the tty), ignored while the
+#: reap runs: a reaper stopped with its tree frozen would hold the tree stopped for as
+#: long as it stays stopped (the thaw guardian acts when the reaper dies, not when it
+#: stops). SIGSTOP cannot be ignored: docs/reap-safety.md says what that leaves.
+TERMINAL_STOPS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTSTP", "SIGTTIN", "SIGTTOU") if hasattr(signal, name))
 #: How long the command waits for NVML to shut down: a read the reaper gave up on (a hung
 #: driver) may still hold NVML's lock, and the command must not hang on it to exit.
 NVML_CLOSE_SECONDS = 2.0
@@ -104,6 +110,8 @@ class StopOnSignal:
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 self._saved[sig] = signal.signal(sig, self._handle)
+        for sig in TERMINAL_STOPS:
+            self._saved[sig] = signal.signal(sig, signal.SIG_IGN)
         return self
 
     def __exit__(self, *_exc: object) -> None:

@@ -12,13 +12,14 @@ import errno
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuguard.remediator.audit import AuditLog
+from gpuguard.remediator.audit import LOCK_WAIT_SECONDS, AuditLog
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, stat_fields, wait_for
 from tests.support.remediator_harness import Harness, account, payload, spawn_orphan
@@ -160,3 +161,44 @@ def test_recovery_reads_past_a_torn_line_and_its_records_parse(
         (p, "SIGCONT", "sent") for p in orphan.members}
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert "gpuguard_remediator_audit_damaged_lines_total 1.0" in metrics
+
+
+@pytest.fixture
+def lock_holder(tmp_path: Path) -> Iterator[Callable[[Path, str], None]]:
+    """Another process holding an flock on a file (`flock -s FILE sleep`), until the end."""
+    held: list[subprocess.Popen[bytes]] = []
+
+    def hold(path: Path, mode: str) -> None:
+        ready = tmp_path / f"locked-{len(held)}"
+        held.append(subprocess.Popen(["flock", mode, str(path), "sh", "-c",
+                                      f"touch {ready}; exec sleep 300"]))
+        wait_for(ready.exists, what="the other process to hold the lock")
+
+    yield hold
+    for proc in held:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_lock_another_process_holds_is_waited_for_no_longer_than_its_bound(
+        tmp_path: Path, lock_holder: Callable[[Path, str], None],
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Anyone who can open the log can flock it (a reader stopped half-way holds a shared
+    lock too): an append waits at most LOCK_WAIT_SECONDS, then fails, so a reap signals
+    nothing (audit-failed) instead of waiting, its tree perhaps frozen, for as long as the
+    holder likes. Reads go on without the lock."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.append(record(1))
+    lock_holder(log.path, "-s")
+    began = time.monotonic()
+    with pytest.raises(OSError, match="locked by another process"):
+        log.append(record(2))
+    assert time.monotonic() - began < LOCK_WAIT_SECONDS + 2.0
+    assert [r["reap_id"] for r in log.records()] == ["reap-1"]
+
+    h = harness(audit_log=str(log.path))
+    orphan = spawn_orphan(trees, fake_gpu)
+    assert account(h.post(payload(orphan.alert())))["status"] == "accepted"
+    h.settle()
+    assert [d["reason"] for d in h.decisions(orphan.root)][0] == "audit-failed"
+    assert orphan.all_alive() and not any(stopped(p) for p in orphan.members)

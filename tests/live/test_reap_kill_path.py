@@ -103,11 +103,15 @@ def audit_records(config: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
-                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(("sig", "first"), [
+    (signal.SIGINT, None), (signal.SIGTERM, None), (signal.SIGHUP, None),
+    # Ctrl-Z first: a reaper stopped by its terminal would hold the tree frozen for as
+    # long as it stays stopped (the thaw guardian acts on its death only), and would
+    # handle the SIGINT after it only once continued.
+    (signal.SIGINT, signal.SIGTSTP)], ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGTSTP-SIGINT"])
 def test_a_signal_to_reap_apply_mid_freeze_thaws_the_tree_and_the_audit_says_why(
         tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path,
-        sig: signal.Signals) -> None:
+        sig: signal.Signals, first: signal.Signals | None) -> None:
     orphan = spawn_orphan(trees, fake_gpu)
     config = write_config(tmp_path, mode="dry-run")  # --apply reaps regardless
     # Every NVML call takes 0.2 s: a read (about 11 calls) keeps the tree frozen for about
@@ -125,6 +129,8 @@ def test_a_signal_to_reap_apply_mid_freeze_thaws_the_tree_and_the_audit_says_why
             wait_for(lambda: all(stopped(p) for p in orphan.members), timeout=30,
                      interval=0.005, what="the reap to freeze the tree")
             fake_gpu.set_delay_ms(60_000)
+            if first is not None:
+                proc.send_signal(first)
             proc.send_signal(sig)
             # Thawed promptly: not when the hung-looking read would have finished.
             wait_for(lambda: not any(stopped(p) for p in orphan.members), timeout=1.5,

@@ -280,16 +280,16 @@ def test_an_unwritable_state_dir_at_restart_still_continues_the_frozen_tree(
 def test_an_unwritable_audit_log_too_still_continues_the_frozen_tree(
         tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path,
         mounts: list[Path]) -> None:
-    """Every freeze thaws: with neither the state nor the audit log writable, the restart
-    still continues what the interrupted reap stopped (its intent record named them), says
-    so in the log, and exits 3; the records follow once the log can be written."""
+    """Every freeze thaws: with the audit log unwritable, the restart still continues what
+    the interrupted reap stopped (its intent record named them), says so in the log, and
+    exits 3; the next restart continues nothing twice; the records follow once the log
+    can be written."""
     logs = tmp_path / "log"
     logs.mkdir(mode=0o700)
     config = write_config(tmp_path, audit_log=str(logs / "audit.jsonl"))
     orphan = spawn_orphan(trees, fake_gpu)
     freeze_and_crash(tmp_path, orphan)
     (logs / "audit.jsonl").touch(mode=0o600)
-    unwritable(tmp_path / "state", "read-only", mounts)
     unwritable(logs, "read-only", mounts)
     env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
 
@@ -297,3 +297,29 @@ def test_an_unwritable_audit_log_too_still_continues_the_frozen_tree(
     assert done.returncode == 3, done.stderr
     assert not any(stopped(p) for p in orphan.members) and orphan.all_alive(), done.stderr
     assert "continuing the 2 member(s) it stopped anyway" in done.stderr, done.stderr
+    # Its owner stops the job meanwhile (Ctrl-Z); the unit's restart, the log still
+    # read-only, must not continue it again: the state file says it was let go.
+    os.kill(orphan.holder, signal.SIGSTOP)
+    wait_for(lambda: stopped(orphan.holder), what="the owner's stop")
+    again = start_remediator(config, env)
+    assert again.returncode == 3, again.stderr
+    assert stopped(orphan.holder), again.stderr
+    os.kill(orphan.holder, signal.SIGCONT)
+
+
+def test_an_audit_log_that_cannot_be_read_still_lets_recovery_continue_the_tree(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
+    """Recovery first asks the log whether the reap's final record made it; an I/O error
+    there (a failing disk: here the path is a directory, EISDIR) must not keep the tree
+    stopped: it is continued, and the remediator exits 3."""
+    logs = tmp_path / "log"
+    logs.mkdir(mode=0o700)
+    (logs / "audit.jsonl").mkdir()
+    config = write_config(tmp_path, audit_log=str(logs / "audit.jsonl"))
+    orphan = spawn_orphan(trees, fake_gpu)
+    freeze_and_crash(tmp_path, orphan)
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
+    done = start_remediator(config, env)
+    assert done.returncode == 3, done.stderr
+    assert not any(stopped(p) for p in orphan.members) and orphan.all_alive(), done.stderr
+    assert "cannot be read" in done.stderr, done.stderr
