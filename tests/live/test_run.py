@@ -678,12 +678,19 @@ def test_a_member_ignoring_sigterm_is_sigkilled_after_grace(trees: Trees, rundir
     assert f"{stubborn} (sleep)" in line and "survived" not in line
 
 
+#: When test_a_kernel_raised_alarm_is_forwarded_not_swallowed's alarm fires.
+ALARM_SECONDS = 5
+
+
 def test_a_kernel_raised_alarm_is_forwarded_not_swallowed(trees: Trees, rundir: Path) -> None:
     """An alarm() set before the launcher's exec arrives as SI_KERNEL SIGALRM, as a
     terminal's signals do, but no terminal sent it to CMD: it is forwarded, and CMD (which
-    does not handle it) dies of it, as a plain command would."""
-    arm = (sys.executable, "-c",
-           "import os, signal, sys; signal.alarm(1); os.execv(sys.argv[1], sys.argv[1:])")
+    does not handle it) dies of it, as a plain command would. The alarm must come once the
+    launcher handles signals and CMD runs (the launcher writes its pid file): 1 s was less
+    than a loaded machine takes to start Python and CMD (the launcher died of the alarm
+    before CMD began), so ALARM_SECONDS is well past that."""
+    arm = (sys.executable, "-c", "import os, signal, sys; "
+           f"signal.alarm({ALARM_SECONDS}); os.execv(sys.argv[1], sys.argv[1:])")
     run = Launch(trees, rundir, [], prefix=arm)
     assert run.status() == 128 + signal.SIGALRM
     assert not alive(run.cmd)
