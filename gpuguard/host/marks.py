@@ -68,16 +68,18 @@ class Marks:
                 return None
             finally:
                 os.close(fd)
-        return data.decode("ascii", "replace").strip() == self.boot
+        return data.decode("ascii", "replace").partition("\n")[0].strip() == self.boot
 
-    def register(self, kind: str, pid: int, start_time: int) -> str:
-        """Write the registration (idempotent); its path. Raises MarkError."""
+    def register(self, kind: str, pid: int, start_time: int, detail: str = "") -> str:
+        """Write the registration (idempotent); its path. Raises MarkError. `detail`, a
+        second line, is for people (a run's tier); only the first line is ever trusted."""
         path = os.path.join(self.path, mark_name(kind, pid, start_time))
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
-                os.write(fd, f"{self.boot}\n".encode())
+                os.write(fd, f"{self.boot}\n{detail}\n".encode() if detail
+                         else f"{self.boot}\n".encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
