@@ -168,8 +168,8 @@ RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
                                                "of it); reaped"),
     (str(128 + signal.SIGINT), "SIGINT; the tree was reaped, then it dies of SIGINT"),
     (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped, then it dies of SIGTERM"),
-    (str(EXIT_USAGE), "usage error (no CMD, bad --grace), or no children file or pidfds "
-                      "here; nothing started"),
+    (str(EXIT_USAGE), "usage error (no CMD, bad --grace), no children file or pidfds "
+                      "here, or a --require or --tier this host cannot give; nothing started"),
     (str(EXIT_CANNOT_EXECUTE), "CMD could not be executed; nothing started"),
     (str(EXIT_NOT_FOUND), "CMD not found; nothing started"),
 )
@@ -193,6 +193,12 @@ stops as for a plain command (a shell shows 128+N). A reap prints one line on st
 naming what it killed and what survived (a process of another user, such as a
 setuid-root program, cannot be signalled by an unprivileged launcher: it is left and
 named; the exit status is the same). The launcher writes no audit log.
+When the launcher itself is SIGKILLed (or its process group, or its session), its tier
+decides: cgroup (a cgroup v2 leaf the launcher is in, which a guardian outside its group
+and session kills with cgroup.kill; root or a delegated cgroup, kernel 5.14+), pidns
+(the launcher is PID 1 of its namespace, which dies with it) or subreaper (CMD dies of
+its parent-death SIGKILL, what CMD started lives on). The best the host allows is taken;
+--verbose names it, --require refuses to start below one, --tier picks one.
 exit codes of run (a shell's view):
 """ + "".join(f"  {code:<6} {meaning}\n" for code, meaning in RUN_EXIT_CODES)
 

@@ -15,16 +15,24 @@ from gpuguard.launch.stderr import say
 from gpuguard.orphans.rules_config import RUN_MARK
 
 
-def register_launcher(directory: str) -> tuple[Marks, int, int] | None:
+def own_start_time() -> int:
+    """This launcher's start time (what names it with its pid)."""
+    me = ProcessView(counters=Counters()).fresh_stat(os.getpid())
+    assert me is not None
+    return me.start_time
+
+
+def register_launcher(directory: str, tier: str) -> tuple[Marks, int, int] | None:
     """Register this launcher by identity with the daemons (a `run` mark): a CMD that
     overwrites its environment (setproctitle) loses GPUGUARD_RUN, not this. Without the
-    daemons' directory there is nothing to register with; the marker still counts."""
+    daemons' directory there is nothing to register with; the marker still counts. The
+    registration also says the tier that holds the tree (`tier cgroup`)."""
     me = ProcessView(counters=Counters()).fresh_stat(os.getpid())
     if me is None or not os.path.isdir(directory):
         return None
     marks = Marks(directory, boot_id())
     try:
-        marks.register(RUN_MARK, me.pid, me.start_time)
+        marks.register(RUN_MARK, me.pid, me.start_time, detail=f"tier {tier}")
     except MarkError as exc:
         say(f"gpuguard run: {exc}; only the GPUGUARD_RUN environment marker names this "
             "launcher")
