@@ -1111,6 +1111,9 @@ def test_cgroup_tier_a_sigkilled_launcher_takes_its_whole_tree_within_a_second(
     assert guardian["sid"] != os.getsid(run.launcher), guardian
     assert guardian["pgid"] != os.getpgid(run.launcher), guardian
     assert guardian["comm"] == "gpuguard-guard", guardian
+    # It holds none of the caller's streams (a `$(gpuguard run ...)` waits for no guardian).
+    assert {os.readlink(f"/proc/{guarded.guardian}/fd/{fd}") for fd in (0, 1, 2)} == {
+        os.devnull}
     sigkill(run, how)
     took = gone_within(tree, 1.0)
     assert took < 1.0, f"the tree took {took:.3f}s to go"
