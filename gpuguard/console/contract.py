@@ -88,13 +88,16 @@ STATUS_EPILOG = f"""\
                            "container_id": str|null, "pod_uid": str|null,
                            "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
-                           "user", "comm"}}]}}],
+                           "user", "comm"}}],
+              "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}],
    "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null}}],
      "suspects": [{{"pid", "start_time", "user", "comm",
                    "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
      "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
                "unattributed_bytes": int|null, "why_unknown": str|null}}]}}}}
-  members: holder(s) up to the root, root first. accounting.gpus: used memory against the
+  members: holder(s) up to the root, root first. run_launchers: the members that are live
+  `gpuguard run` launchers registered in classify.marks_dir, and the tier each holds its
+  tree with (cgroup, pidns, subreaper; run --help). accounting.gpus: used memory against the
   sum of the listed processes' usage; unattributed_bytes is null (why_unknown says why)
   when a figure is missing. orphan_since is always null: only a
   process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
@@ -112,7 +115,9 @@ were a holder, and the output says so.
    "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
    "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
               "start_time", "state", "uid", "user", "comm", "age_seconds"}}],
-   "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}]}}
+   "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}],
+   "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}
+  run_launchers: the chain's live `gpuguard run` launchers (as in status --json).
 
 """ + EXIT_TABLE
 

@@ -7,11 +7,14 @@ this mark: the daemons keep reading what the launcher adopted as attached to it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import Any
 
 from gpuguard.host.counters import Counters
-from gpuguard.host.marks import MarkError, Marks
+from gpuguard.host.marks import MarkError, Marks, mark_name
 from gpuguard.host.procfs import ProcessView, boot_id
 from gpuguard.launch.stderr import say
+from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.rules_config import RUN_MARK
 
 
@@ -38,6 +41,26 @@ def register_launcher(directory: str, tier: str) -> tuple[Marks, int, int] | Non
             "launcher")
         return None
     return marks, me.pid, me.start_time
+
+
+def run_launchers(directory: str, members: Iterable[ProcInfo]) -> list[dict[str, Any]]:
+    """The live `gpuguard run` launchers among `members` that hold a trusted registration,
+    with the tier it records (`gpuguard status` and `explain`: how each tree is held)."""
+    marks = Marks(directory, boot_id())
+    found = []
+    for info in members:
+        if marks.has(RUN_MARK, info.pid, info.start_time, info.uid) is not True:
+            continue
+        path = os.path.join(directory, mark_name(RUN_MARK, info.pid, info.start_time))
+        try:
+            with open(path, encoding="ascii", errors="replace") as fh:
+                lines = fh.read(256).splitlines()
+        except OSError:
+            lines = []
+        tier = lines[1].removeprefix("tier ") if len(lines) > 1 and lines[1].startswith(
+            "tier ") else None
+        found.append({"pid": info.pid, "start_time": info.start_time, "tier": tier})
+    return found
 
 
 def unregister_launcher(marks: Marks, pid: int, start_time: int) -> None:

@@ -1231,3 +1231,29 @@ def test_pidns_tier_a_sigkilled_init_launcher_takes_its_namespace(
         os.killpg(os.getpgid(launcher), signal.SIGKILL)
     took = gone_within(members, 1.0)
     assert took < 1.0, f"the namespace took {took:.3f}s to go"
+
+
+def test_status_and_explain_show_the_tier_each_launcher_holds_its_tree_with(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        tmp_path: Path) -> None:
+    need_cgroup_tier()
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"classify:\n  marks_dir: {marks}\n")
+    run = Launch(trees, rundir, [f"holder={HOLDER}"], options=("--marks-dir", str(marks)))
+    holder = run.pid("holder")
+    fake_gpu.add_process(0, holder, GIB)
+    start = (stat_fields(run.launcher) or {})["start_time"]
+    held = [{"pid": run.launcher, "start_time": start, "tier": "cgroup"}]
+    assert tree_of(gpuguard, holder, "--config", str(config))["run_launchers"] == held
+    assert tree_of(gpuguard, holder)["run_launchers"] == []  # not the default directory's
+    explained = gpuguard("explain", str(holder), "--json", "--config", str(config))
+    assert explained.returncode == 0, explained.stderr
+    assert json.loads(explained.stdout)["run_launchers"] == held
+    text = gpuguard("status", "--config", str(config))
+    assert (f"gpuguard run: launcher {run.launcher} holds the tree of root "
+            in " ".join(text.stdout.split())), text.stdout
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
