@@ -41,7 +41,7 @@ from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
 from gpuguard.flags import VersionAction
 from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.launch.options import DEFAULT_GRACE_SECONDS
+from gpuguard.launch.options import DEFAULT_GRACE_SECONDS, TIERS
 from gpuguard.orphans.rules_config import default_marks_dir
 from gpuguard.web.serving import positive_float
 
@@ -173,8 +173,8 @@ def add_assets(sub: Subparsers) -> None:
 
 def add_run(sub: Subparsers) -> None:
     p = sub.add_parser("run", formatter_class=RAW, epilog=RUN_EPILOG,
-                       usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] "
-                             "-- CMD [ARGS...]",
+                       usage=f"{PROG} run [--grace SECONDS] [--keep-leftovers] [--require TIER] "
+                             "[--tier TIER] [--verbose] [--marks-dir DIR] -- CMD [ARGS...]",
                        help="run CMD so that its whole process tree dies with this launcher",
                        description="Run CMD as a child subreaper that reaps CMD's whole process "
                                    "tree, double forks and setsid daemons included, when its "
@@ -186,6 +186,15 @@ def add_run(sub: Subparsers) -> None:
                         "before SIGKILL (default: %(default)g)")
     p.add_argument("--keep-leftovers", action="store_true",
                    help="when CMD exits by itself, leave what it left running")
+    p.add_argument("--require", choices=TIERS, metavar="TIER",
+                   help="refuse to start (exit 2) where this host cannot hold the tree at "
+                        "least this well: cgroup (a cgroup v2 leaf killed by a guardian, "
+                        "survives a SIGKILL of the launcher) or subreaper")
+    p.add_argument("--tier", choices=TIERS, metavar="TIER",
+                   help="hold the tree this way, not the best the host allows (refused "
+                        "where it cannot be had)")
+    p.add_argument("--verbose", action="store_true",
+                   help="say on stderr which tier holds the tree, and why not a better one")
     p.add_argument("--marks-dir", default=MARKS_DIR, metavar="DIR",
                    help="where the launcher registers itself with the daemons, so that a "
                         "CMD that overwrites its environment stays attached (default: "

@@ -88,13 +88,16 @@ STATUS_EPILOG = f"""\
                            "container_id": str|null, "pod_uid": str|null,
                            "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
-                           "user", "comm"}}]}}],
+                           "user", "comm"}}],
+              "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}],
    "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null}}],
      "suspects": [{{"pid", "start_time", "user", "comm",
                    "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
      "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
                "unattributed_bytes": int|null, "why_unknown": str|null}}]}}}}
-  members: holder(s) up to the root, root first. accounting.gpus: used memory against the
+  members: holder(s) up to the root, root first. run_launchers: the members that are live
+  `gpuguard run` launchers registered in classify.marks_dir, and the tier each holds its
+  tree with (cgroup, pidns, subreaper; run --help). accounting.gpus: used memory against the
   sum of the listed processes' usage; unattributed_bytes is null (why_unknown says why)
   when a figure is missing. orphan_since is always null: only a
   process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
@@ -112,7 +115,9 @@ were a holder, and the output says so.
    "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
    "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
               "start_time", "state", "uid", "user", "comm", "age_seconds"}}],
-   "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}]}}
+   "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}],
+   "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}
+  run_launchers: the chain's live `gpuguard run` launchers (as in status --json).
 
 """ + EXIT_TABLE
 
@@ -168,8 +173,8 @@ RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
                                                "of it); reaped"),
     (str(128 + signal.SIGINT), "SIGINT; the tree was reaped, then it dies of SIGINT"),
     (str(128 + signal.SIGTERM), "SIGTERM; the tree was reaped, then it dies of SIGTERM"),
-    (str(EXIT_USAGE), "usage error (no CMD, bad --grace), or no children file or pidfds "
-                      "here; nothing started"),
+    (str(EXIT_USAGE), "usage error (no CMD, bad --grace), no children file or pidfds "
+                      "here, or a --require or --tier this host cannot give; nothing started"),
     (str(EXIT_CANNOT_EXECUTE), "CMD could not be executed; nothing started"),
     (str(EXIT_NOT_FOUND), "CMD not found; nothing started"),
 )
@@ -193,6 +198,12 @@ stops as for a plain command (a shell shows 128+N). A reap prints one line on st
 naming what it killed and what survived (a process of another user, such as a
 setuid-root program, cannot be signalled by an unprivileged launcher: it is left and
 named; the exit status is the same). The launcher writes no audit log.
+When the launcher itself is SIGKILLed (or its process group, or its session), its tier
+decides: cgroup (a cgroup v2 leaf the launcher is in, which a guardian outside its group
+and session kills with cgroup.kill; root or a delegated cgroup, kernel 5.14+), pidns
+(the launcher is PID 1 of its namespace, which dies with it) or subreaper (CMD dies of
+its parent-death SIGKILL, what CMD started lives on). The best the host allows is taken;
+--verbose names it, --require refuses to start below one, --tier picks one.
 exit codes of run (a shell's view):
 """ + "".join(f"  {code:<6} {meaning}\n" for code, meaning in RUN_EXIT_CODES)
 

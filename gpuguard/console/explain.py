@@ -22,6 +22,7 @@ from gpuguard.console.reports import Explanation, LeaderState
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView
+from gpuguard.launch.registration import run_launchers
 from gpuguard.orphans.classify import classify, classify_holder
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
@@ -51,7 +52,9 @@ def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
     tree = next((t for t in classify((*reading.holders, holder), view, config.classify)
                  if any(v.holder.pid == pid for v in t.holder_verdicts)), None)
     return Explanation(info, reading, holdings, hv, note, tree,
-                       _alert(config, hostname, tree), session_states(info, hv))
+                       _alert(config, hostname, tree), session_states(info, hv),
+                       run_launchers(config.classify.marks_dir,
+                                     [m for _, m in chain_roles(hv)]))
 
 
 def _explain_windows(pid: int, config: Config, hostname: str,
@@ -138,6 +141,7 @@ def explain_json(ex: Explanation) -> dict[str, Any]:
                          "pids": list(ex.tree.evidence.pids)},
             "processes": len(ex.tree.members) or None},
         "alert": ex.alert,
+        "run_launchers": ex.run_launchers,
     }
 
 

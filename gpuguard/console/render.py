@@ -279,6 +279,9 @@ def explain_renderable(ex: Explanation) -> RenderableType:
                                    f"  reason: {tree.reason}: {tree.evidence.detail}"))
     if ex.alert is not None:
         parts.append(Text(f"alert: {alert_line(ex.alert)}"))
+    for run in ex.run_launchers:
+        parts.append(Text(f"gpuguard run: launcher {run['pid']} holds this tree with the "
+                          f"{run['tier'] or 'unrecorded'} tier"))
     if hv.root is not None:
         what = ("a reap would signal it and all its descendants" if hv.verdict == Verdict.ORPHAN
                 else "never reaped: only orphans are")

@@ -37,6 +37,8 @@ class Explanation:
     tree: Tree | None = None  # the tree it belongs to, members judged too
     alert: dict[str, Any] | None = None  # Alertmanager's state of its alert, if configured
     sessions: list[dict[str, Any]] = field(default_factory=list)  # see session_states()
+    #: `gpuguard run` launchers in its chain and the tier each holds its tree with.
+    run_launchers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from gpuguard.console.contract import (
     Failure,
 )
 from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.launch.options import CannotStart, Exit, Options, Unsupported
+from gpuguard.launch.options import WINDOWS_TIER, CannotStart, Exit, Options, Unsupported
+from gpuguard.launch.stderr import say
 
-USAGE = "run [--grace SECONDS] [--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"
+USAGE = ("run [--grace SECONDS] [--keep-leftovers] [--require TIER] [--tier TIER] [--verbose] "
+         "[--marks-dir DIR] -- CMD [ARGS...]")
 
 
 def command_of(words: list[str]) -> list[str]:
@@ -31,7 +33,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise Failure(EXIT_USAGE, f"run: no CMD given; usage: gpuguard {USAGE}")
     options = Options(grace=args.grace, keep_leftovers=args.keep_leftovers,
-                      marks_dir=args.marks_dir)
+                      marks_dir=args.marks_dir, require=args.require, tier=args.tier,
+                      verbose=args.verbose)
     try:
         how = launch(command, options)
     except Unsupported as exc:
@@ -48,6 +51,11 @@ def launch(command: list[str], options: Options) -> Exit:
     if IS_WINDOWS:
         from gpuguard.launch import windows
 
+        # One tier there, the Job Object (kill-on-close): as strong as the cgroup's.
+        if options.tier is not None:
+            raise Unsupported(f"--tier {options.tier}: Windows has one tier, {WINDOWS_TIER}")
+        if options.verbose:
+            say(f"gpuguard run: tier {WINDOWS_TIER}")
         return windows.run(command, options)
     from gpuguard.launch.launcher import run
 

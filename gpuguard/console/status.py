@@ -58,8 +58,8 @@ def accounting_json(acc: Accounting) -> dict[str, Any]:
     }
 
 
-def tree_json(tree: Tree, snap: Snapshot,
-              alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+def tree_json(tree: Tree, snap: Snapshot, alerts: dict[int, dict[str, Any]] | None = None,
+              marks_dir: str | None = None) -> dict[str, Any]:
     root = tree.root
     orphan = snap.orphans.get(root.identity) if root is not None else None
     return {
@@ -82,11 +82,23 @@ def tree_json(tree: Tree, snap: Snapshot,
         "holders": [holder_accounting_json(h, snap.accounting) for h in tree.holders],
         "members": [member_json(m) for m in tree_members(tree)],
         "alert": alerts.get(tree.root_pid) if alerts else None,
+        "run_launchers": launchers_of(tree, marks_dir),
     }
 
 
+def launchers_of(tree: Tree, marks_dir: str | None) -> list[dict[str, Any]]:
+    """The `gpuguard run` launchers among the tree's members, with their tiers (Linux:
+    the registrations in classify.marks_dir); [] without a directory to read."""
+    if marks_dir is None or IS_WINDOWS:
+        return []
+    from gpuguard.launch.registration import run_launchers
+
+    return run_launchers(marks_dir, tree_members(tree))
+
+
 def status_json(snap: Snapshot, hostname: str,
-                alerts: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+                alerts: dict[int, dict[str, Any]] | None = None,
+                marks_dir: str | None = None) -> dict[str, Any]:
     return {
         "schema": STATUS_SCHEMA,
         "hostname": hostname,
@@ -94,7 +106,7 @@ def status_json(snap: Snapshot, hostname: str,
         "nvml": nvml_json(snap.reading),
         "errors": [{"stage": s, "message": m} for s, m in snap.errors],
         "gpus": [gpu_json(g) for g in snap.reading.gpus],
-        "trees": [tree_json(t, snap, alerts) for t in snap.trees],
+        "trees": [tree_json(t, snap, alerts, marks_dir) for t in snap.trees],
         "accounting": accounting_json(snap.accounting),
     }
 
@@ -121,7 +133,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             snap = scanner.scan_once()
             alerts = orphan_alerts(config, hostname, snap)
             if args.json:
-                print_json(status_json(snap, hostname, alerts))
+                print_json(status_json(snap, hostname, alerts, config.classify.marks_dir))
             elif not snap.reading.up:
                 print(f"{PROG}: {nvml_down_line(snap.reading)}")
             else:
@@ -129,6 +141,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 console.print(status_renderable(snap, hostname, lambda _t: None))
                 for root_pid, alert in sorted(alerts.items()):
                     console.print(Text(f"alert for root {root_pid}: {alert_line(alert)}"))
+                for tree in snap.trees:
+                    for run in launchers_of(tree, config.classify.marks_dir):
+                        console.print(Text(f"gpuguard run: launcher {run['pid']} holds the "
+                                           f"tree of root {tree.root_pid} with the "
+                                           f"{run['tier'] or 'unrecorded'} tier"))
             return EXIT_OK if snap.reading.up else EXIT_NVML_DOWN
         return watch(scanner, hostname, args.watch, as_json=args.json)
     finally:

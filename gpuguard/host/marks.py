@@ -142,11 +142,12 @@ class Marks:
                 return None
             finally:
                 os.close(fd)
-        return data.decode("ascii", "replace").strip() == self.boot
+        return data.decode("ascii", "replace").partition("\n")[0].strip() == self.boot
 
-    def register(self, kind: str, pid: int, start_time: int) -> str:
+    def register(self, kind: str, pid: int, start_time: int, detail: str = "") -> str:
         """Write the registration (idempotent), replacing anything at its name; its path.
-        The registrar's, in a directory only it may write. Raises MarkError."""
+        The registrar's, in a directory only it may write. Raises MarkError. `detail`, a
+        second line, is for people (a run's tier); only the first line is ever trusted."""
         name = mark_name(kind, pid, start_time)
         path = os.path.join(self.path, name)
         tmp = os.path.join(self.path, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -154,7 +155,8 @@ class Marks:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
                 os.fchmod(fd, 0o644)  # readable by every console, whatever the umask
-                os.write(fd, f"{self.boot}\n".encode())
+                os.write(fd, f"{self.boot}\n{detail}\n".encode() if detail
+                         else f"{self.boot}\n".encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import selectors
 import socket
 import stat
@@ -47,6 +48,8 @@ log = logging.getLogger("gpuguard.registrar")
 
 KINDS = (KEEP_MARK, RUN_MARK)
 VERBS = ("register", "unregister")
+#: A run registration's optional tier (gpuguard/launch/options.TIERS): a word for people.
+TIER_WORD = re.compile(r"tier=[a-z]{1,16}")
 #: A request is one short line; more is not a request.
 MAX_REQUEST = 128
 #: Seconds a connection may take to send its line.
@@ -80,10 +83,13 @@ class Refused(MarkError):
 
 
 def request(socket_path: str, verb: str, kind: str, pid: int, start_time: int,
-            timeout: float = CLIENT_TIMEOUT) -> str:
+            timeout: float = CLIENT_TIMEOUT, *, tier: str | None = None) -> str:
     """Ask the registrar; its `ok` answer's word (registered, removed, absent).
-    Raises RegistrarUnavailable (nothing listens), Refused, or MarkError."""
-    line = f"{verb} {kind} {int(pid)} {int(start_time)}\n".encode()
+    `tier`: a `gpuguard run` registration's tier, written as the file's second line (for
+    people; only the first is trusted). Raises RegistrarUnavailable (nothing listens),
+    Refused, or MarkError."""
+    extra = f" tier={tier}" if tier else ""
+    line = f"{verb} {kind} {int(pid)} {int(start_time)}{extra}\n".encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
@@ -322,10 +328,15 @@ class Registrar:
     def _answer(self, caller: Caller, data: bytes) -> str:
         line = data.split(b"\n", 1)[0].decode("ascii", "replace")
         words = line.split()
+        detail = ""
+        if len(words) == 5 and words[:2] == ["register", RUN_MARK] and TIER_WORD.fullmatch(
+                words[4]):
+            detail = "tier " + words.pop().removeprefix("tier=")
         if (len(words) != 4 or words[0] not in VERBS or words[1] not in KINDS
                 or not words[2].isdigit() or not words[3].isdigit()):
             return self._count(BAD_REQUEST, f"no {BAD_REQUEST} expected: "
-                               "register|unregister keep|run PID START_TIME\n")
+                               "register|unregister keep|run PID START_TIME "
+                               "[tier=NAME]\n")
         verb, kind, pid, start_time = words[0], words[1], int(words[2]), int(words[3])
         problem = self.directory_problem()
         if problem is not None:
@@ -338,7 +349,7 @@ class Registrar:
             return self._count(code, f"no {code} {message}\n")
         try:
             if verb == "register":
-                self._marks.register(kind, pid, start_time)
+                self._marks.register(kind, pid, start_time, detail)
                 self._written += 1
                 if self._written >= self._prune_every:
                     self._written = 0

@@ -25,6 +25,7 @@ from gpuguard.launch.events import (
 from gpuguard.launch.options import CannotStart, Unsupported
 from gpuguard.launch.registration import (
     Registered,
+    own_start_time,
     register_launcher,
     unregister_launcher,
 )
@@ -39,6 +40,7 @@ from gpuguard.launch.subreaper import (
 )
 from gpuguard.launch.supervision import supervise
 from gpuguard.launch.teardown import reap_tree, teardown_line
+from gpuguard.launch.tiers import Hold, choose, refusal
 
 #: Bound on the signals dropped at the end (real-time signals queue, one by one).
 DRAIN_LIMIT = 4096
@@ -70,14 +72,23 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
     sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     registered: Registered | None = None
+    hold: Hold | None = None
     try:
-        prctl(PR_SET_CHILD_SUBREAPER, 1)
         prctl(PR_SET_PDEATHSIG, PDEATHSIG)
         if os.getppid() != parent:
             say(f"gpuguard run: the parent process {parent} died before the launcher could "
                 "watch it; CMD not started")
             return Exit(EXIT_PARENT_DIED)
-        registered = register_launcher(options.marks_dir)
+        # Before the subreaper: the guardian's middle process must hand it to PID 1 (or
+        # the next subreaper up), never to this launcher's teardown.
+        hold = choose(options, own_start_time())
+        refused = refusal(hold, options)
+        if refused is not None:
+            raise Unsupported(refused)
+        if options.verbose:
+            say(f"gpuguard run: {hold.describe()}")
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        registered = register_launcher(options.marks_dir, hold.tier)
         try:
             cmd = spawn(argv, mask, sigint_default=sigint_default,
                         sigchld_ignored=sigchld is signal.SIG_IGN)
@@ -94,6 +105,8 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
     finally:
         if registered is not None:
             unregister_launcher(*registered)
+        if hold is not None:
+            hold.release()
         # What arrived during the teardown is dropped, not delivered at its default
         # (a late SIGUSR1 would otherwise kill the launcher with the wrong status).
         for _ in range(DRAIN_LIMIT):

@@ -16,12 +16,29 @@ EXIT_PARENT_DIED = 129
 EXIT_SIGINT = 130
 
 
+#: The ways a tree is held, weakest first (docs/run.md, Tiers): the subreaper and
+#: parent-death signals alone; the launcher as its PID namespace's init; a cgroup v2 leaf
+#: killed by a guardian outside the launcher's session. Windows has one, its Job Object,
+#: as strong as the cgroup's.
+TIERS = ("subreaper", "pidns", "cgroup")
+WINDOWS_TIER = "job-object"
+RANK = {"subreaper": 0, "pidns": 1, "cgroup": 2, WINDOWS_TIER: 2}
+
+
+def below(tier: str, required: str | None) -> bool:
+    """Whether `tier` is weaker than what --require asked for."""
+    return required is not None and RANK[tier] < RANK[required]
+
+
 @dataclass(frozen=True)
 class Options:
     grace: float = DEFAULT_GRACE_SECONDS  # SIGINT -> reap wait, and the reap's TERM -> KILL
     keep_leftovers: bool = False  # when CMD exits by itself, leave its leftovers running
     #: Where the launcher registers itself (gpuguard/host/marks.py): what CMD cannot erase.
     marks_dir: str = DEFAULT_MARKS_DIR
+    require: str | None = None  # --require: refuse to start below this tier
+    tier: str | None = None  # --tier: this tier, not the best (refused where it cannot be had)
+    verbose: bool = False  # --verbose: say the tier in force on stderr
 
 
 @dataclass(frozen=True)

@@ -786,7 +786,8 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     not_executable.write_text("x")
     for args, code, message in (
             ([], 2, "gpuguard: run: no CMD given; usage: gpuguard run [--grace SECONDS] "
-                    "[--keep-leftovers] [--marks-dir DIR] -- CMD [ARGS...]"),
+                    "[--keep-leftovers] [--require TIER] [--tier TIER] [--verbose] "
+                    "[--marks-dir DIR] -- CMD [ARGS...]"),
             (["--", "/nonexistent/cmd"], 127, "gpuguard: run: /nonexistent/cmd: command not "
                                               "found"),
             (["--", str(not_executable)], 126, f"gpuguard: run: {not_executable}: "
@@ -909,6 +910,10 @@ def test_what_a_released_member_starts_during_the_reap_is_reaped_too(
 
 # -- the launcher itself is SIGKILLed: the exporter's view -----------------------------------
 
+#: The subreaper tier alone, where the host has a better one: its SIGKILLed launcher
+#: leaves what CMD started as orphans (the tiers below are the other side).
+SUBREAPER = ("--tier", "subreaper")
+
 
 def tree_of(gpuguard: Run, pid: int, *args: str) -> dict:
     """The tree holding `pid`, from `gpuguard status --json` (the exporter's scan)."""
@@ -921,7 +926,7 @@ def tree_of(gpuguard: Run, pid: int, *args: str) -> dict:
 
 def test_launcher_sigkilled_cmd_dies_and_the_survivor_is_an_orphan_tree(
         trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
-    run = Launch(trees, rundir, [f"holder={HOLDER}"])
+    run = Launch(trees, rundir, [f"holder={HOLDER}"], options=SUBREAPER)
     holder = run.pid("holder")
     fake_gpu.add_process(0, holder, GIB)
 
@@ -933,15 +938,17 @@ def test_launcher_sigkilled_cmd_dies_and_the_survivor_is_an_orphan_tree(
     assert alive(holder)
     orphan = tree_of(gpuguard, holder)
     assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", holder), orphan
-    assert orphan["reason"] in ("parent-exited", "session-ended")
+    # The console hears no exits: a gone launcher reads launcher-unrecorded there.
+    assert orphan["reason"] in ("parent-exited", "launcher-unrecorded")
 
 
 def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies(
         trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
     """A double-forked `setsid` daemon's session is gone, which under PID 1 reads orphan
-    (session-ended, reaped by default): under its live launcher it is attached
+    (launcher-unrecorded in the console, which hears no exits): under its live launcher
+    it is attached
     (GPUGUARD_RUN names the launcher), and once the launcher is gone, orphaned again."""
-    run = Launch(trees, rundir, ["daemon"])
+    run = Launch(trees, rundir, ["daemon"], options=SUBREAPER)
     daemon = run.pid("daemon")
     assert (stat_fields(daemon) or {}).get("ppid") == run.launcher  # adopted by it
     fake_gpu.add_process(0, daemon, GIB)
@@ -952,7 +959,18 @@ def test_a_daemon_adopted_by_a_live_launcher_is_attached_until_the_launcher_dies
     gone_within([run.launcher, run.cmd], 1.0)
     orphan = tree_of(gpuguard, daemon)  # now adopted by this test process (a subreaper)
     assert (orphan["verdict"], orphan["root_pid"]) == ("orphan", daemon), orphan
-    assert orphan["reason"] in ("session-ended", "launcher-killed")
+    assert orphan["reason"] == "launcher-unrecorded"
+
+
+def registrar_serving(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A marks directory and the registrar that writes it (what the exporter serves)."""
+    marks = tmp_path / "run" / "marks"
+    marks.parent.mkdir()
+    assert ensure_marks_dir(str(marks)) is None
+    registrar, problem = start_registrar(str(marks))
+    assert registrar is not None, problem
+    request.addfinalizer(registrar.stop)
+    return marks
 
 
 def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registration(
@@ -962,12 +980,7 @@ def test_a_daemon_that_erases_its_marker_stays_attached_by_the_launchers_registr
     registration (--marks-dir, the daemons' directory) still names it, and it is gone
     once the launcher ends. Without the registration the erased marker is unknown, never
     an orphan to reap under a live launcher."""
-    marks = tmp_path / "run" / "marks"
-    marks.parent.mkdir()
-    assert ensure_marks_dir(str(marks)) is None
-    registrar, problem = start_registrar(str(marks))  # what the exporter serves
-    assert registrar is not None, problem
-    request.addfinalizer(registrar.stop)
+    marks = registrar_serving(tmp_path, request)
     config = tmp_path / "gpuguard.yml"
     config.write_text(f"classify:\n  marks_dir: {marks}\n")
     run = Launch(trees, rundir, [f"erased-daemon={HOLDER}", "await=daemon"],
@@ -1036,3 +1049,226 @@ def test_an_unrelated_process_at_a_reused_pid_is_never_signalled(rundir: Path) -
     assert result["q_alive"] and result["c_alive"], result
     assert result["code"] == -signal.SIGTERM and not result["cmd_alive"], result
     assert result["q"] not in reaped_pids(result["stderr"]), result
+
+
+# -- tiers: a SIGKILLed launcher, process group or session takes the whole tree --------------
+
+#: The --verbose line of the cgroup tier: where the leaf is, which pid guards it.
+CGROUP_LINE = re.compile(r"gpuguard run: tier cgroup \(leaf (?P<leaf>\S+), guardian "
+                         r"(?P<guardian>\d+)\)")
+#: A tree with every way out of a subreaper's reach when the subreaper itself dies: a
+#: child, a retry loop, a double-forked `setsid` daemon and a plain double fork.
+ESCAPERS = ["child", "loop", "daemon", "stray"]
+
+
+@functools.cache
+def no_cgroup_tier() -> str | None:
+    """Why this host (this PID namespace, this user) does not give the cgroup tier."""
+    done = subprocess.run([*LAUNCHER, "--require", "cgroup", "--", sys.executable, "-c", ""],
+                          env=child_env(), capture_output=True, text=True, timeout=60,
+                          check=False, cwd=REPO)
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
+
+
+def need_cgroup_tier() -> None:
+    why = no_cgroup_tier()
+    if why is not None:  # not root, no writable cgroup v2 mount, a kernel before 5.14
+        pytest.skip(f"this host gives no cgroup tier: {why}")
+
+
+class Guarded:
+    """The leaf and the guardian a cgroup-tier Launch named on stderr (--verbose)."""
+
+    def __init__(self, run: Launch) -> None:
+        found = [m for m in map(CGROUP_LINE.fullmatch, run.stderr()) if m]
+        assert found, run.stderr()
+        self.leaf = Path(found[0]["leaf"])
+        self.guardian = int(found[0]["guardian"])
+
+    def members(self) -> set[int]:
+        return {int(p) for p in (self.leaf / "cgroup.procs").read_text().split()}
+
+    def wait_done(self) -> None:
+        wait_for(lambda: not alive(self.guardian) and not self.leaf.exists(),
+                 what="the guardian to remove its leaf and exit")
+
+
+def sigkill(run: Launch, how: str) -> None:
+    """What a scheduler, the OOM killer or `kill -9` does: only to what this test spawned."""
+    if how == "launcher":
+        os.kill(run.launcher, signal.SIGKILL)
+    elif how == "group":
+        group = os.getpgid(run.launcher)
+        assert group != os.getpgrp()
+        os.killpg(group, signal.SIGKILL)
+    else:  # the whole session, as SLURM or a CI runner ending a job
+        session = os.getsid(run.launcher)
+        assert session != os.getsid(0)
+        for pid in descendants_of(os.getpid()):
+            if (stat_fields(pid) or {}).get("sid") == session:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.mark.parametrize("how", ["launcher", "group", "session"])
+def test_cgroup_tier_a_sigkilled_launcher_takes_its_whole_tree_within_a_second(
+        trees: Trees, rundir: Path, how: str) -> None:
+    need_cgroup_tier()
+    sibling = subprocess.Popen(["sleep", "3600"])  # outside the tree: must not be touched
+    trees.pids.append((sibling.pid, stat_fields(sibling.pid)))
+    run = Launch(trees, rundir, ESCAPERS, options=("--verbose", "--require", "cgroup"))
+    guarded = Guarded(run)
+    child, loop, daemon, stray, worker = (run.pid(n) for n in (*ESCAPERS[:4], "worker"))
+    tree = [run.launcher, *descendants_of(run.launcher)]
+    assert {run.cmd, child, loop, daemon, stray, worker} <= set(tree)
+    assert set(tree) <= guarded.members()  # the launcher and all it forked are in the leaf
+    # The guardian is nobody's target: not in the leaf, the tree, the group or the session.
+    guardian = stat_fields(guarded.guardian) or {}
+    assert guarded.guardian not in tree and guarded.guardian not in guarded.members()
+    assert guardian["sid"] != os.getsid(run.launcher), guardian
+    assert guardian["pgid"] != os.getpgid(run.launcher), guardian
+    assert guardian["comm"] == "gpuguard-guard", guardian
+    # It holds none of the caller's streams (a `$(gpuguard run ...)` waits for no guardian).
+    assert {os.readlink(f"/proc/{guarded.guardian}/fd/{fd}") for fd in (0, 1, 2)} == {
+        os.devnull}
+    sigkill(run, how)
+    took = gone_within(tree, 1.0)
+    assert took < 1.0, f"the tree took {took:.3f}s to go"
+    guarded.wait_done()
+    assert alive(sibling.pid)
+    if how == "launcher":  # its parent saw a plain SIGKILLed command
+        assert run.status() == 128 + signal.SIGKILL
+    sibling.kill()
+    sibling.wait()
+
+
+def test_cgroup_tier_a_normal_run_keeps_its_status_and_removes_its_leaf(
+        trees: Trees, rundir: Path) -> None:
+    need_cgroup_tier()
+    run = Launch(trees, rundir, ["child", "exit=3"], options=("--verbose", "--require", "cgroup"))
+    guarded = Guarded(run)
+    child = run.pid("child")
+    assert run.status() == 3
+    gone_within([child], 1.0)
+    guarded.wait_done()
+    tier, reaped = run.stderr()
+    assert reaped.startswith("gpuguard run: CMD exited with status 3: reaped 1 process(es)")
+    assert reaped_pids(reaped) == {child}
+
+
+def test_cgroup_tier_is_in_the_registration_and_a_sigterm_releases_the_leaf(
+        trees: Trees, rundir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    need_cgroup_tier()
+    marks = registrar_serving(tmp_path, request)
+    run = Launch(trees, rundir, ["daemon"],
+                 options=("--verbose", "--marks-dir", str(marks)))  # the best: cgroup here
+    guarded = Guarded(run)
+    daemon = run.pid("daemon")
+    (mark,) = marks.iterdir()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert mark.read_text().splitlines() == [boot, "tier cgroup"]
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(daemon) and list(marks.iterdir()) == []
+    guarded.wait_done()
+
+
+def test_cgroup_tier_keep_leftovers_are_not_killed_when_the_launcher_ends(
+        trees: Trees, rundir: Path) -> None:
+    need_cgroup_tier()
+    run = Launch(trees, rundir, ["child", "exit=3"],
+                 options=("--verbose", "--require", "cgroup", "--keep-leftovers"))
+    guarded = Guarded(run)
+    child = run.pid("child")
+    assert run.status() == 3
+    assert alive(child) and guarded.members() == {child}
+    assert alive(guarded.guardian)  # asleep until the leftovers end, then removes the leaf
+    os.kill(child, signal.SIGKILL)
+    gone_within([child], 1.0)
+    guarded.wait_done()
+
+
+def test_require_refuses_to_start_below_the_tier(rundir: Path) -> None:
+    marker = rundir / "started"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    below = subprocess.run([*LAUNCHER, "--tier", "subreaper", "--require", "cgroup", *cmd],
+                           env=child_env(), capture_output=True, text=True, timeout=60,
+                           check=False, cwd=REPO)
+    assert below.returncode == 2, below.stderr
+    assert below.stderr.splitlines() == [
+        "gpuguard: run: CMD not started: --require cgroup: --tier subreaper is below it"]
+    if os.geteuid() != 0:
+        pytest.skip("not root: the unprivileged variant needs setpriv as root")
+    prefix = unprivileged_prefix()
+    require(prefix, "setpriv not installed: apt-get install util-linux")
+    user = subprocess.run([*prefix, *LAUNCHER, "--require", "cgroup", *cmd], env=child_env(),
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert user.returncode == 2, user.stderr
+    (line,) = user.stderr.splitlines()
+    assert line.startswith("gpuguard: run: CMD not started: --require cgroup: this host gives "
+                           "the subreaper tier (no cgroup: cannot create a cgroup in "), line
+    assert not marker.exists()
+    # Without --require the same user runs, on the subreaper tier, and says so.
+    ran = subprocess.run([*prefix, *LAUNCHER, "--verbose", *cmd], env=child_env(),
+                         capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stderr.startswith("gpuguard run: tier subreaper (no cgroup: "), ran.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("how", ["launcher", "group"])
+def test_pidns_tier_a_sigkilled_init_launcher_takes_its_namespace(
+        trees: Trees, rundir: Path, how: str) -> None:
+    """`unshare --pid --fork gpuguard run`: the launcher is PID 1 of its namespace, which
+    the kernel kills whole when it dies (no guardian: it would be the launcher's child)."""
+    unshare = shutil.which("unshare")
+    require(unshare, "unshare not installed: apt-get install util-linux")
+    ns = [str(unshare), "--pid", "--fork", "--mount-proc"]
+    allowed = subprocess.run([*ns, "true"], capture_output=True, check=False)
+    if allowed.returncode != 0:
+        pytest.skip(f"unshare --pid is not permitted here: {allowed.stderr.decode().strip()}")
+    argv = [*ns, *LAUNCHER, "--verbose", "--require", "pidns", "--", sys.executable,
+            str(rundir / "cmd.py"), str(rundir), *ESCAPERS]
+    script = (" ".join(shlex.quote(a) for a in argv) + f" 2> {shlex.quote(str(rundir / 'stderr'))}"
+              f"; echo $? > {shlex.quote(str(rundir / 'status'))}")
+    tree = trees.spawn(script, env=child_env())
+    wait_for(lambda: (rundir / "cmd").exists(), what="CMD")  # pids in there are the namespace's
+    (middle,) = wait_for(lambda: descendants_of(tree.launcher.pid)[:1], what="unshare")
+    (launcher,) = wait_for(lambda: descendants_of(middle)[:1], what="the launcher")
+    members = [launcher, *descendants_of(launcher)]
+    trees.pids.extend((pid, stat_fields(pid)) for pid in members)
+    assert len(members) >= 7, members  # CMD, child, loop, its worker, daemon, stray
+    assert (rundir / "stderr").read_text().startswith(
+        "gpuguard run: tier pidns (the launcher is PID 1: its namespace dies with it)")
+    if how == "launcher":
+        os.kill(launcher, signal.SIGKILL)
+    else:
+        os.killpg(os.getpgid(launcher), signal.SIGKILL)
+    took = gone_within(members, 1.0)
+    assert took < 1.0, f"the namespace took {took:.3f}s to go"
+
+
+def test_status_and_explain_show_the_tier_each_launcher_holds_its_tree_with(
+        trees: Trees, rundir: Path, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    need_cgroup_tier()
+    marks = registrar_serving(tmp_path, request)
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"classify:\n  marks_dir: {marks}\n")
+    run = Launch(trees, rundir, [f"holder={HOLDER}"], options=("--marks-dir", str(marks)))
+    holder = run.pid("holder")
+    fake_gpu.add_process(0, holder, GIB)
+    start = (stat_fields(run.launcher) or {})["start_time"]
+    held = [{"pid": run.launcher, "start_time": start, "tier": "cgroup"}]
+    assert tree_of(gpuguard, holder, "--config", str(config))["run_launchers"] == held
+    assert tree_of(gpuguard, holder)["run_launchers"] == []  # not the default directory's
+    explained = gpuguard("explain", str(holder), "--json", "--config", str(config))
+    assert explained.returncode == 0, explained.stderr
+    assert json.loads(explained.stdout)["run_launchers"] == held
+    text = gpuguard("status", "--config", str(config))
+    assert (f"gpuguard run: launcher {run.launcher} holds the tree of root "
+            in " ".join(text.stdout.split())), text.stdout
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
