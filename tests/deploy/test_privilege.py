@@ -13,7 +13,10 @@ cwd and stdin) and the remediator reaps the orphan and audits it; without any on
 (each capability in turn), neither gives a wrong verdict: the trees read unknown or the
 reap is refused or aborted with the reason, the tree is left as it was, and the daemon
 names the missing capability at start. A capability whose removal changes nothing fails
-these tests: it is not needed. And what the capabilities would also allow, the units'
+these tests: it is not needed. The exporter's verdicts with the unit's capabilities, each
+one removed, and the capability-free drop-in (deploy/systemd/gpuguard-exporter.service.d/)
+are compared cell by cell with the table in docs/deployment.md; without a capability no
+scrape ever shows an orphan. And what the capabilities would also allow, the units'
 filter refuses: with them alone the service uid writes another user's memory
 (process_vm_writev), traces it and takes its file descriptors; under the filter each call
 fails with EPERM.
