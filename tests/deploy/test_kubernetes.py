@@ -8,6 +8,8 @@ manifests equal their sources and are fresh; the config is accepted by the progr
 loader and the arguments by their own parsers; the capabilities the DaemonSet grants are
 exercised on this kernel, as uid 0 with exactly that set, against another user's process,
 and so is what daemonset.yaml says they also allow (writing the node's root-owned files).
+The capability-free overlay (deploy/kubernetes-no-capabilities/) is built, validated, and
+its exporter's reads and writes run as its uid without capabilities.
 """
 
 from __future__ import annotations
