@@ -35,6 +35,7 @@ ASSETS: tuple[str, ...] = (
     "grafana/provisioning/dashboards/gpuguard.yml",
     "grafana/provisioning/datasources/prometheus.yml",
     "deploy/systemd/gpuguard-exporter.service",
+    "deploy/systemd/gpuguard-exporter.service.d/no-capabilities.conf",
     "deploy/systemd/gpuguard-remediator.service",
     "deploy/systemd/gpuguard.sysusers.conf",
     "deploy/systemd/gpuguard.yml",

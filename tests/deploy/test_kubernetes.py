@@ -8,6 +8,8 @@ manifests equal their sources and are fresh; the config is accepted by the progr
 loader and the arguments by their own parsers; the capabilities the DaemonSet grants are
 exercised on this kernel, as uid 0 with exactly that set, against another user's process,
 and so is what daemonset.yaml says they also allow (writing the node's root-owned files).
+The capability-free overlay (deploy/kubernetes-no-capabilities/) is built, validated, and
+its exporter's reads and writes run as its uid without capabilities.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from tests.support.staging import stage, staged_python
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "deploy" / "kubernetes"
+#: The capability-free exporter variant: a kustomize overlay of MANIFESTS.
+NO_CAPABILITIES = REPO / "deploy" / "kubernetes-no-capabilities"
 GENERATE = MANIFESTS / "generate.py"
 #: The oldest Kubernetes minor still commonly run, and the newest kubernetes-validate bundles.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
@@ -525,3 +529,162 @@ def test_granted_capabilities_write_the_nodes_root_owned_files(
         "root-owned\nwritten by the container\n"
     got = _as_uid0_with(_declared(container) - {"SYS_PTRACE"}, staged, NODE_WRITE, pid, path)
     assert got == {"file": "EACCES", "mem": "EACCES"}
+
+
+# ------------------------------------------- the capability-free exporter variant
+
+
+def _pointer(path: str) -> list[str | int]:
+    """An RFC 6901 JSON pointer's steps (array indices as ints)."""
+    steps: list[str | int] = []
+    for raw in path.split("/")[1:]:
+        step = raw.replace("~1", "/").replace("~0", "~")
+        steps.append(int(step) if step.isdigit() else step)
+    return steps
+
+
+def apply_json6902(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The patch's `test` and `replace` operations (RFC 6902), the only ones it may use."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = _pointer(op["path"])
+        node: Any = doc
+        for step in parents:
+            node = node[step]
+        assert op["op"] in ("test", "replace"), op
+        if op["op"] == "test":
+            assert node[last] == op["value"], f"test of {op['path']} failed: {node[last]!r}"
+        else:
+            assert last in node if isinstance(node, dict) else last < len(node), op["path"]
+            node[last] = copy.deepcopy(op["value"])
+    return doc
+
+
+def _variant() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the overlay's kustomization, the base DaemonSet with its one patch applied)."""
+    kustomization = yaml.safe_load((NO_CAPABILITIES / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../kubernetes"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "gpuguard"}
+    ops = yaml.safe_load((NO_CAPABILITIES / patch["path"]).read_text())
+    return kustomization, apply_json6902(_one("DaemonSet"), ops)
+
+
+def _image_user() -> tuple[int, int]:
+    (user,) = re.findall(r"^USER (\d+):(\d+)$", (REPO / "deploy" / "Dockerfile").read_text(),
+                         re.M)
+    return int(user[0]), int(user[1])
+
+
+def test_no_capabilities_variant_changes_only_the_exporters_security_context():
+    """The overlay's exporter runs as the image's non-root user, every capability dropped
+    and none added; the remediator and everything else are the base's, unchanged."""
+    kustomization, daemonset = _variant()
+    assert set(kustomization) == {"apiVersion", "kind", "resources", "patches"}
+    base = _one("DaemonSet")
+    pod, base_pod = daemonset["spec"]["template"]["spec"], base["spec"]["template"]["spec"]
+    exporter, remediator = pod["containers"]
+    assert exporter["name"] == "exporter" and remediator == base_pod["containers"][1]
+    context = exporter["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert (context["runAsUser"], context["runAsGroup"]) == _image_user()
+    assert context["runAsNonRoot"] is True and context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True and context["privileged"] is False
+    exporter.pop("securityContext")
+    base_exporter = copy.deepcopy(base_pod["containers"][0])
+    base_exporter.pop("securityContext")
+    assert exporter == base_exporter
+    rest = copy.deepcopy(daemonset)
+    rest["spec"]["template"]["spec"]["containers"] = []
+    same = copy.deepcopy(base)
+    same["spec"]["template"]["spec"]["containers"] = []
+    assert rest == same
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_no_capabilities_variant_validates_against_the_kubernetes_schema(version):
+    kubernetes_validate = _kubernetes_validate()
+    _, daemonset = _variant()
+    assert kubernetes_validate.validate(daemonset, version, strict=True) == \
+        version.rsplit(".", 1)[0]
+
+
+def test_no_capabilities_patch_refuses_a_daemonset_whose_first_container_is_not_the_exporter():
+    """The patch's `test` step: it never strips the remediator's capabilities instead (and
+    kustomize refuses the build, checked by hand: "testing value ... failed")."""
+    swapped = copy.deepcopy(_one("DaemonSet"))
+    containers = swapped["spec"]["template"]["spec"]["containers"]
+    containers.reverse()
+    ops = yaml.safe_load((NO_CAPABILITIES / "exporter-no-capabilities.yaml").read_text())
+    with pytest.raises(AssertionError, match="test of /spec/template/spec/containers/0/name"):
+        apply_json6902(swapped, ops)
+
+
+def test_kustomize_builds_the_variant_as_this_file_applies_it():
+    """`kubectl kustomize` (kustomize itself) gives the base's objects with exactly the
+    DaemonSet above. Skipped without kubectl (CI installs none; the tests above apply
+    the same patch)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: the overlay is checked by applying its patch here")
+
+    def build(folder: Path) -> list[dict[str, Any]]:
+        done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+    base, variant = build(MANIFESTS), build(NO_CAPABILITIES)
+    ops = yaml.safe_load((NO_CAPABILITIES / "exporter-no-capabilities.yaml").read_text())
+    expected = [apply_json6902(o, ops) if o["kind"] == "DaemonSet" else o for o in base]
+    assert variant == expected and variant != base
+
+
+def _as_user(uid: int, gid: int) -> list[str]:
+    """`uid` without any capability (what the kubelet gives a non-root container)."""
+    setpriv = shutil.which("setpriv")
+    require(setpriv, "setpriv not installed: apt-get install util-linux")
+    return [str(setpriv), f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+
+
+@pytest.fixture(scope="module")
+def staged_as_image_user() -> Iterator[tuple[list[str], str, dict[str, str]]]:
+    """(identity, python, env): the variant's exporter uid, gpuguard importable."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    root = Path(tempfile.mkdtemp(prefix="gpuguard-kubernetes-"))
+    try:
+        root.chmod(0o755)
+        env = {"PATH": "/usr/bin:/bin", **stage(root)}
+        identity = _as_user(*_image_user())
+        python, tried = staged_python(identity, env, "gpuguard.host.procfs")
+        if python is None:
+            require(False, f"no Python that uid {_image_user()[0]} may run: {tried}")
+        assert python is not None
+        yield identity, python, env
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _as_image_user(staged: tuple[list[str], str, dict[str, str]], probe: str,
+                   *args: object) -> dict[str, Any]:
+    identity, python, env = staged
+    result = subprocess.run([*identity, python, "-c", probe, *map(str, args)], env=env,
+                            capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout))
+
+
+def test_variant_exporter_reads_no_marker_and_writes_no_node_file(
+        other_users_process, root_process_with_a_private_file, staged_as_image_user):
+    """The variant's exporter, as its uid without capabilities: another user's keep marker
+    and daemon evidence read None (the tree reads unknown, never orphan), it can signal
+    nothing, and the door the base's uid 0 + SYS_PTRACE opens (a root-owned file of the
+    node, a root process's memory) stays shut."""
+    got = _as_image_user(staged_as_image_user, PROBE, other_users_process)
+    assert got == {"keep": None, "detached": None, "signal": "EPERM"}
+    pid, path = root_process_with_a_private_file
+    got = _as_image_user(staged_as_image_user, NODE_WRITE, pid, path)
+    assert got == {"file": "EACCES", "mem": "EACCES"}
+    assert Path(f"/proc/{pid}/root{path}").read_text() == "root-owned\n"

@@ -13,7 +13,10 @@ cwd and stdin) and the remediator reaps the orphan and audits it; without any on
 (each capability in turn), neither gives a wrong verdict: the trees read unknown or the
 reap is refused or aborted with the reason, the tree is left as it was, and the daemon
 names the missing capability at start. A capability whose removal changes nothing fails
-these tests: it is not needed. And what the capabilities would also allow, the units'
+these tests: it is not needed. The exporter's verdicts with the unit's capabilities, each
+one removed, and the capability-free drop-in (deploy/systemd/gpuguard-exporter.service.d/)
+are compared cell by cell with the table in docs/deployment.md; without a capability no
+scrape ever shows an orphan. And what the capabilities would also allow, the units'
 filter refuses: with them alone the service uid writes another user's memory
 (process_vm_writev), traces it and takes its file descriptors; under the filter each call
 fails with EPERM.
@@ -45,12 +48,18 @@ import requests
 import yaml
 
 from gpuguard.host.procfs import in_host_pid_namespace
-from tests.deploy.test_systemd_units import EXPORTER, REMEDIATOR, capabilities, settings
+from tests.deploy.test_systemd_units import (
+    EXPORTER,
+    NO_CAPABILITIES,
+    REMEDIATOR,
+    capabilities,
+    settings,
+)
 from tests.support.ci import require
 from tests.support.fakenvml import LIBRARY_NAME, STATE_ENV, FakeGpuWorld
 from tests.support.proctree import Tree, Trees, alive, stat_fields, wait_for
 from tests.support.remediator_harness import HOST, alert, payload
-from tests.support.servers import ServerProcess, find, parse_samples
+from tests.support.servers import REPO, ServerProcess, find, parse_samples
 from tests.support.staging import stage, staged_holder, staged_python
 
 SERVICE_UID = 64123  # the units' `gpuguard`
@@ -222,14 +231,17 @@ class Rig:
     world: SharedWorld
     trees: Trees
 
-    def job(self, *, keep: bool = False, daemon: bool = False) -> Job:
+    def job(self, *, keep: bool = False, daemon: bool = False, nohup: bool = False) -> Job:
         """Start another user's job: GPUGUARD_KEEP=1 in its environment with `keep`; in /
-        with `daemon` (stdin is /dev/null either way: detached on purpose, classify rule 6)."""
+        with `daemon` (stdin is /dev/null either way: detached on purpose, classify rule 6);
+        ignoring SIGHUP with `nohup` (inherited by the root and the holder: rule 4)."""
         python = shlex.quote(self.box.python)
         holder = shlex.quote(str(staged_holder(self.box.root)))
         inner = f'sh -c "{python} {holder} --pidfile $1/holder" & echo $! > "$1/root"; wait'
         # Not in / unless `daemon`: the runner's own directory might be /.
         inner = ("cd /; " if daemon else 'cd "$1"; ') + inner
+        if nohup:
+            inner = "trap '' HUP; " + inner
         drop = " ".join(setpriv(OWNER_UID, frozenset()))
         keep_env = " GPUGUARD_KEEP=1" if keep else ""
         # The launcher hands the tree's directory to the owner, then becomes the owner's bash.
@@ -525,6 +537,119 @@ def test_exporter_without_a_capability_fails_closed(rig: Rig, dropped: str) -> N
                 f"(a verdict that does not change is no proof that {dropped} is needed)"
         assert metric(exporter, "gpuguard_orphan_trees") == 0
         named_missing(exporter, dropped)
+    finally:
+        exporter.stop()
+
+
+#: The exporter profiles of the table in docs/deployment.md, by its column headings: the
+#: unit's capabilities, the unit less each one, and the unit with the no-capabilities
+#: drop-in (read from the files, so the table, the unit and the drop-in cannot drift).
+EXPORTER_PROFILES: dict[str, frozenset[str]] = {
+    "the unit": capabilities(EXPORTER),
+    **{f"without {cap}": capabilities(EXPORTER) - {cap} for cap in sorted(capabilities(EXPORTER))},
+    "no capabilities": capabilities(EXPORTER, NO_CAPABILITIES),
+}
+#: The rows of that table: another user's job, started as Rig.job(**options).
+SCENARIOS: dict[str, dict[str, bool]] = {
+    "orphan": {}, "keep": {"keep": True}, "daemon": {"daemon": True},
+    "nohup": {"nohup": True}, "attached": {},
+}
+#: The jobs whose launcher stays alive.
+LAUNCHER_LIVES = {"attached"}
+DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
+TABLE_MARK = "<!-- privilege-table"
+
+
+def docs_table() -> dict[str, dict[str, str]]:
+    """The verdict table of docs/deployment.md: {row: {column heading: cell}}, each cell
+    with its backticks and parentheses dropped ("`orphan` (launcher-killed)" reads
+    "orphan launcher-killed"). A row is named by its first word (a scenario of SCENARIOS,
+    or a metric's name)."""
+    lines = DEPLOYMENT_DOC.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_MARK)) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([re.sub(r"[`()*]", "", cell).strip() for cell in line.strip("|").split("|")])
+    heading, _rule, *body = rows
+    table = {}
+    for cells in body:
+        name = re.split(r"[\s:]", cells[0], maxsplit=1)[0]
+        table[name] = dict(zip(heading[1:], cells[1:], strict=True))
+    return table
+
+
+def as_documented(verdict: str, reason: str, *, events: bool) -> str:
+    """A verdict as the table writes it: for a host where the exporter hears the kernel's
+    process events (without them a killed launcher reads session-ended) and where the
+    tests do not run as PID 1 (under unshare a live launcher's job reads detached: its
+    launcher tops the chain and leads its session)."""
+    if not events and reason == "session-ended":
+        reason = "launcher-killed"
+    if reason == "detached" and os.getpid() == 1:
+        reason = "attached"
+    return f"{verdict} {reason}"
+
+
+def total(server: ServerProcess, name: str) -> float:
+    samples = parse_samples(requests.get(f"{server.url}/metrics", timeout=5).text)
+    return sum(value for _, value in find(samples, name))
+
+
+@pytest.mark.parametrize("profile", list(EXPORTER_PROFILES))
+def test_exporter_verdicts_per_profile_are_the_docs_table(rig: Rig, profile: str) -> None:
+    """The table of docs/deployment.md, measured: each profile's exporter watches another
+    user's jobs while their launchers die (one lives). Without a capability the jobs whose
+    verdict needs /proc/PID/environ, cwd or fd/0 read unknown at every scrape, never
+    orphan, and no orphan tree is ever counted; what world-readable files decide (nohup's
+    status, a live launcher) reads as with them."""
+    table = docs_table()
+    assert set(table) == {*SCENARIOS, "gpuguard_orphan_trees",
+                          "gpuguard_orphan_tree_memory_bytes"}, sorted(table)
+    assert all(set(row) == set(EXPORTER_PROFILES) for row in table.values()), table
+    caps = EXPORTER_PROFILES[profile]
+    lacking = capabilities(EXPORTER) - caps
+    exporter = rig.exporter(caps)
+    try:
+        events = in_host_pid_namespace() is True and kernel_at_least(6, 6)
+        wait_for(lambda: metric(exporter, "gpuguard_process_events_up") == float(events),
+                 what=f"gpuguard_process_events_up {int(events)}")
+        jobs = {name: rig.job(**options) for name, options in SCENARIOS.items()}
+        holders = tuple(job.holder for job in jobs.values())
+        seen: list[dict[str, str]] = []
+        orphan_counts: list[float] = []
+
+        def observe() -> dict[str, str]:
+            now = process_info(exporter, holders)
+            got = {name: as_documented(now[job.holder]["verdict"], now[job.holder]["reason"],
+                                       events=events) for name, job in jobs.items()}
+            seen.append(got)
+            orphan_counts.append(metric(exporter, "gpuguard_orphan_trees"))
+            return got
+
+        before = observe()
+        assert {v.split()[1] for v in before.values()} <= {"attached", "ignores-sighup"}, before
+        for name, job in jobs.items():
+            if name not in LAUNCHER_LIVES:
+                job.tree.kill_launcher()
+        expected = {name: table[name][profile] for name in jobs}
+        with contextlib.suppress(AssertionError):  # the comparison below says what differs
+            wait_for(lambda: observe() == expected, timeout=15,
+                     what=f"the verdicts of column {profile!r}")
+        assert seen[-1] == expected, f"{profile}: measured {seen[-1]}, the docs say {expected}"
+        assert metric(exporter, "gpuguard_orphan_trees") == \
+            float(table["gpuguard_orphan_trees"][profile])
+        gib = total(exporter, "gpuguard_orphan_tree_memory_bytes") / GIB
+        assert f"{gib:g} GiB" == table["gpuguard_orphan_tree_memory_bytes"][profile]
+        if lacking:
+            # Never orphan, at any scrape on the way: not one verdict, not one count.
+            assert not any(v.startswith("orphan") for got in seen for v in got.values()), seen
+            assert set(orphan_counts) == {0.0}, orphan_counts
+            for cap in sorted(lacking):
+                named_missing(exporter, cap)
+        else:
+            assert "missing CAP" not in exporter.stderr()
     finally:
         exporter.stop()
 

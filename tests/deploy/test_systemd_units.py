@@ -32,11 +32,15 @@ EXPORTER = UNITS / "gpuguard-exporter.service"
 REMEDIATOR = UNITS / "gpuguard-remediator.service"
 EXAMPLE_CONFIG = UNITS / "gpuguard.yml"
 SYSUSERS = UNITS / "gpuguard.sysusers.conf"
+#: The capability-free exporter profile (docs/deployment.md#the-capability-free-exporter).
+NO_CAPABILITIES = UNITS / "gpuguard-exporter.service.d" / "no-capabilities.conf"
 #: The issue's targets for `systemd-analyze security --offline=true` (lower is better).
 #: Measured with systemd 252: exporter 2.2, remediator 2.3 (docs/deployment.md, systemd). The
 #: score cannot see what the capabilities allow through /proc/PID/root and /proc/PID/mem
 #: (the units' headers): it is no measure of that.
 MAX_EXPOSURE = {EXPORTER.name: 3.0, REMEDIATOR.name: 3.5}
+#: The exporter with NO_CAPABILITIES, measured with systemd 252: 1.7 (the unit alone: 2.2).
+MAX_EXPOSURE_NO_CAPABILITIES = 1.8
 #: Where the units find the console scripts: the venv docs/install.md makes.
 INSTALLED_BIN = "/opt/gpuguard/venv/bin/"
 
@@ -78,9 +82,22 @@ def test_units_reload_on_sighup_and_take_flags_from_an_environment_file() -> Non
         assert re.fullmatch(r"\$GPUGUARD_[A-Z]+_ARGS", variable), variable
 
 
-def capabilities(unit: Path) -> frozenset[str]:
-    """The unit's AmbientCapabilities=: what the program runs with (see test_privilege)."""
-    return frozenset(one(unit, "AmbientCapabilities").split())
+def capability_set(unit: Path, key: str, *dropins: Path) -> frozenset[str]:
+    """`key` (AmbientCapabilities= or CapabilityBoundingSet=) as systemd merges the unit and
+    its drop-ins, in order (systemd.exec(5)): each line adds its capabilities, an empty
+    assignment resets the set to empty. No `~` line is used here: one fails this."""
+    found: frozenset[str] = frozenset()
+    for path in (unit, *dropins):
+        for value in settings(path).get(key, []):
+            assert not value.startswith("~"), f"{path.name}: {key}={value}"
+            found = found | frozenset(value.split()) if value else frozenset()
+    return found
+
+
+def capabilities(unit: Path, *dropins: Path) -> frozenset[str]:
+    """The unit's AmbientCapabilities= (with `dropins` applied): what the program runs with
+    (see test_privilege)."""
+    return capability_set(unit, "AmbientCapabilities", *dropins)
 
 
 def analyze(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -90,8 +107,9 @@ def analyze(*args: str | Path) -> subprocess.CompletedProcess[str]:
                           timeout=60, check=False)
 
 
-def with_installed_scripts(unit: Path, tmp_path: Path) -> Path:
-    """A copy of `unit` whose ExecStart= names this environment's console script.
+def with_installed_scripts(unit: Path, tmp_path: Path, *dropins: Path) -> Path:
+    """A copy of `unit` whose ExecStart= names this environment's console script, with
+    `dropins` copied into its UNIT.d/ beside it (where systemd-analyze loads them from).
 
     verify rejects a unit whose ExecStart binary does not exist, and this machine has no
     /opt/gpuguard/venv; only that path changes (same file name, same settings).
@@ -100,8 +118,12 @@ def with_installed_scripts(unit: Path, tmp_path: Path) -> Path:
     program = Path(shlex.split(one(unit, "ExecStart"))[0]).name
     if not (scripts / program).is_file():
         require(False, f"console script {scripts / program} (pip install -e .)")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     copy = tmp_path / unit.name
     copy.write_text(unit.read_text().replace(INSTALLED_BIN, f"{scripts}/"))
+    for dropin in dropins:
+        (tmp_path / f"{unit.name}.d").mkdir(exist_ok=True)
+        shutil.copy(dropin, tmp_path / f"{unit.name}.d" / dropin.name)
     return copy
 
 
@@ -125,6 +147,35 @@ def test_security_exposure_within_target(unit: Path) -> None:
                       done.stdout)
     assert found, done.stdout[-2000:] + done.stderr
     assert float(found.group(1)) <= MAX_EXPOSURE[unit.name], done.stdout
+
+
+def exposure(unit: Path) -> float:
+    done = analyze("security", "--offline=true", "--no-pager", unit)
+    found = re.search(rf"Overall exposure level for {re.escape(unit.name)}: (\d+\.\d+)",
+                      done.stdout)
+    assert found, done.stdout[-2000:] + done.stderr
+    return float(found.group(1))
+
+
+def test_no_capabilities_dropin_empties_both_sets_and_systemd_reads_it(tmp_path: Path) -> None:
+    """The drop-in resets the exporter's ambient and bounding sets to empty; systemd-analyze
+    loads it from UNIT.d/ (a misspelt key in it is reported) and scores the result lower
+    than the unit alone (it no longer sees CAP_SYS_PTRACE and CAP_DAC_*)."""
+    assert capabilities(EXPORTER) and capability_set(EXPORTER, "CapabilityBoundingSet")
+    assert capabilities(EXPORTER, NO_CAPABILITIES) == frozenset()
+    assert capability_set(EXPORTER, "CapabilityBoundingSet", NO_CAPABILITIES) == frozenset()
+    assert set(settings(NO_CAPABILITIES)) == {"AmbientCapabilities", "CapabilityBoundingSet"}
+    alone = exposure(with_installed_scripts(EXPORTER, tmp_path / "alone"))
+    copy = with_installed_scripts(EXPORTER, tmp_path / "dropin", NO_CAPABILITIES)
+    done = analyze("verify", copy)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    profile = exposure(copy)
+    assert profile < alone and profile <= MAX_EXPOSURE_NO_CAPABILITIES, (profile, alone)
+    broken = copy.parent / f"{copy.name}.d" / NO_CAPABILITIES.name
+    broken.write_text(broken.read_text().replace("AmbientCapabilities=\n",
+                                                 "AmbientCapabilitiez=\n"))
+    done = analyze("verify", copy)
+    assert "Unknown key 'AmbientCapabilitiez'" in done.stdout + done.stderr
 
 
 def test_each_unit_has_only_its_capabilities() -> None:
