@@ -35,6 +35,7 @@ from gpuguard.host.users import (
 )
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.web.serving import create_server
+from tests.live.test_users import Answers, Clock
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for
 from tests.support.servers import find, parse_samples
@@ -57,29 +58,6 @@ class HangingNss:
         self.asked.append(uid)
         self.release.wait(60)  # bounded: a failed test leaves no thread behind for long
         return self.name
-
-
-class Answers:
-    """NSS whose answers change: each call takes the next (an exception is raised)."""
-
-    def __init__(self, *answers: str | Exception) -> None:
-        self.answers = list(answers)
-        self.asked: list[int] = []
-
-    def __call__(self, uid: int) -> str:
-        self.asked.append(uid)
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def scanner_with(users: UserNames, interval: float = 0.1) -> Scanner:
