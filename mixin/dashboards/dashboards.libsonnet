@@ -631,7 +631,7 @@
                 indexByName: {
                   instance: 0,
                   gpu: 1,
-                  uuid: 2,
+                  UUID: 2,
                   pid: 3,
                   comm: 4,
                   user: 5,
