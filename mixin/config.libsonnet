@@ -1,5 +1,6 @@
 // The mixin's settings. Override any of them with
-//   (import 'gpuguard-mixin/mixin.libsonnet') + { _config+:: { exporterSelector: 'job="node-gpuguard"' } }
+//   (import 'github.com/gpuguard/gpuguard/mixin/mixin.libsonnet') +
+//   { _config+:: { exporterSelector: 'job="node-gpuguard"' } }
 // Every selector, threshold, duration and link in the rendered rules and dashboard comes
 // from here (docs/mixin.md describes each key).
 {
