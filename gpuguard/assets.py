@@ -14,10 +14,11 @@ that starts those of another folder.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -230,6 +231,13 @@ def read(name: str) -> bytes:
     return files("gpuguard").joinpath(name).read_bytes()
 
 
+@functools.lru_cache(maxsize=4)
+def _mixin_files(config: tuple[tuple[str, str], ...]) -> Mapping[str, bytes]:
+    """The mixin's rendering for one config (about 2 s of jsonnet: write_all asks three
+    times)."""
+    return monitoring_mixin.render(dict(config)).files
+
+
 def _mixin_config(how: _Rendering) -> dict[str, str]:
     """The mixin's _config keys for the settings given (the others keep their defaults)."""
     config = {}
@@ -263,7 +271,7 @@ def render(name: str, *, runbook_url_base: str | None = None, job: str | None = 
                 f"--job, --remediator-job and --runbook-url-base render the rules and "
                 f"dashboard from the monitoring mixin, which needs {monitoring_mixin.EXTRA_HINT}"
                 "; without them the shipped defaults are written")
-        return monitoring_mixin.render(_mixin_config(how)).files[name]
+        return _mixin_files(tuple(sorted(_mixin_config(how).items())))[name]
     if name in (RULES_TEST, JOINS_TEST):
         return render_rules_test(data.decode("utf-8"), runbook_url_base=runbook_url_base,
                                  job=job, remediator_job=remediator_job).encode("utf-8")
