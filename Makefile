@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet -c constraints.txt
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint demo bench compat clean
+.PHONY: run test lint demo bench compat mixin clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ compat:
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt --upgrade pip
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[test,mcp]'
 	$(COMPAT_VENV)/bin/python -m pytest tests/pure tests/live $(PYTEST_ARGS)
+
+# The rules, recording rules and dashboard from mixin/ (then the Kubernetes manifests
+# that embed them); tests/deploy/test_mixin.py fails while a checked-in file differs.
+mixin: $(STAMP)
+	$(PY) -m gpuguard.monitoring_mixin
+	$(PY) deploy/kubernetes/generate.py
 
 demo: $(STAMP)
 	$(PY) -m tests.support.demo

@@ -22,8 +22,8 @@ from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procevents import KINDS, ProcessEvents
 from gpuguard.orphans.vocabulary import Verdict
 
-#: Every per-GPU series: gpuguard's labels and dcgm-exporter's UUID (the same value).
-GPU_LABELS = ["gpu", "uuid", "UUID"]
+#: Every per-GPU series, in dcgm-exporter's label names: gpu (the index) and UUID.
+GPU_LABELS = ["gpu", "UUID"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 
@@ -75,10 +75,11 @@ class GpuguardCollector(Collector):
                                 value=1 if reading.up else 0)
         if not (self.gpu or self.processes):
             return
-        # UUID is dcgm-exporter's name for uuid, so series join on it without label_replace
-        # (its modelName is not copied: promtool's lint refuses a camelCase label name).
+        # dcgm-exporter's label names (UUID, modelName), so series join with its series on
+        # UUID and read alike; modelName is the one camelCase name promtool's lint flags,
+        # and dcgm's spelling wins (docs/metrics.md, Labels).
         info = GaugeMetricFamily("gpuguard_gpu_info", "One series per GPU with its identity.",
-                                 labels=["gpu", "uuid", "UUID", "name", "driver_version"])
+                                 labels=["gpu", "UUID", "modelName", "driver_version"])
         gauges = {
             "memory_total_bytes": GaugeMetricFamily(
                 "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=GPU_LABELS),
@@ -93,8 +94,8 @@ class GpuguardCollector(Collector):
                 "gpuguard_gpu_power_watts", "GPU power draw.", labels=GPU_LABELS),
         }
         for gpu in reading.gpus if self.gpu else ():
-            labels = [str(gpu.index), gpu.uuid, gpu.uuid]
-            info.add_metric([str(gpu.index), gpu.uuid, gpu.uuid, gpu.name or "",
+            labels = [str(gpu.index), gpu.uuid]
+            info.add_metric([str(gpu.index), gpu.uuid, gpu.name or "",
                              reading.driver_version or ""], 1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
@@ -110,8 +111,8 @@ class GpuguardCollector(Collector):
                                 labels=[*GPU_LABELS, "pid"])
         for holder in reading.holders:
             if holder.used_bytes is not None:
-                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, holder.gpu_uuid,
-                                str(holder.pid)], holder.used_bytes)
+                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
+                               holder.used_bytes)
         yield mem
 
     def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
@@ -202,8 +203,7 @@ class GpuguardCollector(Collector):
             labels=GPU_LABELS)
         for gpu in acc.gpus:
             if gpu.unattributed_bytes is not None:
-                unattributed.add_metric([str(gpu.index), gpu.uuid, gpu.uuid],
-                                        gpu.unattributed_bytes)
+                unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
         yield used
         yield quota
         yield suspect

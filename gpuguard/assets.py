@@ -3,8 +3,10 @@ shipped inside the wheel as package data.
 
 A user who installed only the wheel has no checkout: `gpuguard assets` lists these files,
 prints one, or writes them all into a folder, in the same layout as the source tree. The
-rules ship without runbook URLs and select the jobs gpuguard and gpuguard-remediator;
-render_rules writes a copy with the user's runbook site and job names. The units start
+rules and the dashboard ship rendered from the monitoring mixin (mixin/, also shipped)
+with its default _config: no runbook URLs, the jobs gpuguard and gpuguard-remediator;
+with the user's runbook site and job names they are rendered again from the same source
+(the `mixin` extra's jsonnet package), and their unit tests rewritten to match. The units start
 the console scripts of /opt/gpuguard/venv (docs/install.md); render_unit writes a copy
 that starts those of another folder.
 """
@@ -12,10 +14,11 @@ that starts those of another folder.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -23,6 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from gpuguard import monitoring_mixin
 
 #: Every shipped file, by its path in the source tree (and under the written folder).
 ASSETS: tuple[str, ...] = (
@@ -39,9 +44,11 @@ ASSETS: tuple[str, ...] = (
     "deploy/systemd/gpuguard-remediator.service",
     "deploy/systemd/gpuguard.sysusers.conf",
     "deploy/systemd/gpuguard.yml",
+    *monitoring_mixin.SOURCES,
 )
 RULES = "alerts/rules.yml"
 RULES_TEST = "alerts/rules.test.yml"
+JOINS_TEST = "alerts/joins.test.yml"
 #: The scrape jobs the shipped rules select: the exporters' and the remediators'.
 EXPORTER_JOB = "gpuguard"
 REMEDIATOR_JOB = "gpuguard-remediator"
@@ -52,8 +59,6 @@ UNIT_BIN_DIR = "/opt/gpuguard/venv/bin"
 
 _JOB_SELECTOR = re.compile(r'(?<![\w.])job="(gpuguard|gpuguard-remediator)"')
 _EXP_JOB_LABEL = re.compile(r"^(\s*)job: (gpuguard|gpuguard-remediator)[ \t]*$", re.MULTILINE)
-_ALERT_LINE = re.compile(r"^\s*- alert:\s*(\S+)\s*$")
-_ANNOTATIONS_LINE = re.compile(r"^(\s*)annotations:\s*$")
 _ALERTNAME_LINE = re.compile(r"^\s*(?:- )?alertname:\s*(\S+)\s*$")
 _EXP_ANNOTATIONS_LINE = re.compile(r"^(\s*)exp_annotations:\s*$")
 # RFC 3986 characters less "?" and "#": no spaces, quotes, braces (Go templates) or YAML
@@ -164,45 +169,11 @@ def _parse(text: str, what: str) -> Any:
         raise ValueError(f"{what}: not YAML: {exc}") from None
 
 
-def _alerts(doc: Any, what: str) -> list[dict[str, Any]]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
-        raise ValueError(f"{what}: expected a top-level groups: list")
-    return [rule for group in doc["groups"] for rule in group.get("rules", [])
-            if isinstance(rule, dict) and "alert" in rule]
-
-
 def _same_meaning(rendered: str, expected: Any, what: str) -> None:
     if _parse(rendered, what) != expected:
         raise ValueError(f"{what}: rendering changed more than the runbook URLs and job "
                          "selectors (a job name YAML cannot hold as written, such as one "
                          "with ' #' or a quote?)")
-
-
-def render_rules(text: str, *, runbook_url_base: str | None = None, job: str | None = None,
-                 remediator_job: str | None = None) -> str:
-    """The rules file `text` with, per setting given, every alert's runbook_url set to
-    BASE/<alertname lowercase> (the first key of its annotations) and every selector
-    job="gpuguard" / job="gpuguard-remediator" renamed to job / remediator_job (default
-    JOB-remediator). Edited as text, so comments and layout survive; then checked to mean
-    what was asked (same alerts, nothing else changed). ValueError on bad settings."""
-    how = _rendering(runbook_url_base, job, remediator_job)
-    original = _parse(text, "rules")
-    expected = _sub_strings(copy.deepcopy(original), how.sub_jobs)
-    out = how.sub_jobs(text)
-    if how.base is not None:
-        for rule in _alerts(original, "rules"):
-            if "runbook_url" in (rule.get("annotations") or {}):
-                raise ValueError(f"rules: {rule['alert']} already has a runbook_url")
-        for rule in _alerts(expected, "rules"):
-            rule["annotations"] = {"runbook_url": how.url(rule["alert"]),
-                                   **(rule.get("annotations") or {})}
-        out = _insert_first_keys(out, _ALERT_LINE, _ANNOTATIONS_LINE,
-                                 lambda name: f"runbook_url: {how.url(name)}")
-    names = [rule["alert"] for rule in _alerts(_parse(out, "rendered rules"), "rendered rules")]
-    if names != [rule["alert"] for rule in _alerts(original, "rules")]:
-        raise ValueError("rendered rules: the alerts changed")
-    _same_meaning(out, expected, "rendered rules")
-    return out
 
 
 def _yaml_scalar(value: str) -> str:
@@ -261,11 +232,32 @@ def read(name: str) -> bytes:
     return files("gpuguard").joinpath(name).read_bytes()
 
 
+@functools.lru_cache(maxsize=4)
+def _mixin_files(config: tuple[tuple[str, str], ...]) -> Mapping[str, bytes]:
+    """The mixin's rendering for one config (about 2 s of jsonnet: write_all asks three
+    times)."""
+    return monitoring_mixin.render(dict(config)).files
+
+
+def _mixin_config(how: _Rendering) -> dict[str, str]:
+    """The mixin's _config keys for the settings given (the others keep their defaults)."""
+    config = {}
+    if EXPORTER_JOB in how.jobs:
+        config["exporterSelector"] = f'job="{how.jobs[EXPORTER_JOB]}"'
+    if REMEDIATOR_JOB in how.jobs:
+        config["remediatorSelector"] = f'job="{how.jobs[REMEDIATOR_JOB]}"'
+    if how.base is not None:
+        config["runbookURLPattern"] = how.base.replace("%", "%%") + "/%s"
+    return config
+
+
 def render(name: str, *, runbook_url_base: str | None = None, job: str | None = None,
            remediator_job: str | None = None, bin_dir: str | None = None) -> bytes:
-    """One asset as written: the rules and their unit tests rendered with the settings
-    (see render_rules), the units with bin_dir (see render_unit), every other file as
-    shipped. ValueError on bad settings."""
+    """One asset as written: the rules, recording rules and dashboard rendered from the
+    monitoring mixin with the settings (gpuguard.monitoring_mixin), their unit tests
+    rendered to match (see render_rules_test), the units with bin_dir (see render_unit),
+    every other file as shipped. ValueError on bad settings; MixinUnavailable when a
+    setting needs the mixin and the jsonnet package is not installed."""
     data = read(name)
     if name in UNITS:
         if bin_dir is None:
@@ -273,11 +265,18 @@ def render(name: str, *, runbook_url_base: str | None = None, job: str | None = 
         return render_unit(data.decode("utf-8"), bin_dir).encode("utf-8")
     if runbook_url_base is None and job is None and remediator_job is None:
         return data
-    renderer = {RULES: render_rules, RULES_TEST: render_rules_test}.get(name)
-    if renderer is None:
-        return data
-    return renderer(data.decode("utf-8"), runbook_url_base=runbook_url_base, job=job,
-                    remediator_job=remediator_job).encode("utf-8")
+    how = _rendering(runbook_url_base, job, remediator_job)
+    if name in monitoring_mixin.RENDERED:
+        if not monitoring_mixin.available():
+            raise monitoring_mixin.MixinUnavailable(
+                f"--job, --remediator-job and --runbook-url-base render the rules and "
+                f"dashboard from the monitoring mixin, which needs {monitoring_mixin.EXTRA_HINT}"
+                "; without them the shipped defaults are written")
+        return _mixin_files(tuple(sorted(_mixin_config(how).items())))[name]
+    if name in (RULES_TEST, JOINS_TEST):
+        return render_rules_test(data.decode("utf-8"), runbook_url_base=runbook_url_base,
+                                 job=job, remediator_job=remediator_job).encode("utf-8")
+    return data
 
 
 def write_all(dest: Path, *, force: bool = False, runbook_url_base: str | None = None,

@@ -150,9 +150,11 @@ def add_assets(sub: Subparsers) -> None:
                                       "example config shipped in the package: list, print "
                                       "one, or write them all to DIR",
                        description="Without arguments, list the shipped files. With DIR, write "
-                                   "them all under DIR (alerts/..., grafana/..., "
+                                   "them all under DIR (alerts/..., grafana/..., mixin/..., "
                                    "deploy/systemd/...); an existing file with other content "
-                                   "stops the write unless --force.")
+                                   "stops the write unless --force. --runbook-url-base, --job "
+                                   "and --remediator-job render the rules and dashboard from "
+                                   "the monitoring mixin: they need gpuguard[mixin].")
     p.add_argument("dir", nargs="?", metavar="DIR", help="folder to write into")
     p.add_argument("--print", dest="print_name", metavar="NAME",
                    help="write one file (a listed name) to stdout")
@@ -161,7 +163,8 @@ def add_assets(sub: Subparsers) -> None:
                    help="give every alert rule runbook_url URL/<alertname in lower case> "
                         "(where you publish docs/runbooks/); without it the rules have none")
     p.add_argument("--job", metavar="NAME",
-                   help="the exporter's Prometheus job name in the rules (default gpuguard)")
+                   help="the exporter's Prometheus job name in the rules and dashboard "
+                        "(default gpuguard)")
     p.add_argument("--remediator-job", metavar="NAME",
                    help="the remediator's job name (default NAME-remediator with --job, "
                         "else gpuguard-remediator)")

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpuguard import assets
+from gpuguard import assets, monitoring_mixin
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
 
 
@@ -23,7 +23,7 @@ def cmd_assets(args: argparse.Namespace) -> int:
             print("\n".join(assets.ASSETS))
             return EXIT_OK
         written = assets.write_all(Path(args.dir), force=args.force, **rendering)
-    except (assets.AssetError, OSError, ValueError) as exc:
+    except (assets.AssetError, monitoring_mixin.MixinUnavailable, OSError, ValueError) as exc:
         raise Failure(EXIT_USAGE, f"assets: {exc}") from None
     for path in written:
         print(f"wrote {path}")

@@ -40,7 +40,10 @@ EXPECTED_SEVERITY = {
     "GPUGuardScanStale": "critical",
     "GPUGuardScanErrors": "warning",
     "GPUGuardScanSlow": "warning",
+    "GPUGuardConfigReloadFailed": "warning",
     "GPUGuardRemediatorDown": "warning",
+    # warning like RemediatorDown: a fleet that only reports has no remediator at all
+    "GPUGuardRemediatorAbsent": "warning",
     "GPUGuardRemediatorRejecting": "warning",
     "GPUGuardReapFailed": "critical",
     "GPUGuardAuditLogFailing": "critical",
@@ -95,7 +98,9 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_queue_depth",
     }
 )
-CONTRACT_METRICS = EXPORTER_METRICS | REMEDIATOR_METRICS | {"up"}
+# Both daemons export the reload gauge (gpuguard/reload.py).
+DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful"})
+CONTRACT_METRICS = EXPORTER_METRICS | REMEDIATOR_METRICS | DAEMON_METRICS | {"up"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -445,7 +450,7 @@ def test_dashboard_identity_and_variables():
     assert instance["type"] == "query"
     query = instance["query"]
     query = query["query"] if isinstance(query, dict) else query
-    assert query == "label_values(gpuguard_host_info, instance)"
+    assert query == 'label_values(gpuguard_host_info{job="gpuguard"}, instance)'
     assert instance["multi"] is True
     assert instance["includeAll"] is True
 

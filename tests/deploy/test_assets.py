@@ -16,9 +16,10 @@ def run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_rule_and_dashboard_file_is_an_asset() -> None:
-    """A new file under alerts/, grafana/ or deploy/systemd/ that is not shipped fails
-    here, not in the field."""
-    on_disk = {str(p.relative_to(REPO)) for top in ("alerts", "grafana", "deploy/systemd")
+    """A new file under alerts/, grafana/, mixin/ or deploy/systemd/ that is not shipped
+    fails here, not in the field."""
+    on_disk = {str(p.relative_to(REPO)) for top in ("alerts", "grafana", "mixin",
+                                                    "deploy/systemd")
                for p in (REPO / top).rglob("*") if p.is_file()
                and p.name != "__init__.py" and "__pycache__" not in p.parts}
     assert on_disk == set(assets.ASSETS)

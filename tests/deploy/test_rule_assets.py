@@ -1,8 +1,10 @@
 """Rendering the shipped rules for a site: runbook URLs on the user's own pages, job names.
 
 The shipped rules carry no runbook_url (a default would point at nothing) and select the
-jobs gpuguard and gpuguard-remediator; gpuguard.assets renders a copy with both set.
-promtool checks skip without Debian's `prometheus` package, except under CI=true.
+jobs gpuguard and gpuguard-remediator; gpuguard.assets renders a copy with both set, from
+the monitoring mixin (tests/deploy/test_mixin.py checks the mixin itself), and rewrites
+the unit tests to match. promtool checks skip without Debian's `prometheus` package,
+except under CI=true.
 """
 
 from __future__ import annotations
@@ -40,8 +42,24 @@ def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _rendered(**settings: str | None) -> tuple[str, str]:
-    return (assets.render_rules(RULES_TEXT, **settings),
-            assets.render_rules_test(RULES_TEST_TEXT, **settings))
+    return (assets.render("alerts/rules.yml", **settings).decode("utf-8"),
+            assets.render("alerts/rules.test.yml", **settings).decode("utf-8"))
+
+
+def _render_rules(**settings: str | None) -> str:
+    return _rendered(**settings)[0]
+
+
+def _jobs_back(node, job: str, remediator_job: str):
+    """node with the rendered job names swapped back for the shipped ones."""
+    if isinstance(node, dict):
+        return {k: _jobs_back(v, job, remediator_job) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_jobs_back(v, job, remediator_job) for v in node]
+    if isinstance(node, str):
+        return node.replace(f'job="{remediator_job}"', 'job="gpuguard-remediator"') \
+            .replace(f'job="{job}"', 'job="gpuguard"')
+    return node
 
 
 def test_shipped_rules_have_no_runbook_url_and_select_the_shipped_jobs() -> None:
@@ -56,29 +74,44 @@ def test_without_settings_the_text_is_unchanged() -> None:
 
 
 @pytest.mark.parametrize("base", [BASE, BASE + "/", BASE + "//"])
-def test_every_alert_gets_its_runbook_page_url_first(base: str) -> None:
-    rendered = assets.render_rules(RULES_TEXT, runbook_url_base=base)
+def test_every_alert_gets_its_runbook_page_url(base: str) -> None:
+    rendered = _render_rules(runbook_url_base=base)
     alerts = _alerts(rendered)
     assert [a["alert"] for a in alerts] == [a["alert"] for a in _alerts(RULES_TEXT)]
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]
         assert url == BASE + "/" + rule["alert"].lower()
-        assert next(iter(rule["annotations"])) == "runbook_url", rule["alert"]
         page = url.removeprefix(BASE + "/")
         assert (REPO / "docs" / "runbooks" / f"{page}.md").is_file(), url
 
 
-def test_rendering_changes_the_job_selectors_and_nothing_else() -> None:
-    rendered = assets.render_rules(RULES_TEXT, runbook_url_base=BASE, job=JOB)
+def test_a_percent_in_the_base_reaches_the_url_verbatim() -> None:
+    base = "https://wiki.example.com/GPU%20runbooks"
+    rule = _alerts(_render_rules(runbook_url_base=base))[0]
+    assert rule["annotations"]["runbook_url"] == f"{base}/{rule['alert'].lower()}"
+
+
+def test_rendering_changes_the_job_selectors_and_runbooks_and_nothing_else() -> None:
+    rendered = _render_rules(runbook_url_base=BASE, job=JOB)
     assert set(SELECTOR.findall(rendered)) == {JOB, f"{JOB}-remediator"}
     assert rendered.count(f'job="{JOB}-remediator"') == RULES_TEXT.count(
         'job="gpuguard-remediator"')
-    # Undo exactly what was asked: the original text comes back, comments and all.
-    undone = re.sub(r"^ *runbook_url: .*\n", "", rendered, flags=re.MULTILINE)
-    undone = undone.replace(f'job="{JOB}-remediator"', 'job="gpuguard-remediator"')
-    undone = undone.replace(f'job="{JOB}"', 'job="gpuguard"')
-    assert undone == RULES_TEXT
-    assert rendered.count("runbook_url: ") == len(_alerts(RULES_TEXT))
+    # Undo exactly what was asked: the shipped rules come back.
+    doc = yaml.safe_load(rendered)
+    for rule in (r for g in doc["groups"] for r in g["rules"]):
+        assert rule["annotations"].pop("runbook_url").startswith(BASE + "/")
+    assert _jobs_back(doc, JOB, f"{JOB}-remediator") == yaml.safe_load(RULES_TEXT)
+
+
+@pytest.mark.parametrize("remediator_job", [None, "node-reaper"])
+def test_the_header_names_the_rendered_jobs(remediator_job: str | None) -> None:
+    """Issue 38 item 7: the old rewrite left the header saying job gpuguard."""
+    rendered = _render_rules(job="node-gpuguard", remediator_job=remediator_job)
+    remediators = remediator_job or "node-gpuguard-remediator"
+    header = rendered.split("groups:", 1)[0]
+    assert 'job="node-gpuguard"' in header and f'job="{remediators}"' in header
+    assert 'job="gpuguard"' not in rendered
+    assert not re.search(r"(?<![\w-])gpuguard-remediator", rendered)
 
 
 @pytest.mark.parametrize("job,remediator_job,exporters,remediators", [
@@ -88,14 +121,15 @@ def test_rendering_changes_the_job_selectors_and_nothing_else() -> None:
 ])
 def test_remediator_job_defaults_to_job_remediator(job, remediator_job, exporters,
                                                    remediators) -> None:
-    rendered = assets.render_rules(RULES_TEXT, job=job, remediator_job=remediator_job)
+    rendered = _render_rules(job=job, remediator_job=remediator_job)
     assert set(SELECTOR.findall(rendered)) == {exporters, remediators}
     exprs = {r["alert"]: r["expr"] for r in _alerts(rendered)}
     assert exprs["GPUGuardExporterDown"] == f'up{{job="{exporters}"}} == 0'
     assert exprs["GPUGuardRemediatorDown"] == f'up{{job="{remediators}"}} == 0'
+    assert exprs["GPUGuardRemediatorAbsent"] == f'absent(up{{job="{remediators}"}})'
 
 
-@pytest.mark.parametrize("job", [JOB, "gpu exporters", "1234", "true"])
+@pytest.mark.parametrize("job", [JOB, "gpu exporters", "1234", "true", "gpu #1"])
 def test_rendered_rules_pass_promtool_with_their_unit_tests(tmp_path: Path, job: str) -> None:
     rules, tests = _rendered(runbook_url_base=BASE, job=job)
     (tmp_path / "rules.yml").write_text(rules)
@@ -116,35 +150,22 @@ def test_rendered_rules_pass_promtool_with_their_unit_tests(tmp_path: Path, job:
 ])
 def test_a_base_that_is_not_an_absolute_http_url_is_refused(base: str) -> None:
     with pytest.raises(ValueError, match="runbook URL base"):
-        assets.render_rules(RULES_TEXT, runbook_url_base=base)
+        _render_rules(runbook_url_base=base)
 
 
 @pytest.mark.parametrize("bad", ["", 'gpu"guard', "gpu\\guard", "gpu\nguard", "gpu\rguard"])
 @pytest.mark.parametrize("key", ["job", "remediator_job"])
 def test_a_job_name_a_selector_cannot_hold_is_refused(key: str, bad: str) -> None:
-    with pytest.raises(ValueError, match="job"):
-        assets.render_rules(RULES_TEXT, **{key: bad})
-    with pytest.raises(ValueError, match="job"):
-        assets.render_rules_test(RULES_TEST_TEXT, **{key: bad})
+    for name in ("alerts/rules.yml", "alerts/rules.test.yml", "grafana/dashboard.json"):
+        with pytest.raises(ValueError, match="job"):
+            assets.render(name, **{key: bad})
 
 
 def test_one_job_for_exporters_and_remediators_is_refused() -> None:
     with pytest.raises(ValueError, match="their own jobs"):
-        assets.render_rules(RULES_TEXT, job="gpu", remediator_job="gpu")
+        _render_rules(job="gpu", remediator_job="gpu")
     with pytest.raises(ValueError, match="their own jobs"):
-        assets.render_rules(RULES_TEXT, remediator_job="gpuguard")
-
-
-def test_a_job_name_yaml_would_misread_is_refused() -> None:
-    """` #` starts a comment in the plain scalar `expr: up{job="..."} == 0`."""
-    with pytest.raises(ValueError, match="rendered rules"):
-        assets.render_rules(RULES_TEXT, job="gpu #1")
-
-
-def test_rules_that_already_have_runbook_urls_are_refused() -> None:
-    once = assets.render_rules(RULES_TEXT, runbook_url_base=BASE)
-    with pytest.raises(ValueError, match="already has a runbook_url"):
-        assets.render_rules(once, runbook_url_base=BASE)
+        _render_rules(remediator_job="gpuguard")
 
 
 def test_write_all_writes_the_rendered_pair(tmp_path: Path) -> None:

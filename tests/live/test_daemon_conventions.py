@@ -170,8 +170,8 @@ def test_series_join_dcgm_exporter_on_uuid(fake_gpu: FakeGpuWorld,
                            what="the holder's memory")
         uuid = fake_gpu.gpus[0].uuid
         (info,) = find(samples, "gpuguard_gpu_info")
-        assert info[0]["UUID"] == info[0]["uuid"] == uuid
-        assert info[0]["name"] == "NVIDIA Fake H100"
+        assert info[0]["UUID"] == uuid and "uuid" not in info[0]
+        assert info[0]["modelName"] == "NVIDIA Fake H100" and "name" not in info[0]
         for name in ("gpuguard_gpu_memory_bytes", "gpuguard_gpu_process_memory_bytes"):
             assert find(samples, name, UUID=uuid), name
     finally:

@@ -150,13 +150,17 @@ def test_gpu_gauges_and_info(fake_gpu: FakeGpuWorld, exporter_for) -> None:
     samples = wait_for(lambda: (s := exp.scrape()) and find(s, "gpuguard_gpu_info") and s,
                        what="first scan")
     uuid = fake_gpu.gpus[0].uuid
-    assert find(samples, "gpuguard_gpu_memory_bytes", gpu="0", uuid=uuid)[0][1] == 80 * GIB
+    assert find(samples, "gpuguard_gpu_memory_bytes", gpu="0", UUID=uuid)[0][1] == 80 * GIB
+    # dcgm-exporter's label names, one spelling each: no lowercase uuid, modelName not name.
+    for name in ("gpuguard_gpu_memory_bytes", "gpuguard_gpu_info"):
+        (labels, _), = find(samples, name, gpu="0")
+        assert "uuid" not in labels and "name" not in labels, (name, labels)
     assert find(samples, "gpuguard_gpu_memory_used_bytes", gpu="0")[0][1] == 5 * GIB
     assert find(samples, "gpuguard_gpu_utilization_ratio", gpu="0")[0][1] == pytest.approx(0.75)
     assert find(samples, "gpuguard_gpu_temperature_celsius", gpu="0")[0][1] == 61
     assert find(samples, "gpuguard_gpu_power_watts", gpu="0")[0][1] == pytest.approx(250.5)
     info, = find(samples, "gpuguard_gpu_info")
-    assert info[0]["driver_version"] == "550.54.15" and info[0]["name"] == "NVIDIA Fake H100"
+    assert info[0]["driver_version"] == "550.54.15" and info[0]["modelName"] == "NVIDIA Fake H100"
     host, = find(samples, "gpuguard_host_info")
     assert host[0]["hostname"] == "gpu-node-7"
     assert find(samples, "gpuguard_nvml_up")[0][1] == 1

@@ -252,7 +252,7 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     scanner.scan_once()
 
     # Used memory is _v2's (without the reserved GiB): 10 GiB used, 7 GiB held by processes.
-    gpu0 = {"gpu": "0", "uuid": fake_gpu.gpus[0].uuid, "UUID": fake_gpu.gpus[0].uuid}
+    gpu0 = {"gpu": "0", "UUID": fake_gpu.gpus[0].uuid}
     assert registry.get_sample_value("gpuguard_gpu_memory_used_bytes", gpu0) == 10 * GIB
     assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == [
         (gpu0, 3 * GIB)]  # GPU 1: absent, not 0
@@ -268,7 +268,7 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     fake_gpu.remove_process(c)  # now every process on GPU 1 is sized: 6 - 2 GiB unattributed
     scanner.scan_once()
     assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes", {
-        "gpu": "1", "uuid": fake_gpu.gpus[1].uuid, "UUID": fake_gpu.gpus[1].uuid}) == 4 * GIB
+        "gpu": "1", "UUID": fake_gpu.gpus[1].uuid}) == 4 * GIB
 
 
 def test_no_quota_no_quota_series(trees: Trees, fake_gpu: FakeGpuWorld) -> None:
@@ -356,6 +356,10 @@ def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
         assert name in text, name
     lint = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
                           text=True, timeout=60, check=False)
-    assert lint.returncode == 0 and lint.stdout.strip() == "" and lint.stderr.strip() == "", (
-        lint.stdout + lint.stderr)
+    # One warning is on purpose: gpuguard_gpu_info's modelName is dcgm-exporter's name for
+    # the model, so the two join and read alike (docs/metrics.md, Labels); dcgm's names win
+    # over the lint's snake_case. Anything else the lint says fails.
+    warnings = [line for line in (lint.stdout + lint.stderr).splitlines() if line.strip()]
+    assert warnings == ["gpuguard_gpu_info label names should be written in 'snake_case' "
+                        "not 'camelCase'"], lint.stdout + lint.stderr
     assert undocumented(text) == []

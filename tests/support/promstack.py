@@ -68,7 +68,7 @@ def rules_with_durations(*, for_seconds: int = 1, orphan_age_seconds: int = 1) -
             if "for" in rule:
                 rule["for"] = f"{for_seconds}s"
             if rule.get("alert") == "GPUOrphanTree":
-                rule["expr"] = re.sub(r"(gpuguard_orphan_tree_age_seconds\s*>\s*)\d+",
+                rule["expr"] = re.sub(r"(gpuguard_orphan_tree_age_seconds(?:\{[^}]*\})?\s*>\s*)\d+",
                                       rf"\g<1>{orphan_age_seconds}", rule["expr"])
     return yaml.safe_dump(doc, sort_keys=False)
 
