@@ -277,9 +277,10 @@ class Rig:
         config = self.base / "gpuguard.yml"
         config.write_text(yaml.safe_dump({"remediate": {
             "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
-            # Where no listener may run (the suite's PID namespace) the launchers' deaths
-            # read session-ended: the policy of such a host opts in to it.
-            "reasons": ["launcher-killed", "session-ended"],
+            # The launchers die before the remediator starts: session-ended where no
+            # listener may run (the suite's PID namespace), launcher-unrecorded where one
+            # does; the policy of such a host opts in to both.
+            "reasons": ["launcher-killed", "session-ended", "launcher-unrecorded"],
             "state_dir": str(home / "state"), "audit_log": str(home / "log" / "audit.jsonl"),
             # The owner has no passwd entry: deny [root] alone would refuse it (unresolved).
             "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["uid:0"]},
