@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import ProcessCollector
 
@@ -29,8 +30,12 @@ from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError
 from gpuguard.validation import ConfigError
+from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.web.webconfig import WebConfigSource
+
+if TYPE_CHECKING:
+    from gpuguard.remediator.service import Remediator
 
 log = logging.getLogger("gpuguard.remediator")
 
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    print(logformat.failure(PROG, message), file=sys.stderr, flush=True)
     return 2
 
 
@@ -108,6 +113,23 @@ def reload_config(path: str, running: Config,
             web.reload()
 
     return reload
+
+
+def remediator_lifecycle(service: Remediator, reloader: Reloader, enabled: bool) -> Lifecycle:
+    """/-/healthy is /healthz's answer; /-/ready waits for the state: the ledger loaded,
+    what a crash left settled, then the worker started (Remediator.start)."""
+
+    def healthy() -> tuple[bool, str]:
+        ok, code, _ = service.healthy()
+        return ok, f"{PROG} is Healthy." if ok else code
+
+    def ready() -> tuple[bool, str]:
+        if not service.worker.alive():
+            return False, f"{PROG} is not ready: its state is not loaded, or its worker stopped."
+        return True, f"{PROG} is Ready."
+
+    return Lifecycle(healthy=healthy, ready=ready,
+                     reload=reloader.attempt if enabled else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return _fail(f"cannot use {exc.filename or 'state_dir/audit_log'}: {exc.strerror}")
     reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)
-    app = create_app(service, token=token,
-                     collectors=(reloader, build.BuildInfoCollector(),
-                                 ProcessCollector(registry=None)))
+    app = with_lifecycle(create_app(service, token=token, collectors=(
+        reloader, build.BuildInfoCollector(), ProcessCollector(registry=None))),
+        remediator_lifecycle(service, reloader, args.enable_lifecycle))
     # Without a token (--insecure-no-auth) /state has no credentials of its own.
-    own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
+    own_auth = (*(OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")), *PROBES)
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, web=web, body=AlertsIntake(service.intake, token),
