@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet -c constraints.txt
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint demo bench compat mixin clean
+.PHONY: run test lint demo bench compat mixin dist clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,5 +59,15 @@ bench: $(STAMP)
 	$(PIP) -e '.[test,docs,mcp,bench]'
 	$(PY) benchmarks/run_all.py
 
+# The release files: sdist, wheel (built from the sdist) and SHA256SUMS, in dist/. The
+# version is git's (setuptools-scm): on a tag vX.Y.Z, X.Y.Z; elsewhere a dev version naming
+# the commit. No build isolation: the venv has the backend and its plugin, at the tested
+# versions (constraints.txt).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	cd dist && sha256sum gpuguard-*.tar.gz gpuguard-*.whl > SHA256SUMS
+	cat dist/SHA256SUMS
+
 clean:
-	rm -rf $(VENV) .venv-py* .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-py* .pytest_cache .ruff_cache *.egg-info dist build

@@ -27,6 +27,7 @@ from gpuguard.host.registrar import Registrar, start_registrar
 from gpuguard.reload import EarlyHangups, Reloader
 from gpuguard.validation import ConfigError
 from gpuguard.web.landing import landing_page
+from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import (
     create_server,
     listen_address,
@@ -79,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _telemetry_path(value: str) -> str:
-    if not value.startswith("/") or value in ("/", "/healthz") or any(
+    if not value.startswith("/") or value in ("/", "/healthz") or value.startswith("/-/") or any(
             c in value for c in "?# "):
         raise argparse.ArgumentTypeError(
-            f"expected an absolute path other than / and /healthz, got {value!r}")
+            f"expected an absolute path other than /, /healthz and /-/..., got {value!r}")
     return value
 
 
@@ -116,6 +117,27 @@ def make_app(scanner: Scanner, registry: CollectorRegistry,
     return app
 
 
+#: Open without the web config's basic auth: the probes.
+OPEN_PATHS = ("/healthz", *PROBES)
+
+
+def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> Lifecycle:
+    """/-/healthy is /healthz's answer (the scan thread); /-/ready waits for the first
+    scan, before which /metrics has no GPU to show."""
+
+    def healthy() -> tuple[bool, str]:
+        ok = scanner.alive()
+        return ok, "gpuguard-exporter is Healthy." if ok else "scan-thread-stopped"
+
+    def ready() -> tuple[bool, str]:
+        if scanner.latest is None:
+            return False, "gpuguard-exporter is not ready: the first scan is not done."
+        return True, "gpuguard-exporter is Ready."
+
+    return Lifecycle(healthy=healthy, ready=ready,
+                     reload=reloader.attempt if enabled else None)
+
+
 def reload_config(args: argparse.Namespace, scanner: Scanner,
                   web: WebConfigSource | None) -> Callable[[], None]:
     """SIGHUP's reload: the config file's classify:, quotas: and audit: sections take
@@ -142,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
     except ConfigError as exc:
-        print(f"gpuguard-exporter: config error: {exc}", file=sys.stderr)
+        print(logformat.failure("gpuguard-exporter", f"config error: {exc}"), file=sys.stderr)
         return 2
 
     events, scanner = _scanner(args, config)
@@ -156,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
         registry.register(collector)
     host, port = args.listen
+    app = with_lifecycle(make_app(scanner, registry, args.telemetry_path),
+                         exporter_lifecycle(scanner, reloader, args.enable_lifecycle))
     try:
-        server = create_server(make_app(scanner, registry, args.telemetry_path), host=host,
-                               port=port, threads=4,
+        server = create_server(app, host=host, port=port, threads=4,
                                ident="gpuguard-exporter", web=web,
-                               open_paths=lambda path: path == "/healthz")
+                               open_paths=lambda path: path in OPEN_PATHS)
     except OSError as exc:
-        print(f"gpuguard-exporter: cannot listen on {host}:{port}: {exc.strerror}",
+        print(logformat.failure("gpuguard-exporter",
+                                f"cannot listen on {host}:{port}: {exc.strerror}"),
               file=sys.stderr)
         return 2
     if not IS_WINDOWS and (problem := other_users_problem()) is not None:

@@ -4,6 +4,7 @@ gpuguard_build_info (as node_exporter's `--version` and `node_exporter_build_inf
 from __future__ import annotations
 
 import functools
+import importlib
 import platform
 import subprocess
 from collections.abc import Iterator
@@ -16,29 +17,72 @@ from prometheus_client.registry import Collector
 UNKNOWN = "unknown"
 
 
+#: Where the build wrote which build it is: setuptools-scm's version_file (pyproject.toml's
+#: [tool.setuptools_scm]), in the sdist and the wheel; never committed.
+BUILT = "gpuguard._version"
+
+
+@functools.cache
+def _built() -> tuple[str | None, str | None]:
+    """(version, commit) as the build wrote them, or (None, None) where no build ran (a
+    bare checkout on PYTHONPATH)."""
+    try:
+        module = importlib.import_module(BUILT)
+    except ImportError:
+        return None, None
+    version = getattr(module, "version", None)
+    return (version if isinstance(version, str) and version else None,
+            _commit(getattr(module, "node", None)))
+
+
+def _commit(node: object) -> str | None:
+    """setuptools-scm's node for git is "g" and the commit's hash: the hash."""
+    if not isinstance(node, str) or not node:
+        return None
+    if node.startswith("g") and len(node) > 1 and all(c in HEX for c in node[1:]):
+        return node[1:]
+    return node
+
+
+HEX = frozenset("0123456789abcdef")
+
+
 @functools.cache
 def version() -> str:
-    """The installed distribution's version (one place: pyproject.toml)."""
+    """The version the build derived from git (a tag vX.Y.Z: X.Y.Z; any other commit a
+    dev version naming it); the installed metadata's where no version file was written."""
+    built, _ = _built()
+    if built is not None:
+        return built
     try:
         return metadata.version("gpuguard")
-    except metadata.PackageNotFoundError:  # run from a checkout, not installed
+    except metadata.PackageNotFoundError:  # run from a checkout, never built or installed
         return "0+unknown"
 
 
 @functools.cache
 def revision() -> str:
-    """The source commit: REVISION shipped beside this module when the build wrote one,
-    else the checkout's HEAD (an editable install), else "unknown"."""
+    """The full hash of the source commit. Run from a git checkout (an editable install,
+    PYTHONPATH), the checkout's HEAD now, which may have moved since `pip install -e`
+    wrote the version; anywhere else (a wheel, an sdist's build) the commit the build
+    was made from; "unknown" when neither says."""
     here = Path(__file__).resolve().parent
-    shipped = here / "REVISION"
-    if shipped.is_file():
-        return shipped.read_text().strip() or UNKNOWN
+    if (here.parent / ".git").exists():  # a checkout (a worktree's .git is a file)
+        live = _git_head(here)
+        if live is not None:
+            return live
+    _, built = _built()
+    return built or UNKNOWN
+
+
+def _git_head(where: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"],
                              capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
-        return UNKNOWN
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else UNKNOWN
+        return None
+    head = out.stdout.strip()
+    return head if out.returncode == 0 and head else None
 
 
 def python_version() -> str:

@@ -55,6 +55,9 @@ def add_common(p: argparse.ArgumentParser, *, program: str, default_listen: str,
                                          "(--log-level is the older spelling)")
     p.add_argument("--log.format", dest="log_format", choices=logformat.FORMATS,
                    default="logfmt", help="logfmt (default) or json; timestamps in UTC")
+    p.add_argument("--web.enable-lifecycle", dest="enable_lifecycle", action="store_true",
+                   help="answer POST (or PUT) /-/reload with a reload, as SIGHUP does, behind "
+                        "the authentication of /metrics (without it: 403, as Prometheus)")
     p.add_argument("--version", action=VersionAction, nargs=0, default=program,
                    help="print the version, source revision and Python, and exit")
 

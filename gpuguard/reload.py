@@ -81,6 +81,11 @@ class Reloader(Collector):
 
     def run(self) -> bool:
         """Reload now; True when the new configuration is in use."""
+        return self.attempt() is None
+
+    def attempt(self) -> str | None:
+        """Reload now, as SIGHUP does (after any reload under way): None when the new
+        configuration is in use, else why it is not (POST /-/reload answers it)."""
         with self._lock:
             self.attempts += 1
             try:
@@ -88,15 +93,15 @@ class Reloader(Collector):
             except ReloadRefused as exc:
                 self._log.error("reload refused, running configuration kept: %s", exc)
                 self.successful = False
-                return False
+                return f"reload refused, running configuration kept: {exc}"
             except Exception as exc:  # a ConfigError, an unreadable file: keep running
                 self._log.error("reload failed, running configuration kept: %s", exc)
                 self.successful = False
-                return False
+                return f"reload failed, running configuration kept: {exc}"
             self.successful = True
             self.success_time = self._clock()
             self._log.info("configuration reloaded")
-            return True
+            return None
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(self.collect())

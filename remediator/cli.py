@@ -36,6 +36,7 @@ from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.remediator.audit import UnsafePathError
 from gpuguard.remediator.ledger import LedgerError, StateUnavailable
 from gpuguard.validation import ConfigError
+from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.web.webconfig import WebConfigSource
 
@@ -93,7 +94,7 @@ EXIT_RETRY = 3
 
 
 def _fail(message: str, status: int = EXIT_CONFIG) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    print(logformat.failure(PROG, message), file=sys.stderr, flush=True)
     return status
 
 
@@ -153,6 +154,23 @@ def reload_config(path: str, running: Config,
     return reload
 
 
+def remediator_lifecycle(service: Remediator, reloader: Reloader, enabled: bool) -> Lifecycle:
+    """/-/healthy is /healthz's answer; /-/ready waits for the state: the ledger loaded,
+    what a crash left settled, then the worker started (Remediator.start)."""
+
+    def healthy() -> tuple[bool, str]:
+        ok, code, _ = service.healthy()
+        return ok, f"{PROG} is Healthy." if ok else code
+
+    def ready() -> tuple[bool, str]:
+        if not service.worker.alive():
+            return False, f"{PROG} is not ready: its state is not loaded, or its worker stopped."
+        return True, f"{PROG} is Ready."
+
+    return Lifecycle(healthy=healthy, ready=ready,
+                     reload=reloader.attempt if enabled else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     hangups = EarlyHangups()
@@ -208,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     except (LedgerError, UnsafePathError, OSError) as exc:
         return _state_failure(exc)
     reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)
-    app = create_app(service, token=token,
-                     collectors=(reloader, build.BuildInfoCollector(),
-                                 ProcessCollector(registry=None)))
+    app = with_lifecycle(create_app(service, token=token, collectors=(
+        reloader, build.BuildInfoCollector(), ProcessCollector(registry=None))),
+        remediator_lifecycle(service, reloader, args.enable_lifecycle))
     # Without a token (--insecure-no-auth) /state has no credentials of its own.
-    own_auth = OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")
+    own_auth = (*(OWN_AUTH_PATHS if token is not None else ("/alerts", "/healthz")), *PROBES)
     try:
         server = create_server(app, host=host, port=port, threads=HTTP_THREADS,
                                ident=PROG, web=web, body=AlertsIntake(service.intake, token),

@@ -57,10 +57,23 @@ EXIT_SECONDS = 5.0
 # -- the guardian ------------------------------------------------------------------------
 
 
+#: The daemon's --log.format, handed over at the spawn: under json its lines are records.
+_log_format = "logfmt"
+
+
 def _say(text: str) -> None:
     """One line on stderr (the daemon's journal, the console's terminal): its only log."""
+    line = f"gpuguard thaw guardian[{os.getpid()}]: {text}"
+    if _log_format == "json":
+        import json  # only when there is something to say: the start does without it
+
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + \
+            f".{int((now % 1) * 1000):03d}Z"
+        line = json.dumps({"time": stamp, "level": "warn",
+                           "logger": "gpuguard.remediator.thaw_guardian", "msg": line})
     try:
-        os.write(2, f"gpuguard thaw guardian[{os.getpid()}]: {text}\n".encode())
+        os.write(2, f"{line}\n".encode())
     except OSError:
         pass
 
@@ -170,8 +183,10 @@ def guard(sock: socket.socket, reaper: int) -> None:
     held.thaw("the reaper is gone")
 
 
-def main(sock_fd: int, reaper_fd: int) -> int:
+def main(sock_fd: int, reaper_fd: int, log_format: str = "logfmt") -> int:
     """The guardian's entry: ignore the stop signals first, then serve."""
+    global _log_format
+    _log_format = log_format
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED)  # blocked by the spawner until now
@@ -195,7 +210,7 @@ class GuardianError(Exception):
 #: Run by `python -I -S -c`: the package's own directory first, nothing from cwd or site.
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
          "from gpuguard.remediator.thaw_guardian import main; "
-         "sys.exit(main(int(sys.argv[2]), int(sys.argv[3])))")
+         "sys.exit(main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))")
 
 
 def _log() -> logging.Logger:
@@ -203,6 +218,12 @@ def _log() -> logging.Logger:
     import logging
 
     return logging.getLogger("gpuguard.remediator.reaper")
+
+
+def _daemon_log_format() -> str:
+    from gpuguard import logformat
+
+    return logformat.current_format()
 
 
 def _package_root() -> str:
@@ -251,7 +272,7 @@ class ThawGuardian:
                 self._spawned = time.monotonic()
                 self._proc = subprocess.Popen(
                     [self.python, "-I", "-S", "-c", _BOOT, _package_root(),
-                     str(theirs.fileno()), str(me)],
+                     str(theirs.fileno()), str(me), _daemon_log_format()],
                     pass_fds=(theirs.fileno(), me), stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, start_new_session=True)
             finally:

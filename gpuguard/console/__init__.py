@@ -1,7 +1,8 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
-Each subcommand (one module each: status, explain, policy_check, reap, keep, assets, run;
-mcp, which serves status, explain and reap as MCP tools: mcp_server.py and mcp_*.py)
+Each subcommand (one module each: status, explain, policy_check, config_check, reap, keep,
+assets, run; mcp, which serves status, explain and reap as MCP tools: mcp_server.py and
+mcp_*.py)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -18,6 +19,7 @@ from typing import TypeAlias
 
 from gpuguard import logformat
 from gpuguard.console.assets import cmd_assets
+from gpuguard.console.config_check import cmd_config_check
 from gpuguard.console.contract import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -100,6 +102,24 @@ def add_policy(sub: Subparsers) -> None:
     p.add_argument("payload", metavar="ALERT.json", help="webhook payload file, or - for stdin")
     add_common(p, config_required=True)
     p.set_defaults(func=cmd_policy_check)
+
+
+def add_config(sub: Subparsers) -> None:
+    p = sub.add_parser("config", help="check a config file offline",
+                       description="Config tools.")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    p = csub.add_parser("check", help="validate FILE (and a web config) as the daemons would "
+                                      "at start, offline: no NVML, no /proc",
+                        description="Validate FILE whole, every section the exporter and the "
+                                    "remediator read (classify:, remediate:, quotas:, audit:), "
+                                    "and with --web.config.file the web config with its "
+                                    "certificates. Reads no NVML and no /proc: any machine "
+                                    "can check an edit. Exit 0, or 2 with one line: "
+                                    f"{PROG}: config error: FILE: KEY: PROBLEM.")
+    p.add_argument("file", metavar="FILE", help="gpuguard YAML config")
+    p.add_argument("--web.config.file", "--web-config-file", dest="web_config_file",
+                   metavar="FILE", help="the daemons' exporter-toolkit web config, checked too")
+    p.set_defaults(func=cmd_config_check)
 
 
 def add_reap(sub: Subparsers) -> None:
@@ -243,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=VersionAction, nargs=0, default=PROG,
                         help="print the version, source revision and Python, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (add_status, add_explain, add_policy, add_reap, add_keep, add_assets, add_run,
-                add_mcp):
+    for add in (add_status, add_explain, add_policy, add_config, add_reap, add_keep,
+                add_assets, add_run, add_mcp):
         add(sub)
     return parser
 

@@ -30,10 +30,12 @@ START_TIME_WORDS = ("the start time as gpuguard reports it: clock ticks since bo
 
 #: Exit codes (stable), as `gpuguard --help` lists them.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "ok: status shown, pid explained, payload checked, reap done or dry-run ok"),
+    (EXIT_OK, "ok: status shown, pid explained, payload checked, config valid, reap done or "
+              "dry-run ok"),
     (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr)"),
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
-                 "PROBLEM); mcp: the MCP SDK is not installed"),
+                 "PROBLEM); policy check: the payload file cannot be read; mcp: the MCP SDK "
+                 "is not installed"),
     (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected"),
     (EXIT_NO_PROCESS, "explain, reap, keep: no such process (or not the given start time)"),
     (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),

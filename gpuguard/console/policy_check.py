@@ -15,7 +15,13 @@ from typing import Any
 
 from gpuguard.config import Config
 from gpuguard.console.config_file import load
-from gpuguard.console.contract import EXIT_BAD_PAYLOAD, EXIT_OK, POLICY_SCHEMA, Failure
+from gpuguard.console.contract import (
+    EXIT_BAD_PAYLOAD,
+    EXIT_OK,
+    EXIT_USAGE,
+    POLICY_SCHEMA,
+    Failure,
+)
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
@@ -34,8 +40,8 @@ def read_payload(path: str) -> Notification:
     where = "stdin" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: {exc.strerror}") from None
+    except OSError as exc:  # a wrong name, no permission: a usage error, not a payload's
+        raise Failure(EXIT_USAGE, f"cannot read the payload: {where}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: not UTF-8: {exc}") from None
     try:

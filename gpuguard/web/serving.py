@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard import logformat
 from gpuguard.web.tlsfront import TlsFront
 from gpuguard.web.webauth import BasicAuth, protect
 from gpuguard.web.webconfig import WebConfigSource, san_allowed
@@ -109,7 +110,8 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     Request bodies follow `body` (BodyPolicy() when None). With a web config, `app` sits
     behind its basic auth (except `open_paths`) and headers; requests whose credentials
     are not known good run on LOGIN_THREADS of their own. With TLS configured the public
-    port is a TlsFront relaying to waitress on a Unix socket in a private directory."""
+    port is a TlsFront relaying to waitress on a Unix socket in a private directory.
+    HEAD is answered wherever GET is (answer_head_as_get)."""
     from waitress import create_server as waitress_server
 
     policy = body if body is not None else BodyPolicy()
@@ -129,7 +131,7 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
 
     def bounded(wsgi: Any, **where: Any) -> Any:
         server = waitress_server(
-            wsgi, ident=ident, channel_timeout=idle_timeout,
+            answer_head_as_get(wsgi), ident=ident, channel_timeout=idle_timeout,
             connection_limit=CONNECTION_LIMIT,
             cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout),
             # Backstops behind the policy's own checks: waitress counts a chunked body's
@@ -159,6 +161,36 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     inner = bounded(app, unix_socket=backend, unix_socket_perms="600")
     inner.fix_addr = front.client_of  # the TLS client's address, not "localhost"
     return TlsServer(inner, front, private)
+
+
+def answer_head_as_get(app: Any) -> Any:
+    """HEAD wherever GET is served: the request goes in as GET (authentication, routes and
+    status as for GET), the answer comes out with GET's headers (its Content-Length
+    included) and no body. waitress sends whatever body an app returns, HEAD or not."""
+
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answer: list[Any] = []
+        written = [0]
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            answer[:] = [status, list(headers), exc_info]
+            return lambda data: written.__setitem__(0, written[0] + len(data))
+
+        body = app({**environ, "REQUEST_METHOD": "GET"}, start)
+        try:
+            length = written[0] + sum(len(chunk) for chunk in body)
+        finally:
+            if hasattr(body, "close"):
+                body.close()
+        status, headers, exc_info = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers.append(("Content-Length", str(length)))
+        start_response(status, headers, exc_info)
+        return []
+
+    return wsgi
 
 
 class Dispatcher:
@@ -373,7 +405,8 @@ def serve_until_signalled(server: Any, log: logging.Logger, announce: str,
     if on_hup is not None and hasattr(signal, "SIGHUP"):  # Windows has none
         signal.signal(signal.SIGHUP, on_hup)
     try:
-        print(announce, flush=True)
+        # Under --log.format json a JSON record like every other line (its msg the text).
+        print(logformat.announce(log.name, announce), flush=True)
         server.run()
     except SystemExit:
         pass  # a signal before or after waitress's loop

@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name
 
 from gpuguard import assets
 from gpuguard.config import Config, load_config, parse_config
+from tests.support.clones import committed_clone
 from tests.support.servers import REPO
 
 CONSTRAINTS = REPO / "constraints.txt"
@@ -88,38 +89,23 @@ def test_dependencies_whose_internals_gpuguard_uses_are_bounded() -> None:
     assert not waitress.contains("4.0") and waitress.contains(pins()["waitress"])
 
 
-def checkout_copy(dest: Path) -> Path:
-    """The working tree as a fresh clone of it has it: tracked and untracked files that git
-    does not ignore (symbolic links kept), nothing built."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True, timeout=60,
-                            check=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        source = REPO / name
-        if not source.is_symlink() and not source.is_file():
-            continue  # deleted in the working tree
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            target.symlink_to(os.readlink(source))
-        else:
-            shutil.copy2(source, target)
-    return dest
-
-
 @pytest.mark.slow
 def test_make_run_installs_the_programs_and_no_test_tool(tmp_path: Path) -> None:
     """`make run` on a fresh clone: a venv with gpuguard and its run-time dependencies, at
     the pinned versions, and none of pytest, ruff, mypy, hypothesis, mkdocs, mcp."""
     if shutil.which("make") is None or shutil.which("git") is None:
         pytest.fail("make and git are needed (Debian packages make, git)")
-    clone = checkout_copy(tmp_path / "clone")
+    clone = tmp_path / "clone"
+    commit = committed_clone(clone)
     env = {k: v for k, v in os.environ.items() if k not in (
         "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     done = subprocess.run(["make", "run", "ARGS=--version", f"PYTHON={sys.executable}"],
                           cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "gpuguard-exporter, version 0.1.0" in done.stdout
+    # No tag in the clone's history since its last release: a dev version naming the commit.
+    first = next(line for line in done.stdout.splitlines() if line.startswith("gpuguard-"))
+    assert re.fullmatch(rf"gpuguard-exporter, version \S+\.dev\d+\+g{commit[:7]}\w*"
+                        rf" \(revision: {commit}\)", first), first
     listed = subprocess.run([str(clone / ".venv/bin/python"), "-m", "pip", "list",
                              "--format=json"], cwd=clone, env=env, capture_output=True,
                             text=True, timeout=120, check=True)

@@ -1,6 +1,7 @@
-"""The distribution as a user gets it: build the sdist and the wheel (once), install the
-wheel into fresh virtual environments outside the checkout, on this Python and on each
-other one supported (3.10, 3.12, 3.13), and run it there.
+"""The distribution as a user gets it: build the sdist and the wheel (once) from a git clone
+tagged as a release, install the wheel into fresh virtual environments outside the
+checkout, on this Python and on each other one supported (3.10, 3.12, 3.13), and run it
+there. The version is the tag's, and every program names the commit it was built from.
 
 The wheel must install exactly one top-level package, `gpuguard`: two generic names
 (`exporter`, `remediator`) in site-packages would collide with any other distribution's.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,11 +24,12 @@ import requests
 
 from gpuguard import assets
 from tests.support.ci import require
+from tests.support.clones import committed_clone, git
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.interpreters import OTHER_PYTHONS, find_python
 from tests.support.proctree import wait_for
 from tests.support.remediator_harness import TOKEN, write_config
-from tests.support.servers import REPO, ServerProcess
+from tests.support.servers import REPO, ServerProcess, find, parse_samples
 
 pytestmark = pytest.mark.slow
 
@@ -51,14 +54,38 @@ print(json.dumps({"file": gpuguard.__file__, "failed": failed}))
 """
 
 
+#: The release tag of the clone the distribution is built from, and the version it builds.
+TAG, VERSION = "v9.9.9", "9.9.9"
+DIST_INFO = f"gpuguard-{VERSION}.dist-info"
+
+
 @pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """sdist and wheel from `python -m build` (the wheel is built from the sdist)."""
-    out = tmp_path_factory.mktemp("dist")
-    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir",
-                           str(out), str(REPO)], capture_output=True, text=True, timeout=300)
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(clone, commit): a git clone of this repository, the working tree committed on top
+    and tagged TAG."""
+    clone = tmp_path_factory.mktemp("release") / "gpuguard"
+    return clone, committed_clone(clone, tag=TAG)
+
+
+def build(source: Path, out: Path, *flags: str) -> Path:
+    """`python -m build` of `source` into `out` (sdist, then the wheel from the sdist,
+    unless `flags` say otherwise), as `make dist` runs it."""
+    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", *flags,
+                           "--outdir", str(out), str(source)], cwd=source, env=outside_env(),
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def dist(release: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdist and wheel of the tagged clone (the wheel is built from the sdist)."""
+    return build(release[0], tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="session")
+def commit(release: tuple[Path, str]) -> str:
+    return release[1]
 
 
 def outside_env(**extra: str) -> dict[str, str]:
@@ -108,17 +135,22 @@ def run(argv: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def check_the_install(venv: Path, version: str, tmp_path: Path) -> None:
+def check_the_install(venv: Path, version: str, commit: str, tmp_path: Path) -> None:
     """What a user of this venv does first: --version, every module imports, and
     `gpuguard assets DIR --bin-dir` writes files that systemd accepts."""
     bin_dir = venv / "bin"
-    for argv in ([bin_dir / "gpuguard", "--version"],
-                 [bin_dir / "python", "-m", "gpuguard.exporter", "--version"],
-                 [bin_dir / "python", "-m", "gpuguard.remediator", "--version"]):
+    for program, argv in (
+            ("gpuguard", [bin_dir / "gpuguard", "--version"]),
+            ("gpuguard-exporter", [bin_dir / "gpuguard-exporter", "--version"]),
+            ("gpuguard-remediator", [bin_dir / "gpuguard-remediator", "--version"]),
+            ("gpuguard-exporter", [bin_dir / "python", "-m", "gpuguard.exporter", "--version"]),
+            ("gpuguard-remediator",
+             [bin_dir / "python", "-m", "gpuguard.remediator", "--version"])):
         done = run(argv, tmp_path)
         assert done.returncode == 0, (argv, done.stderr)
-        assert ", version 0.1.0 " in done.stdout and f"python version:   {version}." in \
-            done.stdout, done.stdout
+        first = done.stdout.splitlines()[0]
+        assert first == f"{program}, version {VERSION} (revision: {commit})", done.stdout
+        assert f"python version:   {version}." in done.stdout, done.stdout
 
     probe = run([bin_dir / "python", "-c", IMPORT_ALL], tmp_path)
     assert probe.returncode == 0, probe.stderr
@@ -149,7 +181,7 @@ def check_the_install(venv: Path, version: str, tmp_path: Path) -> None:
 def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) -> None:
     wheel = next(dist.glob("gpuguard-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"gpuguard", "gpuguard-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"gpuguard", DIST_INFO}
     for name in assets.ASSETS:
         assert f"gpuguard/{name}" in names
     for module in ("orphans/classify.py", "remediator/reaper.py", "console/reap.py",
@@ -161,12 +193,13 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
         f"gpuguard/{name}" for name in assets.ASSETS if name.startswith("deploy/")}
     # Nothing of the tests, benchmarks or the checkout's tooling ships.
     assert not [n for n in names if n.startswith(("gpuguard/tests", "tests/", "benchmarks/"))]
-    entry_points = zipfile.ZipFile(wheel).read("gpuguard-0.1.0.dist-info/entry_points.txt")
+    entry_points = zipfile.ZipFile(wheel).read(f"{DIST_INFO}/entry_points.txt")
     for script in (b"gpuguard-exporter = gpuguard.exporter.cli:main",
                    b"gpuguard-remediator = gpuguard.remediator.cli:main",
                    b"gpuguard = gpuguard.console:main"):
         assert script in entry_points
-    metadata = zipfile.ZipFile(wheel).read("gpuguard-0.1.0.dist-info/METADATA").decode()
+    metadata = zipfile.ZipFile(wheel).read(f"{DIST_INFO}/METADATA").decode()
+    assert f"\nVersion: {VERSION}\n" in metadata
     assert "Requires-Python: >=3.10" in metadata
     for version in ("3.10", "3.11", "3.12", "3.13"):
         assert f"Classifier: Programming Language :: Python :: {version}" in metadata
@@ -177,8 +210,66 @@ def test_the_sdist_carries_the_source_folders(dist: Path) -> None:
     names = tarfile.open(sdist).getnames()
     for path in ("pyproject.toml", "README.md", "gpuguard/__init__.py",
                  "gpuguard/orphans/classify.py", "gpuguard/alerts/rules.yml",
-                 "gpuguard/deploy/systemd/gpuguard-exporter.service"):
-        assert f"gpuguard-0.1.0/{path}" in names
+                 "gpuguard/deploy/systemd/gpuguard-exporter.service", "PKG-INFO"):
+        assert f"gpuguard-{VERSION}/{path}" in names
+
+
+def built_commit(archive: Path, member: str) -> dict[str, str]:
+    """What gpuguard/_version.py in a wheel or an sdist says (its assignments)."""
+    if archive.suffix == ".whl":
+        text = zipfile.ZipFile(archive).read(member).decode()
+    else:
+        extracted = tarfile.open(archive).extractfile(member)
+        assert extracted is not None
+        text = extracted.read().decode()
+    out: dict[str, str] = {}
+    exec(compile(text, member, "exec"), {}, out)
+    return out
+
+
+def test_the_sdist_and_the_wheel_carry_the_tag_and_the_commit(dist: Path, commit: str) -> None:
+    """The revision is written at build time into both: the wheel (built from the sdist,
+    where there is no .git) names the same commit as the sdist."""
+    sdist = next(dist.glob("gpuguard-*.tar.gz"))
+    wheel = next(dist.glob("gpuguard-*.whl"))
+    assert sdist.name == f"gpuguard-{VERSION}.tar.gz"
+    assert wheel.name == f"gpuguard-{VERSION}-py3-none-any.whl"
+    for archive, member in ((sdist, f"gpuguard-{VERSION}/gpuguard/_version.py"),
+                            (wheel, "gpuguard/_version.py")):
+        assert built_commit(archive, member) == {"version": VERSION, "node": f"g{commit}"}
+
+
+def test_an_untagged_commit_builds_a_dev_version_naming_it(
+        release: tuple[Path, str], tmp_path: Path) -> None:
+    """A commit after the tag: the next patch release's dev version, with the commit's short
+    hash, and --version and gpuguard_build_info name the commit in full."""
+    clone = tmp_path / "clone"
+    done = subprocess.run(["git", "clone", "--quiet", str(release[0]), str(clone)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    git(clone, "commit", "--quiet", "--allow-empty", "-m", "after the release")
+    later = git(clone, "rev-parse", "HEAD")
+    wheel = next(build(clone, tmp_path / "dist", "--wheel").glob("gpuguard-*.whl"))
+    version = wheel.name.split("-")[1]
+    assert re.fullmatch(rf"9\.9\.10\.dev1\+g{later[:9]}", version), version
+    unpacked = tmp_path / "unpacked"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    for module, program in (("gpuguard", "gpuguard"), ("gpuguard.exporter", "gpuguard-exporter"),
+                            ("gpuguard.remediator", "gpuguard-remediator")):
+        done = subprocess.run([sys.executable, "-m", module, "--version"], cwd=tmp_path,
+                              env=outside_env(PYTHONPATH=str(unpacked)), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[0] == \
+            f"{program}, version {version} (revision: {later})", done.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import gpuguard.build as b; from prometheus_client import "
+         "CollectorRegistry, generate_latest as g; r = CollectorRegistry(); "
+         "r.register(b.BuildInfoCollector()); print(g(r).decode())"], cwd=tmp_path,
+        env=outside_env(PYTHONPATH=str(unpacked)), capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    (info,) = find(parse_samples(probe.stdout), "gpuguard_build_info")
+    assert (info[0]["version"], info[0]["revision"]) == (version, later)
 
 
 def test_console_scripts_run_from_the_fresh_venv(installed: Path, tmp_path: Path,
@@ -209,18 +300,27 @@ def test_console_scripts_run_from_the_fresh_venv(installed: Path, tmp_path: Path
         assert (tmp_path / "assets" / name).read_bytes() == (REPO / name).read_bytes(), name
 
 
-def test_the_install_works_on_this_python(installed: Path, tmp_path: Path) -> None:
-    check_the_install(installed, "{}.{}".format(*sys.version_info[:2]), tmp_path)
+def test_the_install_works_on_this_python(installed: Path, commit: str,
+                                          tmp_path: Path) -> None:
+    check_the_install(installed, "{}.{}".format(*sys.version_info[:2]), commit, tmp_path)
 
 
 def test_the_install_works_on_the_other_supported_pythons(other_python: tuple[str, Path],
-                                                          tmp_path: Path) -> None:
+                                                          commit: str, tmp_path: Path) -> None:
     version, venv = other_python
-    check_the_install(venv, version, tmp_path)
+    check_the_install(venv, version, commit, tmp_path)
 
 
-def test_installed_daemons_serve(installed: Path, tmp_path: Path, fake_nvml_lib: Path) -> None:
-    """Both daemons start from their console scripts and answer, on the fake NVML."""
+def build_info(url: str) -> tuple[str, str]:
+    (info,) = find(parse_samples(requests.get(f"{url}/metrics", timeout=10).text),
+                   "gpuguard_build_info")
+    return info[0]["version"], info[0]["revision"]
+
+
+def test_installed_daemons_serve(installed: Path, commit: str, tmp_path: Path,
+                                 fake_nvml_lib: Path) -> None:
+    """Both daemons start from their console scripts and answer, on the fake NVML, and
+    their gpuguard_build_info names the release and its commit."""
     world = FakeGpuWorld(tmp_path / "fake-nvml-state.txt")
     world.add_gpu(0)
     env = world.subprocess_env(fake_nvml_lib, outside_env())
@@ -231,6 +331,7 @@ def test_installed_daemons_serve(installed: Path, tmp_path: Path, fake_nvml_lib:
         wait_for(lambda: 'gpuguard_gpu_info{' in requests.get(f"{exporter.url}/metrics",
                                                               timeout=10).text,
                  what="the fake GPU on the installed exporter's /metrics")
+        assert build_info(exporter.url) == (VERSION, commit)
     finally:
         exporter.stop()
     token = tmp_path / "token"
@@ -243,5 +344,6 @@ def test_installed_daemons_serve(installed: Path, tmp_path: Path, fake_nvml_lib:
         cwd=tmp_path)
     try:
         assert requests.get(f"{remediator.url}/healthz", timeout=10).status_code == 200
+        assert build_info(remediator.url) == (VERSION, commit)
     finally:
         remediator.stop()

@@ -6,6 +6,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard import build
 from gpuguard.exporter.accounting import Quotas
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
@@ -34,7 +35,7 @@ def make(clock=None, boot_clock=None) -> tuple[Scanner, CollectorRegistry]:
 def test_before_the_first_scan_only_host_and_counters(fake_gpu: FakeGpuWorld) -> None:
     _, registry = make()
     assert registry.get_sample_value("gpuguard_host_info",
-                                     {"hostname": "node-1", "version": "0.1.0"}) == 1
+                                     {"hostname": "node-1", "version": build.version()}) == 1
     assert registry.get_sample_value("gpuguard_scans_total") == 0
     assert registry.get_sample_value("gpuguard_nvml_up") is None
 

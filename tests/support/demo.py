@@ -2,14 +2,17 @@
 
 Starts a fake GPU, plants an orphaned tree (bash killed under sh -> python),
 runs the exporter, the remediator (enforce), Alertmanager and Prometheus on
-127.0.0.1, and prints the alert firing, the reap, and the resolution. Ctrl-C
-stops everything it started.
+127.0.0.1, and prints the alert firing, the reap, and the resolution: what the reap did
+is read from the remediator's final audit record (its outcome, the GPU bytes it found
+freed), never from what the demo itself writes into the fake GPU. Ctrl-C stops
+everything it started and removes its folder (/tmp/gpuguard-demo-*).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,6 +38,30 @@ def main() -> int:
         return 1
     become_subreaper()
     base = Path(tempfile.mkdtemp(prefix="gpuguard-demo-"))
+    try:
+        return run(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        print(f"removed {base}", flush=True)
+
+
+def reaped(record: dict) -> str:
+    """The REAPED line, from the final audit record alone."""
+    members = " and ".join(f"{m.get('comm')} {m.get('pid')}"
+                           for m in (record.get("tree") or {}).get("members") or [])
+    before = (record.get("tree") or {}).get("gpu_bytes")
+    after, reclaimed = record.get("gpu_bytes_after"), record.get("reclaimed_bytes")
+    why = f" ({record['outcome_reason']})" if record.get("outcome_reason") else ""
+    line = (f"REAPED        outcome {record.get('outcome')}{why}: {members}; reclaimed_bytes "
+            f"{reclaimed} (GPU bytes {before} before the signals, {after} at the re-read "
+            "right after)")
+    if reclaimed == 0 and after:
+        line += ("; the fake driver still listed the dead processes then, so the record "
+                 "claims nothing freed")
+    return line
+
+
+def run(base: Path) -> int:
     lib_dir = base / "lib"
     ctypes.CDLL(str(build_library(lib_dir)), mode=ctypes.RTLD_GLOBAL)
     world = FakeGpuWorld(base / "nvml-state.txt")
@@ -86,12 +113,19 @@ def main() -> int:
                     say(f"REMEDIATOR    {decision.get('action')} ({decision.get('reason')}): "
                         f"{decision.get('detail')}; kill path {record.get('kill_path')}, "
                         f"outcome {record.get('outcome')}")
+                    if record.get("outcome") is not None:
+                        say(reaped(record))
+                        if record.get("outcome") == "reaped":
+                            seen.add("gone")
                 audit_lines = len(lines)
-            if "gone" not in seen and not alive(root) and not alive(worker):
-                seen.add("gone")
+            if "freed" not in seen and "gone" in seen and not alive(root) and not alive(worker):
+                # What a driver does once the processes are gone; the demo does it for the
+                # fake one, after the remediator's own re-read (its record says what that saw).
+                seen.add("freed")
                 world.remove_process(worker)
                 world.update_gpu(0, memory_used=0, util_gpu=0)
-                say(f"REAPED        sh {root} and python {worker} are gone; the GPU is free")
+                say(f"FAKE DRIVER   sh {root} and python {worker} have exited: the demo drops "
+                    "their 12 GiB from the fake GPU, as a driver would")
             for alert in recorder.alerts(lambda a: a["status"] == "resolved"):
                 key = f"resolved:{alert['labels'].get('root_pid')}"
                 if key not in seen:

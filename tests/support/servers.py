@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -31,6 +32,7 @@ class ServerProcess:
                  cwd: Path = REPO) -> None:
         self.module = module
         self.stderr_lines: list[str] = []
+        self.stdout_lines: list[str] = []
         self.proc = subprocess.Popen(
             [*(command or (sys.executable, "-m", module)), "--listen", "127.0.0.1:0", *args],
             cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
@@ -41,6 +43,7 @@ class ServerProcess:
         def pump_stdout() -> None:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
+                self.stdout_lines.append(line)
                 lines.put(line)
             lines.put(None)
 
@@ -49,8 +52,10 @@ class ServerProcess:
             for line in self.proc.stderr:
                 self.stderr_lines.append(line)
 
-        threading.Thread(target=pump_stdout, daemon=True).start()
-        threading.Thread(target=pump_stderr, daemon=True).start()
+        self._pumps = [threading.Thread(target=pump_stdout, daemon=True),
+                       threading.Thread(target=pump_stderr, daemon=True)]
+        for pump in self._pumps:
+            pump.start()
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -62,10 +67,16 @@ class ServerProcess:
             if line is None:
                 self.proc.wait(timeout=5)
                 raise AssertionError(f"{module} exited {self.proc.returncode}: {self.stderr()}")
-            if line.startswith("listening on "):
-                self.port = int(line.rsplit(":", 1)[1])
+            if (announced := listening_on(line)) is not None:
+                self.port = announced
                 self.url = f"http://127.0.0.1:{self.port}"
                 return
+
+    def drained(self, timeout: float = 10.0) -> bool:
+        """Whether both streams reached their end (the process closed them: it exited)."""
+        for pump in self._pumps:
+            pump.join(timeout)
+        return not any(pump.is_alive() for pump in self._pumps)
 
     def stderr(self) -> str:
         return "".join(self.stderr_lines[-40:])
@@ -78,6 +89,20 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def listening_on(line: str) -> int | None:
+    """The port of a daemon's `listening on HOST:PORT` line (under --log.format json, the
+    msg of a JSON record), else None."""
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            text = str(json.loads(text).get("msg", ""))
+        except ValueError:
+            return None
+    if not text.startswith("listening on "):
+        return None
+    return int(text.rsplit(":", 1)[1])
 
 
 class Exporter(ServerProcess):

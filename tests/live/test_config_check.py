@@ -1,0 +1,129 @@
+"""`gpuguard config check FILE [--web.config.file FILE]` (issue 38): every section both
+daemons read, validated offline, exit 0 or 2 with the usual one line; and `policy check`
+given a payload file it cannot read exits 2 (a usage error), not 5. Subprocess runs of
+the real console; the offline one under an audit hook that fails the run at any open of
+/proc or load of a shared library (NVML)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from tests.support.certs import Certs, make_certs
+from tests.support.servers import REPO, child_env
+
+#: The example config the package ships (`gpuguard assets`), every section in it.
+EXAMPLE = REPO / "deploy/systemd/gpuguard.yml"
+
+#: The console's main under an audit hook: any open of a /proc path, or a load of NVML
+#: (pynvml loads libnvidia-ml with ctypes), ends the run with exit 99 naming it. Set once
+#: the console is imported: what is watched is the command (the console's imports read
+#: nothing of the host but prometheus_client's /proc/stat, for its process collector).
+OFFLINE = """
+import os, sys
+def hook(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) \\
+            and os.fsdecode(args[0]).startswith("/proc"):
+        os.write(2, f"OFFLINE BROKEN: open {args[0]}\\n".encode()); os._exit(99)
+    if event == "ctypes.dlopen" and "nvidia" in str(args[0]).lower():
+        os.write(2, f"OFFLINE BROKEN: dlopen {args[0]}\\n".encode()); os._exit(99)
+from gpuguard.console import main
+sys.addaudithook(hook)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def console(*argv: str | Path, offline: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-c", OFFLINE] if offline else [sys.executable, "-m", "gpuguard"]
+    # No NVML to find either way: the library path points nowhere.
+    return subprocess.run([*command, *map(str, argv)], cwd=REPO,
+                          env=child_env(LD_LIBRARY_PATH="/nonexistent"),
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_the_shipped_example_config_is_valid_offline() -> None:
+    done = console("config", "check", EXAMPLE, offline=True)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout == f"{EXAMPLE}: valid (classify, remediate, quotas, audit)\n"
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ("classify:\n  protect: ['[']\n", "classify.protect[0]: bad regex"),
+    ("remediate:\n  mode: kill\n", "remediate.mode: must be one of"),
+    ("remediate:\n  alertmanager: {url: [ftp://am:9093]}\n", "remediate.alertmanager.url"),
+    ("quotas:\n  users: {alice: lots}\n", "quotas.users.alice"),
+    ("audit:\n  suspect_name: [xmrig]\n", "audit.suspect_name: unknown key"),
+    ("nope: 1\n", "nope: unknown key"),
+    ("classify: {protect: [a]\n", "invalid YAML"),
+])
+def test_each_section_both_daemons_read_is_checked(tmp_path: Path, body: str,
+                                                   where: str) -> None:
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(body)
+    line = one_line(console("config", "check", config, offline=True))
+    assert line.startswith(f"gpuguard: config error: {config}: ") and where in line, line
+
+
+def test_the_line_is_the_one_the_daemons_print(tmp_path: Path) -> None:
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  mode: kill\n")
+    checked = one_line(console("config", "check", config))
+    started = subprocess.run([sys.executable, "-m", "gpuguard.exporter", "--config", str(config),
+                              "--listen", "127.0.0.1:0"], cwd=REPO, env=child_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2
+    assert checked.removeprefix("gpuguard: ") == \
+        started.stderr.strip().removeprefix("gpuguard-exporter: ")
+
+
+def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    line = one_line(console("config", "check", tmp_path / "missing.yml"))
+    assert line == f"gpuguard: config error: {tmp_path / 'missing.yml'}: (file): no such file"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def test_the_web_config_is_checked_with_its_certificates(tmp_path: Path, certs: Certs) -> None:
+    for name in ("server.crt", "server.key"):
+        shutil.copy(certs.path(name), tmp_path / name)
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                   f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    done = console("config", "check", EXAMPLE, "--web.config.file", web, offline=True)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.splitlines() == [
+        f"{EXAMPLE}: valid (classify, remediate, quotas, audit)",
+        f"{web}: valid (tls, basic auth)"]
+
+    (tmp_path / "server.key").write_text("not a key\n")
+    line = one_line(console("config", "check", EXAMPLE, "--web.config.file", web))
+    assert line.startswith(f"gpuguard: config error: {web}: tls_server_config: "), line
+    web.write_text("basic_auth_users:\n  prometheus: plain-text\n")
+    line = one_line(console("config", "check", EXAMPLE, "--web-config-file", web))
+    assert line.startswith(f"gpuguard: config error: {web}: basic_auth_users.prometheus: "
+                           "is not a bcrypt hash"), line
+    line = one_line(console("config", "check", EXAMPLE, "--web.config.file",
+                            tmp_path / "none.yml"))
+    assert line == f"gpuguard: config error: {tmp_path / 'none.yml'}: (file): no such file"
+
+
+def test_policy_check_without_its_payload_file_is_a_usage_error(tmp_path: Path) -> None:
+    missing = tmp_path / "alert.json"
+    line = one_line(console("policy", "check", "--config", EXAMPLE, missing))
+    assert line == f"gpuguard: cannot read the payload: {missing}: No such file or directory"
