@@ -23,9 +23,12 @@ def orphaned(wine: WinePrefix, chains: Chains, world: FakeGpuWorld) -> Chain:
 
 
 def config(tmp: Path) -> str:
-    """A config whose audit log and state are the test's (Windows paths)."""
+    """A config whose audit log and state are the test's (Windows paths), and the opt-in
+    to the Windows reason a killed launcher gives (docs/windows.md): `gpuguard reap`
+    follows remediate.reasons as an alert does."""
     path = tmp / "gpuguard.yml"
     path.write_text(yaml.safe_dump({"remediate": {
+        "reasons": ["launcher-killed", "parent-gone"],
         "state_dir": windows_path(tmp / "state"),
         "audit_log": windows_path(tmp / "audit.jsonl"),
         "allow_root_owned": True,  # under Wine every process is the one account's
