@@ -170,6 +170,8 @@ def guard(sock: socket.socket, reaper: int) -> None:
         if ready.get(sock.fileno()):
             try:
                 message, fds, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, 1)
+            except ConnectionResetError:  # the reaper closed its end with READY unread
+                message, fds, flags = b"", [], 0  # an EOF like any other
             except OSError as exc:
                 _say(f"reading from the reaper failed ({exc}): acting as if it were gone")
                 message, fds, flags = b"", [], 0
