@@ -38,6 +38,7 @@
     remediatorAbsentFor: '10m',
     remediatorRejectingWindow: '10m',
     reapFailuresWindow: '15m',
+    remediatorStuckFor: '2m',
     alertmanagerUnreachableWindow: '10m',
     alertmanagerUnreachableFor: '5m',
 

@@ -166,6 +166,16 @@
           },
         },
         {
+          alert: 'GPUGuardRemediatorStuck',
+          expr: 'max by (job, instance) (gpuguard_remediator_worker_stuck{%(remediatorSelector)s} == 1 or gpuguard_remediator_alertmanager_poller_stalled{%(remediatorSelector)s} == 1)' % c,
+          'for': c.remediatorStuckFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'gpuguard remediator {{ $labels.instance }} is stuck',
+            description: 'The remediator at {{ $labels.instance }} has been busy with one item for longer than any may take, or (pull mode) has completed no poll for three intervals, for more than %(remediatorStuckFor)s. A stuck reap may hold a tree stopped (SIGSTOP): read its /healthz and log, and the tree\'s state in /proc.' % t,
+          },
+        },
+        {
           alert: 'GPUGuardAuditLogFailing',
           expr: 'gpuguard_remediator_audit_ok{%(remediatorSelector)s} == 0' % c,
           labels: { severity: 'critical' },

@@ -47,6 +47,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardRemediatorRejecting": "warning",
     "GPUGuardReapFailed": "critical",
     "GPUGuardAuditLogFailing": "critical",
+    "GPUGuardRemediatorStuck": "critical",
     "GPUGuardAlertmanagerUnreachable": "warning",
     "GPUUserOverQuota": "warning",
     "GPUSuspectProcess": "critical",
@@ -96,6 +97,8 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_audit_ok",
         "gpuguard_remediator_alertmanager_requests_total",
         "gpuguard_remediator_queue_depth",
+        "gpuguard_remediator_worker_stuck",
+        "gpuguard_remediator_alertmanager_poller_stalled",
     }
 )
 # Both daemons export the reload gauge (gpuguard/reload.py).
