@@ -49,13 +49,19 @@
           ||| % s,
         },
         // ... per GPU with dcgm-exporter's pod, namespace and model for that GPU (the pod
-        // the kubelet assigned the GPU to), joined on UUID alone.
+        // the kubelet assigned the GPU to), joined on UUID alone. A GPU dcgm-exporter
+        // reports for several pods (MIG, time-slicing) is left out: which pod holds the
+        // orphan's memory cannot be told from the GPU (by_uuid has it).
         {
           record: 'gpuguard:orphan_gpu_memory_bytes:by_dcgm_pod',
           expr: |||
             sum by (UUID) (gpuguard:orphan_gpu_memory_bytes:by_uuid)
             * on (UUID) group_left (modelName, namespace, pod)
-              group by (UUID, modelName, namespace, pod) (DCGM_FI_DEV_FB_USED%(dcgm)s)
+              (
+                group by (UUID, modelName, namespace, pod) (DCGM_FI_DEV_FB_USED%(dcgm)s)
+                and on (UUID)
+                count by (UUID) (group by (UUID, modelName, namespace, pod) (DCGM_FI_DEV_FB_USED%(dcgm)s)) == 1
+              )
           ||| % s,
         },
       ],
