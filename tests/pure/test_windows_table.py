@@ -31,6 +31,7 @@ from gpuguard.orphans.windows import (
     windows_members,
 )
 from tests.support.ci import require
+from tests.support.proctree import wait_for
 
 
 def test_the_table_source_imports_without_psutil_and_the_platform_is_linux_here() -> None:
@@ -59,13 +60,17 @@ def test_read_one_reads_this_process_as_psutil_does(psutil: Any) -> None:
 
 
 def test_read_table_holds_a_child_by_its_parent_and_not_a_reaped_one(psutil: Any) -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    script = "import sys; sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
     try:
+        # Popen returns once exec has closed the child's descriptors, which can be before
+        # exec has placed the new command line (it reads empty until then): wait for it.
+        wait_for(lambda: psutil.Process(child.pid).cmdline()[-1:] == [script],
+                 what="the child's command line")
         table = processes.read_table()
         row = table[child.pid]
         assert row.ppid == os.getpid() and row.create_time >= table[os.getpid()].create_time
-        assert row.cmdline[-1] == "import sys; sys.stdin.read()"
+        assert row.cmdline[-1] == script
     finally:
         assert child.stdin is not None
         child.stdin.close()
