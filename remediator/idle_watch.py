@@ -11,6 +11,7 @@ reader's previous call, and a read by the reaper must not swallow a busy holder'
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -37,6 +38,18 @@ MAX_PERIOD_SECONDS = 15.0
 def watch_period(required: float) -> float:
     """Seconds between two watch reads for a requirement of `required` seconds."""
     return min(MAX_PERIOD_SECONDS, max(MIN_PERIOD_SECONDS, required / READS_PER_REQUIREMENT))
+
+
+def watched_inspection(watch: IdleWatch | None,
+                       inspect: Callable[[NvmlReading | None], LiveTree]) -> LiveTree:
+    """`inspect(reading)` with NVML read through `watch` (that read is one more
+    observation, the kill-time one) and the watch's idle facts on the tree; without a
+    watch (remediate.require_idle_seconds 0) `inspect(None)`, which reads NVML itself.
+    The worker and `gpuguard policy check` both inspect this way."""
+    if watch is None:
+        return inspect(None)
+    live = inspect(watch.read())
+    return dataclasses.replace(live, idle=watch.facts(live))
 
 
 class IdleWatch:

@@ -21,7 +21,7 @@ from gpuguard.remediator.alertmanager import AlertmanagerClient, Confirmation, C
 from gpuguard.remediator.audit import audit_record
 from gpuguard.remediator.audit_trail import AuditTrail
 from gpuguard.remediator.decision_log import DecisionSource
-from gpuguard.remediator.idle_watch import IdleWatch
+from gpuguard.remediator.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.inspection import HolderSource, inspect_tree, protected_pids
 from gpuguard.remediator.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.ledger import LedgerError
@@ -154,12 +154,10 @@ class Worker:
         idle watch (this read is the kill-time observation) and its facts join the tree."""
         watch = self._idle if self._work.policy.require_idle_seconds > 0 else None
         try:
-            reading = watch.read() if watch is not None else None
-            live = inspect_tree(key, nvml=self._nvml, rules=self._config.classify,
-                                counters=self._counters,
-                                expected_gpus=self._work.ledger.gpus(key),
-                                events=self._events, memory=self._launchers, reading=reading)
-            return dataclasses.replace(live, idle=watch.facts(live)) if watch else live
+            return watched_inspection(watch, lambda reading: inspect_tree(
+                key, nvml=self._nvml, rules=self._config.classify, counters=self._counters,
+                expected_gpus=self._work.ledger.gpus(key), events=self._events,
+                memory=self._launchers, reading=reading))
         except Exception as exc:  # unreadable /proc and the like: refuse, never guess
             log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
             return None

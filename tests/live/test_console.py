@@ -283,6 +283,24 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
         assert stat_fields(pid)["state"] in ("S", "R")  # alive and never stopped
 
 
+def test_policy_check_with_require_idle_decides_as_a_fresh_remediator(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """A freshly started remediator's watch has seen nothing for long: not-idle; where
+    NVML cannot sample processes: idle-unknown. Never a reap either way."""
+    sh, worker = orphan_tree(trees, fake_gpu)
+    delivery = body(alert(sh, start_time_of(sh)))
+    config = dry_run_config(tmp_path, mode="enforce", require_idle_seconds=600)
+    checked, = policy_check(gpuguard, config, delivery)["alerts"]
+    assert (checked["decision"]["action"], checked["decision"]["reason"]) == ("ignore",
+                                                                              "not-idle")
+    assert "watched for only 0s" in checked["decision"]["detail"]
+    fake_gpu.set_not_supported(0, "processes_utilization")
+    fake_gpu.set_not_supported(0, "process_utilization")
+    checked, = policy_check(gpuguard, config, delivery)["alerts"]
+    assert checked["decision"]["reason"] == "idle-unknown"
+    assert alive(sh) and alive(worker)
+
+
 def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees: Trees,
                                                           fake_gpu: FakeGpuWorld,
                                                           gpuguard: Run) -> None:
