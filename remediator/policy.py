@@ -66,7 +66,9 @@ class Decision:
     detail: str = ""
     key: TreeKey | None = None
     first_seen: float | None = None  # set once the tree was verified an orphan (boot clock)
-    recheck_at: float | None = None  # DEFER only (boot clock)
+    #: DEFER: when to re-check (boot clock); a not-idle IGNORE: the earliest time the
+    #: tree could be idle long enough (the refusal memory re-inspects no later than that).
+    recheck_at: float | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"action": self.action, "reason": self.reason}
@@ -278,19 +280,22 @@ def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | N
                    "remediate.reasons", key)
 
 
-def idle_refusal(key: TreeKey, live: LiveTree, required: float) -> Decision | None:
+def idle_refusal(key: TreeKey, live: LiveTree, required: float,
+                 now: float = 0.0) -> Decision | None:
     """IGNORE unless every holder of the tree has been idle `required` seconds (0: off).
 
     The facts are the remediator's own watch, read at this inspection (live.idle): a
     holder it could not read utilization for, or has no entry for, refuses with
     `idle-unknown` (missing evidence never kills); one that used an SM too recently, or
-    that the watch has not yet seen for `required` seconds, with `not-idle`.
+    that the watch has not yet seen for `required` seconds, with `not-idle` and the
+    earliest (boot clock, from `now`) the least idle of them could qualify (recheck_at).
     """
     if required <= 0:
         return None
     if not live.holders:
         return _ignore("idle-unknown", "the tree has no holder whose idleness was read", key)
     seen = {(h.pid, h.gpu_uuid): h for h in live.idle}
+    short: list[tuple[float, str]] = []  # (idle seconds, why) of each holder not idle enough
     for holder in live.holders:
         fact = seen.get((holder.pid, holder.gpu_uuid))
         if fact is None or fact.idle_seconds is None:
@@ -302,9 +307,13 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float) -> Decision | No
             watched = fact.watched_seconds or 0.0
             why = (f"used an SM {fact.idle_seconds:.0f}s ago" if fact.idle_seconds < watched
                    else f"watched for only {watched:.0f}s")
-            return _ignore("not-idle", f"holder {holder.pid} on GPU {holder.gpu_index} {why};"
-                           f" remediate.require_idle_seconds is {required:g}s", key)
-    return None
+            short.append((fact.idle_seconds,
+                          f"holder {holder.pid} on GPU {holder.gpu_index} {why}"))
+    if not short:
+        return None
+    least, why = min(short)
+    return _ignore("not-idle", f"{why}; remediate.require_idle_seconds is {required:g}s", key,
+                   recheck_at=now + required - least)
 
 
 #: Rule 6's reasons for a gone launcher, least reapable first (classify's order).
@@ -361,7 +370,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         return Decision(Action.DEFER, "too-young", f"orphan for {max(age, 0.0):.1f}s of "
                         f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
 
-    refused = idle_refusal(key, live, state.policy.require_idle_seconds)
+    refused = idle_refusal(key, live, state.policy.require_idle_seconds, state.now)
     if refused is not None:
         return refused
 

@@ -102,8 +102,9 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     decision = decide(alert, live, worker_state)
     out["decision"] = decision.to_json()
     out["live"] = live_json(live)
-    if decision.action == Action.DEFER and decision.recheck_at is not None:
+    if decision.recheck_at is not None:
         out["decision"]["recheck_at"] += state.wall_now - state.now  # boot clock -> Unix
+    if decision.action == Action.DEFER and decision.recheck_at is not None:
         # What the worker's re-check would say once the tree is old enough, if nothing changes.
         first_seen = dict(worker_state.first_seen)
         first_seen[key] = decision.first_seen if decision.first_seen is not None else state.now

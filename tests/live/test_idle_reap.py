@@ -54,6 +54,20 @@ def test_an_idle_orphan_is_reaped_once_watched_long_enough(
     assert finals[0]["signals"] == []
 
 
+def test_a_refusal_for_a_short_requirement_does_not_hold_the_tree_for_a_minute(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """A refused tree is re-inspected no sooner than a minute later, unless its refusal
+    says when it could pass: a 5 s requirement reaps on the delivery 6 s later."""
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=5)
+    orphan = spawn_orphan(trees, fake_gpu)
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    clock.now += 6
+    h.service.wake()
+    assert deliver(h, orphan)["action"] == "reap"
+    wait_for(orphan.none_alive, what="the idle orphan to be reaped")
+
+
 def test_a_busy_orphan_is_refused(harness: Callable[..., Harness], trees: Trees,
                                   fake_gpu: FakeGpuWorld) -> None:
     clock = FakeClock()

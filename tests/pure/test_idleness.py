@@ -70,9 +70,10 @@ def test_idle_refusal() -> None:
     assert idle_refusal(KEY, tree(*both), 0) is None
     assert idle_refusal(KEY, tree(), 0) is None  # off: nothing asked
     assert idle_refusal(KEY, tree(*both), 60) is None
-    busy = idle_refusal(KEY, tree(*both), 80)
+    busy = idle_refusal(KEY, tree(*both), 80, now=1000.0)
     assert busy is not None and busy.reason == "not-idle"
     assert "GPU 1 used an SM 70s ago" in busy.detail
+    assert busy.recheck_at == 1010.0  # the least idle holder qualifies in 10 s at the earliest
     young = idle_refusal(KEY, tree(HolderIdle(11, GPU0, 30.0, 30.0), both[1]), 60)
     assert young is not None and young.reason == "not-idle"
     assert "watched for only 30s" in young.detail
