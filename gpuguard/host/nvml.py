@@ -41,8 +41,10 @@ _DRIVER_GONE = frozenset(
 #: The per-process utilization calls, first choice first (gpuguard/host/nvml.py, _use).
 USE_INFO = "nvmlDeviceGetProcessesUtilizationInfo"  # R550 and later: a versioned struct
 USE_LEGACY = "nvmlDeviceGetProcessUtilization"
-#: Answers that mean this GPU will not give that call: use the next one, for good.
-_USE_REFUSED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+#: Answers that mean this GPU will not give that call: use the next one, for good (a
+#: driver that does not know pynvml's struct version is one that cannot give it either).
+_USE_REFUSED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                          pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH})
 
 #: Return codes that mean one GPU is unusable: skip it, keep reporting the others.
 _DEVICE_GONE = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})

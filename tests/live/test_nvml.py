@@ -469,6 +469,14 @@ def test_not_supported_is_cached_per_device(fake_gpu: FakeGpuWorld, nvml: Nvml,
     assert use_calls(counters) == 7 + 2 * 3
 
 
+def test_a_struct_version_the_driver_does_not_know_falls_back(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_field_error(0, NEW, 25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.set_busy(0, 4001)
+    assert nvml.read().gpus[0].busy_pids == frozenset({4001})
+
+
 def test_not_supported_by_both_calls_reads_absent_never_idle(
         fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters) -> None:
     fake_gpu.set_not_supported(0, NEW)
