@@ -149,7 +149,8 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
             web.reload()
         if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
             log.info("%s", problem)
-        scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit)
+        scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit,
+                           accounting=config.accounting)
 
     return reload
 
@@ -233,7 +234,8 @@ def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | 
         # cannot say how a launcher went) and no launcher memory (nothing to remember).
         table, nvml = windows_scan_sources()
         return None, Scanner(rules=config.classify, nvml=nvml, interval=args.scan_interval,
-                             quotas=config.quotas, audit=config.audit, table=table)
+                             quotas=config.quotas, audit=config.audit, table=table,
+                             accounting=config.accounting)
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events = ProcessEvents()
@@ -242,4 +244,5 @@ def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | 
         boot=boot_id(), alive=identity_alive)
     return events, Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
                            view=ProcessView(events=events, memory=memory),
-                           quotas=config.quotas, audit=config.audit)
+                           quotas=config.quotas, audit=config.audit,
+                           accounting=config.accounting)

@@ -114,6 +114,21 @@ class GpuguardCollector(Collector):
                 mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
                                holder.used_bytes)
         yield mem
+        idle = GaugeMetricFamily(
+            "gpuguard_gpu_process_idle_seconds",
+            "Seconds since one GPU process last used an SM on one GPU, counted from when "
+            "this exporter first saw it; absent when NVML cannot say (MIG, unsupported).",
+            labels=[*GPU_LABELS, "pid"])
+        for tree in snap.trees:
+            for hv in tree.holder_verdicts:
+                if not hv.chain:
+                    continue
+                value = snap.idle_seconds(hv.holder.pid, hv.chain[0].start_time,
+                                          hv.holder.gpu_uuid)
+                if value is not None:
+                    idle.add_metric([str(hv.holder.gpu_index), hv.holder.gpu_uuid,
+                                     str(hv.holder.pid)], value)
+        yield idle
 
     def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         pinfo = GaugeMetricFamily(
@@ -128,6 +143,10 @@ class GpuguardCollector(Collector):
                                 labels=TREE_LABELS)
         memory = GaugeMetricFamily("gpuguard_orphan_tree_memory_bytes",
                                    "GPU memory held by an orphan tree.", labels=TREE_LABELS)
+        idle = GaugeMetricFamily("gpuguard_orphan_tree_idle_seconds",
+                                 "Seconds since the least idle holder of an orphan tree last "
+                                 "used an SM; absent when any holder's is unknown.",
+                                 labels=TREE_LABELS)
         procs = GaugeMetricFamily("gpuguard_orphan_tree_processes",
                                   "Processes in an orphan tree (root and descendants).",
                                   labels=TREE_LABELS)
@@ -164,10 +183,13 @@ class GpuguardCollector(Collector):
             age.add_metric(labels, orphan.age_seconds)
             memory.add_metric(labels, tree.gpu_bytes)
             procs.add_metric(labels, orphan.processes)
+            if (seconds := snap.tree_idle_seconds(tree)) is not None:
+                idle.add_metric(labels, seconds)
         if self.processes:
             yield pinfo
         yield age
         yield memory
+        yield idle
         yield procs
         yield GaugeMetricFamily("gpuguard_orphan_trees", "Orphan trees in the last scan.",
                                 value=len(snap.orphans))
@@ -183,8 +205,13 @@ class GpuguardCollector(Collector):
                                   "The quotas: section's GPU memory quota for a user who holds "
                                   "GPU memory (absent when none applies; \"*\" never applies "
                                   "to root).", labels=["user"])
+        idle = GaugeMetricFamily("gpuguard_user_gpu_idle_memory_bytes",
+                                 "Of gpuguard_user_gpu_memory_bytes, what the user's processes "
+                                 "idle (no SM use) for accounting.idle_after_seconds or more "
+                                 "hold.", labels=["user"])
         for usage in acc.users:
             used.add_metric([usage.user], usage.used_bytes)
+            idle.add_metric([usage.user], usage.idle_bytes)
             if usage.quota_bytes is not None:
                 quota.add_metric([usage.user], usage.quota_bytes)
         suspect = GaugeMetricFamily(
@@ -205,6 +232,7 @@ class GpuguardCollector(Collector):
             if gpu.unattributed_bytes is not None:
                 unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
         yield used
+        yield idle
         yield quota
         yield suspect
         yield unattributed

@@ -22,7 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas, account
+from gpuguard.exporter.accounting import (
+    Accounting,
+    Audit,
+    HolderFacts,
+    IdleAccounting,
+    Quotas,
+    account,
+)
 from gpuguard.exporter.attribution import attribute
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
@@ -30,6 +37,7 @@ from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, boottime
 from gpuguard.host.users import USERS, UserNames, label_names
 from gpuguard.orphans.classify import classify
+from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
@@ -83,6 +91,22 @@ class Snapshot:
     #: uid -> user label (a name, or the decimal uid), resolved once by this scan for
     #: every process its series name: a scrape reads them and never asks NSS.
     users: Mapping[int, str] = field(default_factory=dict)
+    #: Each holding's idle clock after this scan, and this scan's time on its clock.
+    idle: IdleBook = field(default_factory=IdleBook)
+    idle_at: float = 0.0
+
+    def idle_seconds(self, pid: int, start_time: int, gpu_uuid: str) -> float | None:
+        """Seconds since this holder last used an SM on that GPU (None: unknown)."""
+        return self.idle.idle_seconds((pid, start_time, gpu_uuid), self.idle_at)
+
+    def tree_idle_seconds(self, tree: Tree) -> float | None:
+        """The least idle of a tree's holders; None when any holder's is unknown."""
+        values = [self.idle_seconds(hv.chain[0].pid, hv.chain[0].start_time,
+                                    hv.holder.gpu_uuid) if hv.chain else None
+                  for hv in tree.holder_verdicts]
+        if not values or any(v is None for v in values):
+            return None
+        return min(v for v in values if v is not None)
 
     def owner(self, info: ProcInfo) -> str:
         """owner() from this scan's names."""
@@ -174,6 +198,14 @@ def holder_facts(trees: Sequence[Tree], view: ProcSource,
     return facts
 
 
+def holding_sightings(trees: Sequence[Tree], reading: NvmlReading) -> list[UseSighting]:
+    """Each visible holder on each GPU against that GPU's busy pids, for the idle clock."""
+    busy = {gpu.uuid: gpu.busy_pids for gpu in reading.gpus}
+    return sightings_of(((hv.holder.pid, hv.chain[0].start_time if hv.chain else None,
+                          hv.holder.gpu_uuid)
+                         for tree in trees for hv in tree.holder_verdicts), busy)
+
+
 def windows_holder_facts(trees: Sequence[Tree]) -> dict[int, HolderFacts]:
     """holder_facts from the Windows table's rows (no cgroups: no container)."""
     facts: dict[int, HolderFacts] = {}
@@ -214,6 +246,7 @@ class Scanner:
         groups: Callable[[str], frozenset[str]] | None = None,
         table: TableSource | None = None,
         users: UserNames | None = None,
+        accounting: IdleAccounting | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): windows_scan_sources() gives it, and the `nvml` to read there. `users`
@@ -222,6 +255,7 @@ class Scanner:
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
+        self.accounting = accounting if accounting is not None else IdleAccounting()
         self.groups = groups if groups is not None else GroupCache()
         self.users = users if users is not None else label_names()
         self.nvml = nvml
@@ -234,6 +268,7 @@ class Scanner:
         #: (and fire its alert early).
         self._boot_clock = boot_clock
         self._first_seen: dict[tuple[int, int], float] = {}  # boot clock
+        self._idle = IdleBook()  # each holding's idle clock, on the boot clock
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
         self.scans_total = 0
@@ -241,10 +276,13 @@ class Scanner:
         self._loop: Periodic | None = None
         self._settings_lock = threading.Lock()  # one scan sees one config, old or new
 
-    def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit) -> None:
+    def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit,
+                    accounting: IdleAccounting | None = None) -> None:
         """A reloaded config (SIGHUP): used whole from the next scan on."""
         with self._settings_lock:
             self.rules, self.quotas, self.audit = rules, quotas, audit
+            if accounting is not None:
+                self.accounting = accounting
 
     @property
     def latest(self) -> Snapshot | None:
@@ -254,6 +292,7 @@ class Scanner:
         start = time.perf_counter()
         with self._settings_lock:
             rules, quotas, audit = self.rules, self.quotas, self.audit
+            settings = self.accounting
         reads_before = self.counters.proc_reads()
         errors: list[tuple[str, str]] = []
         try:
@@ -282,13 +321,17 @@ class Scanner:
                 age = max(0.0, boot_now - self._first_seen.setdefault(key, boot_now))
                 orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
+            self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now)
             previous = self._latest.accounting.hot if self._latest is not None else {}
             names = self.users.labels(labelled_uids(trees))
             facts = (holder_facts(trees, self.view, names) if self.table is None
                      else windows_holder_facts(trees))
+            idle = {(hv.holder.pid, hv.holder.gpu_uuid): self._idle.idle_seconds(
+                        (hv.holder.pid, hv.chain[0].start_time, hv.holder.gpu_uuid), boot_now)
+                    for tree in trees for hv in tree.holder_verdicts if hv.chain}
             accounting = account(reading.gpus, reading.holders, facts,
                                  quotas=quotas, audit=audit, groups=self.groups,
-                                 hot=previous, now=now)
+                                 hot=previous, now=now, idle=idle, settings=settings)
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
             log.exception("scan failed")
             errors.append(("scan", f"{type(exc).__name__}: {exc}"))
@@ -302,6 +345,8 @@ class Scanner:
             errors=tuple(errors),
             accounting=accounting,
             users=names,
+            idle=self._idle,
+            idle_at=boot_now,
         )
         with self._lock:
             self.scans_total += 1

@@ -1,5 +1,6 @@
-"""The exporter's sections of the config file: `quotas:` and `audit:`, read into
-the accounting's `Quotas` and `Audit` (the remediator never reads them)."""
+"""The exporter's sections of the config file: `quotas:`, `audit:` and `accounting:`,
+read into the accounting's `Quotas`, `Audit` and `IdleAccounting` (the remediator never
+reads them)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from gpuguard.classify_settings import patterns
 from gpuguard.exporter.accounting import (
     EVERYONE,
     Audit,
+    IdleAccounting,
     Quotas,
     SizeError,
     SustainedUtilization,
@@ -74,4 +76,10 @@ def parse_audit(at: At, value: Any) -> Audit:
         "suspect_names": _names,
         "suspect_patterns": patterns,
         "sustained_utilization": _sustained,
+    }))
+
+
+def parse_accounting(at: At, value: Any) -> IdleAccounting:
+    return IdleAccounting(**mapping(at, value, {
+        "idle_after_seconds": lambda at, v: number(at, v, minimum=0),
     }))

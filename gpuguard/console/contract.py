@@ -87,12 +87,14 @@ STATUS_EPILOG = f"""\
               "evidence": {{"rule", "detail", "pids": [int]}}, "gpu_bytes": int,
               "processes": int|null,
               "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind",
+                           "sm_busy": bool|null, "idle_seconds": float|null,
                            "container_id": str|null, "pod_uid": str|null,
                            "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
                            "user", "comm"}}],
               "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}],
-   "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null}}],
+   "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null,
+                             "idle_bytes"}}],
      "suspects": [{{"pid", "start_time", "user", "comm",
                    "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
      "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
@@ -104,6 +106,11 @@ STATUS_EPILOG = f"""\
   when a figure is missing. orphan_since is always null: only a
   process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
   how long it has been orphaned. With --watch and --json, one document per line per scan.
+  sm_busy: NVML's per-process samples in this scan show the holder using an SM (null:
+  NVML cannot say, e.g. MIG); idle_seconds: how long it has gone without, counted from
+  this command's first scan (0 on one scan: use --watch, or the exporter's
+  gpuguard_gpu_process_idle_seconds); idle_bytes: what holders idle for
+  accounting.idle_after_seconds hold.
 
 """ + EXIT_TABLE
 
@@ -112,7 +119,8 @@ A pid that holds no GPU memory per NVML (or with NVML down) is explained as if i
 were a holder, and the output says so.
 --json prints {EXPLAIN_SCHEMA}:
   {{"schema", "pid", "start_time", "gpu_holder": bool, "note": str|null,
-   "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind"}}],
+   "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind", "sm_busy": bool|null,
+                 "idle_seconds": float|null}}],
    "nvml": {{"up", "driver_version", "errors"}}, "verdict", "reason", "rule",
    "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
    "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
@@ -120,6 +128,7 @@ were a holder, and the output says so.
    "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}],
    "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}
   run_launchers: the chain's live `gpuguard run` launchers (as in status --json).
+  sm_busy, idle_seconds: as in status --json (one read: idle_seconds is 0 or null).
 
 """ + EXIT_TABLE
 

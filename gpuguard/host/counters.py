@@ -28,7 +28,7 @@ CALLSITES: tuple[str, ...] = (
     "protect_match",  # protect patterns (RE2) on a comm or command line not matched before
     "nvml_init",
     "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name
-    "nvml_processes",  # running compute/graphics processes
+    "nvml_processes",  # running compute/graphics processes; per-process utilization samples
 )
 
 

@@ -38,6 +38,14 @@ _DRIVER_GONE = frozenset(
     }
 )
 
+#: The per-process utilization calls, first choice first (gpuguard/host/nvml.py, _use).
+USE_INFO = "nvmlDeviceGetProcessesUtilizationInfo"  # R550 and later: a versioned struct
+USE_LEGACY = "nvmlDeviceGetProcessUtilization"
+#: Answers that mean this GPU will not give that call: use the next one, for good (a
+#: driver that does not know pynvml's struct version is one that cannot give it either).
+_USE_REFUSED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                          pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH})
+
 #: Return codes that mean one GPU is unusable: skip it, keep reporting the others.
 _DEVICE_GONE = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
 
@@ -60,6 +68,10 @@ class GpuSample:
     #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
     #: includes the driver's reserved memory: memory no process holds, of unknown size.
     used_excludes_reserved: bool = True
+    #: The pids NVML saw use an SM on this GPU since the previous read (smUtil > 0 in a
+    #: sample newer than the previous read's newest); every other holder used none. None
+    #: when NVML cannot say (MIG, NOT_SUPPORTED, an error): unknown, never "idle".
+    busy_pids: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,8 +105,17 @@ class _DeviceGone(Exception):
 class Nvml:
     """Reads GPUs and their GPU-holding processes; safe to call from several threads."""
 
-    def __init__(self, *, counters: Counters = COUNTERS) -> None:
+    def __init__(self, *, counters: Counters = COUNTERS, process_utilization: bool = True) -> None:
+        """`process_utilization` False: no per-process utilization calls (busy_pids None).
+        Each call answers the samples since this instance's previous one, so only the
+        reader who keeps the idle clock (the scanner, the remediator's IdleWatch) asks."""
         self._counters = counters
+        self._process_utilization = process_utilization
+        #: Per GPU uuid: the utilization calls it may still answer, first choice first,
+        #: and the newest sample timestamp read (the next read asks for later ones).
+        self._use_calls: dict[str, tuple[str, ...]] = {}
+        self._last_seen: dict[str, int] = {}
+        self._use_warned: set[tuple[str, int]] = set()
         self._initialised = False
         self._driver_version: str | None = None
         self._warned = False
@@ -151,6 +172,8 @@ class Nvml:
                 pass  # already unusable; all we want is a fresh init next time
         self._initialised = False
         self._driver_version = None
+        self._use_calls.clear()  # a driver that comes back may be another one
+        self._last_seen.clear()
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Every NVML call goes through here, so its cost shows at /metrics."""
@@ -211,6 +234,7 @@ class Nvml:
             lambda: self._call("nvml_device", pynvml.nvmlDeviceGetPowerUsage, handle),
         )
         holders = self._holders(index, uuid, handle, errors)
+        busy = self._use(index, uuid, handle) if self._process_utilization else None
         gpu = GpuSample(
             index=index,
             uuid=uuid,
@@ -222,6 +246,7 @@ class Nvml:
             power_watts=None if power_mw is None else power_mw / 1000,
             processes_listed=holders is not None,
             used_excludes_reserved=memory_v2,
+            busy_pids=busy,
         )
         return gpu, holders or []
 
@@ -293,6 +318,38 @@ class Nvml:
             errors.append(("nvml_processes", f"GPU {index}: {err}"))
             return None
         return _merge_holders(index, uuid, compute, graphics)
+
+    def _use(self, index: int, uuid: str, handle: Any) -> frozenset[int] | None:
+        """The pids with SM use since this GPU's previous read; None when NVML cannot say.
+
+        One call per GPU per read: R550's call where the GPU answers it, else the legacy
+        one (a NOT_SUPPORTED or missing call is not asked again until NVML is initialised
+        anew). NVML keeps samples only for processes that used something, and the legacy
+        call answers NOT_FOUND when there are none: that is zero use, not an error.
+        Errors are logged once per GPU and code and leave the answer unknown; they are
+        not scan errors (a reap that does not ask for idleness must not be refused).
+        """
+        calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
+        since = self._last_seen.get(uuid, 0)
+        while calls:
+            fn = getattr(pynvml, calls[0])
+            try:
+                samples = self._call("nvml_processes", fn, handle, since)
+            except pynvml.NVMLError as err:
+                if err.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                    return frozenset()  # no sample newer than `since`: nobody used an SM
+                if err.value in _USE_REFUSED:
+                    calls = self._use_calls[uuid] = calls[1:]
+                    continue
+                self._raise_if_gone(index, "nvml_processes", err)
+                if (uuid, err.value) not in self._use_warned:
+                    self._use_warned.add((uuid, err.value))
+                    log.warning("GPU %d: per-process utilization unavailable: %s", index, err)
+                return None
+            if samples:
+                self._last_seen[uuid] = max(since, *(int(s.timeStamp) for s in samples))
+            return frozenset(int(s.pid) for s in samples if int(s.smUtil) > 0)
+        return None  # neither call: MIG, vGPU, or a GPU too old to sample processes
 
     @staticmethod
     def _raise_if_gone(index: int, stage: str, err: pynvml.NVMLError) -> None:

@@ -50,6 +50,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardRemediatorStuck": "critical",
     "GPUGuardAlertmanagerUnreachable": "warning",
     "GPUUserOverQuota": "warning",
+    "GPUIdleHolder": "warning",  # for people: never remediate="true"
     "GPUSuspectProcess": "critical",
     "GPUSuspectProcessSustained": "warning",
     "GPUMemoryUnattributed": "warning",
@@ -84,6 +85,10 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_user_gpu_memory_quota_bytes",
         "gpuguard_suspect_process_info",
         "gpuguard_gpu_memory_unattributed_bytes",
+        # idle holders (issue 40)
+        "gpuguard_gpu_process_idle_seconds",
+        "gpuguard_orphan_tree_idle_seconds",
+        "gpuguard_user_gpu_idle_memory_bytes",
     }
 )
 REMEDIATOR_METRICS = frozenset(

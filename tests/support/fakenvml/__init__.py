@@ -32,6 +32,8 @@ FIELDS: tuple[str, ...] = (
     "power",
     "compute",
     "graphics",
+    "process_utilization",  # nvmlDeviceGetProcessUtilization (the legacy call)
+    "processes_utilization",  # nvmlDeviceGetProcessesUtilizationInfo (R550's)
 )
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -39,7 +41,8 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_GPU_IS_LOST = 15
 
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
-MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV")
+MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
+                             "nvmlDeviceGetProcessesUtilizationInfo")
 
 
 class FakeNvmlBuildError(RuntimeError):
@@ -94,6 +97,18 @@ class FakeProcess:
     kind: str  # "C" or "G"
 
 
+@dataclass(frozen=True)
+class FakeSample:
+    """One per-process utilization sample; timestamp_us None: taken afresh at every call
+    (a process that keeps its GPU busy)."""
+
+    gpu_index: int
+    pid: int
+    timestamp_us: int | None
+    sm_util: int
+    mem_util: int = 0
+
+
 class FakeGpuWorld:
     """The GPUs, processes and failures the fake library reports.
 
@@ -110,6 +125,7 @@ class FakeGpuWorld:
         self.runtime_error: int | None = None
         self.delay_ms = 0
         self.missing: set[str] = set()
+        self.samples: list[FakeSample] = []
         self.save()
 
     # GPUs
@@ -200,6 +216,29 @@ class FakeGpuWorld:
         ]
         self.save()
 
+    # Per-process utilization
+
+    def set_busy(self, gpu_index: int, pid: int, sm_util: int = 80, mem_util: int = 20) -> None:
+        """`pid` keeps GPU `gpu_index` busy: every utilization call sees a fresh sample."""
+        self.set_idle(gpu_index, pid, save=False)
+        self.samples.append(FakeSample(gpu_index, pid, None, sm_util, mem_util))
+        self.save()
+
+    def set_idle(self, gpu_index: int, pid: int, *, save: bool = True) -> None:
+        """`pid` stops using GPU `gpu_index`: no more fresh samples (fixed ones stay)."""
+        self.samples = [s for s in self.samples if not (
+            s.gpu_index == gpu_index and s.pid == pid and s.timestamp_us is None)]
+        if save:
+            self.save()
+
+    def add_sample(self, gpu_index: int, pid: int, timestamp_us: int, sm_util: int,
+                   mem_util: int = 0) -> FakeSample:
+        """One sample taken at `timestamp_us` (microseconds since the epoch)."""
+        sample = FakeSample(gpu_index, pid, timestamp_us, sm_util, mem_util)
+        self.samples.append(sample)
+        self.save()
+        return sample
+
     # Library-wide behaviour
 
     def set_init_error(self, code: int | None) -> None:
@@ -275,6 +314,12 @@ class FakeGpuWorld:
         for p in self.processes:
             used = "na" if p.used_bytes is None else str(p.used_bytes)
             lines.append(f"proc {p.gpu_index} {p.kind} {p.pid} {used}")
+        for s in self.samples:
+            if s.timestamp_us is None:
+                lines.append(f"busy {s.gpu_index} {s.pid} {s.sm_util} {s.mem_util}")
+            else:
+                lines.append(f"sample {s.gpu_index} {s.pid} {s.timestamp_us} {s.sm_util}"
+                             f" {s.mem_util}")
         return "\n".join(lines) + "\n"
 
     def save(self) -> None:

@@ -27,8 +27,22 @@
  *                                        (as MIG lists one per instance)
  *   missing FUNCTION                     FUNCTION answers 13 (FUNCTION_NOT_FOUND), what
  *                                        pynvml raises for a symbol an older driver lacks;
- *                                        for nvmlDeviceGetMemoryInfo_v2 and
- *                                        nvmlDeviceGetTemperatureV (the calls with a fallback)
+ *                                        for nvmlDeviceGetMemoryInfo_v2,
+ *                                        nvmlDeviceGetTemperatureV and
+ *                                        nvmlDeviceGetProcessesUtilizationInfo (the calls
+ *                                        with a fallback)
+ *   sample IDX PID TS SM MEM             one utilization sample of PID on GPU IDX, taken at
+ *                                        TS (microseconds since the epoch, as the driver's)
+ *   busy IDX PID SM MEM                  PID keeps GPU IDX busy: every call sees a fresh
+ *                                        sample taken now (the driver samples a running
+ *                                        kernel every few hundred ms)
+ *
+ * Per-process utilization (nvmlDeviceGetProcessUtilization, the legacy call, and
+ * nvmlDeviceGetProcessesUtilizationInfo, R550's versioned one) answers as the driver:
+ * only samples newer than lastSeenTimeStamp, only processes with a sample (NVML keeps
+ * none for a process that used nothing), NOT_FOUND when there is none, and the two-pass
+ * size protocol (NULL buffer or too small a count: INSUFFICIENT_SIZE with the count).
+ * Their FIELDs for `error` are process_utilization and processes_utilization.
  *
  * Concurrency probe: every entry point counts itself in flight from entry until it
  * returns (the injected delay included); fakenvml_max_in_flight() answers the most
@@ -51,6 +65,7 @@
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
@@ -65,14 +80,17 @@
 #define VERSION_LEN 80
 #define MAX_MISSING 8
 #define FUNCTION_LEN 64
+#define MAX_SAMPLES 1024
 
 #define NVML_MEMORY_V2 0x02000028u
 #define NVML_TEMPERATURE_V1 0x0100000Cu
+#define NVML_PROCESSES_UTILIZATION_INFO_V1 0x01000018u
 
 enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
-             F_GRAPHICS, F_COUNT };
+             F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_COUNT };
 static const char *const field_names[F_COUNT] = {
-    "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics"};
+    "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics",
+    "process_utilization", "processes_utilization"};
 
 typedef int nvmlReturn_t;
 
@@ -93,6 +111,14 @@ struct proc {
     unsigned long long used;
 };
 
+struct sample {
+    int gpu;
+    int fresh; /* busy: taken at the time of each call */
+    unsigned int pid;
+    unsigned long long ts; /* microseconds since the epoch */
+    unsigned int sm, mem;
+};
+
 struct state {
     int file_ok;
     char driver[VERSION_LEN];
@@ -104,6 +130,8 @@ struct state {
     struct proc procs[MAX_PROCS];
     int missing_count;
     char missing[MAX_MISSING][FUNCTION_LEN];
+    int sample_count;
+    struct sample samples[MAX_SAMPLES];
 };
 
 /* Layouts match pynvml's ctypes structures. */
@@ -120,6 +148,24 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
 
+/* pynvml's c_nvmlProcessUtilizationSample_t (legacy call). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+/* pynvml's c_nvmlProcessUtilizationInfo_v1_t and c_nvmlProcessesUtilizationInfo_v1_t. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+
 /* A handle points at one slot; the slot number is the GPU index. */
 struct fake_device { int index; };
 typedef struct fake_device *nvmlDevice_t;
@@ -132,6 +178,9 @@ static int init_refcount;
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t must be 40 bytes");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t must be 24 bytes");
 _Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t must be 12 bytes");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "legacy sample must be 32 bytes");
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "v1 info must be 40 bytes");
+_Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 24, "v1 header must be 24 bytes");
 
 static int parse_field(const char *s) {
     for (int i = 0; i < F_COUNT; i++)
@@ -206,6 +255,19 @@ static void load_state(void) {
                 idx >= MAX_GPUS || (fi = parse_field(fname)) < 0)
                 bad_line(lineno, line);
             else st.gpus[idx].field_error[fi] = code;
+        } else if (strcmp(word, "sample") == 0 || strcmp(word, "busy") == 0) {
+            struct sample sm;
+            memset(&sm, 0, sizeof sm);
+            sm.fresh = word[0] == 'b';
+            int got = sm.fresh
+                ? sscanf(rest, "%d %u %u %u", &idx, &sm.pid, &sm.sm, &sm.mem) + 1
+                : sscanf(rest, "%d %u %llu %u %u", &idx, &sm.pid, &sm.ts, &sm.sm, &sm.mem);
+            if (st.sample_count >= MAX_SAMPLES || got != 5 || idx < 0 || idx >= MAX_GPUS) {
+                bad_line(lineno, line);
+                continue;
+            }
+            sm.gpu = idx;
+            st.samples[st.sample_count++] = sm;
         } else if (strcmp(word, "proc") == 0) {
             char kind[4], bytes[32];
             struct proc p;
@@ -537,4 +599,91 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
                                                       nvmlProcessInfo_t *infos) {
     return nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos);
+}
+
+/* The samples of GPU `index` newer than `last_seen`, a fresh one for each busy process
+ * stamped `now_us`. Caller holds `lock`; `out` has MAX_SAMPLES slots. */
+static unsigned int samples_since(int index, unsigned long long last_seen,
+                                  unsigned long long now_us, struct sample *out) {
+    unsigned int n = 0;
+    for (int i = 0; i < st.sample_count; i++) {
+        struct sample s = st.samples[i];
+        if (s.gpu != index) continue;
+        if (s.fresh) s.ts = now_us;
+        if (s.ts > last_seen) out[n++] = s;
+    }
+    return n;
+}
+
+static unsigned long long now_microseconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+static struct sample found[MAX_SAMPLES]; /* guarded by `lock` */
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PROCESS_UTILIZATION, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (processSamplesCount == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = samples_since((int)(device - devices), lastSeenTimeStamp,
+                                   now_microseconds(), found);
+    if (n == 0) {
+        *processSamplesCount = 0;
+        LEAVE(NVML_ERROR_NOT_FOUND);
+    }
+    if (utilization == NULL || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int k = 0; k < n; k++) {
+        utilization[k].pid = found[k].pid;
+        utilization[k].timeStamp = found[k].ts;
+        utilization[k].smUtil = found[k].sm;
+        utilization[k].memUtil = found[k].mem;
+        utilization[k].encUtil = 0;
+        utilization[k].decUtil = 0;
+    }
+    *processSamplesCount = n;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                   nvmlProcessesUtilizationInfo_t *info) {
+    ENTER
+    if (missing("nvmlDeviceGetProcessesUtilizationInfo")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PROCESSES_UTILIZATION, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (info == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != NVML_PROCESSES_UTILIZATION_INFO_V1)
+        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned int n = samples_since((int)(device - devices), info->lastSeenTimeStamp,
+                                   now_microseconds(), found);
+    if (n == 0) {
+        info->processSamplesCount = 0;
+        LEAVE(NVML_ERROR_NOT_FOUND);
+    }
+    if (info->procUtilArray == NULL || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int k = 0; k < n; k++) {
+        nvmlProcessUtilizationInfo_v1_t *u = &info->procUtilArray[k];
+        memset(u, 0, sizeof *u);
+        u->timeStamp = found[k].ts;
+        u->pid = found[k].pid;
+        u->smUtil = found[k].sm;
+        u->memUtil = found[k].mem;
+    }
+    info->processSamplesCount = n;
+    LEAVE(NVML_SUCCESS);
+    EXIT
 }
