@@ -1,5 +1,6 @@
-"""The exporter's sections of the config file: `quotas:` and `audit:`, read into
-the accounting's `Quotas` and `Audit` (the remediator never reads them)."""
+"""The exporter's sections of the config file: `quotas:`, `audit:` and `accounting:`,
+read into the accounting's `Quotas`, `Audit` and `UnlistedSettings` (the remediator never
+reads them)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from gpuguard.exporter.accounting import (
     SustainedUtilization,
     parse_size,
 )
-from gpuguard.validation import At, mapping, number, string_list
+from gpuguard.exporter.unlisted import UnlistedSettings
+from gpuguard.validation import At, integer, mapping, number, string_list
 
 
 def _sizes(at: At, value: Any, *, everyone: bool) -> tuple[tuple[str, int], ...]:
@@ -74,4 +76,29 @@ def parse_audit(at: At, value: Any) -> Audit:
         "suspect_names": _names,
         "suspect_patterns": patterns,
         "sustained_utilization": _sustained,
+    }))
+
+
+def _size(at: At, value: Any) -> int:
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise at.error(str(exc)) from None
+
+
+def _globs(at: At, value: Any) -> tuple[str, ...]:
+    """Absolute glob patterns: a relative one would depend on the daemon's directory."""
+    globs = string_list(at, value)
+    for i, pattern in enumerate(globs):
+        if not pattern.startswith("/"):
+            raise at.item(i).error(f"{pattern!r} is not an absolute path pattern")
+    return globs
+
+
+def parse_accounting(at: At, value: Any) -> UnlistedSettings:
+    return UnlistedSettings(**mapping(at, value, {
+        "unlisted_threshold_bytes": _size,
+        "device_files": _globs,
+        "unlisted_search_budget_processes": lambda at, v: integer(at, v, minimum=1),
+        "unlisted_search_budget_milliseconds": lambda at, v: number(at, v, above=0),
     }))

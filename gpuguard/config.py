@@ -12,7 +12,8 @@ from pathlib import Path
 
 from gpuguard.classify_settings import parse_classify
 from gpuguard.exporter.accounting import Audit, Quotas
-from gpuguard.exporter.settings import parse_audit, parse_quotas
+from gpuguard.exporter.settings import parse_accounting, parse_audit, parse_quotas
+from gpuguard.exporter.unlisted import UnlistedSettings
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.orphans.rules_config import Rules, default_rules
 from gpuguard.remediator.settings import Remediate, default_remediate, parse_remediate
@@ -35,6 +36,8 @@ class Config:
     remediate: Remediate = field(default_factory=platform_remediate)
     quotas: Quotas = field(default_factory=Quotas)  # read by the exporter (and `status`)
     audit: Audit = field(default_factory=Audit)  # read by the exporter (and `status`)
+    #: read by the exporter (and `node-check`): the search for holders NVML does not list
+    accounting: UnlistedSettings = field(default_factory=UnlistedSettings)
     source: str = "<defaults>"
 
 
@@ -46,12 +49,13 @@ def parse_config(text: str, *, source: str = "<string>", windows: bool = IS_WIND
     got = mapping(At(CONFIG_FILE, source=source), data, {
         "classify": lambda at, v: parse_classify(at, v, windows=windows),
         "remediate": lambda at, v: parse_remediate(at, v, windows=windows),
-        "quotas": parse_quotas, "audit": parse_audit})
+        "quotas": parse_quotas, "audit": parse_audit, "accounting": parse_accounting})
     return Config(
         classify=got.get("classify", default_rules(windows=windows)),
         remediate=got.get("remediate", default_remediate(windows=windows)),
         quotas=got.get("quotas", Quotas()),
         audit=got.get("audit", Audit()),
+        accounting=got.get("accounting", UnlistedSettings()),
         source=source,
     )
 

@@ -120,7 +120,7 @@ def new_scanner(config: Config) -> Scanner:
     events, memory = launcher_evidence(config)
     return Scanner(rules=config.classify, nvml=Nvml(),
                    view=ProcessView(events=events, memory=memory), quotas=config.quotas,
-                   audit=config.audit)
+                   audit=config.audit, unlisted=config.accounting)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -84,6 +84,8 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_user_gpu_memory_quota_bytes",
         "gpuguard_suspect_process_info",
         "gpuguard_gpu_memory_unattributed_bytes",
+        # memory NVML puts no live name to (issue 40)
+        "gpuguard_gpu_unseen_process_memory_bytes",
     }
 )
 REMEDIATOR_METRICS = frozenset(

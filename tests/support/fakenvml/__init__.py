@@ -39,7 +39,8 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_GPU_IS_LOST = 15
 
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
-MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV")
+MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
+                             "nvmlDeviceGetMinorNumber")
 
 
 class FakeNvmlBuildError(RuntimeError):
