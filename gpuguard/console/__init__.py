@@ -135,6 +135,9 @@ def add_node_check(sub: Subparsers) -> None:
     p.add_argument("--search-seconds", type=positive_float, default=10.0, metavar="SECONDS",
                    help="how long the search for holders NVML does not list may take, when "
                         "memory is unattributed (default: %(default)g)")
+    p.add_argument("--allow-protected", action="store_true",
+                   help="count protected trees (another job's under slurmstepd, a tmux "
+                        "session) as live too: for nodes several jobs share")
     p.set_defaults(func=cmd_node_check)
 
 

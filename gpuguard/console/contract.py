@@ -172,7 +172,8 @@ writable by no one else, no symlink: `audit-unsafe`).
 
 NODE_CHECK_EPILOG = f"""\
 Exit {EXIT_OK} when all GPU memory is held by processes of live trees the classifier calls
-normal; {EXIT_NOT_CLEAN} when anything else remains (an orphan, a protected or unknown tree, a
+normal (or protected, with --allow-protected); {EXIT_NOT_CLEAN} when anything else remains (an
+orphan, a protected or unknown tree, a
 pid NVML lists that /proc lacks, a holder NVML does not list, unattributed memory above
 accounting.unlisted_threshold_bytes or of unknown size) and when the node cannot be shown
 clean (NVML down or incomplete); {EXIT_USAGE} for a bad config. Never signals anything.

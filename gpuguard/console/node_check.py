@@ -32,8 +32,11 @@ from gpuguard.orphans.vocabulary import Verdict
 WHOLE_PASS = 10**9
 
 
-def remaining(snap: Snapshot, threshold: int) -> dict[str, Any]:
-    """What keeps the node from clean, by kind (empty lists when clean), and why in words."""
+def remaining(snap: Snapshot, threshold: int, *, allow_protected: bool = False) -> dict[str, Any]:
+    """What keeps the node from clean, by kind (empty lists when clean), and why in words.
+    `allow_protected`: trees the classifier protects (another job's, under slurmstepd or
+    tmux) count as live too, for nodes that several jobs share."""
+    allowed = {Verdict.NORMAL, Verdict.PROTECTED} if allow_protected else {Verdict.NORMAL}
     why: list[str] = []
     reading = snap.reading
     if not reading.up:
@@ -45,14 +48,14 @@ def remaining(snap: Snapshot, threshold: int) -> dict[str, Any]:
               "root_user": owner(t.root, snap.users) if t.root is not None else None,
               "verdict": t.verdict, "reason": t.reason, "gpu_bytes": t.gpu_bytes,
               "holders": [holder_json(h) for h in t.holders]}
-             for t in snap.trees if t.verdict != Verdict.NORMAL]
+             for t in snap.trees if t.verdict not in allowed]
     unattributed = [{"index": g.index, "uuid": g.uuid, "unattributed_bytes":
                      g.unattributed_bytes, "why_unknown": g.why_unknown}
                     for g in snap.accounting.gpus
                     if g.unattributed_bytes is None or g.unattributed_bytes > threshold]
     unlisted = [dataclasses.asdict(h) for h in snap.unlisted]
     unseen = [dataclasses.asdict(u) for u in snap.unseen if u.processes]
-    for what, items in (("trees that are not normal", trees),
+    for what, items in (("trees that are not " + " or ".join(sorted(allowed)), trees),
                         ("GPUs with memory no listed process accounts for", unattributed),
                         ("holders NVML does not list", unlisted),
                         ("GPUs with pids NVML lists that /proc lacks", unseen)):
@@ -64,8 +67,9 @@ def remaining(snap: Snapshot, threshold: int) -> dict[str, Any]:
             "search": None if search is None else dataclasses.asdict(search)}
 
 
-def node_check_json(snap: Snapshot, hostname: str, threshold: int) -> dict[str, Any]:
-    left = remaining(snap, threshold)
+def node_check_json(snap: Snapshot, hostname: str, threshold: int, *,
+                    allow_protected: bool = False) -> dict[str, Any]:
+    left = remaining(snap, threshold, allow_protected=allow_protected)
     why = left.pop("why")
     return {"schema": NODE_CHECK_SCHEMA, "hostname": hostname, "taken_at": snap.taken_at,
             "clean": not why, "why": why, "nvml": nvml_json(snap.reading),
@@ -83,7 +87,8 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         snap = scanner.scan_once()
     finally:
         scanner.nvml.close()
-    doc = node_check_json(snap, args.hostname, settings.unlisted_threshold_bytes)
+    doc = node_check_json(snap, args.hostname, settings.unlisted_threshold_bytes,
+                          allow_protected=args.allow_protected)
     if args.json:
         print_json(doc)
     elif doc["clean"]:

@@ -313,3 +313,18 @@ def test_node_check_fails_closed(gpuguard: Run, fake_gpu: FakeGpuWorld,
     done = gpuguard("node-check", "--config", str(bad))
     assert done.returncode == 2 and done.stdout == ""
     assert f"{bad}: accounting.unlisted_threshold_bytes" in done.stderr
+
+
+def test_node_check_counts_a_protected_tree_only_when_told(
+        gpuguard: Run, trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """Another job's tree (a protect pattern: slurmstepd on a shared node) holds its GPU
+    on purpose: not clean by default, clean with --allow-protected."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("classify:\n  protect: [another-job]\n")
+    job = trees.spawn("{holder} --pidfile {dir}/holder another-job & wait").pid("holder")
+    fake_gpu.add_process(0, job, GIB)
+    fake_gpu.update_gpu(0, memory_used=GIB)
+    code, doc = node_check(gpuguard, "--config", str(config))
+    assert code == 1 and [t["verdict"] for t in doc["remaining"]["trees"]] == ["protected"]
+    code, doc = node_check(gpuguard, "--config", str(config), "--allow-protected")
+    assert (code, doc["clean"], doc["remaining"]["trees"]) == (0, True, []), doc
