@@ -156,7 +156,9 @@ class FdSearch:
     def _examine(self, pid: int, keys: dict[tuple[int, ...], str], offset: int,
                  start: float, max_seconds: float) -> int | None:
         """Look at `pid`'s descriptors from index `offset`; record or forget it. Returns
-        the index to resume at when time ran out first, else None."""
+        the index to resume at when time ran out first, else None (what the last pass
+        knew of `pid` then stands until its descriptors have all been looked at: the ones
+        before `offset` held no such file, or the look would have stopped there)."""
         reads = 1
         t0 = self._clock()
         try:
@@ -170,12 +172,10 @@ class FdSearch:
                 self._unreadable += 1  # not ours to read (no CAP_SYS_PTRACE): unknown
                 self._found.pop(pid, None)
                 return None
-            hit = self._found.get(pid) if offset else None
+            hit = None
             for i in range(offset, len(fds)):
                 if i > offset and (i - offset) % CLOCK_EVERY == 0 and \
                         self._clock() - start >= max_seconds:
-                    if hit is not None:
-                        self._found[pid] = hit
                     return i
                 reads += 1
                 try:

@@ -328,3 +328,27 @@ def test_node_check_counts_a_protected_tree_only_when_told(
     assert code == 1 and [t["verdict"] for t in doc["remaining"]["trees"]] == ["protected"]
     code, doc = node_check(gpuguard, "--config", str(config), "--allow-protected")
     assert (code, doc["clean"], doc["remaining"]["trees"]) == (0, True, []), doc
+
+
+def test_one_process_with_many_files_is_resumed_at_its_next_descriptor(
+        trees: Trees, tmp_path: Path) -> None:
+    """A process with 300 files open before the device file: a clock that moves 10 ms at
+    each look ends each step after 64 descriptors, and the next step goes on in the same
+    process where the last stopped, until the file is found."""
+    node = device(tmp_path)
+    opens = " ".join(f"{fd}</dev/null" for fd in range(10, 310))
+    tree = trees.spawn(f'bash -c "exec {opens}; exec {{holder}} --pidfile {{dir}}/holder '
+                       f'310<{shlex.quote(str(node))}" & wait')
+    holder = tree.pid("holder")
+    assert len(os.listdir(f"/proc/{holder}/fd")) > 300
+    ticks = iter(range(10**7))
+    search = FdSearch(counters=Counters(), clock=lambda: next(ticks) / 100,
+                      exclude=frozenset(p for p in map(int, filter(str.isdigit,
+                                                                    os.listdir("/proc")))
+                                        if p != holder))
+    files = device_files([str(node)])
+    steps = 0
+    while holder not in search.step(files, max_processes=10**6, max_seconds=0.005).found:
+        steps += 1
+        assert steps < 20, "the search never got past the holder's first descriptors"
+    assert steps >= 4  # 300 descriptors, 64 a step: resumed, not started over
