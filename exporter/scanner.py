@@ -386,15 +386,24 @@ class Scanner:
         files = device_files(settings.device_files)
         step = self.search.step(files,
                                 max_processes=settings.unlisted_search_budget_processes,
-                                max_seconds=settings.unlisted_search_budget_milliseconds / 1000)
+                                max_seconds=settings.unlisted_search_budget_milliseconds / 1000,
+                                identify=self._start_time)
         rdevs = {f.path: f.rdev for f in files}
         minors = self.nvml.minor_numbers() if isinstance(self.nvml, Nvml) else {}
-        holders = search_holders(step.found, reading.holders, rdevs, reading.gpus, minors)
+        # A pid reused since it was found names someone else: left out until looked at again.
+        found = {pid: path for pid, path in step.found.items()
+                 if (t := step.started.get(pid)) is not None and t == self._start_time(pid)}
+        holders = search_holders(found, reading.holders, rdevs, reading.gpus, minors)
         trees = classify(holders, self.view, rules) if holders else []
         listed = {h.pid for h in reading.holders}
-        return trees, step.found, SearchProgress(True, step.passes, step.examined, step.unreadable,
+        return trees, found, SearchProgress(True, step.passes, step.examined, step.unreadable,
                                      len([p for p in step.found if p not in listed]),
                                      len(holders))
+
+    def _start_time(self, pid: int) -> int | None:
+        """A pid's start time, from this scan's stat reads (one read a pid a scan)."""
+        info = self.view.stat(pid)
+        return None if info is None else info.start_time
 
     def counts(self) -> tuple[int, dict[str, int]]:
         with self._lock:

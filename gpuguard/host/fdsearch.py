@@ -81,6 +81,9 @@ class SearchStep:
     the file's path), over the pass in progress and the last complete one."""
 
     found: dict[int, str]
+    #: pid -> its start time when it was found (None: not told, or unreadable then): a
+    #: pid reused since names another process, which the caller leaves out.
+    started: dict[int, int | None]
     examined: int  # processes examined by this step
     complete: bool  # this step finished a pass over the process table
     passes: int  # complete passes since the search (re)started
@@ -106,19 +109,25 @@ class FdSearch:
         self._next_pid = 0  # the pass goes on at the first pid >= this
         self._next_fd = 0  # ... at this descriptor index of exactly that pid
         self._found: dict[int, str] = {}
+        self._started: dict[int, int | None] = {}
         self._passes = 0
         self._unreadable = 0
+        self._identify: Callable[[int], int | None] | None = None
 
     def step(self, files: Sequence[DeviceFile], *, max_processes: int,
-             max_seconds: float) -> SearchStep:
+             max_seconds: float,
+             identify: Callable[[int], int | None] | None = None) -> SearchStep:
         """Examine processes from where the last step stopped, until `max_processes` have
         been examined or `max_seconds` have passed (at least one descriptor is always
-        looked at, so a pass always ends); a finished pass starts over next time."""
+        looked at, so a pass always ends); a finished pass starts over next time.
+        `identify`: a pid's start time, asked for each process found holding a file."""
         start = self._clock()
+        self._identify = identify
         keys = {f.key: f.path for f in files}
         pids = self._listing()
         live = set(pids)
         self._found = {pid: path for pid, path in self._found.items() if pid in live}
+        self._started = {pid: t for pid, t in self._started.items() if pid in self._found}
         examined = 0
         complete = True
         for pid in pids:
@@ -141,7 +150,8 @@ class FdSearch:
             self._next_pid, self._next_fd = 0, 0
         else:
             unreadable = self._unreadable
-        return SearchStep(dict(self._found), examined, complete, self._passes, unreadable)
+        return SearchStep(dict(self._found), dict(self._started), examined, complete,
+                          self._passes, unreadable)
 
     def _listing(self) -> list[int]:
         """The numeric entries of /proc, in order: the one listing of the process table
@@ -189,8 +199,10 @@ class FdSearch:
                     break
             if hit is None:
                 self._found.pop(pid, None)
+                self._started.pop(pid, None)
             else:
                 self._found[pid] = hit
+                self._started[pid] = self._identify(pid) if self._identify else None
             return None
         finally:
             self._counters.add("proc_fd_search", seconds=self._clock() - t0, proc_reads=reads)

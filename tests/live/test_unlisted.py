@@ -352,3 +352,37 @@ def test_one_process_with_many_files_is_resumed_at_its_next_descriptor(
         steps += 1
         assert steps < 20, "the search never got past the holder's first descriptors"
     assert steps >= 4  # 300 descriptors, 64 a step: resumed, not started over
+
+
+def test_a_pid_reused_since_it_was_found_is_not_reported(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """Found at one pass, the holder dies and an unrelated process takes its pid
+    (ns_last_pid) before the search looks at that pid again: the new process is not
+    reported in the old one's name (its start time differs)."""
+    import subprocess
+
+    from tests.support.proctree import wait_for
+
+    holder, _, tree = holding(trees, device(tmp_path))
+    fake_gpu.update_gpu(0, memory_used=GIB)
+    scanner, _ = scanner_for(tmp_path, unlisted_search_budget_processes=1)
+    for _ in range(100):
+        if [u.pid for u in scanner.scan_once().unlisted] == [holder]:
+            break
+    assert [u.pid for u in scanner.latest.unlisted] == [holder]  # type: ignore[union-attr]
+    tree.kill(holder)
+    wait_for(lambda: not os.path.exists(f"/proc/{holder}"), what="the holder's pid freed")
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+            fh.write(str(holder - 1))
+    except OSError as exc:
+        pytest.skip(f"cannot choose the next pid here ({exc}): needs root in a PID namespace")
+    squatter = subprocess.Popen(["sleep", "60"])
+    try:
+        if squatter.pid != holder:
+            pytest.skip("another process took the pid first")
+        snap = scanner.scan_once()
+        assert snap.unlisted == (), snap.unlisted
+    finally:
+        squatter.kill()
+        squatter.wait()
