@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuguard-exporter",
         description="Export GPU gauges and orphaned GPU process trees to Prometheus.",
     )
-    p.add_argument("--config", help="YAML config (its classify:, quotas: and audit: sections "
-                                    "are used here)")
+    p.add_argument("--config", help="YAML config (its classify:, quotas:, audit: and "
+                                    "accounting: sections are used here)")
     add_common(p, program="gpuguard-exporter", default_listen=DEFAULT_LISTEN,
                parse_listen=parse_listen, listen_help="where to serve the metrics",
                web_help="exporter-toolkit web config: TLS, client certificates, bcrypt basic "
@@ -140,8 +140,9 @@ def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> L
 
 def reload_config(args: argparse.Namespace, scanner: Scanner,
                   web: WebConfigSource | None) -> Callable[[], None]:
-    """SIGHUP's reload: the config file's classify:, quotas: and audit: sections take
-    effect from the next scan; the web config is re-read. A bad file changes nothing."""
+    """SIGHUP's reload: the config file's classify:, quotas:, audit: and accounting:
+    sections take effect from the next scan; the web config is re-read. A bad file changes
+    nothing."""
 
     def reload() -> None:
         config = load_config(args.config)
@@ -150,7 +151,8 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
         if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
             log.info("%s", problem)
         scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit,
-                           accounting=config.accounting)
+                           accounting=config.accounting.idle,
+                           unlisted=config.accounting.unlisted)
 
     return reload
 
@@ -235,7 +237,7 @@ def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | 
         table, nvml = windows_scan_sources()
         return None, Scanner(rules=config.classify, nvml=nvml, interval=args.scan_interval,
                              quotas=config.quotas, audit=config.audit, table=table,
-                             accounting=config.accounting)
+                             accounting=config.accounting.idle)
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events = ProcessEvents()
@@ -245,4 +247,5 @@ def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | 
     return events, Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
                            view=ProcessView(events=events, memory=memory),
                            quotas=config.quotas, audit=config.audit,
-                           accounting=config.accounting)
+                           accounting=config.accounting.idle,
+                           unlisted=config.accounting.unlisted)

@@ -236,6 +236,53 @@ class GpuguardCollector(Collector):
         yield quota
         yield suspect
         yield unattributed
+        yield from self._unlisted_metrics(snap)
+
+    def _unlisted_metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        """Memory NVML puts no live name to: the holders it does not list (found by the
+        search while memory is unattributed), and the pids it lists that /proc lacks."""
+        holder = GaugeMetricFamily(
+            "gpuguard_gpu_unlisted_holder_info",
+            "A process NVML does not list that has a GPU device file open (searched for "
+            "only while a GPU's unattributed memory is above "
+            "accounting.unlisted_threshold_bytes), with the classifier's verdict; gpu and "
+            "UUID empty when the file names no GPU. Never reaped: NVML does not name it.",
+            labels=["pid", "start_time", "comm", "user", "device_file", "verdict", "reason",
+                    *GPU_LABELS])
+        for h in snap.unlisted if self.processes else ():
+            holder.add_metric([str(h.pid), str(h.start_time), h.comm, h.user, h.device_file,
+                               h.verdict, h.reason,
+                               "" if h.gpu_index is None else str(h.gpu_index),
+                               h.gpu_uuid or ""], 1)
+        yield holder
+        count = GaugeMetricFamily(
+            "gpuguard_gpu_unseen_processes",
+            "Processes NVML lists on a GPU that this exporter's /proc does not show: exited "
+            "since, or in another PID namespace.", labels=GPU_LABELS)
+        memory = GaugeMetricFamily(
+            "gpuguard_gpu_unseen_process_memory_bytes",
+            "GPU memory NVML says the processes of gpuguard_gpu_unseen_processes hold.",
+            labels=GPU_LABELS)
+        for gpu in snap.unseen:
+            count.add_metric([str(gpu.index), gpu.uuid], gpu.processes)
+            memory.add_metric([str(gpu.index), gpu.uuid], gpu.memory_bytes)
+        yield count
+        yield memory
+        search = snap.search
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_active",
+            "1 while the search for unlisted holders runs (some GPU's unattributed memory "
+            "is above the threshold), else 0.",
+            value=1 if search is not None and search.active else 0)
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_passes",
+            "Complete passes of the search over the process table since it last started.",
+            value=search.passes if search is not None else 0)
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_unreadable_processes",
+            "Processes whose open files the search could not read (the last pass): a holder "
+            "among them would not be found.",
+            value=search.unreadable if search is not None else 0)
 
     def _counter_metrics(self) -> Iterator[Metric]:
         scans, errors = self.scanner.counts()

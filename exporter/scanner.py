@@ -29,9 +29,20 @@ from gpuguard.exporter.accounting import (
     IdleAccounting,
     Quotas,
     account,
+    balance,
 )
 from gpuguard.exporter.attribution import attribute
+from gpuguard.exporter.unlisted import (
+    SearchProgress,
+    UnlistedHolder,
+    UnlistedSettings,
+    UnseenOnGpu,
+    search_holders,
+    unattributed_gpus,
+    unseen,
+)
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, boottime
@@ -107,6 +118,12 @@ class Snapshot:
         if not values or any(v is None for v in values):
             return None
         return min(v for v in values if v is not None)
+    #: Processes with a GPU device file open that NVML does not list (found only while
+    #: some GPU's unattributed memory is above the threshold), and the search's progress.
+    unlisted: tuple[UnlistedHolder, ...] = ()
+    search: SearchProgress | None = None
+    #: Per GPU, the pids NVML lists that this /proc does not show.
+    unseen: tuple[UnseenOnGpu, ...] = ()
 
     def owner(self, info: ProcInfo) -> str:
         """owner() from this scan's names."""
@@ -219,6 +236,24 @@ def windows_holder_facts(trees: Sequence[Tree]) -> dict[int, HolderFacts]:
     return facts
 
 
+def unlisted_holders(trees: Sequence[Tree], files: Mapping[int, str],
+                     names: Mapping[int, str]) -> tuple[UnlistedHolder, ...]:
+    """The search's finds (`files`: pid -> the device file it has open) as the classifier
+    judged them, each its own verdict, like gpuguard_gpu_process_info's."""
+    out: dict[int, UnlistedHolder] = {}
+    for tree in trees:
+        for hv in tree.holder_verdicts:
+            me = hv.chain[0] if hv.chain else None
+            if me is None or me.pid in out:
+                continue  # gone since it was found: nothing to report
+            h = hv.holder
+            out[me.pid] = UnlistedHolder(
+                me.pid, me.start_time, owner(me, names), me.comm, files.get(me.pid, ""),
+                h.gpu_index if h.gpu_uuid else None, h.gpu_uuid or None,
+                str(hv.verdict), str(hv.reason))
+    return tuple(out[pid] for pid in sorted(out))
+
+
 def windows_scan_sources(counters: Counters = COUNTERS) -> tuple[TableSource, Nvml]:
     """What a scan reads on Windows: psutil's process table, and NVML with WDDM's
     per-process memory for the holders NVML cannot size (gpuguard/host/windows/wddm.py)."""
@@ -247,6 +282,8 @@ class Scanner:
         table: TableSource | None = None,
         users: UserNames | None = None,
         accounting: IdleAccounting | None = None,
+        unlisted: UnlistedSettings | None = None,
+        search: FdSearch | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): windows_scan_sources() gives it, and the `nvml` to read there. `users`
@@ -258,6 +295,8 @@ class Scanner:
         self.accounting = accounting if accounting is not None else IdleAccounting()
         self.groups = groups if groups is not None else GroupCache()
         self.users = users if users is not None else label_names()
+        self.unlisted = unlisted if unlisted is not None else UnlistedSettings()
+        self.search = search if search is not None else FdSearch(counters=counters)
         self.nvml = nvml
         self.counters = counters
         self.table = table
@@ -277,12 +316,15 @@ class Scanner:
         self._settings_lock = threading.Lock()  # one scan sees one config, old or new
 
     def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit,
-                    accounting: IdleAccounting | None = None) -> None:
+                    accounting: IdleAccounting | None = None,
+                    unlisted: UnlistedSettings | None = None) -> None:
         """A reloaded config (SIGHUP): used whole from the next scan on."""
         with self._settings_lock:
             self.rules, self.quotas, self.audit = rules, quotas, audit
             if accounting is not None:
                 self.accounting = accounting
+            if unlisted is not None:
+                self.unlisted = unlisted
 
     @property
     def latest(self) -> Snapshot | None:
@@ -291,7 +333,7 @@ class Scanner:
     def scan_once(self) -> Snapshot:
         start = time.perf_counter()
         with self._settings_lock:
-            rules, quotas, audit = self.rules, self.quotas, self.audit
+            rules, quotas, audit, unlisted = self.rules, self.quotas, self.audit, self.unlisted
             settings = self.accounting
         reads_before = self.counters.proc_reads()
         errors: list[tuple[str, str]] = []
@@ -305,6 +347,9 @@ class Scanner:
         orphans: dict[tuple[int, int], OrphanInfo] = {}
         accounting = Accounting()
         names: dict[int, str] = {}
+        found: list[Tree] = []
+        files: dict[int, str] = {}
+        search: SearchProgress | None = None
         now = self._clock()
         boot_now = self._boot_clock()
         try:
@@ -323,7 +368,8 @@ class Scanner:
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
             self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now)
             previous = self._latest.accounting.hot if self._latest is not None else {}
-            names = self.users.labels(labelled_uids(trees))
+            found, files, search = self._search_unlisted(reading, unlisted, rules)
+            names = self.users.labels(labelled_uids(trees) + labelled_uids(found))
             facts = (holder_facts(trees, self.view, names) if self.table is None
                      else windows_holder_facts(trees))
             idle = {(hv.holder.pid, hv.holder.gpu_uuid): self._idle.idle_seconds(
@@ -347,6 +393,9 @@ class Scanner:
             users=names,
             idle=self._idle,
             idle_at=boot_now,
+            unlisted=unlisted_holders(found, files, names),
+            search=search,
+            unseen=unseen(reading.gpus, trees),
         )
         with self._lock:
             self.scans_total += 1
@@ -361,6 +410,39 @@ class Scanner:
             self.view.begin_scan()
             return classify(reading.holders, self.view, rules)
         return classify_windows(self.table(), reading.holders, rules)
+
+    def _search_unlisted(self, reading: NvmlReading, settings: UnlistedSettings,
+                         rules: Rules) -> tuple[list[Tree], dict[int, str], SearchProgress]:
+        """One bounded step of the search for holders NVML does not list, judged by the
+        classifier like NVML's holders (their trees are kept apart: never an orphan
+        series, never an alert). Only while some GPU's unattributed memory is above the
+        threshold: otherwise the search is forgotten and nothing is read."""
+        wanted = unattributed_gpus(balance(reading.gpus, reading.holders),
+                                   settings.unlisted_threshold_bytes)
+        if not wanted or self.table is not None:  # Windows: no /proc to search
+            self.search.reset()
+            return [], {}, SearchProgress(False, 0, 0, 0, 0, 0)
+        files = device_files(settings.device_files)
+        step = self.search.step(files,
+                                max_processes=settings.unlisted_search_budget_processes,
+                                max_seconds=settings.unlisted_search_budget_milliseconds / 1000,
+                                identify=self._start_time)
+        rdevs = {f.path: f.rdev for f in files}
+        minors = self.nvml.minor_numbers() if isinstance(self.nvml, Nvml) else {}
+        # A pid reused since it was found names someone else: left out until looked at again.
+        found = {pid: path for pid, path in step.found.items()
+                 if (t := step.started.get(pid)) is not None and t == self._start_time(pid)}
+        holders = search_holders(found, reading.holders, rdevs, reading.gpus, minors)
+        trees = classify(holders, self.view, rules) if holders else []
+        listed = {h.pid for h in reading.holders}
+        return trees, found, SearchProgress(True, step.passes, step.examined, step.unreadable,
+                                     len([p for p in step.found if p not in listed]),
+                                     len(holders))
+
+    def _start_time(self, pid: int) -> int | None:
+        """A pid's start time, from this scan's stat reads (one read a pid a scan)."""
+        info = self.view.stat(pid)
+        return None if info is None else info.start_time
 
     def counts(self) -> tuple[int, dict[str, int]]:
         with self._lock:

@@ -1,9 +1,10 @@
 """The exporter's sections of the config file: `quotas:`, `audit:` and `accounting:`,
-read into the accounting's `Quotas`, `Audit` and `IdleAccounting` (the remediator never
+read into the accounting's `Quotas`, `Audit` and `Accounting` (the remediator never
 reads them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.classify_settings import patterns
@@ -16,7 +17,8 @@ from gpuguard.exporter.accounting import (
     SustainedUtilization,
     parse_size,
 )
-from gpuguard.validation import At, mapping, number, string_list
+from gpuguard.exporter.unlisted import UnlistedSettings
+from gpuguard.validation import At, integer, mapping, number, string_list
 
 
 def _sizes(at: At, value: Any, *, everyone: bool) -> tuple[tuple[str, int], ...]:
@@ -79,7 +81,42 @@ def parse_audit(at: At, value: Any) -> Audit:
     }))
 
 
-def parse_accounting(at: At, value: Any) -> IdleAccounting:
-    return IdleAccounting(**mapping(at, value, {
+def _size(at: At, value: Any) -> int:
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise at.error(str(exc)) from None
+
+
+def _globs(at: At, value: Any) -> tuple[str, ...]:
+    """Absolute glob patterns: a relative one would depend on the daemon's directory."""
+    globs = string_list(at, value)
+    for i, pattern in enumerate(globs):
+        if not pattern.startswith("/"):
+            raise at.item(i).error(f"{pattern!r} is not an absolute path pattern")
+    return globs
+
+
+@dataclass(frozen=True)
+class AccountingSection:
+    """`accounting:`: when a holder's memory counts as idle, and the search for holders
+    NVML does not list (one section, two consumers)."""
+
+    idle: IdleAccounting = field(default_factory=IdleAccounting)
+    unlisted: UnlistedSettings = field(default_factory=UnlistedSettings)
+
+
+_IDLE_KEYS = frozenset({"idle_after_seconds"})
+
+
+def parse_accounting(at: At, value: Any) -> AccountingSection:
+    got = mapping(at, value, {
         "idle_after_seconds": lambda at, v: number(at, v, minimum=0),
-    }))
+        "unlisted_threshold_bytes": _size,
+        "device_files": _globs,
+        "unlisted_search_budget_processes": lambda at, v: integer(at, v, minimum=1),
+        "unlisted_search_budget_milliseconds": lambda at, v: number(at, v, above=0),
+    })
+    return AccountingSection(
+        idle=IdleAccounting(**{k: v for k, v in got.items() if k in _IDLE_KEYS}),
+        unlisted=UnlistedSettings(**{k: v for k, v in got.items() if k not in _IDLE_KEYS}))

@@ -11,8 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuguard.classify_settings import parse_classify
-from gpuguard.exporter.accounting import Audit, IdleAccounting, Quotas
-from gpuguard.exporter.settings import parse_accounting, parse_audit, parse_quotas
+from gpuguard.exporter.accounting import Audit, Quotas
+from gpuguard.exporter.settings import (
+    AccountingSection,
+    parse_accounting,
+    parse_audit,
+    parse_quotas,
+)
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.orphans.rules_config import Rules, default_rules
 from gpuguard.remediator.settings import Remediate, default_remediate, parse_remediate
@@ -35,7 +40,8 @@ class Config:
     remediate: Remediate = field(default_factory=platform_remediate)
     quotas: Quotas = field(default_factory=Quotas)  # read by the exporter (and `status`)
     audit: Audit = field(default_factory=Audit)  # read by the exporter (and `status`)
-    accounting: IdleAccounting = field(default_factory=IdleAccounting)  # the exporter's
+    #: read by the exporter (and `status`, `node-check`): idle memory, unlisted holders
+    accounting: AccountingSection = field(default_factory=AccountingSection)
     source: str = "<defaults>"
 
 
@@ -53,7 +59,7 @@ def parse_config(text: str, *, source: str = "<string>", windows: bool = IS_WIND
         remediate=got.get("remediate", default_remediate(windows=windows)),
         quotas=got.get("quotas", Quotas()),
         audit=got.get("audit", Audit()),
-        accounting=got.get("accounting", IdleAccounting()),
+        accounting=got.get("accounting", AccountingSection()),
         source=source,
     )
 

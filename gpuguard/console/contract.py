@@ -12,6 +12,8 @@ PROG = "gpuguard"
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
+#: node-check: the node is not clean, or could not be shown clean (fails closed).
+EXIT_NOT_CLEAN = 1
 EXIT_USAGE = 2
 EXIT_NVML_DOWN = 3
 EXIT_NO_PROCESS = 4
@@ -31,8 +33,9 @@ START_TIME_WORDS = ("the start time as gpuguard reports it: clock ticks since bo
 #: Exit codes (stable), as `gpuguard --help` lists them.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok: status shown, pid explained, payload checked, config valid, reap done or "
-              "dry-run ok"),
-    (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr)"),
+              "dry-run ok, node clean"),
+    (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr); node-check: not "
+                    "clean, or not shown clean (NVML down included)"),
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
                  "PROBLEM); policy check: the payload file cannot be read; mcp: the MCP SDK "
                  "is not installed"),
@@ -66,6 +69,7 @@ STATUS_SCHEMA = "gpuguard.status/v1"
 EXPLAIN_SCHEMA = "gpuguard.explain/v1"
 POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
+NODE_CHECK_SCHEMA = "gpuguard.node-check/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
 #: (the reaper's own outcomes are gpuguard.remediator.outcome.Outcome).
@@ -172,6 +176,28 @@ writable by no one else, no symlink: `audit-unsafe`).
    "members": [{{"pid", "start_time", "user", "comm"}}],
    "signals": [{{"pid", "signal", "result", "at_ms"}}], "survivors": [int],
    "reclaimed_bytes", "audit_log", "audit_error"}}
+
+""" + EXIT_TABLE
+
+NODE_CHECK_EPILOG = f"""\
+Exit {EXIT_OK} when all GPU memory is held by processes of live trees the classifier calls
+normal (or protected, with --allow-protected); {EXIT_NOT_CLEAN} when anything else remains (an
+orphan, a protected or unknown tree, a
+pid NVML lists that /proc lacks, a holder NVML does not list, unattributed memory above
+accounting.unlisted_threshold_bytes or of unknown size) and when the node cannot be shown
+clean (NVML down or incomplete); {EXIT_USAGE} for a bad config. Never signals anything.
+--json prints {NODE_CHECK_SCHEMA}:
+  {{"schema", "hostname", "taken_at", "clean": bool, "why": [str], "threshold_bytes",
+   "nvml": {{"up", "driver_version", "errors"}},
+   "remaining": {{"trees": [{{"root_pid", "root_start_time", "root_comm", "root_user",
+                             "verdict", "reason", "gpu_bytes", "holders": [...]}}],
+                 "unattributed": [{{"index", "uuid", "unattributed_bytes": int|null,
+                                   "why_unknown": str|null}}],
+                 "unlisted": [{{"pid", "start_time", "user", "comm", "device_file",
+                               "gpu_index", "gpu_uuid", "verdict", "reason"}}],
+                 "unseen": [{{"index", "uuid", "processes", "memory_bytes"}}],
+                 "search": {{"active", "passes", "examined", "unreadable", "found",
+                            "reported"}}|null}}}}
 
 """ + EXIT_TABLE
 

@@ -128,11 +128,12 @@ def new_scanner(config: Config) -> Scanner:
     if IS_WINDOWS:
         table, nvml = windows_scan_sources()
         return Scanner(rules=config.classify, nvml=nvml, quotas=config.quotas,
-                       audit=config.audit, table=table, accounting=config.accounting)
+                       audit=config.audit, table=table, accounting=config.accounting.idle)
     events, memory = launcher_evidence(config)
     return Scanner(rules=config.classify, nvml=Nvml(),
                    view=ProcessView(events=events, memory=memory), quotas=config.quotas,
-                   audit=config.audit, accounting=config.accounting)
+                   audit=config.audit, accounting=config.accounting.idle,
+                   unlisted=config.accounting.unlisted)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

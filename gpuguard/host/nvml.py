@@ -122,6 +122,7 @@ class Nvml:
         # Newer calls first; fall back for good once the driver says it lacks them.
         self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
         self._memory_v2 = True
+        self._minors: dict[str, int] | None = None  # read once per initialisation
 
     def read(self) -> NvmlReading:
         """One pass: initialise if needed, then every GPU's gauges and holders."""
@@ -140,6 +141,26 @@ class Nvml:
                     )
                     self._warned = True
                 return NvmlReading(False, None, (), (), ((gone.stage, gone.message),))
+
+    def minor_numbers(self) -> dict[str, int]:
+        """GPU uuid -> the minor number of its /dev/nvidiaN, for the GPUs whose driver
+        says (none on Windows, or on an error). Asked only by the unlisted-holder search,
+        and read once while the library stays initialised: a GPU's node does not change
+        while the driver is loaded, and a scan with nothing unattributed asks nothing."""
+        with _NVML_LOCK:
+            if self._minors is None and self._initialised:
+                minors: dict[str, int] = {}
+                try:
+                    for index in range(self._call("nvml_device", pynvml.nvmlDeviceGetCount)):
+                        handle = self._call("nvml_device", pynvml.nvmlDeviceGetHandleByIndex,
+                                            index)
+                        uuid = self._call("nvml_device", pynvml.nvmlDeviceGetUUID, handle)
+                        minors[uuid] = int(self._call(
+                            "nvml_device", pynvml.nvmlDeviceGetMinorNumber, handle))
+                except pynvml.NVMLError:
+                    return minors  # partial: asked again at the next search
+                self._minors = minors
+            return dict(self._minors or {})
 
     def close(self) -> None:
         """Shut NVML down if this instance initialised it."""
@@ -174,6 +195,7 @@ class Nvml:
         self._driver_version = None
         self._use_calls.clear()  # a driver that comes back may be another one
         self._last_seen.clear()
+        self._minors = None
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Every NVML call goes through here, so its cost shows at /metrics."""

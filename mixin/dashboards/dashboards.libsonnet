@@ -1217,7 +1217,7 @@
         {
           type: "timeseries",
           title: "Unattributed GPU memory",
-          description: "Memory in use on a GPU (without the driver's reserved memory) that no process NVML lists accounts for: processes NVML cannot list (other PID namespaces without hostPID) or contexts the driver has not freed. No line while a process's usage is unavailable (the figure would be a guess). GPUMemoryUnattributed opens a ticket above 1 GiB for 10 m.",
+          description: "Memory in use on a GPU (without the driver's reserved memory) that no process NVML lists accounts for: processes NVML cannot list (other PID namespaces without hostPID) or contexts the driver has not freed. No line while a process's usage is unavailable (the figure would be a guess). GPUMemoryUnattributed opens a ticket above 1 GiB for 10 m. The second line: memory NVML says pids hold that the exporter's /proc does not show (exited since, or another PID namespace); gpuguard_gpu_unlisted_holder_info names who has the device files open.",
           id: 33,
           datasource: datasource,
           gridPos: {
@@ -1232,6 +1232,13 @@
               refId: "A",
               expr: "gpuguard_gpu_memory_unattributed_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
               legendFormat: "GPU {{gpu}} ({{instance}})",
+              range: true
+            },
+            {
+              datasource: datasource,
+              refId: "B",
+              expr: "gpuguard_gpu_unseen_process_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"} > 0" % c,
+              legendFormat: "GPU {{gpu}} ({{instance}}): listed pids /proc lacks",
               range: true
             }
           ],

@@ -89,6 +89,8 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_gpu_process_idle_seconds",
         "gpuguard_orphan_tree_idle_seconds",
         "gpuguard_user_gpu_idle_memory_bytes",
+        # memory NVML puts no live name to (issue 40)
+        "gpuguard_gpu_unseen_process_memory_bytes",
     }
 )
 REMEDIATOR_METRICS = frozenset(

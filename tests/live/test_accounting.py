@@ -452,7 +452,8 @@ def test_a_pattern_suspect_is_listed_once_even_when_also_busy() -> None:
     assert [(s.pid, s.why) for s in acc.suspects] == [(8, WHY_COMM)]
 
 
-@pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py"])
+@pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py",
+                                  "exporter/unlisted.py"])
 def test_accounting_modules_do_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" for line, module, _ in imports(REPO / pure,
                                                                      with_typing_only=False)

@@ -42,7 +42,8 @@ NVML_ERROR_GPU_IS_LOST = 15
 
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
 MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
-                             "nvmlDeviceGetProcessesUtilizationInfo")
+                             "nvmlDeviceGetProcessesUtilizationInfo",
+                             "nvmlDeviceGetMinorNumber")
 
 
 class FakeNvmlBuildError(RuntimeError):

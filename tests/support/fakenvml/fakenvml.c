@@ -446,6 +446,20 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     EXIT
 }
 
+/* The real driver answers the minor number of the GPU's /dev/nvidiaN node; the fake's
+ * nodes are numbered like its GPUs. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, -1, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (missing("nvmlDeviceGetMinorNumber")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    if (minor == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = (unsigned int)(device - devices);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     ENTER
     struct gpu *g;
