@@ -169,6 +169,9 @@ def test_gpu_gauges_and_info(fake_gpu: FakeGpuWorld, exporter_for) -> None:
             assert not {"device", "pci_bus_id"} & set(labels), (name, labels)
     host, = find(samples, "gpuguard_host_info")
     assert host[0]["hostname"] == "gpu-node-7"
+    # The host name once, as `hostname` (docs/metrics.md, Labels): no series says Hostname.
+    assert [n for (n, labels) in samples if "Hostname" in dict(labels)] == []
+    assert [n for (n, labels) in samples if "hostname" in dict(labels)] == ["gpuguard_host_info"]
     assert find(samples, "gpuguard_nvml_up")[0][1] == 1
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
 
