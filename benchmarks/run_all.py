@@ -73,6 +73,12 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                       "0 and 5,000 unrelated processes, side by side. Targets: nothing "
                       "unattributed costs 0 search reads and scan time within 1.25x of 0 "
                       "unrelated; the search adds at most its 50 ms budget (+10 ms) a scan."),
+    "nvitop_footprint": (420.0,
+                         "gpuguard-exporter beside nvitop-exporter (installed from the "
+                         "registry into .venv-nvitop/, skipped where it cannot be) over the "
+                         "same 4 fake GPUs, both refreshing every second: scrape time, body "
+                         "size, /proc opens (strace), RSS and threads as ratios. Target: RSS "
+                         "<= nvitop-exporter's."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

@@ -11,7 +11,6 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from gpuguard.exporter.attribution import Attribution
@@ -79,6 +78,8 @@ def parse_size(value: Any) -> int:
     if unit not in UNITS:
         raise SizeError(f"{value!r}: unknown unit {unit!r} (units: {units}; KiB/MiB/GiB/TiB "
                         "are powers of 1024, KB/MB/GB/TB powers of 1000)")
+    from decimal import Decimal, InvalidOperation  # only where quotas are configured
+
     try:
         exact = Decimal(match.group("number")) * UNITS[unit]
     except InvalidOperation:  # pragma: no cover - the regex admits only decimals

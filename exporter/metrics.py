@@ -24,6 +24,8 @@ from gpuguard.orphans.vocabulary import Verdict
 
 #: Every per-GPU series, in dcgm-exporter's label names: gpu (the index) and UUID.
 GPU_LABELS = ["gpu", "UUID"]
+#: gpuguard_gpu_info's identity labels, in dcgm-exporter's names and order.
+INFO_LABELS = [*GPU_LABELS, "pci_bus_id", "device", "modelName"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 
@@ -75,11 +77,13 @@ class GpuguardCollector(Collector):
                                 value=1 if reading.up else 0)
         if not (self.gpu or self.processes):
             return
-        # dcgm-exporter's label names (UUID, modelName), so series join with its series on
-        # UUID and read alike; modelName is the one camelCase name promtool's lint flags,
-        # and dcgm's spelling wins (docs/metrics.md, Labels).
+        # dcgm-exporter's label names (UUID, pci_bus_id, device, modelName), so series join
+        # with its series on UUID and read alike; modelName is the one camelCase name
+        # promtool's lint flags, and dcgm's spelling wins (docs/metrics.md, Labels). The
+        # labels that only describe a GPU live here alone, not on every gauge as dcgm puts
+        # them: the same series, shorter bodies; join on UUID for them.
         info = GaugeMetricFamily("gpuguard_gpu_info", "One series per GPU with its identity.",
-                                 labels=["gpu", "UUID", "modelName", "driver_version"])
+                                 labels=[*INFO_LABELS, "driver_version"])
         gauges = {
             "memory_total_bytes": GaugeMetricFamily(
                 "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=GPU_LABELS),
@@ -95,8 +99,8 @@ class GpuguardCollector(Collector):
         }
         for gpu in reading.gpus if self.gpu else ():
             labels = [str(gpu.index), gpu.uuid]
-            info.add_metric([str(gpu.index), gpu.uuid, gpu.name or "",
-                             reading.driver_version or ""], 1)
+            info.add_metric([str(gpu.index), gpu.uuid, gpu.pci_bus_id or "", gpu.device or "",
+                             gpu.name or "", reading.driver_version or ""], 1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
                 if value is not None:  # a field the driver cannot give is absent, not zero

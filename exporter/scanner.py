@@ -428,7 +428,8 @@ class Scanner:
                                 max_seconds=settings.unlisted_search_budget_milliseconds / 1000,
                                 identify=self._start_time)
         rdevs = {f.path: f.rdev for f in files}
-        minors = self.nvml.minor_numbers() if isinstance(self.nvml, Nvml) else {}
+        # The node's minor number, as the read's `device` label names it ("nvidiaN").
+        minors = {g.uuid: int(g.device[len("nvidia"):]) for g in reading.gpus if g.device}
         # A pid reused since it was found names someone else: left out until looked at again.
         found = {pid: path for pid, path in step.found.items()
                  if (t := step.started.get(pid)) is not None and t == self._start_time(pid)}

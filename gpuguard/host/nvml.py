@@ -72,6 +72,25 @@ class GpuSample:
     #: sample newer than the previous read's newest); every other holder used none. None
     #: when NVML cannot say (MIG, NOT_SUPPORTED, an error): unknown, never "idle".
     busy_pids: frozenset[int] | None = None
+    #: The device node's name, "nvidia" and the minor number (dcgm-exporter's `device`).
+    device: str | None = None
+    #: The PCI address as the driver formats it, "00000000:3B:00.0" (dcgm's `pci_bus_id`).
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What never changes for one GPU while the driver stays loaded: read once, by UUID.
+
+    A field the driver cannot give (NOT_SUPPORTED) is None for good; one whose read
+    failed otherwise is None for this scan and read again on the next.
+    """
+
+    name: str | None
+    device: str | None
+    pci_bus_id: str | None
+    #: The fields whose read failed (not NOT_SUPPORTED): read again on the next scan.
+    unsettled: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -122,7 +141,9 @@ class Nvml:
         # Newer calls first; fall back for good once the driver says it lacks them.
         self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
         self._memory_v2 = True
-        self._minors: dict[str, int] | None = None  # read once per initialisation
+        #: Per UUID, dropped with the library: a GPU moved to another slot is only seen
+        #: after a driver reload.
+        self._identities: dict[str, GpuIdentity] = {}
 
     def read(self) -> NvmlReading:
         """One pass: initialise if needed, then every GPU's gauges and holders."""
@@ -141,26 +162,6 @@ class Nvml:
                     )
                     self._warned = True
                 return NvmlReading(False, None, (), (), ((gone.stage, gone.message),))
-
-    def minor_numbers(self) -> dict[str, int]:
-        """GPU uuid -> the minor number of its /dev/nvidiaN, for the GPUs whose driver
-        says (none on Windows, or on an error). Asked only by the unlisted-holder search,
-        and read once while the library stays initialised: a GPU's node does not change
-        while the driver is loaded, and a scan with nothing unattributed asks nothing."""
-        with _NVML_LOCK:
-            if self._minors is None and self._initialised:
-                minors: dict[str, int] = {}
-                try:
-                    for index in range(self._call("nvml_device", pynvml.nvmlDeviceGetCount)):
-                        handle = self._call("nvml_device", pynvml.nvmlDeviceGetHandleByIndex,
-                                            index)
-                        uuid = self._call("nvml_device", pynvml.nvmlDeviceGetUUID, handle)
-                        minors[uuid] = int(self._call(
-                            "nvml_device", pynvml.nvmlDeviceGetMinorNumber, handle))
-                except pynvml.NVMLError:
-                    return minors  # partial: asked again at the next search
-                self._minors = minors
-            return dict(self._minors or {})
 
     def close(self) -> None:
         """Shut NVML down if this instance initialised it."""
@@ -195,7 +196,7 @@ class Nvml:
         self._driver_version = None
         self._use_calls.clear()  # a driver that comes back may be another one
         self._last_seen.clear()
-        self._minors = None
+        self._identities.clear()
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Every NVML call goes through here, so its cost shows at /metrics."""
@@ -234,12 +235,7 @@ class Nvml:
             # Without a handle and a uuid there is nothing to label the GPU with.
             self._raise_if_gone(index, "nvml_device", err)
             raise _DeviceGone(f"GPU {index}: {err}") from None
-        name = self._field(
-            index,
-            "name",
-            errors,
-            lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
-        )
+        identity = self._identity(index, uuid, handle, errors)
         read = self._field(index, "memory", errors, lambda: self._memory(handle))
         memory, memory_v2 = (None, True) if read is None else read
         util = self._field(
@@ -260,7 +256,7 @@ class Nvml:
         gpu = GpuSample(
             index=index,
             uuid=uuid,
-            name=name,
+            name=identity.name,
             memory_total_bytes=None if memory is None else int(memory.total),
             memory_used_bytes=None if memory is None else int(memory.used),
             utilization_ratio=None if util is None else util.gpu / 100,
@@ -269,17 +265,52 @@ class Nvml:
             processes_listed=holders is not None,
             used_excludes_reserved=memory_v2,
             busy_pids=busy,
+            device=identity.device,
+            pci_bus_id=identity.pci_bus_id,
         )
         return gpu, holders or []
+
+    def _identity(
+        self, index: int, uuid: str, handle: Any, errors: list[tuple[str, str]]
+    ) -> GpuIdentity:
+        """Model, device node and PCI address: NVML calls on the first scan that sees this
+        GPU only, so labels that never change cost nothing per scan. Each field falls back
+        alone: a failed read leaves that label empty (and is tried again next scan), never
+        the GPU unreported."""
+        known = self._identities.get(uuid)
+        if known is not None and not known.unsettled:
+            return known
+        values: dict[str, str | None] = {} if known is None else {
+            "name": known.name, "minor": known.device, "pci": known.pci_bus_id}
+        reads: dict[str, Callable[[], Any]] = {
+            "name": lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
+            "minor": lambda: _device_node(
+                self._call("nvml_device", pynvml.nvmlDeviceGetMinorNumber, handle)),
+            "pci": lambda: _bus_id(
+                self._call("nvml_device", pynvml.nvmlDeviceGetPciInfo, handle).busId),
+        }
+        unsettled: set[str] = set()
+        for what, read in reads.items():
+            if known is not None and what not in known.unsettled:
+                continue
+            before = len(errors)
+            values[what] = self._field(index, what, errors, read)
+            if len(errors) > before:
+                unsettled.add(what)
+        identity = GpuIdentity(name=values["name"], device=values["minor"],
+                               pci_bus_id=values["pci"], unsettled=frozenset(unsettled))
+        self._identities[uuid] = identity
+        return identity
 
     def _field(
         self, index: int, what: str, errors: list[tuple[str, str]], get: Callable[[], T]
     ) -> T | None:
-        """One gauge: None when unsupported (no error) or failing (with an error)."""
+        """One gauge: None when unsupported or the driver lacks the call (no error), or
+        failing (with an error)."""
         try:
             return get()
         except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
                 return None
             self._raise_if_gone(index, "nvml_device", err)
             errors.append(("nvml_device", f"GPU {index}: {what}: {err}"))
@@ -379,6 +410,17 @@ class Nvml:
             raise _DriverGone(stage, f"GPU {index}: {err}") from None
         if err.value in _DEVICE_GONE:
             raise _DeviceGone(f"GPU {index}: {err}") from None
+
+
+def _device_node(minor: int) -> str:
+    """/dev/nvidiaN's name, as dcgm-exporter's `device` label spells it."""
+    return f"nvidia{int(minor)}"
+
+
+def _bus_id(raw: bytes | str) -> str | None:
+    """nvmlPciInfo_t.busId ("00000000:3B:00.0", the form dcgm-exporter labels with)."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    return text.strip("\x00 ") or None
 
 
 def _merge_holders(

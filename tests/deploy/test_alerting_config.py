@@ -498,3 +498,18 @@ def test_dashboard_covers_the_contract():
         "gpuguard_remediator_reclaimed_bytes_total",
     }
     assert expected <= used, sorted(expected - used)
+
+
+def test_host_label_is_hostname_in_one_spelling() -> None:
+    """The host name is `hostname`, on gpuguard_host_info alone, in the rules' joins and in
+    the remediator's required alert labels: deployed routes and silences match on it, and
+    dcgm-exporter itself renamed its `Hostname` to `hostname` (NVIDIA/dcgm-exporter#655).
+    Neither the rules nor the dashboard may spell it `Hostname` (docs/metrics.md, Labels)."""
+    from gpuguard.remediator.policy import REQUIRED_LABELS
+
+    assert "hostname" in REQUIRED_LABELS
+    rules = RULES.read_text()
+    assert "group_left (hostname)" in rules
+    shipped = [RULES, REPO / "alerts" / "joins.yml", REPO / "grafana" / "dashboard.json"]
+    for path in shipped:
+        assert "Hostname" not in path.read_text(), path

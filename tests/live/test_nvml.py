@@ -50,6 +50,8 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
         util_gpu=0,
         temp=35,
         power_mw=60_000,
+        minor=3,  # /dev/nvidia3: probe order need not follow the index
+        pci=(1, 0x3B, 0),
     )
     fake_gpu.set_driver_version("560.35.03")
 
@@ -61,7 +63,7 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
     assert reading.gpus == (
         # No sample on either GPU: NVML says nobody used an SM (busy_pids empty, not None).
         GpuSample(0, default_uuid(0), "NVIDIA Fake H100", 80 * GiB, 3 * GiB, 0.42, 61.0, 250.5,
-                  busy_pids=frozenset()),
+                  busy_pids=frozenset(), device="nvidia0", pci_bus_id="00000000:01:00.0"),
         GpuSample(
             1,
             "GPU-11111111-2222-3333-4444-555555555555",
@@ -72,6 +74,8 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
             35.0,
             60.0,
             busy_pids=frozenset(),
+            device="nvidia3",
+            pci_bus_id="00000001:3B:00.0",  # the driver's busId: dcgm-exporter's pci_bus_id
         ),
     )
     assert reading.holders == ()
@@ -296,10 +300,10 @@ def test_counters_count_every_call_per_callsite(
 
     nvml.read()
     first = counters.snapshot()
-    # init + driver version; count + 2 x (handle, uuid, name, memory, util, temp, power);
-    # 2 x (compute, graphics, per-process utilization: one call per GPU)
+    # init + driver version; count + 2 x (handle, uuid, name, minor, pci, memory, util,
+    # temp, power); 2 x (compute, graphics, per-process utilization: one call per GPU)
     assert first["nvml_init"].calls == 2
-    assert first["nvml_device"].calls == 1 + 2 * 7
+    assert first["nvml_device"].calls == 1 + 2 * 9
     assert first["nvml_processes"].calls == 2 * 3
     assert all(c.proc_reads == 0 for c in first.values())
     assert all(c.calls == 0 for name, c in first.items() if not name.startswith("nvml_"))
@@ -307,11 +311,64 @@ def test_counters_count_every_call_per_callsite(
     nvml.read()
     second = counters.snapshot()
     assert second["nvml_init"].calls == 2  # initialised once
-    assert second["nvml_device"].calls == 2 * 15
+    # name, minor and pci are read once per GPU: the second pass is count + 2 x (handle,
+    # uuid, memory, util, temp, power)
+    assert second["nvml_device"].calls == 19 + 1 + 2 * 6
     assert second["nvml_processes"].calls == 2 * 6
 
     nvml.close()
     assert counters.snapshot()["nvml_init"].calls == 3  # nvmlShutdown
+
+
+def test_identity_fields_fall_back_alone_and_failed_ones_are_read_again(
+    fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters
+) -> None:
+    fake_gpu.set_field_error(0, "minor", pynvml.NVML_ERROR_NO_PERMISSION)
+    fake_gpu.set_not_supported(0, "pci")
+
+    gpu, = nvml.read().gpus
+    # The failed read empties its own label only; NOT_SUPPORTED is no error.
+    assert (gpu.name, gpu.device, gpu.pci_bus_id) == ("NVIDIA Fake H100", None, None)
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert nvml.read().gpus[0].device is None
+    before = counters.snapshot()["nvml_device"].calls
+
+    fake_gpu.set_field_error(0, "minor", None)
+    fake_gpu.set_not_supported(0, "pci", False)
+    gpu, = nvml.read().gpus
+    # Only the failed field is asked again (count, handle, uuid, minor, 4 gauges): the
+    # name was read and NOT_SUPPORTED stands for as long as the driver stays loaded.
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 1 + 4
+    assert (gpu.name, gpu.device, gpu.pci_bus_id) == ("NVIDIA Fake H100", "nvidia0", None)
+    before = counters.snapshot()["nvml_device"].calls
+    nvml.read()
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 4
+
+
+def test_failed_identity_read_is_reported_not_the_scan(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    fake_gpu.set_field_error(0, "pci", 999)
+
+    reading = nvml.read()
+
+    assert reading.up and [g.index for g in reading.gpus] == [0]
+    assert reading.errors == (("nvml_device", "GPU 0: pci: Unknown Error"),)
+    assert reading.gpus[0].device == "nvidia0"
+
+
+def test_identity_is_read_again_after_the_driver_comes_back(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    assert nvml.read().gpus[0].pci_bus_id == "00000000:01:00.0"
+    fake_gpu.set_runtime_error(pynvml.NVML_ERROR_UNINITIALIZED)
+    assert not nvml.read().up
+    fake_gpu.set_runtime_error(None)
+    fake_gpu.update_gpu(0, pci=(0, 0x9D, 0), minor=5)  # moved while the driver was away
+
+    gpu, = nvml.read().gpus
+
+    assert (gpu.device, gpu.pci_bus_id) == ("nvidia5", "00000000:9D:00.0")
 
 
 def test_state_change_between_reads_is_visible(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:

@@ -183,15 +183,17 @@ def test_nvml_gives_each_gpu_its_node_s_minor_number(fake_gpu: FakeGpuWorld) -> 
     nvml = Nvml(counters=Counters())
     try:
         reading = nvml.read()
-        assert nvml.minor_numbers() == {g.uuid: g.index for g in reading.gpus}
+        assert [g.device for g in reading.gpus] == [f"nvidia{g.index}" for g in reading.gpus]
         fake_gpu.set_missing("nvmlDeviceGetMinorNumber")
-        assert nvml.minor_numbers() == {g.uuid: g.index for g in reading.gpus}  # read once
+        again = nvml.read()  # read once per GPU: the call is not asked again
+        assert [g.device for g in again.gpus] == [g.device for g in reading.gpus]
     finally:
         nvml.close()
     fresh = Nvml(counters=Counters())
     try:
-        fresh.read()
-        assert fresh.minor_numbers() == {}  # a driver without the call: files only
+        reading = fresh.read()
+        # A driver without the call: no node name, no scan error (files are reported alone).
+        assert [g.device for g in reading.gpus] == [None, None] and reading.errors == ()
     finally:
         fresh.close()
 

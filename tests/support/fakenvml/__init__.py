@@ -34,6 +34,8 @@ FIELDS: tuple[str, ...] = (
     "graphics",
     "process_utilization",  # nvmlDeviceGetProcessUtilization (the legacy call)
     "processes_utilization",  # nvmlDeviceGetProcessesUtilizationInfo (R550's)
+    "minor",
+    "pci",
 )
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -84,6 +86,10 @@ class FakeGpu:
     temp: int = 40
     power_mw: int = 100_000
     memory_reserved: int = 0  # the driver's own: outside _v2's used, inside _v1's
+    #: /dev/nvidiaN's N (nvmlDeviceGetMinorNumber); None: the index, as on most hosts.
+    minor: int | None = None
+    #: PCI (domain, bus, device) for nvmlDeviceGetPciInfo; None: (0, index + 1, 0).
+    pci: tuple[int, int, int] | None = None
     lost: bool = False
     field_errors: dict[str, int] = field(default_factory=dict)
 
@@ -144,6 +150,8 @@ class FakeGpuWorld:
         temp: int = 40,
         power_mw: int = 100_000,
         memory_reserved: int = 0,
+        minor: int | None = None,
+        pci: tuple[int, int, int] | None = None,
     ) -> FakeGpu:
         """Add (or replace) GPU `index`; the default uuid is derived from the index."""
         gpu = FakeGpu(
@@ -157,6 +165,8 @@ class FakeGpuWorld:
             temp=temp,
             power_mw=power_mw,
             memory_reserved=memory_reserved,
+            minor=minor,
+            pci=pci,
         )
         self.gpus[index] = gpu
         self.save()
@@ -308,6 +318,10 @@ class FakeGpuWorld:
             )
             if g.memory_reserved:
                 lines.append(f"reserved {g.index} {g.memory_reserved}")
+            if g.minor is not None:
+                lines.append(f"minor {g.index} {g.minor}")
+            if g.pci is not None:
+                lines.append(f"pci {g.index} {g.pci[0]:x} {g.pci[1]:x} {g.pci[2]:x}")
             if g.lost:
                 lines.append(f"lost {g.index}")
             for name, code in sorted(g.field_errors.items()):
@@ -335,6 +349,12 @@ class FakeGpuWorld:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def pci_bus_id(gpu: FakeGpu) -> str:
+    """The busId the fake answers for `gpu`, as the driver formats it (8-digit domain)."""
+    domain, bus, device = gpu.pci if gpu.pci is not None else (0, gpu.index + 1, 0)
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
 def default_uuid(index: int) -> str:

@@ -18,10 +18,13 @@
  *                                        memory _v2 answers total, reserved, USED and
  *                                        free = total - USED - reserved; _v1 (which has
  *                                        no reserved field) answers used = USED + reserved
+ *   minor IDX N                          GPU IDX's minor number, /dev/nvidiaN (default IDX)
+ *   pci IDX DOMAIN BUS DEVICE            GPU IDX's PCI address, hex (default 0 IDX+1 0): busId
+ *                                        "%08X:%02X:%02X.0", busIdLegacy "%04X:%02X:%02X.0"
  *   lost IDX                             every call on GPU IDX answers 15 (GPU is lost)
  *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
  *                                        name uuid memory utilization temperature power
- *                                        compute graphics
+ *                                        compute graphics minor pci
  *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available);
  *                                        the same pid twice in one list is two entries
  *                                        (as MIG lists one per instance)
@@ -87,10 +90,11 @@
 #define NVML_PROCESSES_UTILIZATION_INFO_V1 0x01000018u
 
 enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
-             F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_COUNT };
+             F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_MINOR, F_PCI,
+             F_COUNT };
 static const char *const field_names[F_COUNT] = {
     "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics",
-    "process_utilization", "processes_utilization"};
+    "process_utilization", "processes_utilization", "minor", "pci"};
 
 typedef int nvmlReturn_t;
 
@@ -102,6 +106,8 @@ struct gpu {
     unsigned long long total, used, reserved;
     unsigned int util_gpu, util_mem, temp_c, power_mw;
     int field_error[F_COUNT];
+    int has_minor, has_pci; /* set by a minor / pci line; else the defaults */
+    unsigned int minor, pci_domain, pci_bus, pci_device;
 };
 
 struct proc {
@@ -142,6 +148,12 @@ typedef struct {
 } nvmlMemory_v2_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned int version; unsigned int sensorType; int temperature; } nvmlTemperature_t;
+/* nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it: busId moved to the end in NVML 9. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
@@ -181,6 +193,7 @@ _Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t must be 12 by
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "legacy sample must be 32 bytes");
 _Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "v1 info must be 40 bytes");
 _Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 24, "v1 header must be 24 bytes");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t must be 68 bytes");
 
 static int parse_field(const char *s) {
     for (int i = 0; i < F_COUNT; i++)
@@ -233,6 +246,12 @@ static void load_state(void) {
             g.lost = st.gpus[idx].lost; /* keep directives that came before */
             g.reserved = st.gpus[idx].reserved;
             memcpy(g.field_error, st.gpus[idx].field_error, sizeof g.field_error);
+            g.has_minor = st.gpus[idx].has_minor;
+            g.minor = st.gpus[idx].minor;
+            g.has_pci = st.gpus[idx].has_pci;
+            g.pci_domain = st.gpus[idx].pci_domain;
+            g.pci_bus = st.gpus[idx].pci_bus;
+            g.pci_device = st.gpus[idx].pci_device;
             if (!st.gpus[idx].present) st.gpu_count++;
             st.gpus[idx] = g;
         } else if (strcmp(word, "reserved") == 0) {
@@ -240,6 +259,22 @@ static void load_state(void) {
             if (sscanf(rest, "%d %llu", &idx, &bytes) != 2 || idx < 0 || idx >= MAX_GPUS)
                 bad_line(lineno, line);
             else st.gpus[idx].reserved = bytes;
+        } else if (strcmp(word, "minor") == 0) {
+            unsigned int minor;
+            if (sscanf(rest, "%d %u", &idx, &minor) != 2 || idx < 0 || idx >= MAX_GPUS)
+                bad_line(lineno, line);
+            else st.gpus[idx].has_minor = 1, st.gpus[idx].minor = minor;
+        } else if (strcmp(word, "pci") == 0) {
+            unsigned int domain, bus, device;
+            if (sscanf(rest, "%d %x %x %x", &idx, &domain, &bus, &device) != 4 || idx < 0 ||
+                idx >= MAX_GPUS || bus > 0xff || device > 0x1f) {
+                bad_line(lineno, line);
+                continue;
+            }
+            st.gpus[idx].has_pci = 1;
+            st.gpus[idx].pci_domain = domain;
+            st.gpus[idx].pci_bus = bus;
+            st.gpus[idx].pci_device = device;
         } else if (strcmp(word, "missing") == 0) {
             if (st.missing_count >= MAX_MISSING ||
                 sscanf(rest, "%63s", st.missing[st.missing_count]) != 1)
@@ -446,20 +481,6 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     EXIT
 }
 
-/* The real driver answers the minor number of the GPU's /dev/nvidiaN node; the fake's
- * nodes are numbered like its GPUs. */
-nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
-    ENTER
-    struct gpu *g;
-    nvmlReturn_t r = device_check(device, -1, &g);
-    if (r != NVML_SUCCESS) LEAVE(r);
-    if (missing("nvmlDeviceGetMinorNumber")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
-    if (minor == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    *minor = (unsigned int)(device - devices);
-    LEAVE(NVML_SUCCESS);
-    EXIT
-}
-
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
     ENTER
     struct gpu *g;
@@ -477,6 +498,44 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     LEAVE(copy_string(uuid, length, g->uuid));
     EXIT
 }
+
+/* The minor number names the device node, /dev/nvidiaN. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_MINOR, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (missing("nvmlDeviceGetMinorNumber")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    if (minor == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = g->has_minor ? g->minor : (unsigned int)(device - devices);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* As the driver fills it: busId with an 8-digit domain (what nvidia-smi and dcgm-exporter's
+ * pci_bus_id show), busIdLegacy with a 4-digit one, function 0. */
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PCI, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (pci == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof *pci);
+    pci->domain = g->has_pci ? g->pci_domain : 0;
+    pci->bus = g->has_pci ? g->pci_bus : (unsigned int)(device - devices) + 1;
+    pci->device = g->has_pci ? g->pci_device : 0;
+    pci->pciDeviceId = 0x233010DEu; /* H100 SXM5, vendor 10DE */
+    pci->pciSubSystemId = 0x16C110DEu;
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus,
+             pci->device);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
+             pci->domain & 0xffffu, pci->bus, pci->device);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* pynvml calls only _v3; the older entry points take smaller structs, so this
+ * fake leaves them out rather than overrun a caller's buffer. */
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     ENTER
