@@ -104,6 +104,9 @@ class _NoGpus:
     so it answers "up, nothing held" instead of loading NVML into every launcher.
     """
 
+    #: read_within() calls it in place, on no thread (the pidns tier's launcher has none).
+    never_blocks = True
+
     def read(self) -> NvmlReading:
         return NvmlReading(True, None, (), (), ())
 
