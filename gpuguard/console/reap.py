@@ -53,7 +53,7 @@ from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted

@@ -23,11 +23,10 @@ import requests
 
 from gpuguard.remediator.intake.alertmanager import (
     AlertmanagerClient,
-    Confirmation,
-    ConfirmationState,
     matcher,
 )
 from gpuguard.remediator.intake.alerts import parse_notification
+from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.intake.polling import peer_order
 from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.support.proctree import wait_for

@@ -259,7 +259,10 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
     assert bad == [], "gpuguard/orphans/ is pure; not allowed:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy"])
+#: Pure modules besides the classifier: the kill policy, and the settlement of a reap's
+#: result (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy",
+                                  "gpuguard.remediator.reap.settlement"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
            for module, path in MODULES.items() if under(module, {pure})
