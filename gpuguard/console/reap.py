@@ -50,6 +50,7 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
@@ -59,7 +60,6 @@ from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reap.reapers import platform_reaper
 from gpuguard.remediator.reap.settlement import final_decision, told
-from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.state.audit import (
     AuditLog,
     UnsafePathError,

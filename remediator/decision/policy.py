@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gpuguard.compat import StrEnum
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediate_settings import Remediate, UserFilter, uid_rule
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
@@ -21,7 +22,6 @@ from gpuguard.remediator.intake.alerts import (
     Alert,
     asks_for_remediation,
 )
-from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
 
 
 class Action(StrEnum):

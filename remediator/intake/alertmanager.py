@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from gpuguard.compat import StrEnum
+from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.remediator.intake import bounded_http
 from gpuguard.remediator.intake.alerts import (
     MAX_ALERTS,
@@ -37,7 +38,6 @@ from gpuguard.remediator.intake.polling import (
     peer_order,
     retry_after_seconds,
 )
-from gpuguard.remediator.settings import AlertmanagerConfig
 from gpuguard.validation import (
     JSON_TYPES,
     At,

@@ -12,9 +12,9 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.audit import Phase
 
 #: Writes one audit record naming processes before they get their first signal:

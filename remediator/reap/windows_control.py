@@ -22,10 +22,10 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, Holding, Journal
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.audit import Phase
 
 log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import requests
 
+from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.remediator.intake.alertmanager import (
     AlertmanagerClient,
     matcher,
@@ -28,7 +29,6 @@ from gpuguard.remediator.intake.alertmanager import (
 from gpuguard.remediator.intake.alerts import parse_notification
 from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.intake.polling import peer_order
-from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
 

@@ -20,6 +20,7 @@ import pytest
 import gpuguard.remediator.decision.policy
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediate_settings import RateLimit, Remediate, UserFilter
 from gpuguard.remediator.decision.policy import (
     Action,
     PolicyState,
@@ -30,7 +31,6 @@ from gpuguard.remediator.decision.policy import (
 )
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from gpuguard.remediator.settings import RateLimit, Remediate, UserFilter
 from gpuguard.remediator.state.audit import AuditLog
 from gpuguard.remediator.state.ledger import Ledger, LedgerError
 from gpuguard.remediator.state.pending import PendingItem
