@@ -206,11 +206,6 @@ def user_refusal(uid: int | None, user: str | None,
     return "user-denied", f"{who} is not allowed by remediate.users.allow"
 
 
-def user_allowed(user: str | None, users: UserFilter, uid: int | None = None) -> bool:
-    """user_refusal() as a yes or no."""
-    return user_refusal(uid, user, users) is None
-
-
 def rate_budget(state: PolicyState) -> RateBudget:
     """Sliding window over the reaps of the current mode."""
     limit = state.policy.rate_limit

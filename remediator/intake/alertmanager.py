@@ -390,11 +390,6 @@ class AlertmanagerClient:
         return Confirmation(ConfirmationState.NOT_FIRING, "no matching unresolved alert",
                             url=base)
 
-    def active_alerts(self, *, hostname: str,
-                      alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
-        """`poll(...).alerts`: the alerts, or None when no peer answered well."""
-        return self.poll(hostname=hostname, alertnames=alertnames).alerts
-
     def poll(self, *, hostname: str, alertnames: Iterable[str]) -> PollAnswer:
         """This host's active, unsilenced, uninhibited remediate="true" alerts named in
         `alertnames`, at most MAX_PULL_ALERTS; counted and timed in `polls`.
