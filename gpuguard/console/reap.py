@@ -29,6 +29,7 @@ from rich.text import Text
 
 from gpuguard.compat import StrEnum
 from gpuguard.config import Config
+from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.console.alert_state import alert_line, alert_state
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import (
@@ -50,7 +51,6 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuguard.compat import StrEnum
+from gpuguard.config.remediate import Remediate, UserFilter, uid_rule
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediate_settings import Remediate, UserFilter, uid_rule
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,

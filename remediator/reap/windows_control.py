@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, Holding, Journal
