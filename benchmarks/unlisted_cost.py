@@ -42,8 +42,8 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()
     fake.world.add_gpu(0)
 
+    from gpuguard.config.accounting import UnlistedSettings
     from gpuguard.exporter.scanner import Scanner
-    from gpuguard.exporter.unlisted import UnlistedSettings
     from gpuguard.host.counters import Counters
     from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView

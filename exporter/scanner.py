@@ -22,20 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.exporter.accounting import (
-    Accounting,
-    Audit,
-    HolderFacts,
-    IdleAccounting,
-    Quotas,
-    account,
-    balance,
-)
+from gpuguard.config.accounting import Audit, IdleAccounting, Quotas, UnlistedSettings
+from gpuguard.exporter.accounting import Accounting, HolderFacts, account, balance
 from gpuguard.exporter.attribution import attribute
 from gpuguard.exporter.unlisted import (
     SearchProgress,
     UnlistedHolder,
-    UnlistedSettings,
     UnseenOnGpu,
     search_holders,
     unattributed_gpus,

@@ -20,30 +20,11 @@ from gpuguard.orphans.vocabulary import Reason
 #: The character-device major number the NVIDIA driver registers its per-GPU nodes and
 #: nvidiactl under (/dev/nvidiaN is 195:N; nvidia-uvm's major is dynamic).
 NVIDIA_MAJOR = 195
-#: `accounting.unlisted_threshold_bytes`' default: below a CUDA context's few hundred
-#: MiB (the least a real holder holds), above the driver's own rounding.
-DEFAULT_THRESHOLD_BYTES = 128 * 2**20
-#: The per-GPU nodes: /dev/nvidia0, /dev/nvidia1, ..., not nvidiactl or nvidia-uvm, which
-#: every CUDA process and NVML client (this exporter too) opens whatever GPU it uses.
-DEFAULT_DEVICE_FILES = ("/dev/nvidia[0-9]*",)
-DEFAULT_BUDGET_PROCESSES = 2000
-DEFAULT_BUDGET_MILLISECONDS = 50.0
 #: At most this many found processes are judged and exported per scan (lowest pids
 #: first); the rest are counted.
 MAX_REPORTED = 256
 #: The kind of a synthetic Holder made for a found process (NVML's kinds are C, G, C+G).
 UNLISTED_KIND = "unlisted"
-
-
-@dataclass(frozen=True)
-class UnlistedSettings:
-    """The `accounting:` section: when to look for holders NVML does not list, where,
-    and how much one scan may spend looking."""
-
-    unlisted_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
-    device_files: tuple[str, ...] = DEFAULT_DEVICE_FILES
-    unlisted_search_budget_processes: int = DEFAULT_BUDGET_PROCESSES
-    unlisted_search_budget_milliseconds: float = DEFAULT_BUDGET_MILLISECONDS
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,6 @@ class Exit:
     parent_pid: int | None  # its parent (parent_tgid); None: reaped before the event was made
     at: float
 
-    @property
-    def core_dumped(self) -> bool:
-        return bool(self.exit_code & 0x80)
-
 
 def _zeroed(size: int) -> mmap.mmap:
     """`size` zero bytes that take memory only where written (an anonymous mapping)."""

@@ -505,7 +505,7 @@ def test_host_label_is_hostname_in_one_spelling() -> None:
     the remediator's required alert labels: deployed routes and silences match on it, and
     dcgm-exporter itself renamed its `Hostname` to `hostname` (NVIDIA/dcgm-exporter#655).
     Neither the rules nor the dashboard may spell it `Hostname` (docs/metrics.md, Labels)."""
-    from gpuguard.remediator.policy import REQUIRED_LABELS
+    from gpuguard.remediator.decision.policy import REQUIRED_LABELS
 
     assert "hostname" in REQUIRED_LABELS
     rules = RULES.read_text()

@@ -9,7 +9,7 @@ import os
 
 from prometheus_client import CollectorRegistry
 
-from gpuguard.exporter.accounting import IdleAccounting
+from gpuguard.config.accounting import IdleAccounting
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.host.counters import Counters

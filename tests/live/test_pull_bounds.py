@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gpuguard.config import load_config
-from gpuguard.remediator.alertmanager import MAX_PULL_ALERTS, SkipReason
-from gpuguard.remediator.alerts import Notification
-from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.intake.alertmanager import MAX_PULL_ALERTS, SkipReason
+from gpuguard.remediator.intake.alerts import Notification
+from gpuguard.remediator.intake.pull import Puller
 from tests.e2e.test_alertmanager_client import (
     ORPHAN,
     FakeAlertmanager,
@@ -118,7 +118,7 @@ def test_skips_are_a_metric_with_every_reason(harness: Callable[..., Harness],
     server = fake(answer(200, [api_alert(tree(HOST))]))  # no remediate label
     h = harness(alertmanager={"url": server.url})
     assert h.service.alertmanager is not None
-    assert h.service.alertmanager.active_alerts(hostname=HOST, alertnames=[ORPHAN]) == []
+    assert h.service.alertmanager.poll(hostname=HOST, alertnames=[ORPHAN]).alerts == []
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert 'gpuguard_remediator_pull_alerts_skipped_total{why="not-remediate"} 1.0' in metrics
     for why in tuple(SkipReason):  # a fixed label set, present before anything is skipped

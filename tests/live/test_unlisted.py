@@ -23,9 +23,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuguard.config.accounting import UnlistedSettings
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, Snapshot
-from gpuguard.exporter.unlisted import UnlistedSettings
 from gpuguard.host.counters import Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gpuguard.config import load_config, parse_config
+from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.orphans.rules_config import DEFAULT_PROTECT
-from gpuguard.remediator.settings import AlertmanagerConfig
 from gpuguard.validation import ConfigError
 
 FULL = """
@@ -327,7 +327,7 @@ def test_accounting_errors_name_file_key_problem(text: str, key: str, problem: s
 
 
 def test_the_accounting_section_and_its_defaults() -> None:
-    from gpuguard.exporter.unlisted import UnlistedSettings
+    from gpuguard.config.accounting import UnlistedSettings
 
     assert parse_config("").accounting.unlisted == UnlistedSettings()
     assert UnlistedSettings().device_files == ("/dev/nvidia[0-9]*",)

@@ -7,8 +7,8 @@ import dataclasses
 
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
 from gpuguard.orphans.process import Holder
-from gpuguard.remediator.policy import idle_refusal
-from gpuguard.remediator.tree import HolderIdle, LiveTree, Member, TreeKey
+from gpuguard.remediator.decision.policy import idle_refusal
+from gpuguard.remediator.decision.tree import HolderIdle, LiveTree, Member, TreeKey
 
 GPU0, GPU1 = "GPU-0", "GPU-1"
 KEY = TreeKey("node", 10, 100)

@@ -17,23 +17,23 @@ from typing import Any
 
 import pytest
 
-import gpuguard.remediator.policy
+import gpuguard.remediator.decision.policy
+from gpuguard.config.remediate import RateLimit, Remediate, UserFilter
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from gpuguard.remediator.audit import AuditLog
-from gpuguard.remediator.ledger import Ledger, LedgerError
-from gpuguard.remediator.pending import PendingItem
-from gpuguard.remediator.policy import (
+from gpuguard.remediator.decision.policy import (
     Action,
     PolicyState,
     decide,
     rate_budget,
     screen,
-    user_allowed,
+    user_refusal,
 )
-from gpuguard.remediator.settings import RateLimit, Remediate, UserFilter
-from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
+from gpuguard.remediator.state.audit import AuditLog
+from gpuguard.remediator.state.ledger import Ledger, LedgerError
+from gpuguard.remediator.state.pending import PendingItem
 from tests.support.remediator_harness import alert, payload
 
 NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)
@@ -206,8 +206,10 @@ def test_root_owned_allowed_only_by_policy_and_users_still_apply() -> None:
 
 def test_user_globs() -> None:
     users = UserFilter(allow=("ml-*", "alice"), deny=("ml-admin*",))
-    assert user_allowed("ml-bob", users) and user_allowed("alice", users)
-    assert not user_allowed("ml-admin1", users) and not user_allowed("carol", users)
+    assert user_refusal(None, "ml-bob", users) is None
+    assert user_refusal(None, "alice", users) is None
+    assert user_refusal(None, "ml-admin1", users) is not None
+    assert user_refusal(None, "carol", users) is not None
 
 
 def test_too_young_defers_until_min_age_counted_locally() -> None:
@@ -315,9 +317,9 @@ def sealed() -> Iterator[None]:
         for module, name in places:
             mp.setattr(module, name, forbid(f"{module.__name__}.{name}"))
         # `from time import time` too
-        for name, value in vars(gpuguard.remediator.policy).items():
+        for name, value in vars(gpuguard.remediator.decision.policy).items():
             if callable(value) and value in banned:
-                mp.setattr(gpuguard.remediator.policy, name, forbid(banned[value]))
+                mp.setattr(gpuguard.remediator.decision.policy, name, forbid(banned[value]))
         mp.setattr(os, "environ", _NoEnviron())
         _watched.add(threading.get_ident())
         try:

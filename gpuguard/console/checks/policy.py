@@ -1,0 +1,148 @@
+"""`gpuguard policy check`: what the remediator would decide for a payload, without doing it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuguard.config import Config
+from gpuguard.console.config_file import load
+from gpuguard.console.contract import (
+    EXIT_BAD_PAYLOAD,
+    EXIT_OK,
+    EXIT_USAGE,
+    POLICY_SCHEMA,
+    Failure,
+)
+from gpuguard.console.evidence import launcher_evidence
+from gpuguard.console.json_records import live_json
+from gpuguard.console.render import make_console, policy_renderable, print_json
+from gpuguard.host.counters import COUNTERS
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import boottime
+from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
+from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
+from gpuguard.remediator.decision.policy import Action, PolicyState, decide, policy_state, screen
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_notification
+from gpuguard.remediator.state.ledger import FILE_NAME as LEDGER_FILE
+from gpuguard.remediator.state.ledger import Ledger, LedgerError
+
+
+def read_payload(path: str) -> Notification:
+    """The webhook body from a file or stdin, parsed exactly as POST /alerts parses it."""
+    where = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:  # a wrong name, no permission: a usage error, not a payload's
+        raise Failure(EXIT_USAGE, f"cannot read the payload: {where}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: not UTF-8: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: not JSON: {exc}") from None
+    try:
+        return parse_notification(data)
+    except PayloadError as exc:
+        raise Failure(EXIT_BAD_PAYLOAD, f"malformed payload: {where}: {exc}") from None
+
+
+def ledger_copy(state_dir: str, scratch: str) -> tuple[Ledger | None, str]:
+    """The remediator's ledger, read through a private copy so the real file is never written."""
+    source = os.path.join(state_dir, LEDGER_FILE)
+    try:
+        shutil.copyfile(source, os.path.join(scratch, LEDGER_FILE))
+    except FileNotFoundError:
+        return None, f"none at {source}: decided as a freshly started remediator"
+    except OSError as exc:
+        return None, f"{source} unreadable ({exc.strerror}): decided as a fresh remediator"
+    try:
+        return Ledger(scratch), f"read from {source}"
+    except LedgerError as exc:
+        return None, f"{source} unusable ({exc}): decided as a fresh remediator"
+
+
+def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nvml: Nvml,
+                pending: set[TreeKey]) -> dict[str, Any]:
+    """Intake screening as POST /alerts does it, then the worker's live check and decide()."""
+    intake_state = dataclasses.replace(state, pending=frozenset(pending))
+    intake = screen(alert, intake_state)
+    out: dict[str, Any] = {
+        "index": index,
+        "fingerprint": alert.fingerprint,
+        "alertname": alert.label("alertname"),
+        "status": alert.status,
+        "key": str(intake.key) if intake.key is not None else None,
+        "intake": intake.to_json(),
+        "decision": None,
+        "then": None,
+        "live": None,
+    }
+    if intake.action != Action.ACCEPT or intake.key is None:
+        return out
+    key = intake.key
+    pending.add(key)
+    events, memory = launcher_evidence(config)
+    # With require_idle_seconds, as a freshly started remediator: its watch's first read.
+    required = config.remediate.require_idle_seconds
+    watch = (IdleWatch(nvml, required=lambda: required, boot=boottime, counters=COUNTERS)
+             if required > 0 else None)
+    live = watched_inspection(watch, lambda reading: inspect_tree(
+        key, nvml=nvml, rules=config.classify, events=events, memory=memory, reading=reading))
+    worker_state = dataclasses.replace(state, pending=frozenset(state.pending - {key}))
+    decision = decide(alert, live, worker_state)
+    out["decision"] = decision.to_json()
+    out["live"] = live_json(live)
+    if decision.recheck_at is not None:
+        out["decision"]["recheck_at"] += state.wall_now - state.now  # boot clock -> Unix
+    if decision.action == Action.DEFER and decision.recheck_at is not None:
+        # What the worker's re-check would say once the tree is old enough, if nothing changes.
+        first_seen = dict(worker_state.first_seen)
+        first_seen[key] = decision.first_seen if decision.first_seen is not None else state.now
+        waited = decision.recheck_at - state.now
+        later = dataclasses.replace(worker_state, now=decision.recheck_at,
+                                    wall_now=state.wall_now + waited, first_seen=first_seen)
+        out["then"] = decide(alert, live, later).to_json()
+    return out
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    """What the remediator would do with a payload, without doing it: no signal, no ledger write."""
+    config = load(args.config)
+    notification = read_payload(args.payload)
+    nvml = Nvml()
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
+            ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)
+            state = policy_state(config.remediate, args.hostname, ledger, boottime(),
+                                 protected_pids(), wall_now=time.time())
+            pending = set(state.pending)
+            results = [check_alert(i, alert, state, config, nvml, pending)
+                       for i, alert in enumerate(notification.alerts)]
+    finally:
+        nvml.close()
+    rem = config.remediate
+    doc = {
+        "schema": POLICY_SCHEMA,
+        "config": config.source,
+        "hostname": args.hostname,
+        "ledger": ledger_note,
+        "remediate": {"mode": rem.mode, "alerts": list(rem.alerts), "reasons": list(rem.reasons),
+                      "min_age_seconds": rem.min_age_seconds},
+        "alerts": results,
+    }
+    if args.json:
+        print_json(doc)
+    else:
+        make_console().print(policy_renderable(doc))
+    return EXIT_OK
+
