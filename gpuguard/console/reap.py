@@ -45,10 +45,9 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
-from gpuguard.host.descriptors import raise_open_file_limit
+from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.alertmanager import ConfirmationState
 from gpuguard.remediator.audit import (
@@ -138,13 +137,6 @@ class StopOnSignal:
             raise Interrupted(f"{signal.Signals(signum).name} received")
 
 
-def _wddm_nvml() -> Nvml:
-    """NVML with WDDM's per-process memory where NVML cannot size it (Windows)."""
-    from gpuguard.host.windows.wddm import WddmNvml
-
-    return WddmNvml()
-
-
 def close_within(nvml: Nvml, seconds: float) -> None:
     """nvml.close(), waited for at most `seconds` (see NVML_CLOSE_SECONDS)."""
     done = threading.Event()
@@ -207,9 +199,9 @@ def outside_host_pid_namespace(allowed: bool) -> bool:
     """Whether a reap that signals must be refused for its PID namespace: NVML reports
     host pids, so outside the host's namespace (or where that cannot be told) a pid may
     name another process, unless a person said NVML reports this namespace's
-    (`allowed`). Windows has no PID namespaces. `reap --apply` and the MCP server's
-    confirm=true both ask this one question."""
-    return not allowed and not IS_WINDOWS and not in_host_pid_namespace()
+    (`allowed`). Windows has no PID namespaces (the platform's answer). `reap --apply`
+    and the MCP server's confirm=true both ask this one question."""
+    return not allowed and PLATFORM.outside_host_pid_namespace()
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -229,15 +221,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def tree_key(args: argparse.Namespace) -> TreeKey:
     """ROOT_PID with --start-time, or with its start time now (a dry run's; on Windows its
     creation time, in the integer milliseconds of gpuguard.orphans.windows)."""
-    now: int | None = None
-    if IS_WINDOWS:
-        from gpuguard.host.windows.processes import read_one
-
-        row = read_one(args.root_pid)
-        now = row.create_time if row is not None else None
-    else:
-        info = ProcessView().fresh_stat(args.root_pid)
-        now = info.start_time if info is not None and not info.is_zombie else None
+    now = PLATFORM.start_time(args.root_pid)
     if now is None:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
     start_time = args.start_time if args.start_time is not None else now
@@ -255,7 +239,7 @@ class ManualReap:
         self.args = args
         self.config = config
         self.key = key
-        self.nvml = Nvml() if not IS_WINDOWS else _wddm_nvml()
+        self.nvml = PLATFORM.nvml(COUNTERS)
         self.err: Console = make_console(stderr=True)
         self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
                                        "apply": args.apply, "force": args.force}
@@ -281,7 +265,7 @@ class ManualReap:
         self.stop = StopOnSignal() if args.apply else None
         #: Continues what the reap stopped if this process is SIGKILLed mid-reap: one per
         #: reap, started before the inspection (its start overlaps it), closed after.
-        self.guardian = ThawGuardian() if args.apply and not IS_WINDOWS else None
+        self.guardian = ThawGuardian() if args.apply and PLATFORM.thaw_guardian else None
         self.live = LiveTree(root=None)
         self.result: ReapResult | None = None
         self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
@@ -418,7 +402,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     config = load(args.config)
     check_arguments(args)
     # A reap, dry runs included, holds a pidfd per member: the soft limit bounds the tree.
-    log.debug("%s", raise_open_file_limit())
+    log.debug("%s", PLATFORM.raise_open_file_limit())
     key = tree_key(args)
     reap = ManualReap(args, config, key)
     try:

@@ -24,7 +24,7 @@ from gpuguard.remediator.tree import LiveTree
 from gpuguard.remediator.windows_control import RESUME, SUSPEND
 from gpuguard.remediator.windows_inspection import root_owned_sid, windows_member
 from gpuguard.remediator.windows_reaper import WindowsReaper
-from tests.pure.test_windows_reaper import (
+from tests.windows.synthetic.test_windows_reaper import (
     CHILD,
     MEMBERS,
     POLICY,
