@@ -41,7 +41,7 @@ from gpuguard.console.reap import (
     tree_key,
 )
 from gpuguard.console.reports import ReapReport
-from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.decision.tree import TreeKey
 
 log = logging.getLogger("gpuguard.mcp")
 

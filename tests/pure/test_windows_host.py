@@ -11,8 +11,8 @@ import pytest
 
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.windows import accounts, boot, handles
-from gpuguard.remediator.ledger import Ledger
-from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.state.ledger import Ledger
 
 pytestmark = pytest.mark.skipif(IS_WINDOWS, reason="what Linux sees of the Windows edges")
 
