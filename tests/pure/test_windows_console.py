@@ -15,9 +15,11 @@ import types
 
 import pytest
 
-from gpuguard.console import contract, mcp_reap, mcp_tools, reap
+from gpuguard.console import contract, reap
 from gpuguard.console import main as console_main
 from gpuguard.console.contract import EXIT_USAGE, START_TIME_WORDS, Failure
+from gpuguard.console.mcp import reap as mcp_reap
+from gpuguard.console.mcp import tools as mcp_tools
 
 #: Windows' signal module: no SIGHUP, a SIGBREAK (Ctrl-Break), numbered as there.
 WINDOWS_SIGNAL = types.SimpleNamespace(SIGINT=2, SIGTERM=15, SIGBREAK=21, SIGABRT=22)

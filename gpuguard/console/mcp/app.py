@@ -1,10 +1,10 @@
 """The MCP server itself, on the official SDK (PyPI `mcp`, its MCPServer), over stdio only.
 
-Only `gpuguard mcp` imports this module (mcp_server.py, once it has found the SDK): the
+Only `gpuguard mcp` imports this module (server.py, once it has found the SDK): the
 rest of the console never needs the extra. Three tools, each the document of a console
 command: gpu_status (`status --json`), gpu_explain (`explain PID --json`) and gpu_reap
 (`reap`, a dry run unless confirm). One call runs at a time; gpu_reap runs in the main
-thread, where `reap --apply`'s signal handling works (mcp_reap.py). Every call is logged
+thread, where `reap --apply`'s signal handling works (reap.py). Every call is logged
 on stderr in one line (stdout is the protocol: the SDK points fd 1 at stderr while it
 serves, so a stray write cannot corrupt it).
 """
@@ -26,8 +26,8 @@ from pydantic import BaseModel, WithJsonSchema
 from typing_extensions import TypedDict
 
 from gpuguard import build
-from gpuguard.console.mcp_reap import reap_document, reap_summary
-from gpuguard.console.mcp_tools import (
+from gpuguard.console.mcp.reap import reap_document, reap_summary
+from gpuguard.console.mcp.tools import (
     ARGUMENTS,
     EXPLAIN,
     REAP,
@@ -60,7 +60,7 @@ INSTRUCTIONS = (
     "shows."
 )
 
-# The arguments as tools/list shows them: ARGUMENTS' schemas (mcp_tools.py checks them).
+# The arguments as tools/list shows them: ARGUMENTS' schemas (tools.py checks them).
 PidArg = Annotated[int, WithJsonSchema(ARGUMENTS[EXPLAIN]["pid"].schema)]
 RootPidArg = Annotated[int, WithJsonSchema(ARGUMENTS[REAP]["root_pid"].schema)]
 StartTimeArg = Annotated[int | None, WithJsonSchema(ARGUMENTS[REAP]["root_start_time"].schema)]
@@ -173,7 +173,7 @@ def register_tools(server: MCPServer[Any], settings: ServeSettings) -> None:
         do not allow. The document is gpuguard.reap/v1, as `gpuguard reap --json` prints."""
         client = client_name(ctx)
         async with one_at_a_time:
-            # In this (the main) thread: the reap's stop signals must reach it (mcp_reap.py).
+            # In this (the main) thread: the reap's stop signals must reach it (mcp/reap.py).
             return answer(lambda: reap_document(settings, root_pid, root_start_time, confirm,
                                                 client),
                           reap_summary)

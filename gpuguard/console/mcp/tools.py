@@ -4,7 +4,7 @@ strictly, and the documents of `status --json` and `explain --json`.
 The SDK's own argument validation is pydantic's lax mode (the string "5" passes as the
 pid 5, and "yes" or 1 as `confirm: true`) and its messages run over several lines; for a
 tool that can kill, each argument is checked here instead, exactly (a JSON integer is an
-integer, a JSON boolean a boolean), and a bad one is refused in one line. mcp_app.py
+integer, a JSON boolean a boolean), and a bad one is refused in one line. app.py
 registers the tools with the schemas written here and calls check_call() on every call.
 """
 

@@ -24,7 +24,7 @@ from gpuguard.console.contract import (
     PROG,
     Failure,
 )
-from gpuguard.console.mcp_tools import (
+from gpuguard.console.mcp.tools import (
     REAP,
     ServeSettings,
     ToolRefusal,

@@ -3,8 +3,8 @@ the Model Context Protocol on stdin and stdout.
 
 The SDK is an optional extra (`gpuguard[mcp]`): this module imports nothing of it until
 the subcommand runs, so the console works without it, and without it the subcommand says
-in one line how to install it (exit 2). The server is mcp_app.py; what the tools answer
-is mcp_tools.py and mcp_reap.py.
+in one line how to install it (exit 2). The server is app.py; what the tools answer
+is tools.py and reap.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from gpuguard import logformat
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, PROG, Failure
-from gpuguard.console.mcp_tools import ServeSettings
+from gpuguard.console.mcp.tools import ServeSettings
 from gpuguard.host.descriptors import raise_open_file_limit
 
 #: What `pip install` needs for this subcommand (pyproject.toml's extra).
@@ -39,7 +39,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     logformat.configure(args.log_level, args.log_format)  # stderr: stdout is the protocol
     if args.log_level != "debug":
         logging.getLogger("mcp").setLevel(logging.WARNING)  # the SDK's per-request lines
-    from gpuguard.console.mcp_app import serve
+    from gpuguard.console.mcp.app import serve
 
     settings = ServeSettings(config_path=args.config, hostname=args.hostname,
                              allow_pid_namespace=args.allow_pid_namespace)
