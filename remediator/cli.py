@@ -33,8 +33,8 @@ from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
-from gpuguard.remediator.audit import UnsafePathError
-from gpuguard.remediator.ledger import LedgerError, StateUnavailable
+from gpuguard.remediator.state.audit import UnsafePathError
+from gpuguard.remediator.state.ledger import LedgerError, StateUnavailable
 from gpuguard.validation import ConfigError
 from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpuguard.remediator.app import AlertsIntake, create_app
     from gpuguard.remediator.service import build_remediator
-    from gpuguard.remediator.tokens import TokenFile
+    from gpuguard.remediator.intake.tokens import TokenFile
 
     token = None
     if token_path is not None:

@@ -24,24 +24,24 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediator.alertmanager import AlertmanagerClient
-from gpuguard.remediator.audit import AuditLog, UnsafePathError
-from gpuguard.remediator.audit_trail import AuditTrail
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
+from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
+from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.clocks import Clocks
-from gpuguard.remediator.decision_log import DecisionLog
-from gpuguard.remediator.inspection import HolderSource
-from gpuguard.remediator.intake import Intake
-from gpuguard.remediator.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.ledger import Ledger, StateUnavailable
+from gpuguard.remediator.decision.decision_log import DecisionLog
+from gpuguard.remediator.decision.inspection import HolderSource
+from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
+from gpuguard.remediator.state.ledger import Ledger, StateUnavailable
 from gpuguard.remediator.metrics import Counts, RemediatorMetrics
-from gpuguard.remediator.pull import Puller
-from gpuguard.remediator.reapers import TreeReaper, platform_reaper
-from gpuguard.remediator.refusals import RefusalMemory
+from gpuguard.remediator.intake.pull import Puller
+from gpuguard.remediator.reap.reapers import TreeReaper, platform_reaper
+from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.status import HealthCode, Liveness, Status
-from gpuguard.remediator.thaw_guardian import ThawGuardian
+from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 from gpuguard.remediator.worker import Worker
-from gpuguard.remediator.workstate import WorkState
+from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger(__name__)
 daemon_log = logging.getLogger("gpuguard.remediator")

@@ -1,8 +1,7 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
 Each subcommand (one module each: status, explain, policy_check, config_check, reap, keep,
-assets, run; mcp, which serves status, explain and reap as MCP tools: mcp_server.py and
-mcp_*.py)
+assets, run; mcp, which serves status, explain and reap as MCP tools: the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -36,7 +35,7 @@ from gpuguard.console.contract import (
 )
 from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
-from gpuguard.console.mcp_server import cmd_mcp
+from gpuguard.console.mcp.server import cmd_mcp
 from gpuguard.console.policy_check import cmd_policy_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run

@@ -9,7 +9,7 @@ from typing import Any
 from gpuguard.config import Config
 from gpuguard.exporter.scanner import Snapshot
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.alertmanager import AlertmanagerClient, ConfirmationState
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, ConfirmationState
 
 
 def alert_state(config: Config, hostname: str, root_pid: int,

@@ -68,7 +68,7 @@ POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
-#: (the reaper's own outcomes are gpuguard.remediator.outcome.Outcome).
+#: (the reaper's own outcomes are gpuguard.remediator.reap.outcome.Outcome).
 REFUSED = "refused"
 
 # status: "taken_at" is Unix seconds at the end of the scan; "rule" is the rule number of
@@ -136,7 +136,7 @@ A decision that defers (too young) also shows what the re-check would decide.
                "then": {{...}}|null,
                "live": {{"root", "tree_found", "verdict", "reason", "gpu_bytes",
                         "nvml_error", "members": [...]}}|null}}]}}
-  actions: accept, reap, dry-run, defer, cancel, ignore (remediator.policy).
+  actions: accept, reap, dry-run, defer, cancel, ignore (remediator.decision.policy).
 
 """ + EXIT_TABLE
 

@@ -8,7 +8,7 @@ from typing import Any
 from gpuguard.exporter.scanner import owner
 from gpuguard.host.nvml import GpuSample, NvmlReading
 from gpuguard.orphans.process import Holder, ProcInfo
-from gpuguard.remediator.tree import LiveTree
+from gpuguard.remediator.decision.tree import LiveTree
 
 
 def member_json(info: ProcInfo) -> dict[str, Any]:

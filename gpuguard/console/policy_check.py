@@ -27,12 +27,12 @@ from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
-from gpuguard.remediator.alerts import Alert, Notification, PayloadError, parse_notification
-from gpuguard.remediator.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.ledger import FILE_NAME as LEDGER_FILE
-from gpuguard.remediator.ledger import Ledger, LedgerError
-from gpuguard.remediator.policy import Action, PolicyState, decide, policy_state, screen
-from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
+from gpuguard.remediator.decision.policy import Action, PolicyState, decide, policy_state, screen
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_notification
+from gpuguard.remediator.state.ledger import FILE_NAME as LEDGER_FILE
+from gpuguard.remediator.state.ledger import Ledger, LedgerError
 
 
 def read_payload(path: str) -> Notification:

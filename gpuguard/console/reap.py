@@ -49,23 +49,23 @@ from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.alertmanager import ConfirmationState
-from gpuguard.remediator.audit import (
+from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
+from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
+from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.reap.outcome import Outcome, ReapResult
+from gpuguard.remediator.reap.reap_plan import ReapPlan
+from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted
+from gpuguard.remediator.reap.reapers import platform_reaper
+from gpuguard.remediator.reap.settlement import final_decision, told
+from gpuguard.remediator.settings import Mode, Remediate
+from gpuguard.remediator.state.audit import (
     AuditLog,
     UnsafePathError,
     audit_record,
     check_private_dir,
 )
-from gpuguard.remediator.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.outcome import Outcome, ReapResult
-from gpuguard.remediator.policy import Action, Decision, reason_refusal, verify_live
-from gpuguard.remediator.reap_plan import ReapPlan
-from gpuguard.remediator.reaper import INTERRUPTED, Interrupted
-from gpuguard.remediator.reapers import platform_reaper
-from gpuguard.remediator.settings import Mode, Remediate
-from gpuguard.remediator.settlement import final_decision, told
-from gpuguard.remediator.thaw_guardian import ThawGuardian
-from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 
 log = logging.getLogger("gpuguard.console.reap")
 

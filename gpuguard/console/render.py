@@ -25,8 +25,8 @@ from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.outcome import Outcome, SignalResult
-from gpuguard.remediator.policy import Action
+from gpuguard.remediator.decision.policy import Action
+from gpuguard.remediator.reap.outcome import Outcome, SignalResult
 
 #: What each rule (docs/design.md, Orphan rules) looks at; shown next to its number.
 RULE_NAMES = {

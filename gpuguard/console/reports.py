@@ -12,9 +12,9 @@ from gpuguard.console.json_records import live_json
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
-from gpuguard.remediator.outcome import ReapResult
-from gpuguard.remediator.policy import Decision
-from gpuguard.remediator.tree import LiveTree, TreeKey
+from gpuguard.remediator.decision.policy import Decision
+from gpuguard.remediator.decision.tree import LiveTree, TreeKey
+from gpuguard.remediator.reap.outcome import ReapResult
 
 
 class LeaderState(StrEnum):

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from gpuguard.launch.cgroup import Leaf, enter, populated, remove
-from gpuguard.remediator.signalling import PIDFD_OPEN
+from gpuguard.remediator.reap.signalling import PIDFD_OPEN
 
 #: The byte the launcher writes when its run ended normally: do not kill.
 RELEASE = b"r"

@@ -1,4 +1,4 @@
-"""gpuguard.remediator.alertmanager against a real Alertmanager 0.25 (one per module).
+"""gpuguard.remediator.intake.alertmanager against a real Alertmanager 0.25 (one per module).
 
 Each test uses its own hostname label so tests sharing the Alertmanager never see
 each other's alerts. A tiny local HTTP fake stands in only for what the real
@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.remediator.alertmanager import (
+from gpuguard.remediator.intake.alertmanager import (
     AlertmanagerClient,
     Confirmation,
     ConfirmationState,
     matcher,
 )
-from gpuguard.remediator.alerts import parse_notification
-from gpuguard.remediator.polling import peer_order
+from gpuguard.remediator.intake.alerts import parse_notification
+from gpuguard.remediator.intake.polling import peer_order
 from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
@@ -212,7 +212,8 @@ def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
     assert alert["status"] == "firing" and alert["fingerprint"]
     assert alert["annotations"] == {"summary": "test"}
     assert alert["generatorURL"] == "http://prom.invalid/g"
-    # The webhook's shape: gpuguard.remediator.alerts parses it like a delivered notification.
+    # The webhook's shape: gpuguard.remediator.intake.alerts parses it like a delivered
+    # notification.
     parsed = parse_notification({"version": "4", "alerts": got}).alerts[0]
     assert parsed.status == "firing" and parsed.ends_at is None
     assert parsed.starts_at is not None and abs(parsed.starts_at - time.time()) < 120

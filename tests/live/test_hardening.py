@@ -19,7 +19,7 @@ import requests
 
 from gpuguard.config import parse_config
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.ledger import FILE_NAME
+from gpuguard.remediator.state.ledger import FILE_NAME
 from gpuguard.validation import ConfigError
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for

@@ -26,8 +26,8 @@ from gpuguard.host.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_nam
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason, Verdict
-from gpuguard.remediator.ledger import Ledger
-from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.state.ledger import Ledger
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for, zombie_leader
 from tests.support.remediator_harness import (

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gpuguard.config import load_config
-from gpuguard.remediator.alertmanager import MAX_PULL_ALERTS, SkipReason
-from gpuguard.remediator.alerts import Notification
-from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.intake.alertmanager import MAX_PULL_ALERTS, SkipReason
+from gpuguard.remediator.intake.alerts import Notification
+from gpuguard.remediator.intake.pull import Puller
 from tests.e2e.test_alertmanager_client import (
     ORPHAN,
     FakeAlertmanager,

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from gpuguard.remediator.polling import (
+from gpuguard.remediator.intake.polling import (
     FAILED_POLLS_UNHEALTHY,
     FIRST_BACKOFF_SECONDS,
     JITTER,
     PollResult,
 )
-from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.intake.pull import Puller
 from gpuguard.remediator.status import HealthCode
 from tests.e2e.test_alertmanager_client import client
 from tests.live.test_pull_bounds import Intake

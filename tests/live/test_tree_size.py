@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host.descriptors import open_count
-from gpuguard.remediator.freezing import DESCRIPTOR_RESERVE
+from gpuguard.remediator.reap.freezing import DESCRIPTOR_RESERVE
 from tests.live.test_remediator_reaper import DriverLikeNvml, nvml, plan_for, reap, sent
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.fanout import build_fanout

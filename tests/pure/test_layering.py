@@ -4,7 +4,7 @@
 - No import cycle anywhere in gpuguard, counting imports inside functions and under
   `if TYPE_CHECKING:` (a module's types live at or below it).
 - The pure core imports nothing that does I/O: the classifier (gpuguard/orphans/) from an
-  explicit allow-list, the kill policy (remediator/policy.py) from a deny-list.
+  explicit allow-list, the kill policy (remediator/decision/policy.py) from a deny-list.
 - Nothing in exporter/ imports remediator/: the exporter ships and runs alone.
 - No function over 80 lines, no class over 300, no module over 600.
 - One import name per module: exporter/ and remediator/ import only as gpuguard.X.
@@ -36,12 +36,13 @@ IO_MODULES = frozenset({
     "gpuguard.host.launcher_memory", "gpuguard.host.descriptors",
     "gpuguard.web", "gpuguard.console", "gpuguard.launch",
     "gpuguard.periodic", "gpuguard.exporter.scanner", "gpuguard.exporter.cli",
-    "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.reaper",
-    "gpuguard.remediator.ledger", "gpuguard.remediator.audit", "gpuguard.remediator.app",
-    "gpuguard.remediator.cli", "gpuguard.remediator.pull", "gpuguard.remediator.alertmanager",
-    "gpuguard.remediator.signalling", "gpuguard.remediator.freezing",
-    "gpuguard.remediator.killing", "gpuguard.remediator.recheck", "gpuguard.remediator.recovery",
-    "gpuguard.remediator.thaw_guardian",
+    "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",
+    "gpuguard.remediator.cli", "gpuguard.remediator.reap.reaper",
+    "gpuguard.remediator.state.ledger", "gpuguard.remediator.state.audit",
+    "gpuguard.remediator.intake.pull", "gpuguard.remediator.intake.alertmanager",
+    "gpuguard.remediator.reap.signalling", "gpuguard.remediator.reap.freezing",
+    "gpuguard.remediator.reap.killing", "gpuguard.remediator.reap.recheck",
+    "gpuguard.remediator.state.recovery", "gpuguard.remediator.state.thaw_guardian",
 })
 
 #: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
@@ -215,7 +216,7 @@ def test_the_parser_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_the_module_walk_sees_the_whole_package_through_its_links() -> None:
     for module in ("gpuguard.orphans.process", "gpuguard.host.procfs", "gpuguard.web.serving",
-                   "gpuguard.exporter.scanner", "gpuguard.remediator.policy",
+                   "gpuguard.exporter.scanner", "gpuguard.remediator.decision.policy",
                    "gpuguard.console", "gpuguard.launch.launcher"):
         assert module in MODULES, module
 
@@ -258,7 +259,7 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
     assert bad == [], "gpuguard/orphans/ is pure; not allowed:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.policy"])
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
            for module, path in MODULES.items() if under(module, {pure})

@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 
-import gpuguard.remediator.policy
+import gpuguard.remediator.decision.policy
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from gpuguard.remediator.audit import AuditLog
-from gpuguard.remediator.ledger import Ledger, LedgerError
-from gpuguard.remediator.pending import PendingItem
-from gpuguard.remediator.policy import (
+from gpuguard.remediator.decision.policy import (
     Action,
     PolicyState,
     decide,
@@ -32,8 +28,12 @@ from gpuguard.remediator.policy import (
     screen,
     user_allowed,
 )
+from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.settings import RateLimit, Remediate, UserFilter
-from gpuguard.remediator.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.state.audit import AuditLog
+from gpuguard.remediator.state.ledger import Ledger, LedgerError
+from gpuguard.remediator.state.pending import PendingItem
 from tests.support.remediator_harness import alert, payload
 
 NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)
@@ -315,9 +315,9 @@ def sealed() -> Iterator[None]:
         for module, name in places:
             mp.setattr(module, name, forbid(f"{module.__name__}.{name}"))
         # `from time import time` too
-        for name, value in vars(gpuguard.remediator.policy).items():
+        for name, value in vars(gpuguard.remediator.decision.policy).items():
             if callable(value) and value in banned:
-                mp.setattr(gpuguard.remediator.policy, name, forbid(banned[value]))
+                mp.setattr(gpuguard.remediator.decision.policy, name, forbid(banned[value]))
         mp.setattr(os, "environ", _NoEnviron())
         _watched.add(threading.get_ident())
         try:

@@ -27,7 +27,7 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app
-from gpuguard.remediator.reaper import Reaper
+from gpuguard.remediator.reap.reaper import Reaper
 from gpuguard.remediator.service import Remediator, build_remediator
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Tree, Trees, alive, stat_fields

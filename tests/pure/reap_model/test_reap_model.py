@@ -17,11 +17,11 @@ import textwrap
 
 import pytest
 
-from gpuguard.remediator import killing, reaper
-from gpuguard.remediator.audit import Phase
-from gpuguard.remediator.freezing import Freezer
-from gpuguard.remediator.outcome import Outcome
-from gpuguard.remediator.policy import Action
+from gpuguard.remediator.decision.policy import Action
+from gpuguard.remediator.reap import killing, reaper
+from gpuguard.remediator.reap.freezing import Freezer
+from gpuguard.remediator.reap.outcome import Outcome
+from gpuguard.remediator.state.audit import Phase
 from tests.pure.reap_model import model as m
 from tests.pure.reap_model import reap_steps as rs
 from tests.pure.reap_model import states as st

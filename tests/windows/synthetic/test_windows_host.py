@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host.windows import accounts, boot, handles
-from gpuguard.remediator.ledger import Ledger
-from gpuguard.remediator.tree import TreeKey
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.state.ledger import Ledger
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32",
                                 reason="what Linux sees of the Windows edges")

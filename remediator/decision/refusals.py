@@ -1,0 +1,84 @@
+"""Refusals remembered per tree, so a tree refused again and again is audited once.
+
+A refusal with the same reason and members as the tree's last one is counted, not
+audited in full again; the next full record says how many it stands for. Within
+REFUSAL_RECHECK_SECONDS of a refusal a delivery for the same tree is counted without a
+new inspection (a refusal stands; a reap waits at most this long).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gpuguard.remediator.state.audit_trail import AuditTrail
+from gpuguard.remediator.decision.decision_log import DecisionSource
+from gpuguard.remediator.state.pending import PendingItem
+from gpuguard.remediator.decision.policy import Decision
+from gpuguard.remediator.decision.tree import LiveTree, TreeKey
+from gpuguard.remediator.state.workstate import WorkState
+
+REFUSAL_RECHECK_SECONDS = 60.0
+#: Trees whose last refusal is remembered (oldest forgotten first): junk alerts naming
+#: random roots cannot grow it.
+REFUSALS_REMEMBERED = 4096
+
+
+@dataclass
+class _Refusal:
+    """The last refusal of one tree: what it said, when it was inspected, and how many
+    identical ones were counted instead of audited since its full record."""
+
+    decision: Decision
+    signature: tuple[object, ...]
+    inspected_at: float  # boot clock
+    repeats: int = 0
+
+
+class RefusalMemory:
+    """The worker's memory of refusals (used by the worker thread only)."""
+
+    def __init__(self, work: WorkState, trail: AuditTrail) -> None:
+        self._work = work
+        self._trail = trail
+        self._refusals: OrderedDict[TreeKey, _Refusal] = OrderedDict()
+
+    def forget(self, key: TreeKey) -> None:
+        self._refusals.pop(key, None)
+
+    def repeated(self, item: PendingItem) -> bool:
+        """A delivery for a tree refused less than REFUSAL_RECHECK_SECONDS ago: counted
+        against that refusal, not inspected again (its ledger entry settled as one)."""
+        work = self._work
+        known = self._refusals.get(item.key)
+        if known is None or work.clocks.boot() - known.inspected_at >= REFUSAL_RECHECK_SECONDS:
+            return False
+        with work.lock:
+            if item.key in work.cancelled or item.key not in work.ledger.pending():
+                return False  # withdrawn meanwhile: the ordinary path says so
+            work.ledger.remove_pending(item.key)
+            work.decisions.note(known.decision, item.alert, item.group_key,
+                                source=DecisionSource.WORKER)
+        known.repeats += 1
+        work.metrics.refusals_repeated += 1
+        return True
+
+    def audit(self, item: PendingItem, decision: Decision, live: LiveTree) -> None:
+        """Audit a refusal in full unless it repeats the last one of this tree (same
+        action, reason and members): then count it. A full record carries how many
+        identical refusals it follows (`repeats_before`)."""
+        members = tuple((m.pid, m.start_time) for m in live.members)
+        signature = (decision.action, decision.reason, live.verdict, live.reason, members)
+        now = self._work.clocks.boot()
+        known = self._refusals.pop(item.key, None)
+        if known is not None and known.signature == signature:
+            known.repeats += 1
+            known.inspected_at = now
+            self._work.metrics.refusals_repeated += 1
+            self._refusals[item.key] = known
+            return
+        self._refusals[item.key] = _Refusal(decision, signature, now)
+        while len(self._refusals) > REFUSALS_REMEMBERED:
+            self._refusals.popitem(last=False)
+        self._trail.decision(item, decision, live, None,
+                             repeats_before=known.repeats if known is not None else 0)

@@ -1,0 +1,147 @@
+"""Pull mode: poll Alertmanager for this host's alerts instead of receiving webhooks.
+
+For a fleet with one central Alertmanager: no route per node, no inbound port. Every
+`pull_interval_seconds` the remediator asks for its own active, unsilenced,
+uninhibited remediate="true" alerts named in `remediate.alerts` and hands them to the
+same intake a webhook delivery goes through. Why: docs/design.md, The reap (pull mode);
+when and how it polls a busy Alertmanager: polling.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
+from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_alert
+from gpuguard.remediator.decision.decision_log import DecisionSource
+from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.intake.polling import (
+    FAILED_POLLS_UNHEALTHY,
+    JITTER,
+    STALLED_INTERVALS,
+    delay_after,
+    first_delay,
+    host_random,
+    next_delay,
+)
+from gpuguard.remediator.status import HealthCode
+
+log = logging.getLogger("gpuguard.remediator.pull")
+
+RECEIVER = "gpuguard-remediator-pull"
+
+
+class Puller:
+    """One background thread; each poll is one delivery of this host's firing alerts.
+
+    When: polling.py (jittered, backing off after a busy or slow Alertmanager); `rng`
+    defaults to this host's own (polling.host_random), so a test can replay it.
+    """
+
+    def __init__(self, intake: Intake, client: AlertmanagerClient, *, interval: float,
+                 rng: random.Random | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.intake = intake
+        self.client = client
+        self.interval = interval
+        self.rng = rng if rng is not None else host_random(intake.hostname)
+        self.polls = 0
+        self.failed_polls = 0
+        self.failures_in_a_row = 0
+        self.last: PollAnswer | None = None
+        self._monotonic = monotonic
+        self._started: float | None = None
+        self._last_completed: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll_once(self) -> int | None:
+        """Deliver what Alertmanager says fires for this host now; None when it did not say."""
+        answer = self.client.poll(hostname=self.intake.hostname,
+                                  alertnames=self.intake.policy.alerts)
+        self.last = answer
+        self.polls += 1
+        self._last_completed = self._monotonic()
+        alerts = answer.alerts
+        if alerts is None:
+            self.failed_polls += 1
+            self.failures_in_a_row += 1
+            if self.failures_in_a_row == 1:
+                log.warning("pull: no Alertmanager answered (%s: %s); nothing is delivered "
+                            "until one does", answer.result, answer.detail)
+            return None
+        if self.failures_in_a_row:
+            log.info("pull: Alertmanager answers again after %d failed poll(s)",
+                     self.failures_in_a_row)
+            self.failures_in_a_row = 0
+        parsed: list[Alert] = []
+        for i, raw in enumerate(alerts):
+            try:
+                parsed.append(parse_alert(f"alerts[{i}]", raw))
+            except PayloadError as exc:  # e.g. a startsAt that is no RFC 3339 time
+                self.client.count_skipped(SkipReason.MALFORMED)
+                log.debug("pull: alert skipped: %s", exc)
+        if not parsed:
+            return 0
+        self.intake.submit(Notification(receiver=RECEIVER, status="firing",
+                                        alerts=tuple(parsed),
+                                        group_key=f"pull:{self.intake.hostname}"),
+                           source=DecisionSource.PULL)
+        return len(parsed)
+
+    def next_delay(self) -> float:
+        """Seconds from the end of the last poll to the next one."""
+        last = self.last
+        if last is None:
+            return next_delay(self.interval, self.rng)
+        return delay_after(last.result, self.failures_in_a_row, self.interval, self.rng,
+                           last.retry_after)
+
+    def problem(self) -> tuple[HealthCode, str] | None:
+        """Why /healthz should say the poller is degraded; None while it is not."""
+        if self.failures_in_a_row >= FAILED_POLLS_UNHEALTHY:
+            last = self.last
+            why = f"{last.result}: {last.detail}" if last is not None else "?"
+            return HealthCode.POLLER_FAILING, (f"{self.failures_in_a_row} polls of "
+                                               f"Alertmanager in a row failed (last {why})")
+        since = self._last_completed if self._last_completed is not None else self._started
+        if since is None:
+            return None
+        limit = self.stall_limit()
+        quiet = self._monotonic() - since
+        if quiet > limit:
+            return HealthCode.POLLER_STALLED, (f"no poll of Alertmanager completed for "
+                                               f"{quiet:.0f}s (over {limit:g}s)")
+        return None
+
+    def stall_limit(self) -> float:
+        """STALLED_INTERVALS intervals at their longest, plus the longest one poll takes."""
+        return (STALLED_INTERVALS * self.interval * (1 + JITTER)
+                + self.client.timeout * len(self.client.urls))
+
+    def start(self) -> None:
+        self._started = self._monotonic()
+        self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-pull",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        delay = first_delay(self.interval, self.rng)  # not in step with the other hosts
+        while not self._stop.wait(delay):
+            try:
+                self.poll_once()
+            except Exception:  # a bug must not end polling: logged, and tried again
+                log.exception("pull: poll failed")
+            delay = self.next_delay()

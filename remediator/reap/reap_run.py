@@ -1,0 +1,110 @@
+"""The state of one reap in progress (ReapRun, Target), the callbacks it reports through
+(Journal, Confirm, Holding) and how it is refused (Abort). Shared by the reaper's parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.procfs import ExitSource
+from gpuguard.orphans.process import ProcInfo
+from gpuguard.orphans.protections import ProcSource
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediator.state.audit import Phase
+from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
+from gpuguard.remediator.settings import Remediate
+from gpuguard.remediator.decision.tree import Member
+
+#: Writes one audit record naming processes before they get their first signal:
+#: phase INTENT (every planned member, before the first SIGSTOP) or JOINED
+#: (processes that joined the tree while it was being reaped). Raises when the
+#: record could not be made durable; then those processes are not signalled.
+Journal = Callable[[Phase, tuple[Member, ...]], None]
+
+#: The last question before the first signal (Alertmanager: does the alert still fire,
+#: unsilenced and uninhibited?). None means go on; (reason, detail) aborts the reap.
+Confirm = Callable[[], "tuple[str, str] | None"]
+
+#: Tells the caller's crash ledger which members this reap may be holding stopped:
+#: (pid, start_time) pairs with True right before their SIGSTOP (durably: raising means
+#: they are not stopped), with False once the reap has continued them. Crash recovery
+#: continues only members marked True (see remediator/state/recovery.py).
+Holding = Callable[[tuple[tuple[int, int], ...], bool], None]
+
+#: What a reap does when the kernel refuses a member's SIGSTOP (EPERM): "abort" the whole
+#: reap before any SIGTERM (the remediator: a tree it may not signal whole is left as it
+#: was), or "release" that member (`gpuguard run`: its own tree must go even when one
+#: member, a setuid-root helper, is beyond an unprivileged launcher's reach).
+RefusedStop = Literal["abort", "release"]
+
+
+class Abort(Exception):
+    """Refuses the reap: (reason, detail) become the result's."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+class NoPidfd(Exception):
+    """The kernel has no pidfd_open (before 5.3, or blocked by seccomp)."""
+
+
+def check_wanted(cancelled: Callable[[], bool], deadline: float,
+                 now: Callable[[], float]) -> None:
+    """Abort unless the reap is still wanted and within its deadline."""
+    if cancelled():
+        raise Abort("cancelled", "a resolved alert withdrew the reap before any kill")
+    if now() > deadline:
+        raise Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+                    "any kill")
+
+
+@dataclass
+class Target:
+    """A process the reap holds: as judged, as read, and its handle (None: the pid path)."""
+
+    member: Member
+    info: ProcInfo
+    fd: int | None
+    stopped: bool = False  # stopped by this reap: an abort continues it
+    exited: bool = False
+
+
+@dataclass
+class ReapRun:
+    """Mutable state of one reap; only the reaper's parts touch it."""
+
+    started: float
+    path: KillPath
+    view: ProcSource  # fresh for this reap: nothing read before it is trusted
+    policy: Remediate
+    rules: Rules
+    protected: frozenset[int]
+    journal: Journal | None  # None for dry runs: they send nothing
+    force: bool = False  # a person overrode the classifier: only the policy's guards apply
+    targets: dict[int, Target] = field(default_factory=dict)
+    signals: list[SignalRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    confirmed_ms: float | None = None
+    released: list[Member] = field(default_factory=list)
+    holding: Holding | None = None  # the crash ledger's marks (the worker's reaps)
+    events: ExitSource | None = None  # as the inspection had them: the verdict re-derived
+    memory: LauncherMemory | None = None  # with the tree frozen rests on the same facts
+
+    def restart(self, path: KillPath, view: ProcSource) -> None:
+        """Begin again on another kill path, with a new view: nothing held, nothing sent."""
+        self.path, self.view = path, view
+        self.targets, self.signals, self.notes, self.released = {}, [], [], []
+        self.confirmed_ms = None
+
+    def write(self, phase: Phase, targets: list[Target]) -> None:
+        """The write-ahead audit record for `targets`; no record, no signal."""
+        assert self.journal is not None
+        try:
+            self.journal(phase, tuple(t.member for t in targets))
+        except Exception as exc:
+            raise Abort("audit-failed", f"could not write the {phase} audit record: "
+                        f"{exc}; nothing more is signalled") from None

@@ -1,0 +1,53 @@
+"""The reap back-end of this platform, chosen once: signals through pidfds on Linux
+(reaper.Reaper), handles, suspends and TerminateProcess on Windows
+(windows_reaper.WindowsReaper). Both answer the same reap() with the same ReapResult, so
+the worker, crash recovery and `gpuguard reap` hold a TreeReaper and never ask which."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.procfs import ExitSource
+from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediator.decision.inspection import HolderSource
+from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
+from gpuguard.remediator.reap.reap_plan import ReapPlan
+from gpuguard.remediator.reap.reap_run import Confirm, Holding, Journal
+from gpuguard.remediator.settings import Remediate
+from gpuguard.remediator.state.thaw_guardian import ThawGuardian
+
+
+class TreeReaper(Protocol):
+    """What a reaper offers (see reaper.Reaper.reap for the contract)."""
+
+    @property
+    def nvml(self) -> HolderSource: ...
+
+    def reap(self, plan: ReapPlan, *, policy: Remediate, rules: Rules,
+             protected_pids: frozenset[int], deadline: float, journal: Journal | None,
+             cancelled: Callable[[], bool] = ..., confirm: Confirm | None = None,
+             force: bool = False, holding: Holding | None = None,
+             events: ExitSource | None = None,
+             memory: LauncherMemory | None = None) -> ReapResult: ...
+
+    def thaw_interrupted(self,
+                         members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]: ...
+
+
+def platform_reaper(*, nvml: HolderSource, counters: Counters = COUNTERS,
+                    monotonic: Callable[[], float] = time.monotonic,
+                    guardian: ThawGuardian | None = None) -> TreeReaper:
+    """This platform's reaper (gpuguard.host.platform.IS_WINDOWS decides); `guardian`
+    (Linux) continues what a reap stopped if the process doing it dies."""
+    if IS_WINDOWS:
+        from gpuguard.remediator.reap.windows_reaper import WindowsReaper
+
+        return WindowsReaper(nvml=nvml, counters=counters, monotonic=monotonic)
+    from gpuguard.remediator.reap.reaper import Reaper
+
+    return Reaper(nvml=nvml, counters=counters, monotonic=monotonic, guardian=guardian)

@@ -1,0 +1,168 @@
+"""Reaps a crash cut short ("reaping" in the ledger), settled at start and retried by the
+worker: what they may have stopped is continued, each is audited, nothing is re-killed."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from gpuguard.remediator.state.audit import Phase, audit_record
+from gpuguard.remediator.state.audit_trail import AuditTrail
+from gpuguard.remediator.state.ledger import LedgerError, may_have_signalled
+from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
+from gpuguard.remediator.decision.policy import Action, Decision
+from gpuguard.remediator.reap.reapers import TreeReaper
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.state.workstate import WorkState
+
+log = logging.getLogger("gpuguard.remediator")
+
+#: (pid, start time, stopped already when the reap held it, held) as the ledger recorded.
+_Recorded = tuple[int, int, bool, bool]
+
+
+class InterruptedReaps:
+    def __init__(self, work: WorkState, trail: AuditTrail, reaper: TreeReaper) -> None:
+        self._work = work
+        self._trail = trail
+        self._reaper = reaper
+        #: reaps a crash cut short, not yet settled (/healthz: reaps-unsettled)
+        self.unsettled: list[tuple[TreeKey, dict[str, Any]]] = list(work.ledger.interrupted)
+        #: what this run already continued of a reap whose records are still to be written:
+        #: a retry writes them and never continues twice (its owner may have stopped it since)
+        self._continued: dict[TreeKey, tuple[SignalRecord, ...]] = {}
+
+    def settle(self) -> None:
+        """Reaps a crash cut short: continue what they left stopped, audit, never re-kill.
+
+        What each stopped is continued even when the audit log cannot be written (a
+        SIGCONT undoes the reap's own SIGSTOP of members its intent record named; the log
+        says so); one whose records cannot be written now stays unsettled: /healthz says
+        so and the worker tries again every loop, writing them, continuing nothing twice.
+        """
+        left: list[tuple[TreeKey, dict[str, Any]]] = []
+        for key, entry in self.unsettled:
+            if not self._settle_one(key, entry):
+                left.append((key, entry))
+        self.unsettled = left
+
+    def _settle_one(self, key: TreeKey, entry: dict[str, Any]) -> bool:
+        """Settle one interrupted reap; False when its records cannot be written now."""
+        work = self._work
+        reap_id = entry.get("reap_id")
+        audit = self._trail.log
+        signalled = may_have_signalled(entry)
+        try:
+            finished = (audit.has_final(str(reap_id)) if reap_id else
+                        audit.has_record(key.hostname, key.root_pid, key.root_start_time,
+                                         since=float(entry.get("at", 0))))
+        except OSError as exc:  # an I/O error: what it stopped must not wait on the disk
+            log.error("interrupted reap of %s: the audit log cannot be read (%s); "
+                      "continuing what it stopped", key, exc.strerror or exc)
+            finished = False
+        if finished:  # the final record made it; only settle
+            self._settle_ledger(key, "interrupted", signalled)
+            return True
+        recorded: list[_Recorded] = [
+            (int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,
+             bool(m[3]) if len(m) > 3 else True)
+            for m in entry.get("members", [])]
+        # Only what this reap may have stopped: marked held (right before its SIGSTOP,
+        # cleared once the reap continued it: see Reaper.thaw_interrupted for what that
+        # can and cannot tell), and not stopped already when the reap held it (Ctrl-Z,
+        # a scheduler): that one is left as its owner left it. A state file from
+        # before the marks (3 fields) counts every member as held.
+        thaw = [(pid, start) for pid, start, was_stopped, held in recorded
+                if held and not was_stopped]
+        record = functools.partial(
+            audit_record, work.hostname, live=None, result=None, key=key,
+            mode=str(entry.get("mode")), reap_id=reap_id,
+            fingerprint=str(entry.get("fingerprint", "")),
+            member_ids=[(pid, start) for pid, start, _, _ in recorded])
+        if thaw:  # the SIGCONTs are signals too: written down first, where that can be
+            try:
+                self._trail.append(record(
+                    decision=Decision(Action.IGNORE, INTERRUPTED, f"{CUT_SHORT}; the "
+                                      f"{len(thaw)} member(s) it may have stopped are "
+                                      "continued (SIGCONT) if still stopped, and left "
+                                      "alive", key),
+                    now=work.clocks.wall(), phase=Phase.INTENT))
+            except OSError as exc:
+                # Every freeze thaws: a SIGCONT only undoes this reap's own SIGSTOP, of
+                # members its intent record already named; a full disk must not keep them
+                # stopped. The log says so; the final record follows once it can be written.
+                log.error("interrupted reap of %s: the audit log cannot be written (%s); "
+                          "continuing the %d member(s) it stopped anyway", key,
+                          exc.strerror, len(thaw))
+        try:
+            signals = self._continued.get(key)
+            if signals is None:
+                signals = self._continued[key] = self._reaper.thaw_interrupted(thaw)
+                self._let_go(key, thaw)
+            decision = settled_decision(key, thaw, signals, signalled=signalled)
+            self._trail.append(record(decision=decision, now=work.clocks.wall(),
+                                      signals=signals))
+        except OSError:
+            log.error("interrupted reap of %s not settled: the audit log cannot be "
+                      "written; retried while the worker runs, or at the next start", key)
+            return False
+        self._continued.pop(key, None)
+        work.metrics.reap_failures += 1
+        log.warning("interrupted reap of %s settled: %s", key, decision.detail)
+        self._settle_ledger(key, decision.reason, signalled)
+        return True
+
+    def _let_go(self, key: TreeKey, members: list[tuple[int, int]]) -> None:
+        """Mark what recovery continued as no longer held, so that a restart before the
+        records are written (exit 3, an audit log that cannot be written) does not
+        continue it again, perhaps after its owner stopped it. A state file that cannot
+        be written either cannot say so: then a restart continues again what is still
+        stopped (docs/remediator.md)."""
+        if not members:
+            return
+        try:
+            self._work.ledger.mark_held(key, members, False)
+        except LedgerError as exc:
+            log.warning("interrupted reap of %s: cannot note in the state file that its "
+                        "members were continued (%s)", key, exc)
+
+    def _settle_ledger(self, key: TreeKey, outcome: str, signalled: bool) -> None:
+        """The state file's side of a settled reap. One that cannot be written (a full or
+        read-only state directory) is left "reaping" there: its final record is in the
+        audit log, so the next start only settles it, continuing nothing twice."""
+        try:
+            self._work.ledger.settle_interrupted(key, outcome, signalled=signalled)
+        except LedgerError as exc:
+            log.error("interrupted reap of %s is audited but not settled in the state file "
+                      "(%s); the next start settles it from its final record", key, exc)
+
+
+#: How every record of a settled interrupted reap begins.
+CUT_SHORT = "the remediator stopped during this reap"
+INTERRUPTED = "interrupted"
+THAWED = "interrupted-thawed"
+
+
+def settled_decision(key: TreeKey, thaw: list[tuple[int, int]],
+                     signals: tuple[SignalRecord, ...], *, signalled: bool) -> Decision:
+    """What the settled reap's final record says, true to the SIGCONTs really sent:
+    `interrupted-thawed` only when one was; `interrupted` (with why) when none was."""
+    sent = [s.pid for s in signals if s.signal == "SIGCONT" and s.result == SignalResult.SENT]
+    failed = [f"{s.pid} ({s.error})" for s in signals if s.failed]
+    if not thaw:
+        detail = (f"{CUT_SHORT} before its first signal: nothing was signalled; the tree "
+                  "may be decided again on the next delivery" if not signalled else
+                  f"{CUT_SHORT}; it held none of the members stopped: nothing was "
+                  "continued")
+    elif not sent:
+        detail = (f"{CUT_SHORT}; none of the {len(thaw)} member(s) it may have stopped "
+                  "was still stopped (or still the same process): nothing was continued")
+    else:
+        others = len(thaw) - len(sent) - len(failed)
+        detail = (f"{CUT_SHORT}; continued (SIGCONT) {len(sent)} of the {len(thaw)} "
+                  f"member(s) it may have stopped ({', '.join(map(str, sent))}) and left "
+                  "them alive" + (f"; {others} no longer stopped or gone" if others else ""))
+    if failed:
+        detail += f"; SIGCONT failed for {', '.join(failed)}: still stopped"
+    return Decision(Action.IGNORE, THAWED if sent else INTERRUPTED, detail, key)
