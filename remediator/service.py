@@ -21,7 +21,7 @@ from gpuguard.config import Config
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
@@ -214,6 +214,7 @@ def build_remediator(
     events: ProcessEvents | None = None,
     counters: Counters | None = None,
     launchers: LauncherMemory | None = None,
+    platform: Platform = PLATFORM,
 ) -> Remediator:
     """The Remediator (worker, ledger, audit) for `config`, not started.
 
@@ -224,15 +225,8 @@ def build_remediator(
     `clock` (wall) dates the audit; `boot_clock` counts ages, windows and due times.
     """
     counters = counters if counters is not None else Counters()
-    if nvml is None:
-        from gpuguard.host.nvml import Nvml
-
-        if IS_WINDOWS:  # NVML lists processes under WDDM but cannot size them: WDDM can
-            from gpuguard.host.windows.wddm import WddmNvml
-
-            nvml = WddmNvml(counters=counters)
-        else:
-            nvml = Nvml(counters=counters)
+    if nvml is None:  # Windows': WDDM sizes what NVML lists under WDDM but cannot size
+        nvml = platform.nvml(counters)
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)
@@ -252,8 +246,8 @@ def build_remediator(
         log.info("%s", problem)
     guardian = None
     if reaper is None:
-        guardian = ThawGuardian() if not IS_WINDOWS else None
-        reaper = platform_reaper(nvml=nvml, counters=counters, monotonic=monotonic,
+        guardian = ThawGuardian() if platform.thaw_guardian else None
+        reaper = platform_reaper(platform, nvml=nvml, counters=counters, monotonic=monotonic,
                                  guardian=guardian)
     if alertmanager is None and policy.alertmanager is not None:
         alertmanager = AlertmanagerClient(policy.alertmanager)

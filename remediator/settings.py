@@ -106,7 +106,7 @@ class Remediate:
 
 
 #: `remediate.state_dir` and `remediate.audit_log` on Windows (the loader passes
-#: gpuguard.host.platform.IS_WINDOWS; this module never asks which platform it runs on).
+#: gpuguard.host.platform.PLATFORM; this module never asks which platform it runs on).
 WINDOWS_STATE_DIR = WINDOWS_DATA_DIR + "\\state"
 WINDOWS_AUDIT_LOG = WINDOWS_DATA_DIR + "\\log\\audit.jsonl"
 

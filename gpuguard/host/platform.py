@@ -22,5 +22,3 @@ BACKENDS: dict[str, Platform] = {LINUX: LINUX_BACKEND, WINDOWS: WINDOWS_BACKEND}
 #: `sys.platform` outside the Windows DLL loader (gpuguard/host/windows/winapi.py).
 PLATFORM: Platform = WINDOWS_BACKEND if sys.platform == "win32" else LINUX_BACKEND
 
-#: Transitional: the remediator modules not yet handed the back-end.
-IS_WINDOWS: bool = PLATFORM.name == WINDOWS
