@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
     from gpuguard.remediator.app import AlertsIntake, create_app
-    from gpuguard.remediator.service import build_remediator
     from gpuguard.remediator.intake.tokens import TokenFile
+    from gpuguard.remediator.service import build_remediator
 
     token = None
     if token_path is not None:

@@ -24,24 +24,24 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
-from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
-from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import HolderSource
+from gpuguard.remediator.decision.refusals import RefusalMemory
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
+from gpuguard.remediator.intake.pull import Puller
 from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.metrics import Counts, RemediatorMetrics
+from gpuguard.remediator.reap.reapers import TreeReaper, platform_reaper
+from gpuguard.remediator.settings import Mode
+from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
+from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import Ledger, StateUnavailable
-from gpuguard.remediator.metrics import Counts, RemediatorMetrics
-from gpuguard.remediator.intake.pull import Puller
-from gpuguard.remediator.reap.reapers import TreeReaper, platform_reaper
-from gpuguard.remediator.decision.refusals import RefusalMemory
-from gpuguard.remediator.settings import Mode
-from gpuguard.remediator.status import HealthCode, Liveness, Status
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
-from gpuguard.remediator.worker import Worker
 from gpuguard.remediator.state.workstate import WorkState
+from gpuguard.remediator.status import HealthCode, Liveness, Status
+from gpuguard.remediator.worker import Worker
 
 log = logging.getLogger(__name__)
 daemon_log = logging.getLogger("gpuguard.remediator")

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from gpuguard.compat import StrEnum
+from gpuguard.remediator.decision.policy import rate_budget
+from gpuguard.remediator.reap.killing import KILL_CONFIRM_SECONDS
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.reap.killing import KILL_CONFIRM_SECONDS
-from gpuguard.remediator.decision.policy import rate_budget
 from gpuguard.remediator.state.workstate import WorkState
 
 

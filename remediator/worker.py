@@ -17,21 +17,25 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.orphans.process import STOPPED_STATES
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, Confirmation, ConfirmationState
-from gpuguard.remediator.state.audit import audit_record
-from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
-from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.state.ledger import LedgerError
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
-from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.decision.policy import Action, Decision, decide
+from gpuguard.remediator.decision.refusals import RefusalMemory
+from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.intake.alertmanager import (
+    AlertmanagerClient,
+    Confirmation,
+    ConfirmationState,
+)
+from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reapers import TreeReaper
-from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.reap.settlement import final_decision, told
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.state.audit import audit_record
+from gpuguard.remediator.state.audit_trail import AuditTrail
+from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
+from gpuguard.remediator.state.ledger import LedgerError
+from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")

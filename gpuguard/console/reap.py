@@ -55,9 +55,9 @@ from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alertmanager import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reap.reapers import platform_reaper
 from gpuguard.remediator.reap.settlement import final_decision, told
+from gpuguard.remediator.reap.skeleton import INTERRUPTED, Interrupted
 from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.state.audit import (
     AuditLog,

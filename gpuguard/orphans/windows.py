@@ -42,12 +42,12 @@ each row, so `root_start_time` is that integer everywhere (labels, alerts, audit
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gpuguard.orphans.members import MemberJudgement, settle_members
-from gpuguard.orphans.process import Holder, ProcInfo
+from gpuguard.orphans.process import Holder, ProcInfo, breadth_first
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.trees import build_trees
 from gpuguard.orphans.verdicts import Evidence, HolderVerdict, Tree, unknown
@@ -335,23 +335,17 @@ def windows_members(table: Mapping[int, WinProc], root: WinProc, *,
     pid). A row whose creation time is unknown counts as a child: it cannot be ruled
     out, and as an unreadable member it makes the tree unknown (fail closed).
     """
-    children = pids_by_parent(table)
-    out = [root]
-    seen = {root.pid}
-    frontier = [root]
-    while frontier and len(out) < limit:
-        nxt: list[WinProc] = []
-        for parent in frontier:
-            for pid in children.get(parent.pid, ()):
-                child = table.get(pid)  # gone since the snapshot: no row
-                if child is None or child.pid in seen or (
-                        child.timed and parent.timed and child.create_time < parent.create_time):
-                    continue
-                seen.add(child.pid)
-                out.append(child)
-                nxt.append(child)
-        frontier = nxt
-    return tuple(out)
+    by_parent = pids_by_parent(table)
+
+    def children(parent: WinProc, seen: Set[int]) -> Iterator[WinProc]:
+        for pid in by_parent.get(parent.pid, ()):
+            child = table.get(pid)  # gone since the snapshot: no row
+            if child is None or child.pid in seen or (
+                    child.timed and parent.timed and child.create_time < parent.create_time):
+                continue
+            yield child
+
+    return breadth_first(root, children, limit=limit)
 
 
 def _member_judgement(proc: WinProc, rules: Rules) -> MemberJudgement | None:

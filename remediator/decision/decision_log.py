@@ -7,11 +7,11 @@ from collections import deque
 from typing import Any
 
 from gpuguard.compat import StrEnum
-from gpuguard.remediator.intake.alerts import Alert
-from gpuguard.remediator.state.audit import iso_time
 from gpuguard.remediator.clocks import Clocks
-from gpuguard.remediator.metrics import RemediatorMetrics
 from gpuguard.remediator.decision.policy import Action, Decision
+from gpuguard.remediator.intake.alerts import Alert
+from gpuguard.remediator.metrics import RemediatorMetrics
+from gpuguard.remediator.state.audit import iso_time
 
 log = logging.getLogger("gpuguard.remediator")
 

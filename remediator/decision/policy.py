@@ -14,9 +14,14 @@ from typing import Protocol
 
 from gpuguard.compat import StrEnum
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.intake.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE, Alert, asks_for_remediation
-from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.intake.alerts import (
+    REMEDIATE_LABEL,
+    REMEDIATE_VALUE,
+    Alert,
+    asks_for_remediation,
+)
+from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
 
 
 class Action(StrEnum):

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.decision.decision_log import DecisionSource
-from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.decision.policy import Decision
 from gpuguard.remediator.decision.tree import LiveTree, TreeKey
+from gpuguard.remediator.state.audit_trail import AuditTrail
+from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
 
 REFUSAL_RECHECK_SECONDS = 60.0

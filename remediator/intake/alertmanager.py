@@ -30,7 +30,12 @@ from gpuguard.remediator.intake.alerts import (
     AlertStatus,
     asks_for_remediation,
 )
-from gpuguard.remediator.intake.polling import PollResult, PollStats, peer_order, retry_after_seconds
+from gpuguard.remediator.intake.polling import (
+    PollResult,
+    PollStats,
+    peer_order,
+    retry_after_seconds,
+)
 from gpuguard.remediator.settings import AlertmanagerConfig
 from gpuguard.validation import (
     JSON_TYPES,

@@ -15,10 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
 from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_alert
-from gpuguard.remediator.decision.decision_log import DecisionSource
-from gpuguard.remediator.intake.screening import Intake
 from gpuguard.remediator.intake.polling import (
     FAILED_POLLS_UNHEALTHY,
     JITTER,
@@ -28,6 +27,7 @@ from gpuguard.remediator.intake.polling import (
     host_random,
     next_delay,
 )
+from gpuguard.remediator.intake.screening import Intake
 from gpuguard.remediator.status import HealthCode
 
 log = logging.getLogger("gpuguard.remediator.pull")

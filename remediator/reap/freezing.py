@@ -18,14 +18,14 @@ from gpuguard.orphans.members import judge_member
 from gpuguard.orphans.process import ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.state.audit import Phase
 from gpuguard.remediator.decision.inspection import member_of
-from gpuguard.remediator.reap.outcome import KillPath
 from gpuguard.remediator.decision.policy import member_refusal
+from gpuguard.remediator.decision.tree import Member
+from gpuguard.remediator.reap.outcome import KillPath
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
 from gpuguard.remediator.reap.signalling import OUT_OF_DESCRIPTORS, Signaller
-from gpuguard.remediator.decision.tree import Member
+from gpuguard.remediator.state.audit import Phase
 
 #: How long one freeze pass waits for SIGSTOPped members to show state T (a process in
 #: uninterruptible sleep stops only when it leaves it; the pass then goes on regardless).
@@ -97,7 +97,7 @@ class Freezer:
         process is back from fork(), and its children file is then complete.
         """
         signaller = self.signaller
-        signaller.mark(run, list(run.targets.values()), held=True)
+        run.mark(list(run.targets.values()), held=True)
         for target in list(run.targets.values()):
             signaller.stop(run, target)
         self.refused_stop(run)
@@ -236,7 +236,7 @@ class Freezer:
                 try:
                     run.write(Phase.JOINED, generation)
                     if stop:
-                        self.signaller.mark(run, generation, held=True)
+                        run.mark(generation, held=True)
                 except Abort:
                     if refuse:
                         raise

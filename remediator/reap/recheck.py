@@ -21,9 +21,9 @@ from gpuguard.remediator.decision.inspection import (
     read_within,
 )
 from gpuguard.remediator.decision.policy import verify_live
+from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort
-from gpuguard.remediator.decision.tree import LiveTree, Member
 
 #: The reason of a reap whose NVML re-check with the tree frozen outlived the deadline.
 NVML_TIMEOUT = "nvml-timeout"

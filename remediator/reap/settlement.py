@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuguard.remediator.intake.alertmanager import ConfirmationState
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 from gpuguard.remediator.decision.policy import Action, Decision
 from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 
 #: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
 #: "unreachable" is not one of them: it is a refusal, retried on the next delivery.

@@ -25,10 +25,10 @@ from typing import Any
 
 from gpuguard.compat import StrEnum
 from gpuguard.host.platform import PLATFORM
-from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
-from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.decision.policy import Decision
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
+from gpuguard.remediator.state.pending import PendingItem
 
 try:
     import fcntl

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gpuguard.remediator.intake.alertmanager import Confirmation
-from gpuguard.remediator.state.audit import AuditLog, audit_record
-from gpuguard.remediator.reap.outcome import ReapResult
-from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.decision.policy import Decision
 from gpuguard.remediator.decision.tree import LiveTree
+from gpuguard.remediator.intake.alertmanager import Confirmation
+from gpuguard.remediator.reap.outcome import ReapResult
+from gpuguard.remediator.state.audit import AuditLog, audit_record
+from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")

@@ -7,13 +7,13 @@ import functools
 import logging
 from typing import Any
 
+from gpuguard.remediator.decision.policy import Action, Decision
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
+from gpuguard.remediator.reap.reapers import TreeReaper
 from gpuguard.remediator.state.audit import Phase, audit_record
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.ledger import LedgerError, may_have_signalled
-from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
-from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.reap.reapers import TreeReaper
-from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")

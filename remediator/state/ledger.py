@@ -25,10 +25,10 @@ from typing import Any
 from gpuguard.compat import StrEnum
 from gpuguard.host.platform import PLATFORM
 from gpuguard.host.procfs import BOOT_ID, boottime
-from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
-from gpuguard.remediator.reap.outcome import Outcome
-from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.reap.outcome import Outcome
+from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
+from gpuguard.remediator.state.pending import PendingItem
 
 FILE_NAME = "remediator-state.json"
 #: 3: times on the boot clock, with `boot_clock` (when written); 2 and 1 had wall-clock times.

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.remediator.intake.alerts import Alert
 from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.intake.alerts import Alert
 
 
 @dataclass(frozen=True)
