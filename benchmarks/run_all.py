@@ -29,7 +29,8 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
     "scan_cost": (240.0,
                   "gpuguard's `Scanner.scan_once()` vs a naive full-table check "
                   "(`psutil.process_iter` + ppid map) with 0 / 1,000 / 5,000 unrelated "
-                  "processes; /proc reads per warm scan vs DESIGN.md's lower bound. Targets: "
+                  "processes; /proc reads per warm scan vs the lower bound of docs/design.md, "
+                  "Cost rules. Targets: "
                   "scan at 5,000 within 1.25x of scan at 0; naive/gpuguard >= 50x at 5,000; "
                   "stat reads <= 1.0x the lower bound."),
     "scrape_latency": (120.0,

@@ -109,7 +109,7 @@ def body(result: Result, tmp: Path) -> None:
          f"naive check p50 ms (n={BASELINE_CHECKS})", "naive / gpuguard",
          "gpuguard vs its own at 0"])
     reads = Table(
-        "/proc reads per warm gpuguard scan vs DESIGN.md lower bound",
+        "/proc reads per warm gpuguard scan vs the lower bound (docs/design.md, Cost rules)",
         ["unrelated procs", "stat reads", "walk reads", "other reads", "total reads",
          "lower bound", "stat / bound", "total / bound (waste ratio)"])
     times.notes.append("naive check = the same NVML read + psutil.process_iter(['ppid', "

@@ -7,97 +7,28 @@ reap: the remediator never reads any of it.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from typing import Any
 
+from gpuguard.accounting_settings import (
+    EVERYONE,
+    WHY_COMM,
+    WHY_UTILIZATION,
+    Audit,
+    Quotas,
+    SustainedUtilization,
+)
 from gpuguard.exporter.attribution import Attribution
-from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import GpuSample
 from gpuguard.orphans.process import Holder
-from gpuguard.orphans.rules_config import compile_protect
 
-#: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
-UNITS: dict[str, int] = {
-    "B": 1,
-    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-}
-_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]+)\s*$")
-
-#: The `users:` key that holds everyone's default quota.
-EVERYONE = "*"
 #: What uid 0 is called: "root", or the bare uid where the exporter's passwd lacks it.
 #: The default quota never applies to it (see resolve_quota).
 SUPERUSER = frozenset({"root", "0"})
 
-#: Well-known GPU miners' executable names, compared (case-insensitively, whole name)
-#: with the name of the program a process runs, never searched for in its arguments:
-#: `python /home/alice/T-Rex/demo.py` runs demo.py, `python -m gminer_eval` runs python.
-DEFAULT_SUSPECT_NAMES = ("xmrig", "ethminer", "t-rex", "nbminer", "lolminer",
-                         "phoenixminer", "gminer")
-#: A mining pool's URL anywhere in comm or command line: stratum+tcp://, +ssl, +tls (and
-#: ethminer's stratum1+/stratum2+). Only miners and mining proxies are given one.
-DEFAULT_SUSPECT_PATTERNS = (r"stratum[12]?\+(tcp|ssl|tls)://",)
-
-#: gpuguard_suspect_process_info's `why`: a fixed set, so alerts can route on it.
-WHY_COMM = "comm-pattern"
-WHY_CMDLINE = "cmdline-pattern"
-WHY_UTILIZATION = "sustained-utilization"
-
 #: GpuBalance.why_unknown when the driver's used figure includes its reserved memory.
 WHY_V1_MEMORY = ("used memory includes the driver's reserved memory "
                  "(driver without nvmlDeviceGetMemoryInfo_v2)")
-
-#: The kernel keeps a process's comm to 15 characters (TASK_COMM_LEN 16, with the NUL).
-COMM_LENGTH = 15
-
-
-class SizeError(ValueError):
-    """A quota that is not a byte count or a number with one of UNITS."""
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an integer or a string such as "10GiB" or "10 GB" (units: UNITS)."""
-    if isinstance(value, bool):
-        raise SizeError(f"must be a byte count or a size such as '10GiB', got {value}")
-    if isinstance(value, int):
-        if value < 0:
-            raise SizeError(f"must be >= 0, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise SizeError("must be an integer number of bytes or a string with a unit "
-                        f"such as '10GiB', got {type(value).__name__} {value!r}")
-    match = _SIZE.match(value)
-    units = ", ".join(UNITS)
-    if match is None:
-        raise SizeError(f"{value!r} is not a size: give a number and one of {units}")
-    unit = match.group("unit")
-    if unit not in UNITS:
-        raise SizeError(f"{value!r}: unknown unit {unit!r} (units: {units}; KiB/MiB/GiB/TiB "
-                        "are powers of 1024, KB/MB/GB/TB powers of 1000)")
-    try:
-        exact = Decimal(match.group("number")) * UNITS[unit]
-    except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-        raise SizeError(f"{value!r} is not a size") from None
-    if exact != exact.to_integral_value():
-        raise SizeError(f"{value!r} is not a whole number of bytes")
-    return int(exact)
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """The `quotas:` section: GPU memory per user, per group, and `users: {"*": ...}`."""
-
-    users: tuple[tuple[str, int], ...] = ()
-    groups: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.users or self.groups)
 
 
 def resolve_quota(user: str, groups: Callable[[str], Iterable[str]], quotas: Quotas) -> int | None:
@@ -122,86 +53,6 @@ def resolve_quota(user: str, groups: Callable[[str], Iterable[str]], quotas: Quo
             return max(granted)
     return None if user in SUPERUSER else by_user.get(EVERYONE)
 
-
-@dataclass(frozen=True)
-class SustainedUtilization:
-    """`audit.sustained_utilization`: the sole holder of a GPU busy at >= ratio for long."""
-
-    ratio: float = 0.95
-    for_seconds: float = 3600.0
-
-
-@dataclass(frozen=True)
-class Audit:
-    """The `audit:` section: what makes a GPU holder a suspect.
-
-    Names are compared with the program a process runs (program_names); patterns are
-    searched anywhere in comm and command line by the protect patterns' matcher.
-    """
-
-    suspect_names: tuple[str, ...] = DEFAULT_SUSPECT_NAMES
-    suspect_patterns: tuple[str, ...] = DEFAULT_SUSPECT_PATTERNS
-    sustained_utilization: SustainedUtilization | None = None  # off unless configured
-    _compiled: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
-    _names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
-    _comms: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        compiled = tuple((p, compile_protect(p)) for p in self.suspect_patterns)
-        object.__setattr__(self, "_compiled", compiled)
-        # First name wins when two fold to the same key; a comm is cut like the kernel's.
-        names: dict[str, str] = {}
-        comms: dict[str, str] = {}
-        for name in self.suspect_names:
-            names.setdefault(name.lower(), name)
-            comms.setdefault(name.lower()[:COMM_LENGTH], name)
-        object.__setattr__(self, "_names", names)
-        object.__setattr__(self, "_comms", comms)
-
-    def suspect(self, comm: str, cmdline: str | None) -> tuple[str, str] | None:
-        """(why, what matched) for the first hit: a suspect name as comm, then as a
-        program the command line runs, then a pattern in comm, then in the command line."""
-        if comm and (name := self._comms.get(comm.lower())) is not None:
-            return WHY_COMM, f"suspect name {name!r}"
-        for program in program_names(cmdline):
-            if (name := self._names.get(program.lower())) is not None:
-                return WHY_CMDLINE, f"suspect name {name!r}"
-        for why, text in ((WHY_COMM, comm), (WHY_CMDLINE, cmdline)):
-            if not text:
-                continue
-            for pattern, compiled in self._compiled:
-                if _suspect_hit(compiled, text):
-                    return why, f"suspect pattern {pattern!r}"
-        return None
-
-
-def program_names(cmdline: str | None) -> tuple[str, ...]:
-    """The names of the programs a command line runs: argv[0]'s basename, and the
-    basename of the first word after it that is not an option, when that word is a path
-    (a loader or emulator running a program: `/lib64/ld-linux-x86-64.so.2 /tmp/xmrig`,
-    `box64 ./t-rex`). Later words are arguments, not programs: `--data /datasets/t-rex`
-    names a directory. Words are split at whitespace (the command line's NULs are spaces
-    by then), so an argv[0] with a space in it is cut there.
-    """
-    words = (cmdline or "").split()
-    if not words:
-        return ()
-    names = [words[0].rsplit("/", 1)[-1]]
-    for word in words[1:]:
-        if word.startswith("-"):
-            continue
-        if "/" in word:
-            names.append(word.rsplit("/", 1)[-1])
-        break
-    return tuple(n for n in names if n)
-
-
-@functools.lru_cache(maxsize=16384)
-def _suspect_hit(pattern: Any, text: str) -> bool:
-    """The protect patterns' matcher (RE2, linear time), cached by text like theirs; its
-    time shows under the same callsite."""
-    with COUNTERS.track("protect_match"):
-        return pattern.search(text) is not None
 
 
 @dataclass(frozen=True)

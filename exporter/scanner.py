@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.exporter.accounting import Accounting, Audit, HolderFacts, Quotas, account
+from gpuguard.accounting_settings import Audit, Quotas
+from gpuguard.exporter.accounting import Accounting, HolderFacts, account
 from gpuguard.exporter.attribution import attribute
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.nvml import Nvml, NvmlReading

@@ -24,6 +24,7 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
+from gpuguard.remediate_settings import Mode
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import HolderSource
@@ -33,7 +34,6 @@ from gpuguard.remediator.intake.pull import Puller
 from gpuguard.remediator.intake.screening import Intake
 from gpuguard.remediator.metrics import Counts, RemediatorMetrics
 from gpuguard.remediator.reap.reapers import TreeReaper, platform_reaper
-from gpuguard.remediator.settings import Mode
 from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps

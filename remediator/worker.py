@@ -22,11 +22,8 @@ from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, 
 from gpuguard.remediator.decision.policy import Action, Decision, decide
 from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alertmanager import (
-    AlertmanagerClient,
-    Confirmation,
-    ConfirmationState,
-)
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
+from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reapers import TreeReaper

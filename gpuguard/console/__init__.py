@@ -1,7 +1,7 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
-Each subcommand (one module each: status, explain, policy_check, config_check, reap, keep,
-assets, run; mcp, which serves status, explain and reap as MCP tools: the mcp/ package)
+Each subcommand (one module each: status, explain, reap, keep, assets, run; checks/config
+and checks/policy; mcp, which serves status, explain and reap as MCP tools: the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -18,7 +18,8 @@ from typing import TypeAlias
 
 from gpuguard import logformat
 from gpuguard.console.assets import cmd_assets
-from gpuguard.console.config_check import cmd_config_check
+from gpuguard.console.checks.config import cmd_config_check
+from gpuguard.console.checks.policy import cmd_policy_check
 from gpuguard.console.contract import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -36,7 +37,6 @@ from gpuguard.console.contract import (
 from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
 from gpuguard.console.mcp.server import cmd_mcp
-from gpuguard.console.policy_check import cmd_policy_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status

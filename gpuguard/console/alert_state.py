@@ -9,7 +9,8 @@ from typing import Any
 from gpuguard.config import Config
 from gpuguard.exporter.scanner import Snapshot
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, ConfirmationState
+from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
+from gpuguard.remediator.intake.confirmation import ConfirmationState
 
 
 def alert_state(config: Config, hostname: str, root_pid: int,

@@ -49,16 +49,16 @@ from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reapers import platform_reaper
 from gpuguard.remediator.reap.settlement import final_decision, told
 from gpuguard.remediator.reap.skeleton import INTERRUPTED, Interrupted
-from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.state.audit import (
     AuditLog,
     UnsafePathError,

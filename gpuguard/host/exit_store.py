@@ -39,10 +39,6 @@ class Exit:
     parent_pid: int | None  # its parent (parent_tgid); None: reaped before the event was made
     at: float
 
-    @property
-    def core_dumped(self) -> bool:
-        return bool(self.exit_code & 0x80)
-
 
 def split_exit_code(code: int) -> tuple[int | None, int | None]:
     """(signal, status) of a wait status: killed when the low 7 bits are set."""

@@ -19,12 +19,12 @@ from gpuguard.launch.events import Options
 from gpuguard.launch.subreaper import collect_zombies
 from gpuguard.orphans.process import ProcInfo, live_children, walk_members
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Mode, Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import member_of, protected_pids
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediator.settings import Mode, Remediate, UserFilter
 
 #: A tree that grows faster than it can be frozen this long is left (and reported).
 REAP_DEADLINE_SECONDS = 30.0

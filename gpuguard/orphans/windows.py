@@ -130,11 +130,6 @@ def as_proc_info(proc: WinProc) -> WinProcInfo:
         start_time=proc.create_time, state="R", uid=-1, comm=display_name(proc), proc=proc)
 
 
-def windows_user(info: ProcInfo) -> str | None:
-    """The account of a Windows process (None: not one, or AccessDenied kept it)."""
-    return info.proc.username if isinstance(info, WinProcInfo) else None
-
-
 # -- the walk -----------------------------------------------------------------------------
 
 #: How a chain's walk ended (`_Walk.end`).

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gpuguard.compat import StrEnum
 from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.remediate_settings import Remediate, UserFilter, uid_rule
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
@@ -21,7 +22,6 @@ from gpuguard.remediator.intake.alerts import (
     Alert,
     asks_for_remediation,
 )
-from gpuguard.remediator.settings import Remediate, UserFilter, uid_rule
 
 
 class Action(StrEnum):
@@ -204,11 +204,6 @@ def user_refusal(uid: int | None, user: str | None,
     if uid in allow_uids or any(fnmatch.fnmatchcase(user, p) for p in allow_names):
         return None
     return "user-denied", f"{who} is not allowed by remediate.users.allow"
-
-
-def user_allowed(user: str | None, users: UserFilter, uid: int | None = None) -> bool:
-    """user_refusal() as a yes or no."""
-    return user_refusal(uid, user, users) is None
 
 
 def rate_budget(state: PolicyState) -> RateBudget:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from gpuguard.compat import StrEnum
+from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.remediator.intake import bounded_http
 from gpuguard.remediator.intake.alerts import (
     MAX_ALERTS,
@@ -30,13 +31,13 @@ from gpuguard.remediator.intake.alerts import (
     AlertStatus,
     asks_for_remediation,
 )
+from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.intake.polling import (
     PollResult,
     PollStats,
     peer_order,
     retry_after_seconds,
 )
-from gpuguard.remediator.settings import AlertmanagerConfig
 from gpuguard.validation import (
     JSON_TYPES,
     At,
@@ -49,16 +50,6 @@ from gpuguard.validation import (
 )
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")
-
-
-class ConfirmationState(StrEnum):
-    """Alertmanager's view of one tree's alert (`Confirmation.state`)."""
-
-    FIRING = "firing"
-    SILENCED = "silenced"
-    INHIBITED = "inhibited"
-    NOT_FIRING = "not-firing"
-    UNREACHABLE = "unreachable"
 
 
 class RequestResult(StrEnum):
@@ -100,39 +91,6 @@ class SkipReason(StrEnum):
 
 T = TypeVar("T")
 TokenSource = Callable[[], "bytes | None"]
-
-
-@dataclass(frozen=True)
-class Confirmation:
-    """Alertmanager's view of one tree's alert, as an audit line can state it.
-
-    `silence_creators` holds the `createdBy` of each silence in `silenced_by` that
-    could be fetched (deduplicated, in order); a failed lookup leaves the state
-    "silenced" and says so in `detail`. `url` is the peer that answered (None when
-    none did).
-    """
-
-    state: ConfirmationState
-    detail: str
-    silenced_by: tuple[str, ...] = ()
-    silence_creators: tuple[str, ...] = ()
-    inhibited_by: tuple[str, ...] = ()
-    url: str | None = None
-
-    @property
-    def firing(self) -> bool:
-        """True only for an active, unsilenced, uninhibited alert: the one case to act on."""
-        return self.state == ConfirmationState.FIRING
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "detail": self.detail,
-            "silenced_by": list(self.silenced_by),
-            "silence_creators": list(self.silence_creators),
-            "inhibited_by": list(self.inhibited_by),
-            "url": self.url,
-        }
 
 
 class _Failure(Exception):
@@ -432,22 +390,17 @@ class AlertmanagerClient:
         return Confirmation(ConfirmationState.NOT_FIRING, "no matching unresolved alert",
                             url=base)
 
-    def active_alerts(self, *, hostname: str,
-                      alertnames: Iterable[str]) -> list[dict[str, Any]] | None:
-        """`poll(...).alerts`: the alerts, or None when no peer answered well."""
-        return self.poll(hostname=hostname, alertnames=alertnames).alerts
-
     def poll(self, *, hostname: str, alertnames: Iterable[str]) -> PollAnswer:
         """This host's active, unsilenced, uninhibited remediate="true" alerts named in
         `alertnames`, at most MAX_PULL_ALERTS; counted and timed in `polls`.
 
         Shaped like the alerts of a webhook notification (status "firing", endsAt the
-        zero time as Alertmanager sends while firing) so gpuguard.remediator.intake.alerts parses both
-        the same way. `alerts` is None when no peer answered well: "no alerts" and "could
-        not ask" must stay different answers. An alert that is malformed or not for us
-        is left out and counted (skip_counts), never the whole answer. Peers are tried
-        in this host's order (polling.peer_order) until one answers, each exchange
-        within timeout_seconds.
+        zero time as Alertmanager sends while firing) so gpuguard.remediator.intake.alerts
+        parses both the same way. `alerts` is None when no peer answered well: "no
+        alerts" and "could not ask" must stay different answers. An alert that is
+        malformed or not for us is left out and counted (skip_counts), never the whole
+        answer. Peers are tried in this host's order (polling.peer_order) until one
+        answers, each exchange within timeout_seconds.
         """
         names = frozenset(alertnames)
         params = [("active", "true"), ("silenced", "false"), ("inhibited", "false"),

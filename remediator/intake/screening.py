@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.compat import StrEnum
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.intake.alerts import Notification
 from gpuguard.remediator.metrics import RejectCause
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
 

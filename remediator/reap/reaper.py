@@ -17,6 +17,7 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.freezing import Freezer
 from gpuguard.remediator.reap.killing import Killer
@@ -46,7 +47,6 @@ from gpuguard.remediator.reap.signalling import (
     Signaller,
 )
 from gpuguard.remediator.reap.skeleton import NO_PIDFD, Interrupted, ReaperCore
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.audit import Phase
 from gpuguard.remediator.state.recovery import thaw_interrupted
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian

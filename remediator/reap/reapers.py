@@ -14,11 +14,11 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Confirm, Holding, Journal
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 
 

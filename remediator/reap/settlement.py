@@ -7,7 +7,7 @@ import dataclasses
 
 from gpuguard.remediator.decision.policy import Action, Decision
 from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 
 #: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);

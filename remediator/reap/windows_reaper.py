@@ -45,6 +45,7 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
 from gpuguard.remediator.decision.tree import LiveTree, Member
@@ -68,7 +69,6 @@ from gpuguard.remediator.reap.windows_control import (
     WinRun,
     WinTarget,
 )
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.audit import Phase
 
 log = logging.getLogger("gpuguard.remediator.reaper")

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuguard.remediator.decision.policy import Decision
 from gpuguard.remediator.decision.tree import LiveTree
-from gpuguard.remediator.intake.alertmanager import Confirmation
+from gpuguard.remediator.intake.confirmation import Confirmation
 from gpuguard.remediator.reap.outcome import ReapResult
 from gpuguard.remediator.state.audit import AuditLog, audit_record
 from gpuguard.remediator.state.pending import PendingItem

@@ -10,10 +10,10 @@ from collections.abc import Iterable
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
 from gpuguard.remediator.reap.reap_run import NoPidfd, ReapRun
 from gpuguard.remediator.reap.signalling import Signaller
-from gpuguard.remediator.settings import Remediate
 
 
 def thaw_interrupted(signaller: Signaller, counters: Counters,

@@ -11,13 +11,13 @@ import threading
 from dataclasses import dataclass, field
 
 from gpuguard.config import Config
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import protected_pids
 from gpuguard.remediator.decision.policy import PolicyState, policy_state
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.metrics import RemediatorMetrics
-from gpuguard.remediator.settings import Remediate
 from gpuguard.remediator.state.ledger import Ledger
 
 

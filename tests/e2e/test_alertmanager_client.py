@@ -21,15 +21,14 @@ from typing import Any
 import pytest
 import requests
 
+from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.remediator.intake.alertmanager import (
     AlertmanagerClient,
-    Confirmation,
-    ConfirmationState,
     matcher,
 )
 from gpuguard.remediator.intake.alerts import parse_notification
+from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.intake.polling import peer_order
-from gpuguard.remediator.settings import AlertmanagerConfig
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
 
@@ -191,7 +190,7 @@ def test_all_peers_dead_is_unreachable() -> None:
     assert got.state == ConfirmationState.UNREACHABLE and got.url is None and not got.firing
     assert first in got.detail and second in got.detail
     assert c.request_counts()["error"] == 2
-    assert c.active_alerts(hostname="host-any", alertnames=[ORPHAN]) is None
+    assert c.poll(hostname="host-any", alertnames=[ORPHAN]).alerts is None
 
 
 def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
@@ -205,7 +204,7 @@ def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
     fire(am, silenced)
     silence(am, silenced, created_by="carol", comment="keep")
     c = client(am.url)
-    got = c.active_alerts(hostname=host, alertnames=[ORPHAN, "GPUOrphanTreeOld"])
+    got = c.poll(hostname=host, alertnames=[ORPHAN, "GPUOrphanTreeOld"]).alerts
     assert got is not None
     assert [a["labels"] for a in got] == [{**mine, "remediate": "true"}]
     alert = got[0]
@@ -217,7 +216,7 @@ def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
     parsed = parse_notification({"version": "4", "alerts": got}).alerts[0]
     assert parsed.status == "firing" and parsed.ends_at is None
     assert parsed.starts_at is not None and abs(parsed.starts_at - time.time()) < 120
-    assert c.active_alerts(hostname="host-without-alerts", alertnames=[ORPHAN]) == []
+    assert c.poll(hostname="host-without-alerts", alertnames=[ORPHAN]).alerts == []
 
 
 # -- fakes for what the real binary cannot produce -----------------------------------
@@ -315,7 +314,7 @@ def test_bad_answers_are_unreachable(fake: Callable[[Route], FakeAlertmanager], 
     assert c.request_counts()[result] == 1 and sum(c.request_counts().values()) == 1
     one_bad_alert = problem.startswith(("labels:", "silencedBy:"))
     # Pull mode skips one bad alert (counted), not the whole answer (tests/live/test_pull_bounds).
-    assert c.active_alerts(hostname="h", alertnames=[ORPHAN]) == ([] if one_bad_alert else None)
+    assert c.poll(hostname="h", alertnames=[ORPHAN]).alerts == ([] if one_bad_alert else None)
     assert c.skip_counts()["malformed"] == (1 if one_bad_alert else 0)
     assert len(server.requests) == 2  # the redirect was not followed
 

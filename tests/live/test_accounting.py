@@ -18,21 +18,23 @@ import time
 
 import pytest
 
-from gpuguard.exporter.accounting import (
+from gpuguard.accounting_settings import (
     DEFAULT_SUSPECT_NAMES,
     DEFAULT_SUSPECT_PATTERNS,
     WHY_CMDLINE,
     WHY_COMM,
     WHY_UTILIZATION,
     Audit,
-    HolderFacts,
     Quotas,
     SizeError,
     SustainedUtilization,
-    account,
-    balance,
     parse_size,
     program_names,
+)
+from gpuguard.exporter.accounting import (
+    HolderFacts,
+    account,
+    balance,
     resolve_quota,
     track_hot,
 )
@@ -452,7 +454,8 @@ def test_a_pattern_suspect_is_listed_once_even_when_also_busy() -> None:
     assert [(s.pid, s.why) for s in acc.suspects] == [(8, WHY_COMM)]
 
 
-@pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py"])
+@pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py",
+                                  "gpuguard/accounting_settings.py"])
 def test_accounting_modules_do_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" for line, module, _ in imports(REPO / pure,
                                                                      with_typing_only=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.remediator.intake.alertmanager import ConfirmationState
+from gpuguard.remediator.intake.confirmation import ConfirmationState
 from tests.e2e.test_alertmanager_client import api_alert, client, confirm, tree
 from tests.support.certs import Certs, make_certs
 from tests.support.fakenvml import FakeGpuWorld

@@ -29,7 +29,7 @@ from gpuguard.host.registrar import start_registrar
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.settings import Remediate
+from gpuguard.remediate_settings import Remediate
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import SMALL_EXIT_STORE, Trees, exit_burst, stat_fields, wait_for

@@ -118,7 +118,7 @@ def test_skips_are_a_metric_with_every_reason(harness: Callable[..., Harness],
     server = fake(answer(200, [api_alert(tree(HOST))]))  # no remediate label
     h = harness(alertmanager={"url": server.url})
     assert h.service.alertmanager is not None
-    assert h.service.alertmanager.active_alerts(hostname=HOST, alertnames=[ORPHAN]) == []
+    assert h.service.alertmanager.poll(hostname=HOST, alertnames=[ORPHAN]).alerts == []
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert 'gpuguard_remediator_pull_alerts_skipped_total{why="not-remediate"} 1.0' in metrics
     for why in tuple(SkipReason):  # a fixed label set, present before anything is skipped

@@ -27,12 +27,12 @@ import yaml
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediator.settings import Remediate, UserFilter
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for
 from tests.support.remediator_harness import (

@@ -16,13 +16,13 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree, member_of
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import KillPath, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Journal
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediator.settings import Remediate, UserFilter
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, live_threads, stat_fields, wait_for, zombie_leader
 from tests.support.remediator_harness import GIB, HOST, STUBBORN, Orphan, spawn_orphan

@@ -25,13 +25,13 @@ from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide, user_refusal
 from gpuguard.remediator.decision.tree import LiveTree, TreeKey
 from gpuguard.remediator.intake.alerts import Alert, parse_notification
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediator.settings import Remediate, UserFilter
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, environment_in_place, stat_fields, wait_for

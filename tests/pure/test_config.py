@@ -8,7 +8,7 @@ import pytest
 
 from gpuguard.config import load_config, parse_config
 from gpuguard.orphans.rules_config import DEFAULT_PROTECT
-from gpuguard.remediator.settings import AlertmanagerConfig
+from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.validation import ConfigError
 
 FULL = """

@@ -5,7 +5,8 @@
   `if TYPE_CHECKING:` (a module's types live at or below it).
 - The pure core imports nothing that does I/O: the classifier (gpuguard/orphans/) from an
   explicit allow-list, the kill policy (remediator/decision/policy.py) from a deny-list.
-- Nothing in exporter/ imports remediator/: the exporter ships and runs alone.
+- Nothing in exporter/ imports remediator/: the exporter ships and runs alone; and no
+  module the daemons import imports either of them back (the config sections are shared).
 - No function over 80 lines, no class over 300, no module over 600.
 - One import name per module: exporter/ and remediator/ import only as gpuguard.X.
 """
@@ -242,6 +243,34 @@ def test_nothing_in_exporter_imports_remediator() -> None:
     assert bad == [], "the exporter must not import the remediator:\n" + "\n".join(bad)
 
 
+DAEMONS = frozenset({"gpuguard.exporter", "gpuguard.remediator"})
+
+
+def imported_by_the_daemons(graph: dict[str, set[str]]) -> set[str]:
+    """Every module outside exporter/ and remediator/ that one of their modules loads,
+    directly or through other such modules."""
+    found: set[str] = set()
+    stack = [dest for module, dests in graph.items() if under(module, DAEMONS)
+             for dest in dests if not under(dest, DAEMONS)]
+    while stack:
+        module = stack.pop()
+        if module not in found:
+            found.add(module)
+            stack.extend(d for d in graph[module] if not under(d, DAEMONS))
+    return found
+
+
+def test_nothing_the_daemons_import_imports_a_daemon_back() -> None:
+    """A shared module (the config file's reader, its sections) that imported a daemon
+    would tie the daemons together: the exporter would load the remediator's modules."""
+    graph = import_graph()
+    shared = imported_by_the_daemons(graph)
+    assert "gpuguard.config" in shared and "gpuguard.validation" in shared
+    bad = sorted(f"{module} -> {dest}" for module in shared for dest in graph[module]
+                 if under(dest, DAEMONS))
+    assert bad == [], "shared modules import a daemon back:\n" + "\n".join(bad)
+
+
 def orphans_modules() -> dict[str, Path]:
     return {m: p for m, p in MODULES.items() if under(m, {"gpuguard.orphans"})}
 
@@ -259,7 +288,10 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
     assert bad == [], "gpuguard/orphans/ is pure; not allowed:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy"])
+#: Pure modules besides the classifier: the kill policy, and the settlement of a reap's
+#: result (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy",
+                                  "gpuguard.remediator.reap.settlement"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
            for module, path in MODULES.items() if under(module, {pure})

@@ -20,17 +20,17 @@ import pytest
 import gpuguard.remediator.decision.policy
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediate_settings import RateLimit, Remediate, UserFilter
 from gpuguard.remediator.decision.policy import (
     Action,
     PolicyState,
     decide,
     rate_budget,
     screen,
-    user_allowed,
+    user_refusal,
 )
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from gpuguard.remediator.settings import RateLimit, Remediate, UserFilter
 from gpuguard.remediator.state.audit import AuditLog
 from gpuguard.remediator.state.ledger import Ledger, LedgerError
 from gpuguard.remediator.state.pending import PendingItem
@@ -206,8 +206,10 @@ def test_root_owned_allowed_only_by_policy_and_users_still_apply() -> None:
 
 def test_user_globs() -> None:
     users = UserFilter(allow=("ml-*", "alice"), deny=("ml-admin*",))
-    assert user_allowed("ml-bob", users) and user_allowed("alice", users)
-    assert not user_allowed("ml-admin1", users) and not user_allowed("carol", users)
+    assert user_refusal(None, "ml-bob", users) is None
+    assert user_refusal(None, "alice", users) is None
+    assert user_refusal(None, "ml-admin1", users) is not None
+    assert user_refusal(None, "carol", users) is not None
 
 
 def test_too_young_defers_until_min_age_counted_locally() -> None:

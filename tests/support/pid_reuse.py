@@ -21,11 +21,11 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediator.settings import Remediate, UserFilter
 from tests.support.proctree import reap_zombie_children
 
 POLICY = Remediate(mode="enforce", term_timeout_seconds=1.0, allow_root_owned=True,

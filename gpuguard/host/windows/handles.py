@@ -83,8 +83,6 @@ def _kernel32() -> Any:
     k32.WaitForSingleObject.argtypes = [handle, dword]
     k32.WaitForMultipleObjects.restype = dword
     k32.WaitForMultipleObjects.argtypes = [dword, ctypes.POINTER(handle), boolean, dword]
-    k32.GetCurrentProcessId.restype = dword
-    k32.GetCurrentProcessId.argtypes = []
     return k32
 
 
@@ -207,12 +205,6 @@ def open_process(pid: int, access: int = REAP_ACCESS) -> ProcessHandle | None:
     if getattr(error, "winerror", None) == ERROR_INVALID_PARAMETER:
         return None
     raise error
-
-
-def current_pid() -> int:
-    """This process's pid, from the kernel (os.getpid() agrees; this is for the ctypes
-    callers that must not mix sources)."""
-    return int(_kernel32().GetCurrentProcessId())
 
 
 def wait_any(handles: Sequence[ProcessHandle], seconds: float) -> int | None:

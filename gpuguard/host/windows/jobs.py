@@ -137,15 +137,6 @@ class JobObject:
         if not _kernel32().AssignProcessToJobObject(self._handle(), process._handle()):
             raise win_error(f"AssignProcessToJobObject({process.pid})")
 
-    def assign(self, pid: int) -> None:
-        """assign_handle() by pid. Only for a pid that cannot be reused meanwhile (a child
-        whose Popen still holds its handle); a reap assigns the handles it verified."""
-        handle = open_process(pid)
-        if handle is None:
-            raise ProcessLookupError(f"no process {pid}")
-        with handle:
-            self.assign_handle(handle)
-
     def pids(self) -> tuple[int, ...]:
         """The pids in the job now (JobObjectBasicProcessIdList)."""
         room = 64

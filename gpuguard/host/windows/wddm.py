@@ -69,11 +69,6 @@ def parse_instance(name: str) -> Instance | None:
                     int(match["phys"]))
 
 
-def format_luid(luid: int) -> str:
-    """A LUID as the counters spell it: `0x00000000_0x0000D1A5`."""
-    return f"0x{luid >> 32:08X}_0x{luid & 0xFFFFFFFF:08X}"
-
-
 @dataclass(frozen=True)
 class WddmUsage:
     """Dedicated GPU memory in bytes per (pid, adapter LUID), as read at one moment."""

@@ -9,9 +9,6 @@ import functools
 import sys
 from typing import Any
 
-#: NTSTATUS values are signed 32-bit; 0 and above is success.
-STATUS_SUCCESS = 0
-
 #: The Windows errors that mean "no such process" when opening one by pid.
 ERROR_INVALID_PARAMETER = 87
 ERROR_ACCESS_DENIED = 5

@@ -22,12 +22,12 @@ from hypothesis.stateful import (
 
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import parse_notification
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.settlement import final_decision
-from gpuguard.remediator.settings import Remediate
 from tests.pure.reap_model import states as model
 from tests.support.remediator_harness import alert, payload
 

@@ -22,12 +22,17 @@ from gpuguard.host.windows.wddm import (
     WddmCounters,
     WddmUsage,
     attribute,
-    format_luid,
     gpu_luids,
     parse_instance,
     usage_of,
 )
 from gpuguard.orphans.process import Holder
+
+
+def format_luid(luid: int) -> str:
+    """A LUID as the counters spell it, `0x00000000_0x0000D1A5`: the names tests give
+    the counter instances (gpuguard itself only parses them)."""
+    return f"0x{luid >> 32:08X}_0x{luid & 0xFFFFFFFF:08X}"
 
 MiB = 2**20
 GPU0, GPU1 = "GPU-aaaa", "GPU-bbbb"
@@ -66,6 +71,8 @@ def test_other_shapes_name_nobody(other: str) -> None:
 
 def test_luids_are_spelled_as_the_counters_spell_them() -> None:
     assert format_luid((1 << 32) | 0xD1A5) == "0x00000001_0x0000D1A5"
+    named = parse_instance(f"pid_7_luid_{format_luid((1 << 32) | 0xD1A5)}_phys_0")
+    assert named is not None and named.luid == (1 << 32) | 0xD1A5
 
 
 def test_usage_sums_per_pid_and_adapter() -> None:

@@ -16,10 +16,10 @@ from gpuguard.orphans.rules_config import (
     WINDOWS_PROTECT,
 )
 from gpuguard.orphans.vocabulary import Reason
+from gpuguard.remediate_settings import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.remediator.decision.policy import Action, PolicyState, decide
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import Alert, parse_notification
-from gpuguard.remediator.settings import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.validation import ConfigError
 from tests.support.remediator_harness import alert, payload
 

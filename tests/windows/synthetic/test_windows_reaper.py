@@ -22,6 +22,7 @@ from gpuguard.host.nvml import GpuSample, NvmlReading
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules
 from gpuguard.orphans.windows import WinProc
+from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.policy import Action, Decision
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.decision.windows_inspection import windows_member, windows_protected_pids
@@ -30,7 +31,6 @@ from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Interrupted
 from gpuguard.remediator.reap.windows_control import RESUME, SUSPEND, TERMINATE
 from gpuguard.remediator.reap.windows_reaper import WindowsReaper
-from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.state.audit import Phase, audit_record
 
 RULES = Rules(protect=WINDOWS_PROTECT, adopters=WINDOWS_ADOPTERS)

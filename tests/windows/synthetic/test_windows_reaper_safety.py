@@ -16,13 +16,13 @@ from collections.abc import Callable
 import pytest
 
 from gpuguard.orphans.windows import WinProc
+from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.policy import Action, Decision, member_refusal
 from gpuguard.remediator.decision.tree import LiveTree
 from gpuguard.remediator.decision.windows_inspection import root_owned_sid, windows_member
 from gpuguard.remediator.reap.outcome import Outcome, SignalResult
 from gpuguard.remediator.reap.windows_control import RESUME, SUSPEND
 from gpuguard.remediator.reap.windows_reaper import WindowsReaper
-from gpuguard.remediator.settings import Mode, Remediate
 from gpuguard.remediator.state.audit import audit_record
 from tests.windows.synthetic.test_windows_reaper import (
     CHILD,

@@ -41,7 +41,6 @@ from gpuguard.orphans.windows import (
     encode_create_time,
     judge_windows_member,
     windows_members,
-    windows_user,
 )
 
 RULES = default_rules(windows=True)
@@ -295,7 +294,7 @@ def test_session_0_is_judged_like_any_session() -> None:
     tree = one(tab, 2000)
     check(tree, Verdict.ORPHAN, "parent-gone", 2000, Rule.ADOPTION)
     assert tree.root is not None and tree.root.sid == 0
-    assert windows_user(tree.root) == SYSTEM
+    assert isinstance(tree.root, WinProcInfo) and tree.root.proc.username == SYSTEM
 
 
 def test_an_unreadable_system_holder_under_a_dead_parent_is_unknown() -> None:
