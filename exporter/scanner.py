@@ -35,7 +35,7 @@ from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
-from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.orphans.vocabulary import Reason, Verdict
 from gpuguard.orphans.windows import WinProcInfo, classify_windows
 from gpuguard.periodic import Periodic
 
@@ -263,7 +263,8 @@ class Scanner:
         try:
             trees = self._classify(reading, rules)
             for tree in trees:
-                if tree.verdict == Verdict.UNKNOWN and tree.reason in ("not-visible", "unreadable"):
+                unseen = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
+                if tree.verdict == Verdict.UNKNOWN and unseen:
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
             seen: set[tuple[int, int]] = set()
             for tree in trees:

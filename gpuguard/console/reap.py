@@ -27,7 +27,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gpuguard.compat import StrEnum
 from gpuguard.config import Config
 from gpuguard.console.alert_state import alert_line, alert_state
 from gpuguard.console.config_file import load
@@ -52,6 +51,7 @@ from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
@@ -181,15 +181,6 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
     return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
 
 
-class ManualReason(StrEnum):
-    """The reasons only the manual path gives (the others are the remediator's)."""
-
-    AUDIT_UNSAFE = "audit-unsafe"
-    SILENCED = "silenced"
-    ALERTMANAGER_UNREACHABLE = "alertmanager-unreachable"
-    FORCED = "forced"  # --force over a tree the classifier gave no reason for
-
-
 def operator() -> str:
     """Who asked: the sudo caller when there is one, else the login name."""
     return os.environ.get("SUDO_USER") or getpass.getuser()
@@ -286,8 +277,8 @@ class ManualReap:
         if alert is None or self.args.force or alert["state"] not in (
                 ConfirmationState.SILENCED, ConfirmationState.UNREACHABLE):
             return None
-        reason = (ManualReason.SILENCED if alert["state"] == ConfirmationState.SILENCED
-                  else ManualReason.ALERTMANAGER_UNREACHABLE)
+        reason = (DecisionReason.SILENCED if alert["state"] == ConfirmationState.SILENCED
+                  else DecisionReason.ALERTMANAGER_UNREACHABLE)
         return reason, f"{alert_line(alert)}; pass --force to reap it anyway"
 
     def run(self) -> None:
@@ -332,7 +323,7 @@ class ManualReap:
                    else "Dry run only; --apply would reap it."),
                 style="bold red"))
         self.decision = Decision(Action.REAP if args.apply else Action.DRY_RUN,
-                                 live.reason or ManualReason.FORCED,
+                                 live.reason or DecisionReason.FORCED,
                                  f"manual reap by {operator()}"
                                  + (f" (--force over verdict {live.verdict})"
                                     if live.verdict != Verdict.ORPHAN else ""), key)
@@ -355,7 +346,7 @@ class ManualReap:
         refused = refusal(self.key, self.live, self.args.force, self.config.remediate,
                           named_by=self.named_by, hints=self.hints)
         if refused is None and self.args.apply and self.unsafe is not None:
-            refused = Decision(Action.IGNORE, ManualReason.AUDIT_UNSAFE,
+            refused = Decision(Action.IGNORE, DecisionReason.AUDIT_UNSAFE,
                                f"{self.unsafe}: no audit record is written there, so nothing "
                                "is signalled; run this as the directory's owner (the "
                                "remediator's user, with CAP_KILL), or give --config a "

@@ -14,6 +14,7 @@ from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediate_settings import Remediate
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
 from gpuguard.remediator.state.audit import Phase
@@ -59,9 +60,10 @@ def check_wanted(cancelled: Callable[[], bool], deadline: float,
                  now: Callable[[], float]) -> None:
     """Abort unless the reap is still wanted and within its deadline."""
     if cancelled():
-        raise Abort("cancelled", "a resolved alert withdrew the reap before any kill")
+        raise Abort(DecisionReason.CANCELLED, "a resolved alert withdrew the reap before any kill")
     if now() > deadline:
-        raise Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+        raise Abort(DecisionReason.WORKER_TIMEOUT,
+                    "remediate.worker_timeout_seconds ran out before "
                     "any kill")
 
 
@@ -125,7 +127,7 @@ class Run(Generic[T]):
         try:
             self.journal(phase, tuple(t.member for t in targets))
         except Exception as exc:
-            raise Abort("audit-failed", f"could not write the {phase} audit record: "
+            raise Abort(DecisionReason.AUDIT_FAILED, f"could not write the {phase} audit record: "
                         f"{exc}; nothing more is {self.SENT}") from None
 
     def mark(self, targets: list[T], *, held: bool) -> None:
@@ -137,7 +139,8 @@ class Run(Generic[T]):
             self.holding(tuple((t.member.pid, t.member.start_time) for t in targets), held)
         except Exception as exc:
             if held:
-                raise Abort("state-failed", "could not record which members are about to "
+                raise Abort(DecisionReason.STATE_FAILED,
+                            "could not record which members are about to "
                             f"be {self.STOPPED} ({exc}); they are not {self.STOPPED}") from None
             # Still marked: after a crash they would be continued, as a freeze is owed.
             log.warning("could not record that %d member(s) were %s: %s",

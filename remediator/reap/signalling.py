@@ -21,6 +21,7 @@ from gpuguard.orphans.process import (
     still_same,
 )
 from gpuguard.remediator.decision.inspection import member_of
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, NoPidfd, ReapRun, Target
 from gpuguard.remediator.state.thaw_guardian import GuardianError, ThawGuardian
@@ -187,7 +188,8 @@ class Signaller:
             self.guardian.hold(target.member.pid, target.fd)
         except GuardianError as exc:
             target.stopped = previous
-            raise Abort("guardian-failed", f"{exc}; {target.member.pid} was not stopped: a "
+            raise Abort(DecisionReason.GUARDIAN_FAILED,
+                        f"{exc}; {target.member.pid} was not stopped: a "
                         "freeze nothing would continue if this process died") from None
 
     def thaw(self, run: ReapRun) -> None:

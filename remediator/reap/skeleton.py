@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.remediator.decision.inspection import HolderSource
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, Confirm, Run
@@ -19,7 +20,7 @@ from gpuguard.remediator.reap.reap_run import Abort, Confirm, Run
 log = logging.getLogger("gpuguard.remediator.reaper")
 
 #: The reason of a reap that an Interrupted (a signal to `gpuguard reap --apply`) ended.
-INTERRUPTED = "interrupted"
+INTERRUPTED = DecisionReason.INTERRUPTED
 
 
 class Interrupted(BaseException):
@@ -36,7 +37,7 @@ class Interrupted(BaseException):
 
 #: The reason a reap gets when the kernel has no pidfd_open and the policy wants one:
 #: refused before any kill path was chosen.
-NO_PIDFD = "no-pidfd"
+NO_PIDFD = DecisionReason.NO_PIDFD
 
 
 class ReaperCore:

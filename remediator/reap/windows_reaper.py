@@ -48,6 +48,7 @@ from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_pare
 from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.decision.windows_inspection import windows_member
 from gpuguard.remediator.reap.outcome import (
@@ -256,7 +257,8 @@ class WindowsReaper(ReaperCore):
             if not self._collect(run, suspend=True):
                 return
             if self._monotonic() > deadline:
-                raise Abort("worker-timeout", "the tree kept growing while being suspended")
+                raise Abort(DecisionReason.WORKER_TIMEOUT,
+                            "the tree kept growing while being suspended")
             check_wanted(cancelled, deadline, self._monotonic)
 
     def _rejudge(self, run: WinRun) -> None:
@@ -364,7 +366,7 @@ def refused_suspend(run: WinRun) -> None:
     """A suspend Windows refused ends the reap before any terminate."""
     for record in run.signals:
         if record.signal == SUSPEND and record.failed:
-            raise Abort("signal-failed", f"suspending {record.pid} failed "
+            raise Abort(DecisionReason.SIGNAL_FAILED, f"suspending {record.pid} failed "
                         f"({record.error}): the remediator may not act on this tree "
                         "(another user's processes need an administrator); nothing was "
                         "terminated")
