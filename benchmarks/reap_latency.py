@@ -55,7 +55,7 @@ from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reaper import Reaper
-from gpuguard.remediate_settings import Remediate, UserFilter
+from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.remediator.decision.tree import TreeKey
 
 root, start, raise_limit, journal_path = (int(sys.argv[1]), int(sys.argv[2]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpuguard.accounting_settings import (
+from gpuguard.config.accounting import (
     EVERYONE,
     WHY_COMM,
     WHY_UTILIZATION,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.accounting_settings import Audit, Quotas
+from gpuguard.config.accounting import Audit, Quotas
 from gpuguard.exporter.accounting import Accounting, HolderFacts, account
 from gpuguard.exporter.attribution import attribute
 from gpuguard.host.counters import COUNTERS, Counters

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpuguard.config import Config
+from gpuguard.config.remediate import Mode
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediate_settings import Mode
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import HolderSource

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.text import Text
 
 from gpuguard.config import Config
+from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.console.alert_state import alert_line, alert_state
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import (
@@ -48,7 +49,6 @@ from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
 from gpuguard.remediator.decision.reasons import DecisionReason

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuguard.config.remediate import Mode, Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ProcessView
@@ -19,7 +20,6 @@ from gpuguard.launch.events import Options
 from gpuguard.launch.subreaper import collect_zombies
 from gpuguard.orphans.process import ProcInfo, live_children, walk_members
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Mode, Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import member_of, protected_pids
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuguard.compat import StrEnum
+from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
 from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
-from gpuguard.remediate_settings import Mode, Remediate, UserFilter, uid_rule
 from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import (

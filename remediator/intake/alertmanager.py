@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 from gpuguard.compat import StrEnum
-from gpuguard.remediate_settings import AlertmanagerConfig
+from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.remediator.intake import bounded_http
 from gpuguard.remediator.intake.alerts import (
     MAX_ALERTS,

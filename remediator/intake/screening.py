@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.compat import StrEnum
-from gpuguard.remediate_settings import Remediate
+from gpuguard.config.remediate import Remediate
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
 from gpuguard.remediator.decision.reasons import DecisionReason

@@ -13,11 +13,11 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.freezing import Freezer
 from gpuguard.remediator.reap.killing import Killer

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
 from gpuguard.remediator.reap.reap_plan import ReapPlan

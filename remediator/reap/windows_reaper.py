@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
@@ -45,7 +46,6 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
 from gpuguard.remediator.decision.reasons import DecisionReason

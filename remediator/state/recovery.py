@@ -7,10 +7,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
 from gpuguard.remediator.reap.reap_run import NoPidfd, ReapRun
 from gpuguard.remediator.reap.signalling import Signaller

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass, field
 
 from gpuguard.config import Config
-from gpuguard.remediate_settings import Remediate
+from gpuguard.config.remediate import Remediate
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import protected_pids

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from gpuguard.remediate_settings import AlertmanagerConfig
+from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.remediator.intake.alertmanager import (
     AlertmanagerClient,
     matcher,

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from gpuguard.accounting_settings import (
+from gpuguard.config.accounting import (
     DEFAULT_SUSPECT_NAMES,
     DEFAULT_SUSPECT_PATTERNS,
     WHY_CMDLINE,
@@ -455,7 +455,7 @@ def test_a_pattern_suspect_is_listed_once_even_when_also_busy() -> None:
 
 
 @pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py",
-                                  "gpuguard/accounting_settings.py"])
+                                  "gpuguard/config/accounting.py"])
 def test_accounting_modules_do_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" for line, module, _ in imports(REPO / pure,
                                                                      with_typing_only=False)

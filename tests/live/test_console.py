@@ -441,8 +441,8 @@ def test_every_exit_code_is_listed_once_in_the_help() -> None:
 
 
 def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
+    from gpuguard.config.remediate import Remediate
     from gpuguard.console.reap import refusal
-    from gpuguard.remediate_settings import Remediate
     from gpuguard.remediator.decision.policy import verify_live
     from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 

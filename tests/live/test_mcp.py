@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.remediate_settings import Remediate
+from gpuguard.config.remediate import Remediate
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, descendants_of, stat_fields, wait_for

@@ -7,7 +7,7 @@ import os
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard import build
-from gpuguard.accounting_settings import Quotas
+from gpuguard.config.accounting import Quotas
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.host.counters import Counters

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.console.contract import EXIT_REFUSED
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir
@@ -29,7 +30,6 @@ from gpuguard.host.registrar import start_registrar
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediate_settings import Remediate
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import SMALL_EXIT_STORE, Trees, exit_burst, stat_fields, wait_for

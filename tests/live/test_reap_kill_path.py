@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import ReapResult

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree, member_of
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import KillPath, ReapResult

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
+from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide, user_refusal
 from gpuguard.remediator.decision.tree import LiveTree, TreeKey

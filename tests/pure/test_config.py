@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gpuguard.config import load_config, parse_config
+from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.orphans.rules_config import DEFAULT_PROTECT
-from gpuguard.remediate_settings import AlertmanagerConfig
 from gpuguard.validation import ConfigError
 
 FULL = """

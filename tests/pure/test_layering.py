@@ -7,7 +7,9 @@
   explicit allow-list, the kill policy (remediator/decision/policy.py) from a deny-list.
 - Nothing in exporter/ imports remediator/: the exporter ships and runs alone; and no
   module the daemons import imports either of them back (the config sections are shared).
-- No function over 80 lines, no class over 300, no module over 600.
+- Sizes: past the wall (WALL_LINES) a test fails; inside the review band (REVIEW_LINES)
+  a warning lists the function, class or module for review. No package folder holds
+  more than MAX_FOLDER_MODULES modules.
 - One import name per module: exporter/ and remediator/ import only as gpuguard.X.
 """
 
@@ -17,6 +19,7 @@ import ast
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,9 +70,15 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "gpuguard.compat": frozenset({"StrEnum"}),
 }
 
-MAX_FUNCTION_LINES = 80
-MAX_CLASS_LINES = 300
-MAX_MODULE_LINES = 600
+#: Sizes in lines, a review signal rather than a wall to press against (CONTRIBUTING.md,
+#: "Size"). Inside the band [REVIEW, WALL) a function, class or module is listed as a
+#: warning (pytest's warnings summary): is it still one concept? Only past WALL, far above
+#: anything today, does the test fail.
+REVIEW_LINES = {"function": 60, "class": 250, "module": 500}
+WALL_LINES = {"function": 120, "class": 450, "module": 900}
+#: Modules per package folder (besides __init__ and __main__): a folder past this is
+#: several jobs in one room; give each its sub-package.
+MAX_FOLDER_MODULES = 15
 
 
 def package_modules() -> dict[str, Path]:
@@ -301,27 +310,63 @@ def test_pure_modules_import_no_io(pure: str) -> None:
     assert bad == [], f"{pure} must not do I/O; it imports:\n" + "\n".join(bad)
 
 
-def oversized() -> list[str]:
-    found = []
-    for module, path in sorted(MODULES.items()):
-        text = path.read_text()
-        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
-            found.append(f"{module}: module of {n} lines")
-        for node in ast.walk(ast.parse(text)):
-            size = (node.end_lineno or node.lineno) - node.lineno + 1 \
-                if isinstance(node, ast.stmt) else 0
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) \
-                    and size > MAX_FUNCTION_LINES:
-                found.append(f"{module}:{node.lineno}: function {node.name} of {size} lines")
-            elif isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
-                found.append(f"{module}:{node.lineno}: class {node.name} of {size} lines")
+class SizeReview(UserWarning):
+    """A function, class or module inside the review band (REVIEW_LINES)."""
+
+
+def sizes(text: str) -> Iterator[tuple[str, str, int, int]]:
+    """(kind, name, first line, lines) for the module itself and each function and class
+    in it, nested ones included, decorators not counted."""
+    yield "module", "", 1, len(text.splitlines())
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            yield kind, node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1
+
+
+def measured(limits: dict[str, int]) -> list[str]:
+    """Every function, class and module of the package at or over its limit in `limits`."""
+    return [f"{module}:{line}: {kind} {name} of {size} lines".replace("  ", " ")
+            for module, path in sorted(MODULES.items())
+            for kind, name, line, size in sizes(path.read_text()) if size >= limits[kind]]
+
+
+def test_sizes_count_each_definition_from_its_first_line_to_its_last(tmp_path: Path) -> None:
+    text = ("@decorated\ndef f():\n    return 1\n\n\nclass C:\n    def m(self):\n"
+            "        pass\n")
+    assert list(sizes(text)) == [("module", "", 1, 8), ("function", "f", 2, 2),
+                                 ("class", "C", 6, 3), ("function", "m", 7, 2)]
+
+
+def test_no_function_class_or_module_past_its_wall() -> None:
+    found = measured(WALL_LINES)
+    assert found == [], f"at or past the wall {WALL_LINES}:\n" + "\n".join(found)
+
+
+def test_what_lies_in_the_review_band_is_listed() -> None:
+    """Not a failure: a list for the reviewer (`pytest -rw` shows it), so that a size is a
+    question about the concept, and the code does not bend to stay under a number."""
+    band = [entry for entry in measured(REVIEW_LINES) if entry not in measured(WALL_LINES)]
+    for entry in band:
+        warnings.warn(SizeReview(f"{entry}: in the review band"), stacklevel=1)
+    assert all(REVIEW_LINES[k] < WALL_LINES[k] for k in REVIEW_LINES)
+
+
+def folder_modules() -> dict[Path, list[str]]:
+    """Each package folder of gpuguard (through its links) and the modules in it, besides
+    __init__ and __main__ (and the build's _version)."""
+    found: dict[Path, list[str]] = {}
+    for path in MODULES.values():
+        if path.stem not in ("__init__", "__main__", "_version"):
+            found.setdefault(path.parent, []).append(path.stem)
     return found
 
 
-def test_no_function_class_or_module_over_its_size() -> None:
-    found = oversized()
-    assert found == [], (f"over {MAX_FUNCTION_LINES} (function), {MAX_CLASS_LINES} (class) "
-                         f"or {MAX_MODULE_LINES} (module) lines:\n" + "\n".join(found))
+def test_no_package_folder_holds_more_than_its_share_of_modules() -> None:
+    crowded = {str(folder.relative_to(REPO)): len(names)
+               for folder, names in folder_modules().items() if len(names) > MAX_FOLDER_MODULES}
+    assert crowded == {}, f"over {MAX_FOLDER_MODULES} modules: split them by job"
+    assert len(folder_modules()[PACKAGE / "remediator"]) >= 5
 
 
 def test_every_own_import_is_under_the_gpuguard_namespace() -> None:

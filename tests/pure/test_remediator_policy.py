@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 import gpuguard.remediator.decision.policy
+from gpuguard.config.remediate import RateLimit, Remediate, UserFilter
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediate_settings import RateLimit, Remediate, UserFilter
 from gpuguard.remediator.decision.policy import (
     Action,
     PolicyState,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpuguard.config.remediate import ORPHAN_REASONS as CONFIG_REASONS
 from gpuguard.orphans.vocabulary import ORPHAN_REASONS, Reason, launcher_gone, reapability
-from gpuguard.remediate_settings import ORPHAN_REASONS as CONFIG_REASONS
 from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
 
 DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions.md"

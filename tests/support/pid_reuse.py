@@ -17,11 +17,11 @@ import signal
 import subprocess
 import time
 
+from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediate_settings import Remediate, UserFilter
 from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.reap_plan import ReapPlan

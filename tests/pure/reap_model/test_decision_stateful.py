@@ -20,9 +20,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from gpuguard.config.remediate import Remediate
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediate_settings import Remediate
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import parse_notification

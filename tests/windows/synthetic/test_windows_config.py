@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuguard.config import Config, parse_config
+from gpuguard.config.remediate import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import (
     DEFAULT_ADOPTERS,
@@ -16,7 +17,6 @@ from gpuguard.orphans.rules_config import (
     WINDOWS_PROTECT,
 )
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediate_settings import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.remediator.decision.policy import Action, PolicyState, decide
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import Alert, parse_notification

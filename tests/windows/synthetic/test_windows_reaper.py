@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.host.nvml import GpuSample, NvmlReading
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules
 from gpuguard.orphans.windows import WinProc
-from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.policy import Action, Decision
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.decision.windows_inspection import windows_member, windows_protected_pids

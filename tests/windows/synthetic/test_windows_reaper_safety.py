@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import pytest
 
+from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.orphans.windows import WinProc
-from gpuguard.remediate_settings import Mode, Remediate
 from gpuguard.remediator.decision.policy import Action, Decision, member_refusal
 from gpuguard.remediator.decision.tree import LiveTree
 from gpuguard.remediator.decision.windows_inspection import root_owned_sid, windows_member

@@ -3,9 +3,9 @@
 Validation is strict because a typo in a kill policy must never be silently
 ignored: unknown keys, wrong types and bad regexes are errors that name the
 file, the key and the problem. Both daemons validate the whole file, so each
-section's schema is a shared module beside this one (classify_settings,
-remediate_settings, accounting_settings), never a daemon's: the exporter reads the
-file without importing the remediator, and neither daemon is imported back from here.
+section's schema is a shared module of this package (classify.py, remediate.py,
+accounting.py for quotas: and audit:), never a daemon's: the exporter reads the file
+without importing the remediator, and neither daemon is imported back from here.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuguard.accounting_settings import Audit, Quotas, parse_audit, parse_quotas
-from gpuguard.classify_settings import parse_classify
+from gpuguard.config.accounting import Audit, Quotas, parse_audit, parse_quotas
+from gpuguard.config.classify import parse_classify
+from gpuguard.config.remediate import Remediate, default_remediate, parse_remediate
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.rules_config import Rules, default_rules
-from gpuguard.remediate_settings import Remediate, default_remediate, parse_remediate
 from gpuguard.validation import CONFIG_FILE, At, ConfigError, mapping, parse_yaml
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from gpuguard.classify_settings import patterns
+from gpuguard.config.classify import patterns
 from gpuguard.host.counters import COUNTERS
 from gpuguard.orphans.rules_config import compile_protect
 from gpuguard.validation import At, mapping, number, string_list
