@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet -c constraints.txt
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint demo bench compat mixin dist clean
+.PHONY: run test lint demo bench compat mixin dist clean smoke
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ compat:
 mixin: $(STAMP)
 	$(PY) -m gpuguard.monitoring_mixin
 	$(PY) deploy/kubernetes/generate.py
+
+# On a host with a real NVIDIA GPU only (never in CI): what the driver answers to each
+# NVML call gpuguard makes, gpuguard's own read, and one scrape of a real exporter.
+smoke: $(RUN_STAMP)
+	$(PY) tests/device/nvml_smoke.py
 
 demo: $(STAMP)
 	$(PY) -m tests.support.demo

@@ -68,6 +68,18 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                      "starts at the default soft limit of 1,024 open files: this code against "
                      "7c2d221 (before issue 43) side by side. Targets: both reaped, 10 in < 1 s, "
                      "1,100 in < 10 s (before: 1,100 refused, member-unknown)."),
+    "unlisted_cost": (120.0,
+                      "The search for GPU holders NVML does not list: scan time and /proc "
+                      "listings with every byte accounted for and with 2 GiB unattributed, at "
+                      "0 and 5,000 unrelated processes, side by side. Targets: nothing "
+                      "unattributed costs 0 search reads and scan time within 1.25x of 0 "
+                      "unrelated; the search adds at most its 50 ms budget (+10 ms) a scan."),
+    "nvitop_footprint": (420.0,
+                         "gpuguard-exporter beside nvitop-exporter (installed from the "
+                         "registry into .venv-nvitop/, skipped where it cannot be) over the "
+                         "same 4 fake GPUs, both refreshing every second: scrape time, body "
+                         "size, /proc opens (strace), RSS and threads as ratios. Target: RSS "
+                         "<= nvitop-exporter's."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

@@ -81,6 +81,9 @@ def body(result: Result, tmp: Path) -> None:
     orphan = trees.spawn("sh -c '{holder} --pidfile {dir}/worker & wait' & wait")
     holder = orphan.pid("worker")
     fake.world.add_process(0, holder, GIB)
+    # Busy: every scan's per-process utilization call finds a fresh sample (the two-pass
+    # size protocol), as on a GPU that is computing.
+    fake.world.set_busy(0, holder)
     orphan.kill_launcher()
 
     counters = Counters()

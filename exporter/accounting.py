@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuguard.config.accounting import (
+    DEFAULT_IDLE_AFTER_SECONDS,
     EVERYONE,
     WHY_COMM,
     WHY_UTILIZATION,
     Audit,
+    IdleAccounting,
     Quotas,
     SustainedUtilization,
 )
@@ -71,11 +73,23 @@ class HolderFacts:
         return (self.pid, self.start_time)
 
 
+#: `accounting.idle_after_seconds`' default: an hour without using an SM. A notebook
+#: between cells or a job between epochs is idle for minutes; an hour is memory held for
+#: nothing that someone should hear about.
+
+
+#: (pid, GPU uuid) -> seconds since that holder last used an SM there (None: unknown).
+IdleTimes = Mapping[tuple[int, str], float | None]
+
+
 @dataclass(frozen=True)
 class UserUsage:
     user: str
     used_bytes: int  # every holding of the user's processes on every GPU (unknown ones as 0)
     quota_bytes: int | None  # None: no quota applies
+    #: Of used_bytes, what holders idle for at least accounting.idle_after_seconds hold
+    #: (a holder whose idleness is unknown counts as not idle).
+    idle_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,17 +136,24 @@ class Accounting:
 
 
 def user_usage(holders: Sequence[Holder], facts: Mapping[int, HolderFacts],
-               quotas: Quotas, groups: Callable[[str], Iterable[str]]) -> tuple[UserUsage, ...]:
-    """Per user, the sum over their processes' holdings; holders not in /proc count for
+               quotas: Quotas, groups: Callable[[str], Iterable[str]],
+               idle: IdleTimes | None = None,
+               idle_after: float = DEFAULT_IDLE_AFTER_SECONDS) -> tuple[UserUsage, ...]:
+    """Per user, the sum over their processes' holdings, and the part of it held by
+    holders idle for `idle_after` seconds or more; holders not in /proc count for
     nobody. A holding the driver cannot size counts 0 (the sum is then a lower bound)."""
     totals: dict[str, int] = {}
+    idle_totals: dict[str, int] = {}
     for holder in holders:
         fact = facts.get(holder.pid)
         if fact is None or not fact.user:
             continue
         totals[fact.user] = totals.get(fact.user, 0) + (holder.used_bytes or 0)
+        seconds = (idle or {}).get((holder.pid, holder.gpu_uuid))
+        if seconds is not None and seconds >= idle_after:
+            idle_totals[fact.user] = idle_totals.get(fact.user, 0) + (holder.used_bytes or 0)
     return tuple(UserUsage(user, used, resolve_quota(user, groups, quotas) if
-                           quotas.configured else None)
+                           quotas.configured else None, idle_totals.get(user, 0))
                  for user, used in sorted(totals.items()))
 
 
@@ -225,11 +246,13 @@ def suspects(facts: Mapping[int, HolderFacts], audit: Audit, hot: Mapping[str, H
 def account(gpus: Sequence[GpuSample], holders: Sequence[Holder],
             facts: Mapping[int, HolderFacts], *, quotas: Quotas, audit: Audit,
             groups: Callable[[str], Iterable[str]], hot: Mapping[str, HotGpu],
-            now: float) -> Accounting:
+            now: float, idle: IdleTimes | None = None,
+            settings: IdleAccounting | None = None) -> Accounting:
     """Everything the accounting series say, from one scan's facts."""
+    settings = settings if settings is not None else IdleAccounting()
     hot_now = track_hot(hot, gpus, holders, facts, audit.sustained_utilization, now)
     return Accounting(
-        users=user_usage(holders, facts, quotas, groups),
+        users=user_usage(holders, facts, quotas, groups, idle, settings.idle_after_seconds),
         suspects=suspects(facts, audit, hot_now, gpus, now),
         gpus=balance(gpus, holders),
         attribution={pid: fact.attribution for pid, fact in facts.items()},

@@ -47,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuguard-exporter",
         description="Export GPU gauges and orphaned GPU process trees to Prometheus.",
     )
-    p.add_argument("--config", help="YAML config (its classify:, quotas: and audit: sections "
-                                    "are used here)")
+    p.add_argument("--config", help="YAML config (its classify:, quotas:, audit: and "
+                                    "accounting: sections are used here)")
     add_common(p, program="gpuguard-exporter", default_listen=DEFAULT_LISTEN,
                parse_listen=parse_listen, listen_help="where to serve the metrics",
                web_help="exporter-toolkit web config: TLS, client certificates, bcrypt basic "
@@ -138,8 +138,9 @@ def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> L
 
 def reload_config(args: argparse.Namespace, scanner: Scanner, web: WebConfigSource | None,
                   platform: Platform = PLATFORM) -> Callable[[], None]:
-    """SIGHUP's reload: the config file's classify:, quotas: and audit: sections take
-    effect from the next scan; the web config is re-read. A bad file changes nothing."""
+    """SIGHUP's reload: the config file's classify:, quotas:, audit: and accounting:
+    sections take effect from the next scan; the web config is re-read. A bad file changes
+    nothing."""
 
     def reload() -> None:
         config = load_config(args.config)
@@ -147,7 +148,9 @@ def reload_config(args: argparse.Namespace, scanner: Scanner, web: WebConfigSour
             web.reload()
         if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
             log.info("%s", problem)
-        scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit)
+        scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit,
+                           accounting=config.accounting.idle,
+                           unlisted=config.accounting.unlisted)
 
     return reload
 
@@ -234,7 +237,8 @@ def _scanner(args: argparse.Namespace, config: Config,
         # Windows: psutil's process table and its rules; no kernel process events (it
         # cannot say how a launcher went) and no launcher memory (nothing to remember).
         return None, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
-                                      audit=config.audit, interval=args.scan_interval)
+                                      audit=config.audit, accounting=config.accounting,
+                                      interval=args.scan_interval)
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events: ProcessEvents = platform.process_events()
@@ -242,5 +246,6 @@ def _scanner(args: argparse.Namespace, config: Config,
         os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
         boot=boot_id(), alive=identity_alive)
     return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
-                                    audit=config.audit, interval=args.scan_interval,
+                                    audit=config.audit, accounting=config.accounting,
+                                    interval=args.scan_interval,
                                     view=lambda: ProcessView(events=events, memory=memory))

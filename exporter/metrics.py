@@ -24,6 +24,8 @@ from gpuguard.orphans.vocabulary import Verdict
 
 #: Every per-GPU series, in dcgm-exporter's label names: gpu (the index) and UUID.
 GPU_LABELS = ["gpu", "UUID"]
+#: gpuguard_gpu_info's identity labels, in dcgm-exporter's names and order.
+INFO_LABELS = [*GPU_LABELS, "pci_bus_id", "device", "modelName"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 
 
@@ -75,11 +77,13 @@ class GpuguardCollector(Collector):
                                 value=1 if reading.up else 0)
         if not (self.gpu or self.processes):
             return
-        # dcgm-exporter's label names (UUID, modelName), so series join with its series on
-        # UUID and read alike; modelName is the one camelCase name promtool's lint flags,
-        # and dcgm's spelling wins (docs/metrics.md, Labels).
+        # dcgm-exporter's label names (UUID, pci_bus_id, device, modelName), so series join
+        # with its series on UUID and read alike; modelName is the one camelCase name
+        # promtool's lint flags, and dcgm's spelling wins (docs/metrics.md, Labels). The
+        # labels that only describe a GPU live here alone, not on every gauge as dcgm puts
+        # them: the same series, shorter bodies; join on UUID for them.
         info = GaugeMetricFamily("gpuguard_gpu_info", "One series per GPU with its identity.",
-                                 labels=["gpu", "UUID", "modelName", "driver_version"])
+                                 labels=[*INFO_LABELS, "driver_version"])
         gauges = {
             "memory_total_bytes": GaugeMetricFamily(
                 "gpuguard_gpu_memory_bytes", "Total GPU memory.", labels=GPU_LABELS),
@@ -95,8 +99,8 @@ class GpuguardCollector(Collector):
         }
         for gpu in reading.gpus if self.gpu else ():
             labels = [str(gpu.index), gpu.uuid]
-            info.add_metric([str(gpu.index), gpu.uuid, gpu.name or "",
-                             reading.driver_version or ""], 1)
+            info.add_metric([str(gpu.index), gpu.uuid, gpu.pci_bus_id or "", gpu.device or "",
+                             gpu.name or "", reading.driver_version or ""], 1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
                 if value is not None:  # a field the driver cannot give is absent, not zero
@@ -114,6 +118,21 @@ class GpuguardCollector(Collector):
                 mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
                                holder.used_bytes)
         yield mem
+        idle = GaugeMetricFamily(
+            "gpuguard_gpu_process_idle_seconds",
+            "Seconds since one GPU process last used an SM on one GPU, counted from when "
+            "this exporter first saw it; absent when NVML cannot say (MIG, unsupported).",
+            labels=[*GPU_LABELS, "pid"])
+        for tree in snap.trees:
+            for hv in tree.holder_verdicts:
+                if not hv.chain:
+                    continue
+                value = snap.idle_seconds(hv.holder.pid, hv.chain[0].start_time,
+                                          hv.holder.gpu_uuid)
+                if value is not None:
+                    idle.add_metric([str(hv.holder.gpu_index), hv.holder.gpu_uuid,
+                                     str(hv.holder.pid)], value)
+        yield idle
 
     def _tree_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         pinfo = GaugeMetricFamily(
@@ -128,6 +147,10 @@ class GpuguardCollector(Collector):
                                 labels=TREE_LABELS)
         memory = GaugeMetricFamily("gpuguard_orphan_tree_memory_bytes",
                                    "GPU memory held by an orphan tree.", labels=TREE_LABELS)
+        idle = GaugeMetricFamily("gpuguard_orphan_tree_idle_seconds",
+                                 "Seconds since the least idle holder of an orphan tree last "
+                                 "used an SM; absent when any holder's is unknown.",
+                                 labels=TREE_LABELS)
         procs = GaugeMetricFamily("gpuguard_orphan_tree_processes",
                                   "Processes in an orphan tree (root and descendants).",
                                   labels=TREE_LABELS)
@@ -164,10 +187,13 @@ class GpuguardCollector(Collector):
             age.add_metric(labels, orphan.age_seconds)
             memory.add_metric(labels, tree.gpu_bytes)
             procs.add_metric(labels, orphan.processes)
+            if (seconds := snap.tree_idle_seconds(tree)) is not None:
+                idle.add_metric(labels, seconds)
         if self.processes:
             yield pinfo
         yield age
         yield memory
+        yield idle
         yield procs
         yield GaugeMetricFamily("gpuguard_orphan_trees", "Orphan trees in the last scan.",
                                 value=len(snap.orphans))
@@ -183,8 +209,13 @@ class GpuguardCollector(Collector):
                                   "The quotas: section's GPU memory quota for a user who holds "
                                   "GPU memory (absent when none applies; \"*\" never applies "
                                   "to root).", labels=["user"])
+        idle = GaugeMetricFamily("gpuguard_user_gpu_idle_memory_bytes",
+                                 "Of gpuguard_user_gpu_memory_bytes, what the user's processes "
+                                 "idle (no SM use) for accounting.idle_after_seconds or more "
+                                 "hold.", labels=["user"])
         for usage in acc.users:
             used.add_metric([usage.user], usage.used_bytes)
+            idle.add_metric([usage.user], usage.idle_bytes)
             if usage.quota_bytes is not None:
                 quota.add_metric([usage.user], usage.quota_bytes)
         suspect = GaugeMetricFamily(
@@ -205,9 +236,57 @@ class GpuguardCollector(Collector):
             if gpu.unattributed_bytes is not None:
                 unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
         yield used
+        yield idle
         yield quota
         yield suspect
         yield unattributed
+        yield from self._unlisted_metrics(snap)
+
+    def _unlisted_metrics(self, snap: Snapshot) -> Iterator[Metric]:
+        """Memory NVML puts no live name to: the holders it does not list (found by the
+        search while memory is unattributed), and the pids it lists that /proc lacks."""
+        holder = GaugeMetricFamily(
+            "gpuguard_gpu_unlisted_holder_info",
+            "A process NVML does not list that has a GPU device file open (searched for "
+            "only while a GPU's unattributed memory is above "
+            "accounting.unlisted_threshold_bytes), with the classifier's verdict; gpu and "
+            "UUID empty when the file names no GPU. Never reaped: NVML does not name it.",
+            labels=["pid", "start_time", "comm", "user", "device_file", "verdict", "reason",
+                    *GPU_LABELS])
+        for h in snap.unlisted if self.processes else ():
+            holder.add_metric([str(h.pid), str(h.start_time), h.comm, h.user, h.device_file,
+                               h.verdict, h.reason,
+                               "" if h.gpu_index is None else str(h.gpu_index),
+                               h.gpu_uuid or ""], 1)
+        yield holder
+        count = GaugeMetricFamily(
+            "gpuguard_gpu_unseen_processes",
+            "Processes NVML lists on a GPU that this exporter's /proc does not show: exited "
+            "since, or in another PID namespace.", labels=GPU_LABELS)
+        memory = GaugeMetricFamily(
+            "gpuguard_gpu_unseen_process_memory_bytes",
+            "GPU memory NVML says the processes of gpuguard_gpu_unseen_processes hold.",
+            labels=GPU_LABELS)
+        for gpu in snap.unseen:
+            count.add_metric([str(gpu.index), gpu.uuid], gpu.processes)
+            memory.add_metric([str(gpu.index), gpu.uuid], gpu.memory_bytes)
+        yield count
+        yield memory
+        search = snap.search
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_active",
+            "1 while the search for unlisted holders runs (some GPU's unattributed memory "
+            "is above the threshold), else 0.",
+            value=1 if search is not None and search.active else 0)
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_passes",
+            "Complete passes of the search over the process table since it last started.",
+            value=search.passes if search is not None else 0)
+        yield GaugeMetricFamily(
+            "gpuguard_unlisted_search_unreadable_processes",
+            "Processes whose open files the search could not read (the last pass): a holder "
+            "among them would not be found.",
+            value=search.unreadable if search is not None else 0)
 
     def _counter_metrics(self) -> Iterator[Metric]:
         scans, errors = self.scanner.counts()

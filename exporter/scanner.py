@@ -22,15 +22,31 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.config.accounting import Audit, Quotas
-from gpuguard.exporter.accounting import Accounting, HolderFacts, account
+from gpuguard.config.accounting import (
+    AccountingSection,
+    Audit,
+    IdleAccounting,
+    Quotas,
+    UnlistedSettings,
+)
+from gpuguard.exporter.accounting import Accounting, HolderFacts, account, balance
 from gpuguard.exporter.attribution import attribute
+from gpuguard.exporter.unlisted import (
+    SearchProgress,
+    UnlistedHolder,
+    UnseenOnGpu,
+    search_holders,
+    unattributed_gpus,
+    unseen,
+)
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import USERS, UserNames, label_names
 from gpuguard.orphans.classify import classify
+from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
@@ -77,6 +93,28 @@ class Snapshot:
     #: uid -> user label (a name, or the decimal uid), resolved once by this scan for
     #: every process its series name: a scrape reads them and never asks NSS.
     users: Mapping[int, str] = field(default_factory=dict)
+    #: Each holding's idle clock after this scan, and this scan's time on its clock.
+    idle: IdleBook = field(default_factory=IdleBook)
+    idle_at: float = 0.0
+
+    def idle_seconds(self, pid: int, start_time: int, gpu_uuid: str) -> float | None:
+        """Seconds since this holder last used an SM on that GPU (None: unknown)."""
+        return self.idle.idle_seconds((pid, start_time, gpu_uuid), self.idle_at)
+
+    def tree_idle_seconds(self, tree: Tree) -> float | None:
+        """The least idle of a tree's holders; None when any holder's is unknown."""
+        values = [self.idle_seconds(hv.chain[0].pid, hv.chain[0].start_time,
+                                    hv.holder.gpu_uuid) if hv.chain else None
+                  for hv in tree.holder_verdicts]
+        if not values or any(v is None for v in values):
+            return None
+        return min(v for v in values if v is not None)
+    #: Processes with a GPU device file open that NVML does not list (found only while
+    #: some GPU's unattributed memory is above the threshold), and the search's progress.
+    unlisted: tuple[UnlistedHolder, ...] = ()
+    search: SearchProgress | None = None
+    #: Per GPU, the pids NVML lists that this /proc does not show.
+    unseen: tuple[UnseenOnGpu, ...] = ()
 
     def owner(self, info: ProcInfo) -> str:
         """owner() from this scan's names."""
@@ -175,6 +213,14 @@ def holder_facts(trees: Sequence[Tree], view: ProcSource,
     return facts
 
 
+def holding_sightings(trees: Sequence[Tree], reading: NvmlReading) -> list[UseSighting]:
+    """Each visible holder on each GPU against that GPU's busy pids, for the idle clock."""
+    busy = {gpu.uuid: gpu.busy_pids for gpu in reading.gpus}
+    return sightings_of(((hv.holder.pid, hv.chain[0].start_time if hv.chain else None,
+                          hv.holder.gpu_uuid)
+                         for tree in trees for hv in tree.holder_verdicts), busy)
+
+
 def windows_holder_facts(trees: Sequence[Tree]) -> dict[int, HolderFacts]:
     """holder_facts from the Windows table's rows (no cgroups: no container)."""
     facts: dict[int, HolderFacts] = {}
@@ -186,6 +232,24 @@ def windows_holder_facts(trees: Sequence[Tree]) -> dict[int, HolderFacts]:
             cmdline = " ".join(me.proc.cmdline) if me.proc.readable else None
             facts[me.pid] = HolderFacts(me.pid, me.start_time, owner(me), me.comm, cmdline)
     return facts
+
+
+def unlisted_holders(trees: Sequence[Tree], files: Mapping[int, str],
+                     names: Mapping[int, str]) -> tuple[UnlistedHolder, ...]:
+    """The search's finds (`files`: pid -> the device file it has open) as the classifier
+    judged them, each its own verdict, like gpuguard_gpu_process_info's."""
+    out: dict[int, UnlistedHolder] = {}
+    for tree in trees:
+        for hv in tree.holder_verdicts:
+            me = hv.chain[0] if hv.chain else None
+            if me is None or me.pid in out:
+                continue  # gone since it was found: nothing to report
+            h = hv.holder
+            out[me.pid] = UnlistedHolder(
+                me.pid, me.start_time, owner(me, names), me.comm, files.get(me.pid, ""),
+                h.gpu_index if h.gpu_uuid else None, h.gpu_uuid or None,
+                str(hv.verdict), str(hv.reason))
+    return tuple(out[pid] for pid in sorted(out))
 
 
 class Scanner:
@@ -206,6 +270,9 @@ class Scanner:
         groups: Callable[[str], frozenset[str]] | None = None,
         table: TableSource | None = None,
         users: UserNames | None = None,
+        accounting: IdleAccounting | None = None,
+        unlisted: UnlistedSettings | None = None,
+        search: FdSearch | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): platform_scanner() gives it where the platform has one. `users`
@@ -214,8 +281,11 @@ class Scanner:
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
+        self.accounting = accounting if accounting is not None else IdleAccounting()
         self.groups = groups if groups is not None else GroupCache()
         self.users = users if users is not None else label_names()
+        self.unlisted = unlisted if unlisted is not None else UnlistedSettings()
+        self.search = search if search is not None else FdSearch(counters=counters)
         self.nvml = nvml
         self.counters = counters
         self.table = table
@@ -226,6 +296,7 @@ class Scanner:
         #: (and fire its alert early).
         self._boot_clock = boot_clock
         self._first_seen: dict[tuple[int, int], float] = {}  # boot clock
+        self._idle = IdleBook()  # each holding's idle clock, on the boot clock
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
         self.scans_total = 0
@@ -233,10 +304,16 @@ class Scanner:
         self._loop: Periodic | None = None
         self._settings_lock = threading.Lock()  # one scan sees one config, old or new
 
-    def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit) -> None:
+    def reconfigure(self, *, rules: Rules, quotas: Quotas, audit: Audit,
+                    accounting: IdleAccounting | None = None,
+                    unlisted: UnlistedSettings | None = None) -> None:
         """A reloaded config (SIGHUP): used whole from the next scan on."""
         with self._settings_lock:
             self.rules, self.quotas, self.audit = rules, quotas, audit
+            if accounting is not None:
+                self.accounting = accounting
+            if unlisted is not None:
+                self.unlisted = unlisted
 
     @property
     def latest(self) -> Snapshot | None:
@@ -245,7 +322,8 @@ class Scanner:
     def scan_once(self) -> Snapshot:
         start = time.perf_counter()
         with self._settings_lock:
-            rules, quotas, audit = self.rules, self.quotas, self.audit
+            rules, quotas, audit, unlisted = self.rules, self.quotas, self.audit, self.unlisted
+            settings = self.accounting
         reads_before = self.counters.proc_reads()
         errors: list[tuple[str, str]] = []
         try:
@@ -258,13 +336,16 @@ class Scanner:
         orphans: dict[tuple[int, int], OrphanInfo] = {}
         accounting = Accounting()
         names: dict[int, str] = {}
+        found: list[Tree] = []
+        files: dict[int, str] = {}
+        search: SearchProgress | None = None
         now = self._clock()
         boot_now = self._boot_clock()
         try:
             trees = self._classify(reading, rules)
             for tree in trees:
-                unseen = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
-                if tree.verdict == Verdict.UNKNOWN and unseen:
+                hidden = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
+                if tree.verdict == Verdict.UNKNOWN and hidden:
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
             seen: set[tuple[int, int]] = set()
             for tree in trees:
@@ -275,13 +356,18 @@ class Scanner:
                 age = max(0.0, boot_now - self._first_seen.setdefault(key, boot_now))
                 orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
+            self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now)
             previous = self._latest.accounting.hot if self._latest is not None else {}
-            names = self.users.labels(labelled_uids(trees))
+            found, files, search = self._search_unlisted(reading, unlisted, rules)
+            names = self.users.labels(labelled_uids(trees) + labelled_uids(found))
             facts = (holder_facts(trees, self.view, names) if self.table is None
                      else windows_holder_facts(trees))
+            idle = {(hv.holder.pid, hv.holder.gpu_uuid): self._idle.idle_seconds(
+                        (hv.holder.pid, hv.chain[0].start_time, hv.holder.gpu_uuid), boot_now)
+                    for tree in trees for hv in tree.holder_verdicts if hv.chain}
             accounting = account(reading.gpus, reading.holders, facts,
                                  quotas=quotas, audit=audit, groups=self.groups,
-                                 hot=previous, now=now)
+                                 hot=previous, now=now, idle=idle, settings=settings)
         except Exception as exc:  # a scan bug must not kill the loop; it is counted instead
             log.exception("scan failed")
             errors.append(("scan", f"{type(exc).__name__}: {exc}"))
@@ -295,6 +381,11 @@ class Scanner:
             errors=tuple(errors),
             accounting=accounting,
             users=names,
+            idle=self._idle,
+            idle_at=boot_now,
+            unlisted=unlisted_holders(found, files, names),
+            search=search,
+            unseen=unseen(reading.gpus, trees),
         )
         with self._lock:
             self.scans_total += 1
@@ -309,6 +400,40 @@ class Scanner:
             self.view.begin_scan()
             return classify(reading.holders, self.view, rules)
         return classify_windows(self.table(), reading.holders, rules)
+
+    def _search_unlisted(self, reading: NvmlReading, settings: UnlistedSettings,
+                         rules: Rules) -> tuple[list[Tree], dict[int, str], SearchProgress]:
+        """One bounded step of the search for holders NVML does not list, judged by the
+        classifier like NVML's holders (their trees are kept apart: never an orphan
+        series, never an alert). Only while some GPU's unattributed memory is above the
+        threshold: otherwise the search is forgotten and nothing is read."""
+        wanted = unattributed_gpus(balance(reading.gpus, reading.holders),
+                                   settings.unlisted_threshold_bytes)
+        if not wanted or self.table is not None:  # Windows: no /proc to search
+            self.search.reset()
+            return [], {}, SearchProgress(False, 0, 0, 0, 0, 0)
+        files = device_files(settings.device_files)
+        step = self.search.step(files,
+                                max_processes=settings.unlisted_search_budget_processes,
+                                max_seconds=settings.unlisted_search_budget_milliseconds / 1000,
+                                identify=self._start_time)
+        rdevs = {f.path: f.rdev for f in files}
+        # The node's minor number, as the read's `device` label names it ("nvidiaN").
+        minors = {g.uuid: int(g.device[len("nvidia"):]) for g in reading.gpus if g.device}
+        # A pid reused since it was found names someone else: left out until looked at again.
+        found = {pid: path for pid, path in step.found.items()
+                 if (t := step.started.get(pid)) is not None and t == self._start_time(pid)}
+        holders = search_holders(found, reading.holders, rdevs, reading.gpus, minors)
+        trees = classify(holders, self.view, rules) if holders else []
+        listed = {h.pid for h in reading.holders}
+        return trees, found, SearchProgress(True, step.passes, step.examined, step.unreadable,
+                                     len([p for p in step.found if p not in listed]),
+                                     len(holders))
+
+    def _start_time(self, pid: int) -> int | None:
+        """A pid's start time, from this scan's stat reads (one read a pid a scan)."""
+        info = self.view.stat(pid)
+        return None if info is None else info.start_time
 
     def counts(self) -> tuple[int, dict[str, int]]:
         with self._lock:
@@ -329,7 +454,7 @@ class Scanner:
 
 
 def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit: Audit,
-                     interval: float = 5.0,
+                     accounting: AccountingSection | None = None, interval: float = 5.0,
                      view: Callable[[], ScanSource] | None = None) -> Scanner:
     """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
     table where it has one (Windows: psutil's, judged by the Windows rules), else over
@@ -338,4 +463,6 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
     return Scanner(rules=rules, nvml=platform.nvml(COUNTERS), interval=interval,
                    view=view() if view is not None and platform.process_table is None else None,
                    table=platform.process_table, boot_clock=platform.boot_clock,
-                   groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit)
+                   groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
+                   accounting=accounting.idle if accounting is not None else None,
+                   unlisted=accounting.unlisted if accounting is not None else None)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import functools
 import importlib
 import platform
-import subprocess
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
@@ -54,6 +52,8 @@ def version() -> str:
     built, _ = _built()
     if built is not None:
         return built
+    from importlib import metadata  # a build wrote no version file: rare, and costly to map
+
     try:
         return metadata.version("gpuguard")
     except metadata.PackageNotFoundError:  # run from a checkout, never built or installed
@@ -76,6 +76,8 @@ def revision() -> str:
 
 
 def _git_head(where: Path) -> str | None:
+    import subprocess  # a checkout only
+
     try:
         out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"],
                              capture_output=True, text=True, timeout=5, check=False)

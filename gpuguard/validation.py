@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
+if TYPE_CHECKING:
+    import yaml
 
 T = TypeVar("T")
 S = TypeVar("S", bound=str)
@@ -209,6 +210,8 @@ def _duplicate_key(node: yaml.Node | None, path: str = "",
     that a `<<` merge brings in and the mapping sets again counts as given twice.
     Each node is walked once, so aliases (even to themselves) cost nothing more.
     """
+    import yaml  # only where a file is read (docs/exporter.md, Memory)
+
     visited = set() if visited is None else visited
     if node is None or id(node) in visited:
         return None
@@ -246,6 +249,8 @@ def _duplicate_key(node: yaml.Node | None, path: str = "",
 
 def parse_yaml(text: str, *, source: str) -> Any:
     """YAML text as data; a duplicate key or invalid YAML is a ConfigError naming the line."""
+    import yaml  # a daemon run without a file never maps PyYAML (docs/exporter.md, Memory)
+
     try:
         duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         if duplicate is not None:

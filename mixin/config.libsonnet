@@ -43,6 +43,11 @@
     alertmanagerUnreachableFor: '5m',
 
     userOverQuotaFor: '15m',
+    // GPUIdleHolder: a process holding GPU memory without using an SM for this long (the
+    // exporter's accounting.idle_after_seconds default, so the alert and the idle memory
+    // per user agree), then for this long more.
+    idleHolderThresholdSeconds: 3600,
+    idleHolderFor: '5m',
     suspectProcessFor: '2m',
     // 1 GiB: well above rounding between the driver's used figure and its per-process ones.
     unattributedMemoryThresholdBytes: 1073741824,

@@ -27,6 +27,7 @@ from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
+from gpuguard.remediator.decision.idle_watch import IdleWatch
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
@@ -75,7 +76,10 @@ class Remediator:
         monotonic: Callable[[], float] = time.monotonic,
         guardian: ThawGuardian | None = None,
         audit_unusable: OSError | None = None,
+        idle_nvml: HolderSource | None = None,
     ) -> None:
+        """`idle_nvml`: the idle watch's own NVML reader (default: a new Nvml; it must not
+        be `nvml`, whose reads by the reaper would consume the utilization samples)."""
         self.config = config
         self.audit_unusable = audit_unusable  # why the audit log cannot be used at start
         self.policy = config.remediate
@@ -100,10 +104,16 @@ class Remediator:
         self._trail = AuditTrail(work, audit)
         self.interrupted = InterruptedReaps(work, self._trail, self.reaper)
         self.intake = Intake(work)
+        if idle_nvml is None:
+            from gpuguard.host.nvml import Nvml
+
+            idle_nvml = Nvml(counters=counters)
+        self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.require_idle_seconds,
+                              boot=clocks.boot, counters=counters)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
                              interrupted=self.interrupted, reaper=self.reaper, nvml=nvml,
                              counters=counters, alertmanager=alertmanager, events=events,
-                             launchers=launchers)
+                             launchers=launchers, idle=self.idle)
         self._companions: list[Companion] = []
         self.status = Status(work, worker=self.worker, companions=self._companions,
                              interrupted=self.interrupted, trail=self._trail)
@@ -138,6 +148,7 @@ class Remediator:
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once
         self.worker.start()
+        self.idle.start()
         for companion in self._companions:
             companion.start()
         if self.policy.mode == Mode.ENFORCE:
@@ -164,6 +175,7 @@ class Remediator:
 
     def stop(self, timeout: float = 30.0) -> None:
         self.worker.request_stop()
+        self.idle.stop()
         for companion in self._companions:
             companion.stop()
         if self.events is not None:
@@ -225,8 +237,10 @@ def build_remediator(
     `clock` (wall) dates the audit; `boot_clock` counts ages, windows and due times.
     """
     counters = counters if counters is not None else Counters()
-    if nvml is None:  # Windows': WDDM sizes what NVML lists under WDDM but cannot size
-        nvml = platform.nvml(counters)
+    if nvml is None:  # Windows': WDDM sizes what NVML lists under WDDM but cannot size.
+        # Its reads (inspection, reaper) never ask for utilization: only the idle watch's
+        # own reader does, so no read of this one consumes its samples.
+        nvml = platform.nvml(counters, process_utilization=False)
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)

@@ -18,6 +18,7 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procevents import ProcessEvents
 from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.remediator.decision.decision_log import DecisionSource
+from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, decide
 from gpuguard.remediator.decision.reasons import DecisionReason
@@ -52,8 +53,10 @@ class Worker:
     def __init__(self, work: WorkState, *, trail: AuditTrail, refusals: RefusalMemory,
                  interrupted: InterruptedReaps, reaper: TreeReaper, nvml: HolderSource,
                  counters: Counters, alertmanager: AlertmanagerClient | None,
-                 events: ProcessEvents | None, launchers: LauncherMemory | None) -> None:
+                 events: ProcessEvents | None, launchers: LauncherMemory | None,
+                 idle: IdleWatch | None = None) -> None:
         self._work = work
+        self._idle = idle  # remediate.require_idle_seconds' own watch
         self._trail = trail
         self._refusals = refusals
         self._interrupted = interrupted
@@ -149,11 +152,14 @@ class Worker:
     # -- one item --------------------------------------------------------------------
 
     def _inspect(self, key: TreeKey) -> LiveTree | None:
+        """The live tree; with remediate.require_idle_seconds set, NVML is read through the
+        idle watch (this read is the kill-time observation) and its facts join the tree."""
+        watch = self._idle if self._work.policy.require_idle_seconds > 0 else None
         try:
-            return inspect_tree(key, nvml=self._nvml, rules=self._config.classify,
-                                counters=self._counters,
-                                expected_gpus=self._work.ledger.gpus(key),
-                                events=self._events, memory=self._launchers)
+            return watched_inspection(watch, lambda reading: inspect_tree(
+                key, nvml=self._nvml, rules=self._config.classify, counters=self._counters,
+                expected_gpus=self._work.ledger.gpus(key), events=self._events,
+                memory=self._launchers, reading=reading))
         except Exception as exc:  # unreadable /proc and the like: refuse, never guess
             log.warning("inspecting %s failed: %s: %s", key, type(exc).__name__, exc)
             return None

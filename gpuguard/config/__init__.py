@@ -4,7 +4,7 @@ Validation is strict because a typo in a kill policy must never be silently
 ignored: unknown keys, wrong types and bad regexes are errors that name the
 file, the key and the problem. Both daemons validate the whole file, so each
 section's schema is a shared module of this package (classify.py, remediate.py,
-accounting.py for quotas: and audit:), never a daemon's: the exporter reads the file
+accounting.py for quotas:, audit: and accounting:), never a daemon's: the exporter reads the file
 without importing the remediator, and neither daemon is imported back from here.
 """
 
@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuguard.config.accounting import Audit, Quotas, parse_audit, parse_quotas
+from gpuguard.config.accounting import (
+    AccountingSection,
+    Audit,
+    Quotas,
+    parse_accounting,
+    parse_audit,
+    parse_quotas,
+)
 from gpuguard.config.classify import parse_classify
 from gpuguard.config.remediate import Remediate, default_remediate, parse_remediate
 from gpuguard.host.platform import PLATFORM
@@ -37,6 +44,8 @@ class Config:
     remediate: Remediate = field(default_factory=platform_remediate)
     quotas: Quotas = field(default_factory=Quotas)  # read by the exporter (and `status`)
     audit: Audit = field(default_factory=Audit)  # read by the exporter (and `status`)
+    #: read by the exporter (and `status`, `node-check`): idle memory, unlisted holders
+    accounting: AccountingSection = field(default_factory=AccountingSection)
     source: str = "<defaults>"
 
 
@@ -49,12 +58,13 @@ def parse_config(text: str, *, source: str = "<string>",
     got = mapping(At(CONFIG_FILE, source=source), data, {
         "classify": lambda at, v: parse_classify(at, v, windows=windows),
         "remediate": lambda at, v: parse_remediate(at, v, windows=windows),
-        "quotas": parse_quotas, "audit": parse_audit})
+        "quotas": parse_quotas, "audit": parse_audit, "accounting": parse_accounting})
     return Config(
         classify=got.get("classify", default_rules(windows=windows)),
         remediate=got.get("remediate", default_remediate(windows=windows)),
         quotas=got.get("quotas", Quotas()),
         audit=got.get("audit", Audit()),
+        accounting=got.get("accounting", AccountingSection()),
         source=source,
     )
 

@@ -9,13 +9,12 @@ import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from gpuguard.config.classify import patterns
 from gpuguard.host.counters import COUNTERS
 from gpuguard.orphans.rules_config import compile_protect
-from gpuguard.validation import At, mapping, number, string_list
+from gpuguard.validation import At, integer, mapping, number, string_list
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
 UNITS: dict[str, int] = {
@@ -45,6 +44,17 @@ WHY_UTILIZATION = "sustained-utilization"
 #: The kernel keeps a process's comm to 15 characters (TASK_COMM_LEN 16, with the NUL).
 COMM_LENGTH = 15
 
+#: `accounting.idle_after_seconds`' default: an hour without SM use (GPUIdleHolder's too).
+DEFAULT_IDLE_AFTER_SECONDS = 3600.0
+#: `accounting.unlisted_threshold_bytes`' default: below a CUDA context's few hundred
+#: MiB (the least a real holder holds), above the driver's own rounding.
+DEFAULT_THRESHOLD_BYTES = 128 * 2**20
+#: The per-GPU nodes: /dev/nvidia0, /dev/nvidia1, ..., not nvidiactl or nvidia-uvm, which
+#: every CUDA process and NVML client (this exporter too) opens whatever GPU it uses.
+DEFAULT_DEVICE_FILES = ("/dev/nvidia[0-9]*",)
+DEFAULT_BUDGET_PROCESSES = 2000
+DEFAULT_BUDGET_MILLISECONDS = 50.0
+
 class SizeError(ValueError):
     """A quota that is not a byte count or a number with one of UNITS."""
 
@@ -68,6 +78,8 @@ def parse_size(value: Any) -> int:
     if unit not in UNITS:
         raise SizeError(f"{value!r}: unknown unit {unit!r} (units: {units}; KiB/MiB/GiB/TiB "
                         "are powers of 1024, KB/MB/GB/TB powers of 1000)")
+    from decimal import Decimal, InvalidOperation  # only where quotas are configured
+
     try:
         exact = Decimal(match.group("number")) * UNITS[unit]
     except InvalidOperation:  # pragma: no cover - the regex admits only decimals
@@ -227,3 +239,62 @@ def parse_audit(at: At, value: Any) -> Audit:
         "suspect_patterns": patterns,
         "sustained_utilization": _sustained,
     }))
+
+
+@dataclass(frozen=True)
+class IdleAccounting:
+    """`accounting:`'s idle threshold: when a holder's memory counts as idle."""
+
+    idle_after_seconds: float = DEFAULT_IDLE_AFTER_SECONDS
+
+
+@dataclass(frozen=True)
+class UnlistedSettings:
+    """`accounting:`'s search: when to look for holders NVML does not list, where, and
+    how much one scan may spend looking."""
+
+    unlisted_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
+    device_files: tuple[str, ...] = DEFAULT_DEVICE_FILES
+    unlisted_search_budget_processes: int = DEFAULT_BUDGET_PROCESSES
+    unlisted_search_budget_milliseconds: float = DEFAULT_BUDGET_MILLISECONDS
+
+
+@dataclass(frozen=True)
+class AccountingSection:
+    """`accounting:`: the idle threshold and the unlisted-holder search (one section,
+    two consumers)."""
+
+    idle: IdleAccounting = field(default_factory=IdleAccounting)
+    unlisted: UnlistedSettings = field(default_factory=UnlistedSettings)
+
+
+def _size(at: At, value: Any) -> int:
+    try:
+        return parse_size(value)
+    except SizeError as exc:
+        raise at.error(str(exc)) from None
+
+
+def _globs(at: At, value: Any) -> tuple[str, ...]:
+    """Absolute glob patterns: a relative one would depend on the daemon's directory."""
+    globs = string_list(at, value)
+    for i, pattern in enumerate(globs):
+        if not pattern.startswith("/"):
+            raise at.item(i).error(f"{pattern!r} is not an absolute path pattern")
+    return globs
+
+
+_IDLE_KEYS = frozenset({"idle_after_seconds"})
+
+
+def parse_accounting(at: At, value: Any) -> AccountingSection:
+    got = mapping(at, value, {
+        "idle_after_seconds": lambda at, v: number(at, v, minimum=0),
+        "unlisted_threshold_bytes": _size,
+        "device_files": _globs,
+        "unlisted_search_budget_processes": lambda at, v: integer(at, v, minimum=1),
+        "unlisted_search_budget_milliseconds": lambda at, v: number(at, v, above=0),
+    })
+    return AccountingSection(
+        idle=IdleAccounting(**{k: v for k, v in got.items() if k in _IDLE_KEYS}),
+        unlisted=UnlistedSettings(**{k: v for k, v in got.items() if k not in _IDLE_KEYS}))

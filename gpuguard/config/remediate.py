@@ -93,6 +93,9 @@ class Remediate:
     alerts: tuple[str, ...] = ("GPUOrphanTree",)
     reasons: tuple[Reason, ...] = (Reason.LAUNCHER_KILLED,)
     min_age_seconds: float = 300.0
+    #: Every holder idle (no SM use, as the remediator's own IdleWatch saw) this long, or
+    #: no reap; 0 is off. Off by default: docs/configuration.md says why.
+    require_idle_seconds: float = 0.0
     users: UserFilter = field(default_factory=UserFilter)
     rate_limit: RateLimit = field(default_factory=RateLimit)
     term_timeout_seconds: float = 10.0
@@ -204,6 +207,7 @@ def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
         "alerts": string_list,
         "reasons": lambda at, v: choice_list(at, v, ORPHAN_REASONS),
         "min_age_seconds": number,
+        "require_idle_seconds": lambda at, v: number(at, v, minimum=0),
         "users": _users,
         "rate_limit": _rate_limit,
         "term_timeout_seconds": lambda at, v: number(at, v, minimum=0.1),

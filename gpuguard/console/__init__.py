@@ -1,7 +1,8 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
-Each subcommand (one module each: status, explain, reap, keep, assets, run; checks/config
-and checks/policy; mcp, which serves status, explain and reap as MCP tools: the mcp/ package)
+Each subcommand (one module each: status, explain, reap, keep, assets, run, node_check;
+checks/config and checks/policy; mcp, which serves status, explain and reap as MCP tools:
+the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -26,6 +27,7 @@ from gpuguard.console.contract import (
     EXIT_TABLE,
     EXPLAIN_EPILOG,
     MCP_EPILOG,
+    NODE_CHECK_EPILOG,
     POLICY_EPILOG,
     PROG,
     REAP_EPILOG,
@@ -37,6 +39,7 @@ from gpuguard.console.contract import (
 from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
 from gpuguard.console.mcp.server import cmd_mcp
+from gpuguard.console.node_check import cmd_node_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
@@ -110,7 +113,8 @@ def add_config(sub: Subparsers) -> None:
     p = csub.add_parser("check", help="validate FILE (and a web config) as the daemons would "
                                       "at start, offline: no NVML, no /proc",
                         description="Validate FILE whole, every section the exporter and the "
-                                    "remediator read (classify:, remediate:, quotas:, audit:), "
+                                    "remediator read (classify:, remediate:, quotas:, audit:, "
+                                    "accounting:), "
                                     "and with --web.config.file the web config with its "
                                     "certificates. Reads no NVML and no /proc: any machine "
                                     "can check an edit. Exit 0, or 2 with one line: "
@@ -119,6 +123,22 @@ def add_config(sub: Subparsers) -> None:
     p.add_argument("--web.config.file", "--web-config-file", dest="web_config_file",
                    metavar="FILE", help="the daemons' exporter-toolkit web config, checked too")
     p.set_defaults(func=cmd_config_check)
+
+
+def add_node_check(sub: Subparsers) -> None:
+    p = sub.add_parser("node-check", formatter_class=RAW, epilog=NODE_CHECK_EPILOG,
+                       help="exit 0 when only live, normal trees hold GPU memory, else 1: a "
+                            "gate for a Slurm epilog or node-problem-detector",
+                       description="One scan: is any GPU memory held by anything but processes "
+                                   "of live, normal trees? Fails closed.")
+    add_common(p)
+    p.add_argument("--search-seconds", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="how long the search for holders NVML does not list may take, when "
+                        "memory is unattributed (default: %(default)g)")
+    p.add_argument("--allow-protected", action="store_true",
+                   help="count protected trees (another job's under slurmstepd, a tmux "
+                        "session) as live too: for nodes several jobs share")
+    p.set_defaults(func=cmd_node_check)
 
 
 def add_reap(sub: Subparsers) -> None:
@@ -263,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the version, source revision and Python, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (add_status, add_explain, add_policy, add_config, add_reap, add_keep,
-                add_assets, add_run, add_mcp):
+                add_assets, add_run, add_mcp, add_node_check):
         add(sub)
     return parser
 

@@ -12,6 +12,8 @@ PROG = "gpuguard"
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
+#: node-check: the node is not clean, or could not be shown clean (fails closed).
+EXIT_NOT_CLEAN = 1
 EXIT_USAGE = 2
 EXIT_NVML_DOWN = 3
 EXIT_NO_PROCESS = 4
@@ -31,8 +33,9 @@ START_TIME_WORDS = ("the start time as gpuguard reports it: clock ticks since bo
 #: Exit codes (stable), as `gpuguard --help` lists them.
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "ok: status shown, pid explained, payload checked, config valid, reap done or "
-              "dry-run ok"),
-    (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr)"),
+              "dry-run ok, node clean"),
+    (EXIT_INTERNAL, "unexpected internal error (a bug; traceback on stderr); node-check: not "
+                    "clean, or not shown clean (NVML down included)"),
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
                  "PROBLEM); policy check: the payload file cannot be read; mcp: the MCP SDK "
                  "is not installed"),
@@ -66,6 +69,7 @@ STATUS_SCHEMA = "gpuguard.status/v1"
 EXPLAIN_SCHEMA = "gpuguard.explain/v1"
 POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
+NODE_CHECK_SCHEMA = "gpuguard.node-check/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
 #: (the reaper's own outcomes are gpuguard.remediator.reap.outcome.Outcome).
@@ -87,12 +91,14 @@ STATUS_EPILOG = f"""\
               "evidence": {{"rule", "detail", "pids": [int]}}, "gpu_bytes": int,
               "processes": int|null,
               "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind",
+                           "sm_busy": bool|null, "idle_seconds": float|null,
                            "container_id": str|null, "pod_uid": str|null,
                            "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
                            "user", "comm"}}],
               "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}],
-   "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null}}],
+   "accounting": {{"users": [{{"user", "used_bytes", "quota_bytes": int|null,
+                             "idle_bytes"}}],
      "suspects": [{{"pid", "start_time", "user", "comm",
                    "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
      "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
@@ -104,6 +110,11 @@ STATUS_EPILOG = f"""\
   when a figure is missing. orphan_since is always null: only a
   process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
   how long it has been orphaned. With --watch and --json, one document per line per scan.
+  sm_busy: NVML's per-process samples in this scan show the holder using an SM (null:
+  NVML cannot say, e.g. MIG); idle_seconds: how long it has gone without, counted from
+  this command's first scan (0 on one scan: use --watch, or the exporter's
+  gpuguard_gpu_process_idle_seconds); idle_bytes: what holders idle for
+  accounting.idle_after_seconds hold.
 
 """ + EXIT_TABLE
 
@@ -112,7 +123,8 @@ A pid that holds no GPU memory per NVML (or with NVML down) is explained as if i
 were a holder, and the output says so.
 --json prints {EXPLAIN_SCHEMA}:
   {{"schema", "pid", "start_time", "gpu_holder": bool, "note": str|null,
-   "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind"}}],
+   "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind", "sm_busy": bool|null,
+                 "idle_seconds": float|null}}],
    "nvml": {{"up", "driver_version", "errors"}}, "verdict", "reason", "rule",
    "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
    "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
@@ -120,6 +132,7 @@ were a holder, and the output says so.
    "sessions": [{{"sid", "leader": alive|zombie|gone, "comm"}}],
    "run_launchers": [{{"pid", "start_time", "tier": str|null}}]}}
   run_launchers: the chain's live `gpuguard run` launchers (as in status --json).
+  sm_busy, idle_seconds: as in status --json (one read: idle_seconds is 0 or null).
 
 """ + EXIT_TABLE
 
@@ -163,6 +176,28 @@ writable by no one else, no symlink: `audit-unsafe`).
    "members": [{{"pid", "start_time", "user", "comm"}}],
    "signals": [{{"pid", "signal", "result", "at_ms"}}], "survivors": [int],
    "reclaimed_bytes", "audit_log", "audit_error"}}
+
+""" + EXIT_TABLE
+
+NODE_CHECK_EPILOG = f"""\
+Exit {EXIT_OK} when all GPU memory is held by processes of live trees the classifier calls
+normal (or protected, with --allow-protected); {EXIT_NOT_CLEAN} when anything else remains (an
+orphan, a protected or unknown tree, a
+pid NVML lists that /proc lacks, a holder NVML does not list, unattributed memory above
+accounting.unlisted_threshold_bytes or of unknown size) and when the node cannot be shown
+clean (NVML down or incomplete); {EXIT_USAGE} for a bad config. Never signals anything.
+--json prints {NODE_CHECK_SCHEMA}:
+  {{"schema", "hostname", "taken_at", "clean": bool, "why": [str], "threshold_bytes",
+   "nvml": {{"up", "driver_version", "errors"}},
+   "remaining": {{"trees": [{{"root_pid", "root_start_time", "root_comm", "root_user",
+                             "verdict", "reason", "gpu_bytes", "holders": [...]}}],
+                 "unattributed": [{{"index", "uuid", "unattributed_bytes": int|null,
+                                   "why_unknown": str|null}}],
+                 "unlisted": [{{"pid", "start_time", "user", "comm", "device_file",
+                               "gpu_index", "gpu_uuid", "verdict", "reason"}}],
+                 "unseen": [{{"index", "uuid", "processes", "memory_bytes"}}],
+                 "search": {{"active", "passes", "examined", "unreadable", "found",
+                            "reported"}}|null}}}}
 
 """ + EXIT_TABLE
 

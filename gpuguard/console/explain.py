@@ -10,7 +10,7 @@ from gpuguard.console.alert_state import alert_state
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_OK, EXPLAIN_SCHEMA, Failure
 from gpuguard.console.evidence import launcher_evidence
-from gpuguard.console.json_records import holder_json, member_json, nvml_json
+from gpuguard.console.json_records import holder_json, member_json, nvml_json, use_json
 from gpuguard.console.lineage import chain_roles, process_age
 from gpuguard.console.render import (
     RULE_NAMES,
@@ -123,7 +123,8 @@ def explain_json(ex: Explanation) -> dict[str, Any]:
         "start_time": ex.info.start_time,
         "gpu_holder": bool(ex.holdings),
         "note": ex.note,
-        "holdings": [holder_json(h) for h in ex.holdings],
+        "holdings": [{**holder_json(h), **use_json(h, ex.reading, ex.idle_seconds(h))}
+                     for h in ex.holdings],
         "nvml": nvml_json(ex.reading),
         "verdict": hv.verdict,
         "reason": hv.reason,

@@ -35,6 +35,21 @@ def holder_json(holder: Holder) -> dict[str, Any]:
     }
 
 
+def sm_busy(holder: Holder, reading: NvmlReading) -> bool | None:
+    """Whether NVML's samples in this read show the holder using an SM on that GPU (a
+    first read gets every sample the driver still keeps); None when NVML cannot say."""
+    gpu = next((g for g in reading.gpus if g.uuid == holder.gpu_uuid), None)
+    if gpu is None or gpu.busy_pids is None:
+        return None
+    return holder.pid in gpu.busy_pids
+
+
+def use_json(holder: Holder, reading: NvmlReading, idle_seconds: float | None) -> dict[str, Any]:
+    """The keys status and explain add to a holder: its SM use in this read, and how long
+    it has gone without (counted from this command's first read; None: unknown)."""
+    return {"sm_busy": sm_busy(holder, reading), "idle_seconds": idle_seconds}
+
+
 def nvml_json(reading: NvmlReading) -> dict[str, Any]:
     return {
         "up": reading.up,

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuguard.console.alert_state import alert_line
+from gpuguard.console.json_records import sm_busy
 from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_members
 from gpuguard.console.reports import Explanation, ReapReport
 from gpuguard.exporter.accounting import Accounting
@@ -171,7 +172,7 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("PID", "right"), ("USER", "left"), ("PROCESS", "left"),
                           ("GPU", "right"), ("GPU MEM", "right"), ("VERDICT", "left"),
-                          ("REASON (RULE)", "left"), ("AGE", "right")):
+                          ("REASON (RULE)", "left"), ("AGE", "right"), ("IDLE", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, tree in enumerate(snap.trees):
         if i:
@@ -187,7 +188,7 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
                           ",".join(str(x.gpu_index) for x in rows_unknown),
                           fmt_bytes(sum(x.used_bytes or 0 for x in rows_unknown)),
                           verdict_text(tree.verdict),
-                          f"{tree.reason} ({tree.evidence.rule})", "?")
+                          f"{tree.reason} ({tree.evidence.rule})", "?", "?")
             continue
         for member, depth in rows:
             is_root = member.pid == tree.root_pid
@@ -216,8 +217,21 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
                 verdict_text(tree.verdict) if is_root else Text(""),
                 reason,
                 fmt_age(process_age(member.start_time)),
+                idle_text(snap, member, hs),
             )
     return table
+
+
+def idle_text(snap: Snapshot, member: ProcInfo, holdings: list[Holder]) -> str:
+    """A holder's least idle time over its GPUs ("busy" at 0, "?" unknown); "" for a
+    process that holds nothing. Counted from this command's first scan."""
+    if not holdings:
+        return ""
+    values = [snap.idle_seconds(member.pid, member.start_time, h.gpu_uuid) for h in holdings]
+    if any(v is None for v in values):
+        return "?"
+    least = min(v for v in values if v is not None)
+    return "busy" if any(sm_busy(h, snap.reading) for h in holdings) else fmt_age(least)
 
 
 def status_renderable(snap: Snapshot, hostname: str,
@@ -261,7 +275,10 @@ def status_renderable(snap: Snapshot, hostname: str,
 def explain_renderable(ex: Explanation) -> RenderableType:
     hv = ex.verdict
     info = ex.info
-    held = ", ".join(f"{fmt_bytes(h.used_bytes)} on GPU {h.gpu_index}" for h in ex.holdings)
+    use = {True: "using an SM", False: "no SM use in NVML's samples",
+           None: "SM use unknown"}
+    held = ", ".join(f"{fmt_bytes(h.used_bytes)} on GPU {h.gpu_index} "
+                     f"({use[sm_busy(h, ex.reading)]})" for h in ex.holdings)
     head = Text.assemble(("pid ", "bold"), (str(info.pid), "bold"),
                          f" ({info.comm}, user {owner(info)}, start_time "
                          f"{info.start_time})", f": holds {held}" if held else "")

@@ -40,6 +40,13 @@ class Explanation:
     #: `gpuguard run` launchers in its chain and the tier each holds its tree with.
     run_launchers: list[dict[str, Any]] = field(default_factory=list)
 
+    def idle_seconds(self, holding: Holder) -> float | None:
+        """How long this command has seen the holding without SM use: one read, so 0.0
+        when NVML can say (the exporter's gpuguard_gpu_process_idle_seconds has watched
+        longer), None when it cannot."""
+        gpu = next((g for g in self.reading.gpus if g.uuid == holding.gpu_uuid), None)
+        return None if gpu is None or gpu.busy_pids is None else 0.0
+
 
 @dataclass(frozen=True)
 class ReapReport:

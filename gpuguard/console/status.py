@@ -15,7 +15,13 @@ from gpuguard.console.alert_state import alert_line, orphan_alerts
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NVML_DOWN, EXIT_OK, PROG, STATUS_SCHEMA
 from gpuguard.console.evidence import launcher_evidence
-from gpuguard.console.json_records import gpu_json, holder_json, member_json, nvml_json
+from gpuguard.console.json_records import (
+    gpu_json,
+    holder_json,
+    member_json,
+    nvml_json,
+    use_json,
+)
 from gpuguard.console.lineage import process_age, tree_members
 from gpuguard.console.render import (
     make_console,
@@ -32,12 +38,15 @@ from gpuguard.orphans.process import Holder
 from gpuguard.orphans.verdicts import Tree
 
 
-def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:
-    """A holder with its container, pod and suspicion (keys added to holder_json's)."""
+def holder_accounting_json(holder: Holder, acc: Accounting,
+                           use: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A holder with its container, pod and suspicion, and its SM use (`use`, use_json's
+    keys) (keys added to holder_json's)."""
     where = acc.attribution.get(holder.pid, NO_CONTAINER)
     suspect = acc.suspect_of(holder.pid)
     return {
         **holder_json(holder),
+        **(use or {}),
         "container_id": where.container_id or None,
         "pod_uid": where.pod_uid or None,
         "suspect": None if suspect is None else {"why": suspect.why, "detail": suspect.detail},
@@ -46,8 +55,8 @@ def holder_accounting_json(holder: Holder, acc: Accounting) -> dict[str, Any]:
 
 def accounting_json(acc: Accounting) -> dict[str, Any]:
     return {
-        "users": [{"user": u.user, "used_bytes": u.used_bytes, "quota_bytes": u.quota_bytes}
-                  for u in acc.users],
+        "users": [{"user": u.user, "used_bytes": u.used_bytes, "quota_bytes": u.quota_bytes,
+                   "idle_bytes": u.idle_bytes} for u in acc.users],
         "suspects": [{"pid": s.pid, "start_time": s.start_time, "user": s.user, "comm": s.comm,
                       "why": s.why, "detail": s.detail} for s in acc.suspects],
         "gpus": [{"index": g.index, "uuid": g.uuid, "used_bytes": g.used_bytes,
@@ -78,7 +87,10 @@ def tree_json(tree: Tree, snap: Snapshot, alerts: dict[int, dict[str, Any]] | No
         },
         "gpu_bytes": tree.gpu_bytes,
         "processes": orphan.processes if orphan is not None else None,
-        "holders": [holder_accounting_json(h, snap.accounting) for h in tree.holders],
+        "holders": [holder_accounting_json(hv.holder, snap.accounting, use_json(
+            hv.holder, snap.reading, snap.idle_seconds(hv.holder.pid, hv.chain[0].start_time,
+                                                       hv.holder.gpu_uuid)
+            if hv.chain else None)) for hv in tree.holder_verdicts],
         "members": [member_json(m) for m in tree_members(tree)],
         "alert": alerts.get(tree.root_pid) if alerts else None,
         "run_launchers": launchers_of(tree, marks_dir),
@@ -120,7 +132,7 @@ def new_scanner(config: Config, platform: Platform = PLATFORM) -> Scanner:
         return ProcessView(events=events, memory=memory)
 
     return platform_scanner(platform, rules=config.classify, quotas=config.quotas,
-                            audit=config.audit, view=view)
+                            audit=config.audit, accounting=config.accounting, view=view)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gpuguard.host.counters import Counters
@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 #: Platform names: the keys of every per-platform table above host/.
 LINUX = "linux"
 WINDOWS = "windows"
+
+
+
+class NvmlFactory(Protocol):
+    """This platform's NVML reader, counting on `counters`."""
+
+    def __call__(self, counters: Counters, *, process_utilization: bool = True) -> Nvml: ...
+
 
 #: A process table read in one snapshot per scan (Windows: psutil's).
 TableSource = Callable[[], "Mapping[int, WinProc]"]
@@ -41,8 +49,9 @@ class Platform:
     #: The config's defaults are this platform's (classify patterns and adopters, paths):
     #: passed as `windows=` to the pure config readers, which never ask themselves.
     windows_defaults: bool
-    #: NVML for this platform (Windows: with WDDM's per-process memory), by counters.
-    nvml: Callable[[Counters], Nvml]
+    #: NVML for this platform (Windows: with WDDM's per-process memory), by counters;
+    #: process_utilization=False: a reader that never asks for per-process utilization.
+    nvml: NvmlFactory
     #: The process table a scan and an inspection read; None: /proc (ProcessView).
     process_table: TableSource | None
     #: The clock orphan ages count on (never stepped), and this boot's id.

@@ -26,9 +26,11 @@ CALLSITES: tuple[str, ...] = (
     "proc_children",  # /proc/PID/task/TID/children: descendants of an orphan root
     "proc_task_stat",  # /proc/PID/task/TID/stat: the reaper's check that every thread stopped
     "protect_match",  # protect patterns (RE2) on a comm or command line not matched before
+    "proc_list",  # the /proc listing of the unlisted-holder search (only with memory unattributed)
+    "proc_fd_search",  # /proc/PID/fd listed and its entries stat()ed by that search
     "nvml_init",
     "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name
-    "nvml_processes",  # running compute/graphics processes
+    "nvml_processes",  # running compute/graphics processes; per-process utilization samples
 )
 
 

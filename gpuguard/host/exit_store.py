@@ -1,14 +1,16 @@
 """The process-event listener's memory of exits: a ring bounded by count and by age.
 
-Flat arrays of about 20 bytes a record, allocated up front (65,536 records by default:
-1.3 MiB), so it never grows with uptime.
+Flat arrays of about 20 bytes a record, reserved up front (65,536 records by default:
+1.3 MiB), so it never grows past that with uptime. They are anonymous mappings, whose
+pages the kernel hands out as records first reach them: a quiet host, which sees few
+exits in the retention window, keeps only a few pages of it resident.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 import threading
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +42,11 @@ class Exit:
     at: float
 
 
+def _zeroed(size: int) -> mmap.mmap:
+    """`size` zero bytes that take memory only where written (an anonymous mapping)."""
+    return mmap.mmap(-1, size)
+
+
 def split_exit_code(code: int) -> tuple[int | None, int | None]:
     """(signal, status) of a wait status: killed when the low 7 bits are set."""
     sig = code & 0x7F
@@ -64,10 +71,10 @@ class ExitStore:
         self.retention = retention
         self._clock = clock
         self._lock = threading.Lock()
-        self._pids = bytearray(4 * max_records)  # native i32, searched with rfind
-        self._codes = array("I", [0]) * max_records
-        self._parents = array("i", [0]) * max_records
-        self._at = array("d", [0.0]) * max_records
+        self._pids = _zeroed(4 * max_records)  # native i32, searched with rfind
+        self._codes = memoryview(_zeroed(4 * max_records)).cast("I")
+        self._parents = memoryview(_zeroed(4 * max_records)).cast("i")
+        self._at = memoryview(_zeroed(8 * max_records)).cast("d")
         self._next = 0  # records ever added; record n lives in slot n % max_records
         self._first = 0  # the oldest record still held
         #: Records dropped to make room (count) or for their age: what the launcher

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from gpuguard.host.nvml import Nvml
 
 
-def _nvml(counters: Counters) -> Nvml:
+def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
     from gpuguard.host.nvml import Nvml
 
-    return Nvml(counters=counters)
+    return Nvml(counters=counters, process_utilization=process_utilization)
 
 
 def _process_events() -> Any:

@@ -38,6 +38,14 @@ _DRIVER_GONE = frozenset(
     }
 )
 
+#: The per-process utilization calls, first choice first (gpuguard/host/nvml.py, _use).
+USE_INFO = "nvmlDeviceGetProcessesUtilizationInfo"  # R550 and later: a versioned struct
+USE_LEGACY = "nvmlDeviceGetProcessUtilization"
+#: Answers that mean this GPU will not give that call: use the next one, for good (a
+#: driver that does not know pynvml's struct version is one that cannot give it either).
+_USE_REFUSED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                          pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH})
+
 #: Return codes that mean one GPU is unusable: skip it, keep reporting the others.
 _DEVICE_GONE = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED})
 
@@ -60,6 +68,29 @@ class GpuSample:
     #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
     #: includes the driver's reserved memory: memory no process holds, of unknown size.
     used_excludes_reserved: bool = True
+    #: The pids NVML saw use an SM on this GPU since the previous read (smUtil > 0 in a
+    #: sample newer than the previous read's newest); every other holder used none. None
+    #: when NVML cannot say (MIG, NOT_SUPPORTED, an error): unknown, never "idle".
+    busy_pids: frozenset[int] | None = None
+    #: The device node's name, "nvidia" and the minor number (dcgm-exporter's `device`).
+    device: str | None = None
+    #: The PCI address as the driver formats it, "00000000:3B:00.0" (dcgm's `pci_bus_id`).
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What never changes for one GPU while the driver stays loaded: read once, by UUID.
+
+    A field the driver cannot give (NOT_SUPPORTED) is None for good; one whose read
+    failed otherwise is None for this scan and read again on the next.
+    """
+
+    name: str | None
+    device: str | None
+    pci_bus_id: str | None
+    #: The fields whose read failed (not NOT_SUPPORTED): read again on the next scan.
+    unsettled: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -93,14 +124,26 @@ class _DeviceGone(Exception):
 class Nvml:
     """Reads GPUs and their GPU-holding processes; safe to call from several threads."""
 
-    def __init__(self, *, counters: Counters = COUNTERS) -> None:
+    def __init__(self, *, counters: Counters = COUNTERS, process_utilization: bool = True) -> None:
+        """`process_utilization` False: no per-process utilization calls (busy_pids None).
+        Each call answers the samples since this instance's previous one, so only the
+        reader who keeps the idle clock (the scanner, the remediator's IdleWatch) asks."""
         self._counters = counters
+        self._process_utilization = process_utilization
+        #: Per GPU uuid: the utilization calls it may still answer, first choice first,
+        #: and the newest sample timestamp read (the next read asks for later ones).
+        self._use_calls: dict[str, tuple[str, ...]] = {}
+        self._last_seen: dict[str, int] = {}
+        self._use_warned: set[tuple[str, int]] = set()
         self._initialised = False
         self._driver_version: str | None = None
         self._warned = False
         # Newer calls first; fall back for good once the driver says it lacks them.
         self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
         self._memory_v2 = True
+        #: Per UUID, dropped with the library: a GPU moved to another slot is only seen
+        #: after a driver reload.
+        self._identities: dict[str, GpuIdentity] = {}
 
     def read(self) -> NvmlReading:
         """One pass: initialise if needed, then every GPU's gauges and holders."""
@@ -151,6 +194,9 @@ class Nvml:
                 pass  # already unusable; all we want is a fresh init next time
         self._initialised = False
         self._driver_version = None
+        self._use_calls.clear()  # a driver that comes back may be another one
+        self._last_seen.clear()
+        self._identities.clear()
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Every NVML call goes through here, so its cost shows at /metrics."""
@@ -189,12 +235,7 @@ class Nvml:
             # Without a handle and a uuid there is nothing to label the GPU with.
             self._raise_if_gone(index, "nvml_device", err)
             raise _DeviceGone(f"GPU {index}: {err}") from None
-        name = self._field(
-            index,
-            "name",
-            errors,
-            lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
-        )
+        identity = self._identity(index, uuid, handle, errors)
         read = self._field(index, "memory", errors, lambda: self._memory(handle))
         memory, memory_v2 = (None, True) if read is None else read
         util = self._field(
@@ -211,10 +252,11 @@ class Nvml:
             lambda: self._call("nvml_device", pynvml.nvmlDeviceGetPowerUsage, handle),
         )
         holders = self._holders(index, uuid, handle, errors)
+        busy = self._use(index, uuid, handle) if self._process_utilization else None
         gpu = GpuSample(
             index=index,
             uuid=uuid,
-            name=name,
+            name=identity.name,
             memory_total_bytes=None if memory is None else int(memory.total),
             memory_used_bytes=None if memory is None else int(memory.used),
             utilization_ratio=None if util is None else util.gpu / 100,
@@ -222,17 +264,53 @@ class Nvml:
             power_watts=None if power_mw is None else power_mw / 1000,
             processes_listed=holders is not None,
             used_excludes_reserved=memory_v2,
+            busy_pids=busy,
+            device=identity.device,
+            pci_bus_id=identity.pci_bus_id,
         )
         return gpu, holders or []
+
+    def _identity(
+        self, index: int, uuid: str, handle: Any, errors: list[tuple[str, str]]
+    ) -> GpuIdentity:
+        """Model, device node and PCI address: NVML calls on the first scan that sees this
+        GPU only, so labels that never change cost nothing per scan. Each field falls back
+        alone: a failed read leaves that label empty (and is tried again next scan), never
+        the GPU unreported."""
+        known = self._identities.get(uuid)
+        if known is not None and not known.unsettled:
+            return known
+        values: dict[str, str | None] = {} if known is None else {
+            "name": known.name, "minor": known.device, "pci": known.pci_bus_id}
+        reads: dict[str, Callable[[], Any]] = {
+            "name": lambda: self._call("nvml_device", pynvml.nvmlDeviceGetName, handle),
+            "minor": lambda: _device_node(
+                self._call("nvml_device", pynvml.nvmlDeviceGetMinorNumber, handle)),
+            "pci": lambda: _bus_id(
+                self._call("nvml_device", pynvml.nvmlDeviceGetPciInfo, handle).busId),
+        }
+        unsettled: set[str] = set()
+        for what, read in reads.items():
+            if known is not None and what not in known.unsettled:
+                continue
+            before = len(errors)
+            values[what] = self._field(index, what, errors, read)
+            if len(errors) > before:
+                unsettled.add(what)
+        identity = GpuIdentity(name=values["name"], device=values["minor"],
+                               pci_bus_id=values["pci"], unsettled=frozenset(unsettled))
+        self._identities[uuid] = identity
+        return identity
 
     def _field(
         self, index: int, what: str, errors: list[tuple[str, str]], get: Callable[[], T]
     ) -> T | None:
-        """One gauge: None when unsupported (no error) or failing (with an error)."""
+        """One gauge: None when unsupported or the driver lacks the call (no error), or
+        failing (with an error)."""
         try:
             return get()
         except pynvml.NVMLError as err:
-            if err.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
                 return None
             self._raise_if_gone(index, "nvml_device", err)
             errors.append(("nvml_device", f"GPU {index}: {what}: {err}"))
@@ -294,12 +372,55 @@ class Nvml:
             return None
         return _merge_holders(index, uuid, compute, graphics)
 
+    def _use(self, index: int, uuid: str, handle: Any) -> frozenset[int] | None:
+        """The pids with SM use since this GPU's previous read; None when NVML cannot say.
+
+        One call per GPU per read: R550's call where the GPU answers it, else the legacy
+        one (a NOT_SUPPORTED or missing call is not asked again until NVML is initialised
+        anew). NVML keeps samples only for processes that used something, and the legacy
+        call answers NOT_FOUND when there are none: that is zero use, not an error.
+        Errors are logged once per GPU and code and leave the answer unknown; they are
+        not scan errors (a reap that does not ask for idleness must not be refused).
+        """
+        calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
+        since = self._last_seen.get(uuid, 0)
+        while calls:
+            fn = getattr(pynvml, calls[0])
+            try:
+                samples = self._call("nvml_processes", fn, handle, since)
+            except pynvml.NVMLError as err:
+                if err.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                    return frozenset()  # no sample newer than `since`: nobody used an SM
+                if err.value in _USE_REFUSED:
+                    calls = self._use_calls[uuid] = calls[1:]
+                    continue
+                self._raise_if_gone(index, "nvml_processes", err)
+                if (uuid, err.value) not in self._use_warned:
+                    self._use_warned.add((uuid, err.value))
+                    log.warning("GPU %d: per-process utilization unavailable: %s", index, err)
+                return None
+            if samples:
+                self._last_seen[uuid] = max(since, *(int(s.timeStamp) for s in samples))
+            return frozenset(int(s.pid) for s in samples if int(s.smUtil) > 0)
+        return None  # neither call: MIG, vGPU, or a GPU too old to sample processes
+
     @staticmethod
     def _raise_if_gone(index: int, stage: str, err: pynvml.NVMLError) -> None:
         if err.value in _DRIVER_GONE:
             raise _DriverGone(stage, f"GPU {index}: {err}") from None
         if err.value in _DEVICE_GONE:
             raise _DeviceGone(f"GPU {index}: {err}") from None
+
+
+def _device_node(minor: int) -> str:
+    """/dev/nvidiaN's name, as dcgm-exporter's `device` label spells it."""
+    return f"nvidia{int(minor)}"
+
+
+def _bus_id(raw: bytes | str) -> str | None:
+    """nvmlPciInfo_t.busId ("00000000:3B:00.0", the form dcgm-exporter labels with)."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    return text.strip("\x00 ") or None
 
 
 def _merge_holders(

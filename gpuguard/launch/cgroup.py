@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 #: The leaf's name in its parent: the launcher's identity (pid and start time).
 LEAF_PREFIX = "gpuguard-run-"
+#: What the reason says where the launcher's own cgroup is not its user's.
+NOT_DELEGATED = "no delegated cgroup"
 
 
 def unescape(field: str) -> str:
@@ -97,7 +99,7 @@ def create_leaf(name: str) -> Leaf | str:
     try:
         os.mkdir(path)
     except OSError as exc:
-        return f"cannot create a cgroup in {parent} ({exc.strerror}: no delegated cgroup)"
+        return f"cannot create a cgroup in {parent} ({exc.strerror}: {NOT_DELEGATED})"
     try:
         kill_fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
     except OSError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -91,13 +92,15 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
         registered = register_launcher(options.marks_dir, hold.tier)
         try:
             cmd = spawn(argv, mask, sigint_default=sigint_default,
-                        sigchld_ignored=sigchld is signal.SIG_IGN)
+                        sigchld_ignored=sigchld is signal.SIG_IGN, in_pidns=hold.init is not None)
         except OSError as exc:  # exec failed in the child: subprocess re-raises it here
             raise CannotStart(exc) from None
+        except subprocess.SubprocessError:  # the pidns tier's /proc, which its probe mounted
+            raise Unsupported("the pidns tier could not mount CMD's /proc") from None
         step = supervise(cmd, waited, options, parent)
         cmd.returncode = step.code  # collected by our own waitpid(); Popen must not wait
         if step.reap:
-            line = teardown_line(step.why, reap_tree(options))
+            line = teardown_line(step.why, reap_tree(options, kept=hold.kept()))
             if line is not None:
                 say(line)
         collect_zombies()

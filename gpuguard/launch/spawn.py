@@ -10,23 +10,30 @@ from collections.abc import Sequence
 
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import RUN_MARKER, ProcessView
+from gpuguard.launch.pidns import fresh_proc
 from gpuguard.launch.subreaper import PR_SET_PDEATHSIG, prctl
 
 
 def spawn(argv: Sequence[str], mask: set[int], *, sigint_default: bool,
-          sigchld_ignored: bool) -> subprocess.Popen[bytes]:
+          sigchld_ignored: bool, in_pidns: bool = False) -> subprocess.Popen[bytes]:
     """Start CMD with a parent-death SIGKILL, the caller's signal mask, SIGCHLD disposition
-    and fds."""
+    and fds; `in_pidns`: CMD is born in the pidns tier's namespace (pidns.py) and gets a
+    /proc of it."""
     # A preexec_fn is safe only in a single-threaded parent; and a parent-death signal
     # also fires when the parent *thread* exits.
     if threading.active_count() != 1:
         raise RuntimeError("the launcher must be single-threaded to fork with a preexec_fn")
     launcher = os.getpid()
+    # In the namespace the launcher, outside it, reads as parent 0; after its death the
+    # init (1) is the parent.
+    parent = 0 if in_pidns else launcher
 
     def in_child() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != launcher:  # the launcher died before the request took
+        if os.getppid() != parent:  # the launcher died before the request took
             os.kill(os.getpid(), signal.SIGKILL)
+        if in_pidns:
+            fresh_proc()
         if sigint_default:  # Python's KeyboardInterrupt handler must not run here
             signal.signal(signal.SIGINT, signal.SIG_DFL)
         if sigchld_ignored:  # as the caller gave it to the launcher

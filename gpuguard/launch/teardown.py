@@ -104,6 +104,9 @@ class _NoGpus:
     so it answers "up, nothing held" instead of loading NVML into every launcher.
     """
 
+    #: read_within() calls it in place, on no thread (the pidns tier's launcher has none).
+    never_blocks = True
+
     def read(self) -> NvmlReading:
         return NvmlReading(True, None, (), (), ())
 
@@ -131,7 +134,8 @@ def children(view: ProcessView, parent: ProcInfo) -> tuple[ProcInfo, ...]:
                          view.thread_states)
 
 
-def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown:
+def reap_tree(options: Options, *, counters: Counters | None = None,
+              kept: frozenset[tuple[int, int]] = frozenset()) -> Teardown:
     """Reap every live descendant of this process with the remediator's reaper.
 
     The reaper reaps one tree under one root; a subreaper's descendants hang under
@@ -139,7 +143,8 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
     classifier's walk_members), CMD first. A member dying mid-reap hands its children
     to us, already held by that reap; a round lists our children again until none is
     left, so whatever was handed over after a listing is caught by the next round
-    (for at most MORE_ROUNDS_SECONDS after the first round).
+    (for at most MORE_ROUNDS_SECONDS after the first round). `kept`: children of ours
+    (the pidns tier's init) that are not reaped, but what is below them is.
     """
     counters = counters if counters is not None else Counters()
     # A member whose SIGSTOP the kernel refuses (a setuid-root helper under an
@@ -162,8 +167,9 @@ def reap_tree(options: Options, *, counters: Counters | None = None) -> Teardown
         assert me is not None
         # The children of a released member are ours to reap too (the reaper never walks
         # below a member it let go of); so are theirs, walked from there.
-        left = [c for parent in (me, *released_alive(view, released))
-                for c in children(view, parent) if c.identity not in done]
+        holders = (*released_alive(view, released), *released_alive(view, set(kept)))
+        left = [c for parent in (me, *holders) for c in children(view, parent)
+                if c.identity not in done and c.identity not in kept]
         if not left or (more_until is not None and time.monotonic() >= more_until):
             break
         rounds += 1

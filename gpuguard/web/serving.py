@@ -32,12 +32,14 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard import logformat
-from gpuguard.web.tlsfront import TlsFront
 from gpuguard.web.webauth import BasicAuth, protect
 from gpuguard.web.webconfig import WebConfigSource, san_allowed
+
+if TYPE_CHECKING:
+    from gpuguard.web.tlsfront import TlsFront
 
 log = logging.getLogger("gpuguard.http")
 
@@ -151,6 +153,9 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     private = tempfile.mkdtemp(prefix="gpuguard-http-")  # mode 0700
     backend = os.path.join(private, "http.sock")
     try:
+        # asyncio and the TLS front only where TLS is on (docs/exporter.md, Memory).
+        from gpuguard.web.tlsfront import TlsFront
+
         front = TlsFront(host=host, port=port, backend=backend,
                          context=lambda: web.current()[1], connection_limit=CONNECTION_LIMIT,
                          client_allowed=lambda cert: san_allowed(

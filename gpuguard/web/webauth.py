@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import bcrypt
-
 from gpuguard.web.ratelimit import TokenBucket
 from gpuguard.web.webconfig import WebConfig
 
@@ -82,14 +80,22 @@ def client_key(address: str) -> str:
     return str(ip)
 
 
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """bcrypt's check, imported at the first login: a daemon without basic auth users never
+    maps the library (docs/exporter.md, Memory)."""
+    import bcrypt
+
+    return bool(bcrypt.checkpw(password, hashed))
+
+
 class BasicAuth:
     """Checks `Authorization: Basic` against the current web config's users, at a
     bounded cost (docs/design.md, Cost rules, HTTP under abuse). Thread-safe."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 checkpw: Callable[[bytes, bytes], bool] = bcrypt.checkpw) -> None:
+                 checkpw: Callable[[bytes, bytes], bool] | None = None) -> None:
         self._clock = clock
-        self._checkpw = checkpw
+        self._checkpw = checkpw if checkpw is not None else _checkpw
         self._ok: OrderedDict[_Key, None] = OrderedDict()
         self._bad: OrderedDict[_Key, float] = OrderedDict()  # -> when it is forgotten
         self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at

@@ -220,6 +220,28 @@
             description: 'The processes of user {{ $labels.user }} on {{ $labels.hostname }} have held {{ $value | humanize1024 }}B of GPU memory for more than %(userOverQuotaFor)s, over their quota of {{ with printf "gpuguard_user_gpu_memory_quota_bytes{instance=%%q,user=%%q}" $labels.instance $labels.user | query }}{{ . | first | value | humanize1024 }}B{{ else }}an unknown amount{{ end }} (config quotas:). gpuguard reports this and never kills for it: ask the user to free memory.' % t,
           },
         },
+        // For people: an idle holder may be a notebook between cells. Never remediate:
+        // remediate.require_idle_seconds is how idleness takes part in a reap.
+        {
+          alert: 'GPUIdleHolder',
+          expr: |||
+            (
+                gpuguard_gpu_process_idle_seconds{%(exporterSelector)s} > %(idleHolderThresholdSeconds)s
+              and on (job, instance, gpu, UUID, pid)
+                gpuguard_gpu_process_memory_bytes{%(exporterSelector)s} > 0
+            )
+            * on (job, instance, pid) group_left (start_time, user, comm)
+              gpuguard_gpu_process_info{%(exporterSelector)s}
+            * on (job, instance) group_left (hostname)
+              gpuguard_host_info{%(exporterSelector)s}
+          ||| % c,
+          'for': c.idleHolderFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'GPU process {{ $labels.comm }} (pid {{ $labels.pid }}, user {{ $labels.user }}) holds GPU {{ $labels.gpu }} memory without using it on {{ $labels.hostname }}',
+            description: 'Process {{ $labels.pid }} (comm {{ $labels.comm }}, user {{ $labels.user }}, start_time {{ $labels.start_time }}) on {{ $labels.hostname }} has held memory on GPU {{ $labels.gpu }} ({{ $labels.UUID }}) without using an SM for {{ $value | humanizeDuration }} (NVML\'s per-process samples, as the exporter watched them). gpuguard never kills for it: ask the user whether it is still needed.',
+          },
+        },
         // Critical: by default only strong signals make a suspect (a known miner's
         // executable name, a mining pool's stratum URL in its command line). The opt-in
         // utilization heuristic also fits long training runs: a warning.

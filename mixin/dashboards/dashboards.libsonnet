@@ -483,7 +483,7 @@
         {
           type: "table",
           title: "Orphan trees",
-          description: "One row per orphaned tree: how long it has been orphaned, the GPU memory it holds and its process count. GPUOrphanTree fires after 300 s + 1 m.",
+          description: "One row per orphaned tree: how long it has been orphaned, the GPU memory it holds, its process count, and how long its least idle holder has gone without using an SM (empty where NVML cannot say). GPUOrphanTree fires after 300 s + 1 m.",
           id: 9,
           datasource: datasource,
           gridPos: {
@@ -519,6 +519,15 @@
               range: false,
               instant: true,
               format: "table"
+            },
+            {
+              datasource: datasource,
+              refId: "D",
+              expr: "max by (instance, root_pid, root_start_time, comm, user, reason) (gpuguard_orphan_tree_idle_seconds{%(exporterSelector)s, instance=~\"$instance\"})" % c,
+              legendFormat: "__auto",
+              range: false,
+              instant: true,
+              format: "table"
             }
           ],
           transformations: [
@@ -541,12 +550,14 @@
                   reason: 5,
                   "Value #A": 6,
                   "Value #B": 7,
-                  "Value #C": 8
+                  "Value #C": 8,
+                  "Value #D": 9
                 },
                 renameByName: {
                   "Value #A": "Orphaned for",
                   "Value #B": "GPU memory",
-                  "Value #C": "Processes"
+                  "Value #C": "Processes",
+                  "Value #D": "Idle for"
                 }
               }
             }
@@ -561,8 +572,8 @@
             overrides: [
               {
                 matcher: {
-                  id: "byName",
-                  options: "Orphaned for"
+                  id: "byRegexp",
+                  options: "Orphaned for|Idle for"
                 },
                 properties: [
                   {
@@ -599,7 +610,7 @@
         {
           type: "table",
           title: "GPU processes and verdicts",
-          description: "Every GPU process with the classifier's verdict, reason and tree root, and the container and Kubernetes pod its cgroup names (empty when none).",
+          description: "Every GPU process with the classifier's verdict, reason and tree root, the container and Kubernetes pod its cgroup names (empty when none), and how long it has gone without using an SM (empty where NVML cannot say).",
           id: 10,
           datasource: datasource,
           gridPos: {
@@ -617,9 +628,22 @@
               range: false,
               instant: true,
               format: "table"
+            },
+            {
+              datasource: datasource,
+              refId: "B",
+              expr: "gpuguard_gpu_process_idle_seconds{%(exporterSelector)s, instance=~\"$instance\"}\n* on (instance, pid) group_left (verdict, reason, comm, user, root_pid, container_id, pod_uid)\ngpuguard_gpu_process_info{%(exporterSelector)s, instance=~\"$instance\"}" % c,
+              legendFormat: "__auto",
+              range: false,
+              instant: true,
+              format: "table"
             }
           ],
           transformations: [
+            {
+              id: "merge",
+              options: {}
+            },
             {
               id: "organize",
               options: {
@@ -638,12 +662,14 @@
                   verdict: 6,
                   reason: 7,
                   root_pid: 8,
-                  Value: 11,
+                  "Value #A": 11,
+                  "Value #B": 12,
                   container_id: 9,
                   pod_uid: 10
                 },
                 renameByName: {
-                  Value: "GPU memory"
+                  "Value #A": "GPU memory",
+                  "Value #B": "Idle for"
                 }
               }
             }
@@ -665,6 +691,18 @@
                   {
                     id: "unit",
                     value: "bytes"
+                  }
+                ]
+              },
+              {
+                matcher: {
+                  id: "byName",
+                  options: "Idle for"
+                },
+                properties: [
+                  {
+                    id: "unit",
+                    value: "s"
                   }
                 ]
               }
@@ -1096,7 +1134,7 @@
         {
           type: "timeseries",
           title: "GPU memory per user vs quota",
-          description: "GPU memory held by each user's processes (all GPUs), and the quota the config's quotas: section gives them (absent where none applies). GPUUserOverQuota opens a ticket after 15 m over.",
+          description: "GPU memory held by each user's processes (all GPUs), the part of it held by processes idle for accounting.idle_after_seconds, and the quota the config's quotas: section gives them (absent where none applies). GPUUserOverQuota opens a ticket after 15 m over.",
           id: 32,
           datasource: datasource,
           gridPos: {
@@ -1118,6 +1156,13 @@
               refId: "B",
               expr: "max by (instance, user) (gpuguard_user_gpu_memory_quota_bytes{%(exporterSelector)s, instance=~\"$instance\"})" % c,
               legendFormat: "{{user}} quota ({{instance}})",
+              range: true
+            },
+            {
+              datasource: datasource,
+              refId: "C",
+              expr: "sum by (instance, user) (gpuguard_user_gpu_idle_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"})" % c,
+              legendFormat: "{{user}} idle ({{instance}})",
               range: true
             }
           ],
@@ -1172,7 +1217,7 @@
         {
           type: "timeseries",
           title: "Unattributed GPU memory",
-          description: "Memory in use on a GPU (without the driver's reserved memory) that no process NVML lists accounts for: processes NVML cannot list (other PID namespaces without hostPID) or contexts the driver has not freed. No line while a process's usage is unavailable (the figure would be a guess). GPUMemoryUnattributed opens a ticket above 1 GiB for 10 m.",
+          description: "Memory in use on a GPU (without the driver's reserved memory) that no process NVML lists accounts for: processes NVML cannot list (other PID namespaces without hostPID) or contexts the driver has not freed. No line while a process's usage is unavailable (the figure would be a guess). GPUMemoryUnattributed opens a ticket above 1 GiB for 10 m. The second line: memory NVML says pids hold that the exporter's /proc does not show (exited since, or another PID namespace); gpuguard_gpu_unlisted_holder_info names who has the device files open.",
           id: 33,
           datasource: datasource,
           gridPos: {
@@ -1187,6 +1232,13 @@
               refId: "A",
               expr: "gpuguard_gpu_memory_unattributed_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
               legendFormat: "GPU {{gpu}} ({{instance}})",
+              range: true
+            },
+            {
+              datasource: datasource,
+              refId: "B",
+              expr: "gpuguard_gpu_unseen_process_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"} > 0" % c,
+              legendFormat: "GPU {{gpu}} ({{instance}}): listed pids /proc lacks",
               range: true
             }
           ],

@@ -77,6 +77,11 @@ def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
     interrupted (a signal handler's exception reaches the caller at once). What the read
     raises is raised here.
     """
+    if getattr(nvml, "never_blocks", False):
+        # A reading that cannot hang (the launcher's, which loads no NVML) needs no
+        # thread; the pidns tier's launcher can start none (its children's PID namespace
+        # is not its own: clone(CLONE_THREAD) fails with EINVAL).
+        return nvml.read()
     box: list[NvmlReading | BaseException] = []
     done = threading.Event()
 

@@ -74,7 +74,9 @@ class Decision:
     detail: str = ""
     key: TreeKey | None = None
     first_seen: float | None = None  # set once the tree was verified an orphan (boot clock)
-    recheck_at: float | None = None  # DEFER only (boot clock)
+    #: DEFER: when to re-check (boot clock); a not-idle IGNORE: the earliest time the
+    #: tree could be idle long enough (the refusal memory re-inspects no later than that).
+    recheck_at: float | None = None
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"action": self.action, "reason": self.reason}
@@ -287,6 +289,45 @@ def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | N
                    "remediate.reasons", key)
 
 
+def idle_refusal(key: TreeKey, live: LiveTree, required: float,
+                 now: float = 0.0) -> Decision | None:
+    """IGNORE unless every holder of the tree has been idle `required` seconds (0: off).
+
+    The facts are the remediator's own watch, read at this inspection (live.idle): a
+    holder it could not read utilization for, or has no entry for, refuses with
+    `idle-unknown` (missing evidence never kills); one that used an SM too recently, or
+    that the watch has not yet seen for `required` seconds, with `not-idle` and the
+    earliest (boot clock, from `now`) the least idle of them could qualify (recheck_at).
+    """
+    if required <= 0:
+        return None
+    if not live.holders:
+        return _ignore(DecisionReason.IDLE_UNKNOWN,
+                       "the tree has no holder whose idleness was read", key)
+    seen = {(h.pid, h.gpu_uuid): h for h in live.idle}
+    short: list[tuple[float, str]] = []  # (idle seconds, why) of each holder not idle enough
+    for holder in live.holders:
+        fact = seen.get((holder.pid, holder.gpu_uuid))
+        if fact is None or fact.idle_seconds is None:
+            return _ignore(DecisionReason.IDLE_UNKNOWN,
+                           f"holder {holder.pid} on GPU {holder.gpu_index}: "
+                           "NVML gives no per-process utilization here, so its idleness is "
+                           f"unknown and remediate.require_idle_seconds ({required:g}s) "
+                           "cannot be met", key)
+        if fact.idle_seconds < required:
+            watched = fact.watched_seconds or 0.0
+            why = (f"used an SM {fact.idle_seconds:.0f}s ago" if fact.idle_seconds < watched
+                   else f"watched for only {watched:.0f}s")
+            short.append((fact.idle_seconds,
+                          f"holder {holder.pid} on GPU {holder.gpu_index} {why}"))
+    if not short:
+        return None
+    least, why = min(short)
+    return _ignore(DecisionReason.NOT_IDLE,
+                   f"{why}; remediate.require_idle_seconds is {required:g}s", key,
+                   recheck_at=now + required - least)
+
+
 def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     """The full decision for one alert after a live inspection of its tree."""
     screened = screen(alert, state)
@@ -337,6 +378,10 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         return Decision(Action.DEFER, DecisionReason.TOO_YOUNG,
                         f"orphan for {max(age, 0.0):.1f}s of "
                         f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
+
+    refused = idle_refusal(key, live, state.policy.require_idle_seconds, state.now)
+    if refused is not None:
+        return refused
 
     budget = rate_budget(state)
     if budget.remaining <= 0:

@@ -41,6 +41,10 @@ class DecisionReason(StrEnum):
     USER_UNRESOLVED = "user-unresolved"
     RATE_LIMITED = "rate-limited"
     TOO_YOUNG = "too-young"
+    #: remediate.require_idle_seconds: a holder used an SM too recently (or was watched
+    #: too briefly), or its utilization cannot be read.
+    NOT_IDLE = "not-idle"
+    IDLE_UNKNOWN = "idle-unknown"
     # Alertmanager at kill time, and withdrawn reaps
     SILENCED = "silenced"
     INHIBITED = "inhibited"

@@ -3,7 +3,9 @@
 A refusal with the same reason and members as the tree's last one is counted, not
 audited in full again; the next full record says how many it stands for. Within
 REFUSAL_RECHECK_SECONDS of a refusal a delivery for the same tree is counted without a
-new inspection (a refusal stands; a reap waits at most this long).
+new inspection (a refusal stands; a reap waits at most this long), or until the
+refusal's own recheck_at where it has one and that comes sooner (a not-idle tree may
+qualify in seconds).
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ class RefusalMemory:
         against that refusal, not inspected again (its ledger entry settled as one)."""
         work = self._work
         known = self._refusals.get(item.key)
-        if known is None or work.clocks.boot() - known.inspected_at >= REFUSAL_RECHECK_SECONDS:
+        if known is None:
+            return False
+        window = REFUSAL_RECHECK_SECONDS
+        if known.decision.recheck_at is not None:
+            window = min(window, known.decision.recheck_at - known.inspected_at)
+        if work.clocks.boot() - known.inspected_at >= window:
             return False
         with work.lock:
             if item.key in work.cancelled or item.key not in work.ledger.pending():
@@ -74,6 +81,7 @@ class RefusalMemory:
         if known is not None and known.signature == signature:
             known.repeats += 1
             known.inspected_at = now
+            known.decision = decision  # its recheck_at, if any, counts from now
             self._work.metrics.refusals_repeated += 1
             self._refusals[item.key] = known
             return

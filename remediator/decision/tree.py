@@ -51,6 +51,16 @@ class Member:
 
 
 @dataclass(frozen=True)
+class HolderIdle:
+    """One holder of a tree on one GPU, as the remediator's own idle watch saw it."""
+
+    pid: int
+    gpu_uuid: str
+    idle_seconds: float | None  # since its last SM use or the watch's first sight; None: unknown
+    watched_seconds: float | None  # how long the watch has seen it without a gap
+
+
+@dataclass(frozen=True)
 class LiveTree:
     """What a fresh local inspection found for the tree an alert names."""
 
@@ -65,3 +75,6 @@ class LiveTree:
     nvml_error: str | None = None  # NVML could not confirm the holders: nothing is verified
     nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
     gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
+    #: Each holder's idleness from the remediator's IdleWatch, read at this inspection;
+    #: empty when remediate.require_idle_seconds is 0 (nobody asked).
+    idle: tuple[HolderIdle, ...] = ()

@@ -50,6 +50,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardRemediatorStuck": "critical",
     "GPUGuardAlertmanagerUnreachable": "warning",
     "GPUUserOverQuota": "warning",
+    "GPUIdleHolder": "warning",  # for people: never remediate="true"
     "GPUSuspectProcess": "critical",
     "GPUSuspectProcessSustained": "warning",
     "GPUMemoryUnattributed": "warning",
@@ -84,6 +85,12 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_user_gpu_memory_quota_bytes",
         "gpuguard_suspect_process_info",
         "gpuguard_gpu_memory_unattributed_bytes",
+        # idle holders (issue 40)
+        "gpuguard_gpu_process_idle_seconds",
+        "gpuguard_orphan_tree_idle_seconds",
+        "gpuguard_user_gpu_idle_memory_bytes",
+        # memory NVML puts no live name to (issue 40)
+        "gpuguard_gpu_unseen_process_memory_bytes",
     }
 )
 REMEDIATOR_METRICS = frozenset(
@@ -491,3 +498,18 @@ def test_dashboard_covers_the_contract():
         "gpuguard_remediator_reclaimed_bytes_total",
     }
     assert expected <= used, sorted(expected - used)
+
+
+def test_host_label_is_hostname_in_one_spelling() -> None:
+    """The host name is `hostname`, on gpuguard_host_info alone, in the rules' joins and in
+    the remediator's required alert labels: deployed routes and silences match on it, and
+    dcgm-exporter itself renamed its `Hostname` to `hostname` (NVIDIA/dcgm-exporter#655).
+    Neither the rules nor the dashboard may spell it `Hostname` (docs/metrics.md, Labels)."""
+    from gpuguard.remediator.decision.policy import REQUIRED_LABELS
+
+    assert "hostname" in REQUIRED_LABELS
+    rules = RULES.read_text()
+    assert "group_left (hostname)" in rules
+    shipped = [RULES, REPO / "alerts" / "joins.yml", REPO / "grafana" / "dashboard.json"]
+    for path in shipped:
+        assert "Hostname" not in path.read_text(), path

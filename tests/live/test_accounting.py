@@ -455,6 +455,7 @@ def test_a_pattern_suspect_is_listed_once_even_when_also_busy() -> None:
 
 
 @pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py",
+                                  "exporter/unlisted.py",
                                   "gpuguard/config/accounting.py"])
 def test_accounting_modules_do_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" for line, module, _ in imports(REPO / pure,

@@ -56,7 +56,7 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 def test_the_shipped_example_config_is_valid_offline() -> None:
     done = console("config", "check", EXAMPLE, offline=True)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    assert done.stdout == f"{EXAMPLE}: valid (classify, remediate, quotas, audit)\n"
+    assert done.stdout == f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)\n"
 
 
 @pytest.mark.parametrize(("body", "where"), [
@@ -108,7 +108,7 @@ def test_the_web_config_is_checked_with_its_certificates(tmp_path: Path, certs: 
     done = console("config", "check", EXAMPLE, "--web.config.file", web, offline=True)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert done.stdout.splitlines() == [
-        f"{EXAMPLE}: valid (classify, remediate, quotas, audit)",
+        f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)",
         f"{web}: valid (tls, basic auth)"]
 
     (tmp_path / "server.key").write_text("not a key\n")

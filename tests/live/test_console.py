@@ -82,7 +82,7 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
         assert all(isinstance(p, int) for p in tree["evidence"]["pids"])
         for holder in tree["holders"]:
             assert set(holder) == {"pid", "gpu", "uuid", "used_bytes", "kind", "container_id",
-                                   "pod_uid", "suspect"}
+                                   "pod_uid", "suspect", "sm_busy", "idle_seconds"}
             # Where the test runner runs (a container under some CI), and no miner.
             where = attribute(cgroup_paths(Path(f"/proc/{holder['pid']}/cgroup").read_text()))
             assert (holder["container_id"], holder["pod_uid"], holder["suspect"]) == (
@@ -106,6 +106,34 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
     assert (normal_tree["verdict"], normal_tree["rule"]) == ("normal", "7")
     assert normal_tree["processes"] is None
     assert normal in [m["pid"] for m in normal_tree["members"]]
+
+
+def test_status_and_explain_show_each_holders_sm_use(trees: Trees, fake_gpu: FakeGpuWorld,
+                                                     gpuguard: Run) -> None:
+    """One scan: a busy holder reads sm_busy true, an idle one false, both idle_seconds 0
+    (counted from this command's own read); a GPU NVML cannot sample for processes reads
+    null, never idle."""
+    sh, worker = orphan_tree(trees, fake_gpu)
+    normal = held_tree(trees, fake_gpu, ATTACHED, kill_launcher=False)
+    fake_gpu.set_busy(0, normal)
+    doc = json.loads(gpuguard("status", "--json").stdout)
+    use = {h["pid"]: (h["sm_busy"], h["idle_seconds"]) for t in doc["trees"]
+           for h in t["holders"]}
+    assert use == {worker: (False, 0.0), normal: (True, 0.0)}
+    explained = json.loads(gpuguard("explain", str(normal), "--json").stdout)
+    assert [(h["sm_busy"], h["idle_seconds"]) for h in explained["holdings"]] == [(True, 0.0)]
+    text = gpuguard("explain", str(worker)).stdout
+    assert "no SM use in NVML's samples" in text
+    row, = (line for line in gpuguard("status").stdout.splitlines()
+            if line.lstrip().startswith(f"{normal} "))
+    assert row.rstrip().endswith("busy")
+    fake_gpu.set_not_supported(0, "processes_utilization")
+    fake_gpu.set_not_supported(0, "process_utilization")
+    doc = json.loads(gpuguard("status", "--json").stdout)
+    assert {(h["sm_busy"], h["idle_seconds"]) for t in doc["trees"] for h in t["holders"]} == {
+        (None, None)}
+    explained = json.loads(gpuguard("explain", str(worker), "--json").stdout)
+    assert [(h["sm_busy"], h["idle_seconds"]) for h in explained["holdings"]] == [(None, None)]
 
 
 def test_status_table_names_the_orphan_without_colour_when_piped(
@@ -253,6 +281,24 @@ def test_policy_check_accepts_an_orphan_and_never_signals(tmp_path: Path, trees:
     assert "decision dry-run (launcher-unrecorded)" in text
     for pid in (sh, worker):
         assert stat_fields(pid)["state"] in ("S", "R")  # alive and never stopped
+
+
+def test_policy_check_with_require_idle_decides_as_a_fresh_remediator(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """A freshly started remediator's watch has seen nothing for long: not-idle; where
+    NVML cannot sample processes: idle-unknown. Never a reap either way."""
+    sh, worker = orphan_tree(trees, fake_gpu)
+    delivery = body(alert(sh, start_time_of(sh)))
+    config = dry_run_config(tmp_path, mode="enforce", require_idle_seconds=600)
+    checked, = policy_check(gpuguard, config, delivery)["alerts"]
+    assert (checked["decision"]["action"], checked["decision"]["reason"]) == ("ignore",
+                                                                              "not-idle")
+    assert "watched for only 0s" in checked["decision"]["detail"]
+    fake_gpu.set_not_supported(0, "processes_utilization")
+    fake_gpu.set_not_supported(0, "process_utilization")
+    checked, = policy_check(gpuguard, config, delivery)["alerts"]
+    assert checked["decision"]["reason"] == "idle-unknown"
+    assert alive(sh) and alive(worker)
 
 
 def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees: Trees,

@@ -161,8 +161,17 @@ def test_gpu_gauges_and_info(fake_gpu: FakeGpuWorld, exporter_for) -> None:
     assert find(samples, "gpuguard_gpu_power_watts", gpu="0")[0][1] == pytest.approx(250.5)
     info, = find(samples, "gpuguard_gpu_info")
     assert info[0]["driver_version"] == "550.54.15" and info[0]["modelName"] == "NVIDIA Fake H100"
+    # dcgm-exporter's device and pci_bus_id, on the info series only: a gauge joins them
+    # on UUID, so no per-sample bytes are spent on labels that never change.
+    assert (info[0]["device"], info[0]["pci_bus_id"]) == ("nvidia0", "00000000:01:00.0")
+    for name in ("gpuguard_gpu_memory_bytes", "gpuguard_gpu_process_memory_bytes"):
+        for labels, _ in find(samples, name):
+            assert not {"device", "pci_bus_id"} & set(labels), (name, labels)
     host, = find(samples, "gpuguard_host_info")
     assert host[0]["hostname"] == "gpu-node-7"
+    # The host name once, as `hostname` (docs/metrics.md, Labels): no series says Hostname.
+    assert [n for (n, labels) in samples if "Hostname" in dict(labels)] == []
+    assert [n for (n, labels) in samples if "hostname" in dict(labels)] == ["gpuguard_host_info"]
     assert find(samples, "gpuguard_nvml_up")[0][1] == 1
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
 

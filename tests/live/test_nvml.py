@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
         util_gpu=0,
         temp=35,
         power_mw=60_000,
+        minor=3,  # /dev/nvidia3: probe order need not follow the index
+        pci=(1, 0x3B, 0),
     )
     fake_gpu.set_driver_version("560.35.03")
 
@@ -58,7 +61,9 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
     assert reading.errors == ()
     assert reading.driver_version == "560.35.03"
     assert reading.gpus == (
-        GpuSample(0, default_uuid(0), "NVIDIA Fake H100", 80 * GiB, 3 * GiB, 0.42, 61.0, 250.5),
+        # No sample on either GPU: NVML says nobody used an SM (busy_pids empty, not None).
+        GpuSample(0, default_uuid(0), "NVIDIA Fake H100", 80 * GiB, 3 * GiB, 0.42, 61.0, 250.5,
+                  busy_pids=frozenset(), device="nvidia0", pci_bus_id="00000000:01:00.0"),
         GpuSample(
             1,
             "GPU-11111111-2222-3333-4444-555555555555",
@@ -68,6 +73,9 @@ def test_two_gpus_report_every_gauge(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None
             0.0,
             35.0,
             60.0,
+            busy_pids=frozenset(),
+            device="nvidia3",
+            pci_bus_id="00000001:3B:00.0",  # the driver's busId: dcgm-exporter's pci_bus_id
         ),
     )
     assert reading.holders == ()
@@ -292,22 +300,75 @@ def test_counters_count_every_call_per_callsite(
 
     nvml.read()
     first = counters.snapshot()
-    # init + driver version; count + 2 x (handle, uuid, name, memory, util, temp, power);
-    # 2 x (compute, graphics)
+    # init + driver version; count + 2 x (handle, uuid, name, minor, pci, memory, util,
+    # temp, power); 2 x (compute, graphics, per-process utilization: one call per GPU)
     assert first["nvml_init"].calls == 2
-    assert first["nvml_device"].calls == 1 + 2 * 7
-    assert first["nvml_processes"].calls == 2 * 2
+    assert first["nvml_device"].calls == 1 + 2 * 9
+    assert first["nvml_processes"].calls == 2 * 3
     assert all(c.proc_reads == 0 for c in first.values())
     assert all(c.calls == 0 for name, c in first.items() if not name.startswith("nvml_"))
 
     nvml.read()
     second = counters.snapshot()
     assert second["nvml_init"].calls == 2  # initialised once
-    assert second["nvml_device"].calls == 2 * 15
-    assert second["nvml_processes"].calls == 2 * 4
+    # name, minor and pci are read once per GPU: the second pass is count + 2 x (handle,
+    # uuid, memory, util, temp, power)
+    assert second["nvml_device"].calls == 19 + 1 + 2 * 6
+    assert second["nvml_processes"].calls == 2 * 6
 
     nvml.close()
     assert counters.snapshot()["nvml_init"].calls == 3  # nvmlShutdown
+
+
+def test_identity_fields_fall_back_alone_and_failed_ones_are_read_again(
+    fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters
+) -> None:
+    fake_gpu.set_field_error(0, "minor", pynvml.NVML_ERROR_NO_PERMISSION)
+    fake_gpu.set_not_supported(0, "pci")
+
+    gpu, = nvml.read().gpus
+    # The failed read empties its own label only; NOT_SUPPORTED is no error.
+    assert (gpu.name, gpu.device, gpu.pci_bus_id) == ("NVIDIA Fake H100", None, None)
+    assert gpu.memory_total_bytes == 80 * GiB
+    assert nvml.read().gpus[0].device is None
+    before = counters.snapshot()["nvml_device"].calls
+
+    fake_gpu.set_field_error(0, "minor", None)
+    fake_gpu.set_not_supported(0, "pci", False)
+    gpu, = nvml.read().gpus
+    # Only the failed field is asked again (count, handle, uuid, minor, 4 gauges): the
+    # name was read and NOT_SUPPORTED stands for as long as the driver stays loaded.
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 1 + 4
+    assert (gpu.name, gpu.device, gpu.pci_bus_id) == ("NVIDIA Fake H100", "nvidia0", None)
+    before = counters.snapshot()["nvml_device"].calls
+    nvml.read()
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 4
+
+
+def test_failed_identity_read_is_reported_not_the_scan(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    fake_gpu.set_field_error(0, "pci", 999)
+
+    reading = nvml.read()
+
+    assert reading.up and [g.index for g in reading.gpus] == [0]
+    assert reading.errors == (("nvml_device", "GPU 0: pci: Unknown Error"),)
+    assert reading.gpus[0].device == "nvidia0"
+
+
+def test_identity_is_read_again_after_the_driver_comes_back(
+    fake_gpu: FakeGpuWorld, nvml: Nvml
+) -> None:
+    assert nvml.read().gpus[0].pci_bus_id == "00000000:01:00.0"
+    fake_gpu.set_runtime_error(pynvml.NVML_ERROR_UNINITIALIZED)
+    assert not nvml.read().up
+    fake_gpu.set_runtime_error(None)
+    fake_gpu.update_gpu(0, pci=(0, 0x9D, 0), minor=5)  # moved while the driver was away
+
+    gpu, = nvml.read().gpus
+
+    assert (gpu.device, gpu.pci_bus_id) == ("nvidia5", "00000000:9D:00.0")
 
 
 def test_state_change_between_reads_is_visible(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
@@ -386,3 +447,121 @@ def test_pynvml_uses_the_preloaded_fake(fake_nvml_lib: Path) -> None:
     lib = ctypes.CDLL(str(fake_nvml_lib / "libnvidia-ml.so.1"))
     pynvml._LoadNvmlLibrary()
     assert pynvml.nvmlLib._handle == lib._handle
+
+
+# -- per-process utilization (nvmlDeviceGetProcessesUtilizationInfo, else the legacy call) --
+
+NVML_ERROR_UNKNOWN = 999
+NEW, LEGACY = "processes_utilization", "process_utilization"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def use_calls(counters: Counters) -> int:
+    """nvml_processes calls so far: per GPU and read, compute + graphics + utilization."""
+    return counters.snapshot()["nvml_processes"].calls
+
+
+def test_busy_pids_are_those_with_sm_use_since_the_last_read(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.add_process(0, 4002, GiB)
+    fake_gpu.add_process(0, 4003, GiB)
+    fake_gpu.set_busy(0, 4001)
+    fake_gpu.add_sample(0, 4002, now_us() - 1_000_000, sm_util=30)
+    fake_gpu.add_sample(0, 4003, now_us() - 1_000_000, sm_util=0, mem_util=40)  # no SM use
+
+    (gpu,) = nvml.read().gpus
+    assert gpu.busy_pids == frozenset({4001, 4002})
+    # The fixed sample is not newer than the last read's newest: not seen again; the busy
+    # process gives a fresh sample at every read.
+    (gpu,) = nvml.read().gpus
+    assert gpu.busy_pids == frozenset({4001})
+    fake_gpu.set_idle(0, 4001)
+    (gpu,) = nvml.read().gpus
+    assert gpu.busy_pids == frozenset()
+
+
+def test_one_call_per_gpu_per_read(fake_gpu: FakeGpuWorld, nvml: Nvml,
+                                   counters: Counters) -> None:
+    fake_gpu.add_gpu(1)
+    nvml.read()
+    nvml.read()
+    assert use_calls(counters) == 2 * 2 * 3  # two reads, two GPUs, compute+graphics+use
+
+
+def test_legacy_call_not_found_reads_as_idle(fake_gpu: FakeGpuWorld, nvml: Nvml,
+                                             counters: Counters) -> None:
+    """A driver before R550 lacks the new call: the legacy one answers, NOT_FOUND (no
+    sample at all) meaning nobody used an SM, and the new call is not asked again."""
+    fake_gpu.set_missing("nvmlDeviceGetProcessesUtilizationInfo")
+    fake_gpu.add_process(0, 4001, GiB)
+    (gpu,) = nvml.read().gpus
+    assert gpu.busy_pids == frozenset()
+    assert use_calls(counters) == 2 + 2  # the new call refused, then the legacy one
+    fake_gpu.set_busy(0, 4001)
+    (gpu,) = nvml.read().gpus
+    assert gpu.busy_pids == frozenset({4001})
+    assert use_calls(counters) == 4 + 3  # only the legacy call now
+
+
+def test_not_supported_is_cached_per_device(fake_gpu: FakeGpuWorld, nvml: Nvml,
+                                            counters: Counters) -> None:
+    """GPU 0 refuses the new call (NOT_SUPPORTED): it falls back to the legacy one for
+    good; GPU 1 keeps the new one."""
+    fake_gpu.add_gpu(1)
+    fake_gpu.set_not_supported(0, NEW)
+    fake_gpu.set_not_supported(1, LEGACY)  # never asked: GPU 1 answers the new call
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.add_process(1, 4002, GiB)
+    fake_gpu.set_busy(0, 4001)
+    fake_gpu.set_busy(1, 4002)
+    first = nvml.read().gpus
+    assert [g.busy_pids for g in first] == [frozenset({4001}), frozenset({4002})]
+    assert use_calls(counters) == 2 * 2 + 3  # GPU 0 tried twice, GPU 1 once
+    second = nvml.read().gpus
+    assert [g.busy_pids for g in second] == [frozenset({4001}), frozenset({4002})]
+    assert use_calls(counters) == 7 + 2 * 3
+
+
+def test_a_struct_version_the_driver_does_not_know_falls_back(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_field_error(0, NEW, 25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.set_busy(0, 4001)
+    assert nvml.read().gpus[0].busy_pids == frozenset({4001})
+
+
+def test_not_supported_by_both_calls_reads_absent_never_idle(
+        fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters) -> None:
+    fake_gpu.set_not_supported(0, NEW)
+    fake_gpu.set_not_supported(0, LEGACY)
+    fake_gpu.add_process(0, 4001, GiB)
+    reading = nvml.read()
+    assert reading.gpus[0].busy_pids is None
+    assert reading.errors == ()  # not a scan error: the GPU simply cannot say
+    before = use_calls(counters)
+    assert nvml.read().gpus[0].busy_pids is None
+    assert use_calls(counters) - before == 2  # neither call asked again
+
+
+def test_an_error_reads_absent_and_is_asked_again(fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_field_error(0, NEW, NVML_ERROR_UNKNOWN)
+    fake_gpu.add_process(0, 4001, GiB)
+    reading = nvml.read()
+    assert reading.gpus[0].busy_pids is None
+    assert reading.errors == ()
+    fake_gpu.set_field_error(0, NEW, None)
+    assert nvml.read().gpus[0].busy_pids == frozenset()
+
+
+def test_asked_without_process_utilization_nothing_is_called(
+        fake_gpu: FakeGpuWorld, counters: Counters) -> None:
+    reader = Nvml(counters=counters, process_utilization=False)
+    try:
+        assert reader.read().gpus[0].busy_pids is None
+        assert use_calls(counters) == 2
+    finally:
+        reader.close()

@@ -134,6 +134,26 @@ def test_store_ring_wraps_and_never_matches_a_pid_straddling_two_slots() -> None
     assert store.exit_of(0x44332211, after=0) is None
 
 
+def _resident_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_store_is_resident_only_where_records_reach() -> None:
+    """The default store reserves 1.3 MiB, but a host that sees few exits must not keep
+    it resident: the exporter beside nvitop-exporter (benchmarks/nvitop_footprint.py)."""
+    before = _resident_kib()
+    store = ExitStore(max_records=65536, retention=600, clock=FakeClock(1100.0))
+    store.add(*(record(pid, 1000.0 + pid) for pid in range(1, 101)))
+    assert _resident_kib() - before < 256  # 100 records touch a few pages, not 1.3 MiB
+    assert store.exit_of(100, after=0) is not None and len(store) == 100
+    store.add_rows([(pid, 0, 1, 1100.0) for pid in range(200, 65736)])  # fill it: bounded
+    assert len(store) == 65536 and store.exit_of(65735, after=0) is not None
+    assert store.exit_of(100, after=0) is None  # evicted by count, as before
+
+
 def test_store_counts_what_it_evicts_by_cause() -> None:
     """Eviction is what makes a launcher's exit unanswerable: counted, by cause, so that
     gpuguard_process_events_evicted_total shows it."""

@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,8 @@ for action in actions:
             time.sleep(0.01)
     elif action.startswith("holder="):  # a GPU holder below CMD
         subprocess.Popen([sys.executable, action[7:], "--pidfile", f"{d}/holder"])
+    elif action == "proc-self":  # what this process's /proc/self and getpid() say
+        note("proc-self", f"{os.getpid()} {os.readlink('/proc/self')}")
     elif action.startswith("exit="):
         note("cmd", os.getpid())
         sys.exit(int(action[5:]))
@@ -243,9 +246,7 @@ class Launch:
         return pid
 
     def status(self) -> int:
-        path = self.d / "status"
-        return int(str(wait_for(lambda: path.exists() and path.read_text().strip(),
-                                timeout=30, what="the launcher's exit status")))
+        return launcher_status(self.d)
 
     def signals(self) -> list[str]:
         path = self.d / "signals"
@@ -255,6 +256,13 @@ class Launch:
         """The launcher's lines (CMD's tree shares the stream: bash reports its killed jobs)."""
         return [line for line in (self.d / "stderr").read_text().splitlines()
                 if line.startswith("gpuguard")]
+
+
+def launcher_status(d: Path) -> int:
+    """The launcher's exit status, as its parent `bash -c` wrote it to DIR/status."""
+    path = d / "status"
+    return int(str(wait_for(lambda: path.exists() and path.read_text().strip(),
+                            timeout=30, what="the launcher's exit status")))
 
 
 def gone_within(pids: list[int], seconds: float) -> float:
@@ -327,7 +335,10 @@ def test_parent_sigkilled_takes_the_whole_tree_within_a_second(
             pytest.skip("not root: the other variant already runs unprivileged")
         prefix = unprivileged_prefix()
         require(prefix, "setpriv not installed: apt-get install util-linux")
-    run = Launch(trees, rundir, ["child", "loop", "daemon", "stray"], prefix=prefix)
+    # Launch reads the pids CMD writes: the host's only outside the pidns tier, which an
+    # unprivileged user gets by default (its own test is test_pidns_tier_*).
+    run = Launch(trees, rundir, ["child", "loop", "daemon", "stray"], prefix=prefix,
+                 options=SUBREAPER if prefix else ())
     if user == "unprivileged":
         assert stat_fields(run.launcher) is not None
         assert Path(f"/proc/{run.launcher}").stat().st_uid == UID
@@ -802,7 +813,9 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
 
 @pytest.fixture
 def setuid_helper() -> Iterator[tuple[tuple[str, ...], Path]]:
-    """(the unprivileged launcher's setpriv prefix, a compiled setuid-root SETUID_HELPER)."""
+    """(the unprivileged launcher's setpriv prefix, a compiled setuid-root SETUID_HELPER).
+    Its tests ask for the subreaper tier: in the pidns tier's user namespace, where root
+    is not mapped, the kernel ignores a set-user-ID-root bit (docs/run.md)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to make a setuid-root program for the unprivileged launcher")
     prefix = unprivileged_prefix()
@@ -833,8 +846,8 @@ def test_a_member_the_launcher_may_not_signal_is_left_and_the_rest_reaped(
     """An unprivileged launcher cannot stop a setuid-root program (EPERM): that member is
     left untouched and reported, and everything else in the tree is still reaped."""
     prefix, helper = setuid_helper
-    run = Launch(trees, rundir, [f"setuid={helper}", "child"], options=("--grace", "0.5"),
-                 prefix=prefix)
+    run = Launch(trees, rundir, [f"setuid={helper}", "child"],
+                 options=(*SUBREAPER, "--grace", "0.5"), prefix=prefix)
     rootly, child = run.pid("setuid"), run.pid("child")
     assert Path(f"/proc/{run.launcher}").stat().st_uid == UID
     uids = [line.split()[1:] for line in Path(f"/proc/{rootly}/status").read_text().splitlines()
@@ -862,7 +875,7 @@ def test_the_teardown_goes_on_until_no_child_is_left(
     prefix, helper = setuid_helper
     chain = 7
     run = Launch(trees, rundir, [f"setuid-chain={chain}:{helper}", "await=late.0"],
-                 prefix=prefix, options=("--grace", "0.5"))
+                 prefix=prefix, options=(*SUBREAPER, "--grace", "0.5"))
     rootly = run.pid("setuid")
     os.kill(run.launcher, signal.SIGTERM)
     assert run.status() == 128 + signal.SIGTERM
@@ -880,7 +893,8 @@ def test_a_tree_of_one_unsignalable_process_reports_no_kill(
     """CMD leaves only the setuid-root program, adopted by the launcher: the reap of it
     is refused whole, and the line must not count it as reaped."""
     prefix, helper = setuid_helper
-    run = Launch(trees, rundir, [f"setuid={helper}", "await=setuid", "exit=3"], prefix=prefix)
+    run = Launch(trees, rundir, [f"setuid={helper}", "await=setuid", "exit=3"], prefix=prefix,
+                 options=SUBREAPER)
     rootly = run.pid("setuid")
     assert run.status() == 3
     assert (stat_fields(rootly) or {}).get("state") == "S"
@@ -896,7 +910,7 @@ def test_what_a_released_member_starts_during_the_reap_is_reaped_too(
     reaper never walks below a member it let go of, so the launcher must."""
     prefix, helper = setuid_helper
     run = Launch(trees, rundir, [f"setuid-late={helper}", "stubborn"], prefix=prefix,
-                 options=("--grace", "3"))
+                 options=(*SUBREAPER, "--grace", "3"))
     rootly, stubborn = run.pid("setuid"), run.pid("stubborn")
     os.kill(run.launcher, signal.SIGTERM)
     late = run.pid("late")  # forked during the reap, below the released member
@@ -1093,16 +1107,16 @@ class Guarded:
                  what="the guardian to remove its leaf and exit")
 
 
-def sigkill(run: Launch, how: str) -> None:
+def sigkill(launcher: int, how: str) -> None:
     """What a scheduler, the OOM killer or `kill -9` does: only to what this test spawned."""
     if how == "launcher":
-        os.kill(run.launcher, signal.SIGKILL)
+        os.kill(launcher, signal.SIGKILL)
     elif how == "group":
-        group = os.getpgid(run.launcher)
+        group = os.getpgid(launcher)
         assert group != os.getpgrp()
         os.killpg(group, signal.SIGKILL)
     else:  # the whole session, as SLURM or a CI runner ending a job
-        session = os.getsid(run.launcher)
+        session = os.getsid(launcher)
         assert session != os.getsid(0)
         for pid in descendants_of(os.getpid()):
             if (stat_fields(pid) or {}).get("sid") == session:
@@ -1133,7 +1147,7 @@ def test_cgroup_tier_a_sigkilled_launcher_takes_its_whole_tree_within_a_second(
     # It holds none of the caller's streams (a `$(gpuguard run ...)` waits for no guardian).
     assert {os.readlink(f"/proc/{guarded.guardian}/fd/{fd}") for fd in (0, 1, 2)} == {
         os.devnull}
-    sigkill(run, how)
+    sigkill(run.launcher, how)
     took = gone_within(tree, 1.0)
     assert took < 1.0, f"the tree took {took:.3f}s to go"
     guarded.wait_done()
@@ -1207,14 +1221,20 @@ def test_require_refuses_to_start_below_the_tier(rundir: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False, cwd="/")
     assert user.returncode == 2, user.stderr
     (line,) = user.stderr.splitlines()
+    # The next tier down is named (probed, not made: --require refuses it anyway).
+    tier = "subreaper" if no_pidns_tier(prefix) else "pidns"
     assert line.startswith("gpuguard: run: CMD not started: --require cgroup: this host gives "
-                           "the subreaper tier (no cgroup: cannot create a cgroup in "), line
+                           f"the {tier} tier (no cgroup: cannot create a cgroup in "), line
     assert not marker.exists()
-    # Without --require the same user runs, on the subreaper tier, and says so.
+    # Without --require the same user runs, on that tier, and says so.
+    if tier == "pidns":  # CMD runs in its user namespace
+        cmd[1] = namespace_python(prefix) or sys.executable
     ran = subprocess.run([*prefix, *LAUNCHER, "--verbose", *cmd], env=child_env(),
                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
     assert ran.returncode == 0, ran.stderr
-    assert ran.stderr.startswith("gpuguard run: tier subreaper (no cgroup: "), ran.stderr
+    said = (r"tier subreaper \(no cgroup: .*; no pidns: " if tier == "subreaper"
+            else r"tier pidns \(init \d+ of a new PID namespace; no cgroup: ")
+    assert re.match("gpuguard run: " + said, ran.stderr), ran.stderr
     assert marker.exists()
 
 
@@ -1272,3 +1292,317 @@ def test_status_and_explain_show_the_tier_each_launcher_holds_its_tree_with(
             in " ".join(text.stdout.split())), text.stdout
     os.kill(run.launcher, signal.SIGTERM)
     assert run.status() == 128 + signal.SIGTERM
+
+
+# -- the pidns tier: the launcher's own PID namespace, its init dying with it -----------------
+
+#: The --verbose line of a created pidns tier: the init's pid (the host's, ours).
+PIDNS_LINE = re.compile(r"gpuguard run: tier pidns \(init (?P<init>\d+) of a new PID "
+                        r"namespace(; .*)?\)")
+USERS = ["invoker", "unprivileged"]
+
+
+def user_prefix(user: str) -> tuple[str, ...]:
+    """The launcher as this test's user (root in CI: CLONE_NEWPID alone), or as uid UID
+    (a user namespace first, as for any unprivileged user)."""
+    if user == "invoker":
+        return ()
+    if os.geteuid() != 0:
+        pytest.skip("not root: the invoker variant already runs unprivileged")
+    prefix = unprivileged_prefix()
+    require(prefix, "setpriv not installed: apt-get install util-linux")
+    return prefix
+
+
+@functools.cache
+def no_pidns_tier(prefix: tuple[str, ...]) -> str | None:
+    """Why the launcher, started with `prefix`, gets no pidns tier here."""
+    done = subprocess.run([*prefix, *LAUNCHER, "--tier", "pidns", "--", "true"],
+                          env=child_env(), capture_output=True, text=True, timeout=60,
+                          check=False, cwd="/")
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
+
+
+@functools.cache
+def namespace_python(prefix: tuple[str, ...]) -> str | None:
+    """A Python that CMD, started as the user `prefix` makes, can run in the pidns tier.
+    There the caller's capabilities are gone (they were the caller's user namespace's):
+    where this Python is reachable only with the prefix's CAP_DAC_READ_SEARCH (a pyenv
+    under /root), CMD uses the system's python3."""
+    for python in (sys.executable, shutil.which("python3", path="/usr/bin:/bin")):
+        if python and subprocess.run([*prefix, *LAUNCHER, "--tier", "pidns", "--", python,
+                                      "-c", ""], env=child_env(), capture_output=True,
+                                     check=False, timeout=60, cwd="/").returncode == 0:
+            return python
+    return None
+
+
+def nspid(pid: int) -> int | None:
+    """`pid`'s pid in its own (innermost) PID namespace (NSpid's last field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except OSError:
+        return None
+    return None
+
+
+class InNamespace:
+    """A pidns-tier `gpuguard run` under a `bash -c` parent. CMD writes the pids of its
+    namespace; `pid()` gives the same process's pid here (the host's, as the exporter,
+    the registrar and NVML name it)."""
+
+    def __init__(self, trees: Trees, d: Path, actions: list[str], user: str, *,
+                 options: tuple[str, ...] = ()) -> None:
+        prefix = user_prefix(user)
+        why = no_pidns_tier(prefix)
+        if why is not None:
+            pytest.skip(f"this host gives no pidns tier to the {user}: {why}")
+        python = namespace_python(prefix)
+        if python is None:
+            pytest.skip(f"no Python that uid {UID} can run without capabilities")
+        self.d = d
+        argv = [*prefix, *LAUNCHER, "--verbose", "--tier", "pidns", *options, "--",
+                python, str(d / "cmd.py"), str(d), *actions]
+        script = (" ".join(shlex.quote(a) for a in argv)
+                  + f" 2> {shlex.quote(str(d / 'stderr'))}; echo $? > "
+                  + shlex.quote(str(d / "status")))
+        self.trees = trees
+        self.tree = trees.spawn(script, env=child_env())
+        (self.launcher,) = wait_for(lambda: descendants_of(self.tree.launcher.pid)[:1],
+                                    what="the launcher")
+        found = wait_for(lambda: [m for m in map(PIDNS_LINE.fullmatch, self.stderr()) if m],
+                         what="the launcher's tier line")
+        self.init = int(found[0]["init"])  # type: ignore[index]
+        trees.sessions.add(os.getsid(self.launcher))
+        trees.pids.extend((p, stat_fields(p)) for p in (self.launcher, self.init))
+
+    def pid(self, name: str) -> int:
+        """The pid here of the process whose namespace pid CMD wrote to DIR/NAME."""
+        path = self.d / name
+        inner = int(str(wait_for(lambda: path.exists() and path.read_text().strip(),
+                                 what=str(path))))
+
+        def here() -> int | None:
+            found = [p for p in descendants_of(self.launcher) if nspid(p) == inner]
+            return found[0] if found else None
+
+        pid = int(str(wait_for(here, what=f"namespace pid {inner} ({name})")))
+        self.trees.pids.append((pid, stat_fields(pid)))
+        return pid
+
+    def status(self) -> int:
+        return launcher_status(self.d)
+
+    def stderr(self) -> list[str]:
+        path = self.d / "stderr"
+        return [line for line in (path.read_text().splitlines() if path.exists() else ())
+                if line.startswith("gpuguard")]
+
+
+@pytest.mark.parametrize("how", ["launcher", "group", "session"])
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_a_sigkilled_launcher_takes_its_whole_tree_within_a_second(
+        trees: Trees, rundir: Path, user: str, how: str) -> None:
+    sibling = subprocess.Popen(["sleep", "3600"])  # outside the tree: must not be touched
+    trees.pids.append((sibling.pid, stat_fields(sibling.pid)))
+    run = InNamespace(trees, rundir, ESCAPERS, user)
+    cmd, child, loop, daemon, stray, worker = (run.pid(n) for n in ("cmd", *ESCAPERS, "worker"))
+    tree = [run.launcher, *descendants_of(run.launcher)]
+    assert {run.init, cmd, child, loop, daemon, stray, worker} <= set(tree)
+    # CMD is the launcher's own child (forwarding, its status); what escaped CMD is the
+    # init's, in the namespace (the launcher, outside it, cannot adopt it).
+    assert (stat_fields(cmd) or {}).get("ppid") == run.launcher
+    assert (stat_fields(run.init) or {}).get("ppid") == run.launcher
+    assert {(stat_fields(p) or {}).get("ppid") for p in (daemon, stray)} == {run.init}
+    assert (stat_fields(run.init) or {}).get("comm") == "gpuguard-init"
+    assert nspid(run.init) == 1 and nspid(run.launcher) == run.launcher
+    # The init holds none of the caller's streams.
+    assert {os.readlink(f"/proc/{run.init}/fd/{fd}") for fd in (0, 1, 2)} == {os.devnull}
+    sigkill(run.launcher, how)
+    took = gone_within([p for p in tree if p != run.init], 1.0)
+    assert took < 1.0, f"the tree took {took:.3f}s to go"
+    # The init, killed first, finishes its exit once every process of its namespace is
+    # released: CMD's zombie too, which went to the launcher's reaper, this subreaper.
+    for pid in tree:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    gone_within([run.init], 1.0)
+    assert alive(sibling.pid)
+    if how == "launcher":  # its parent saw a plain SIGKILLed command
+        assert run.status() == 128 + signal.SIGKILL
+    sibling.kill()
+    sibling.wait()
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_a_normal_run_keeps_its_status_and_its_leftovers_are_reaped(
+        trees: Trees, rundir: Path, user: str) -> None:
+    run = InNamespace(trees, rundir, ["child", "proc-self", "await=go", "exit=3"], user)
+    child = run.pid("child")
+    (rundir / "go").touch()
+    assert run.status() == 3
+    gone_within([child, run.init], 1.0)  # reaped by the launcher, then the init let go
+    tier, reaped = run.stderr()
+    assert reaped.startswith("gpuguard run: CMD exited with status 3: reaped 1 process(es)")
+    assert reaped_pids(reaped) == {child}  # the host's pid: the launcher reaped it
+    # CMD's getpid() and its /proc agree (a /proc of its namespace: psutil reads it).
+    own, proc_self = (rundir / "proc-self").read_text().split()
+    assert own == proc_self and int(own) > 1
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_parent_death_and_forwarded_signals_work_as_before(
+        trees: Trees, rundir: Path, user: str) -> None:
+    run = InNamespace(trees, rundir, ["daemon"], user)
+    cmd, daemon = run.pid("cmd"), run.pid("daemon")
+    os.kill(run.launcher, signal.SIGUSR1)
+    wait_for(lambda: "SIGUSR1" in (rundir / "signals").read_text()
+             if (rundir / "signals").exists() else False, what="CMD to get SIGUSR1")
+    os.kill(run.tree.launcher.pid, signal.SIGKILL)  # the parent dies
+    gone_within([run.launcher, cmd, daemon, run.init], 1.0)
+    (tier, reaped) = run.stderr()
+    assert reaped.startswith("gpuguard run: the parent process died: reaped 2 process(es)")
+    assert reaped_pids(reaped) == {cmd, daemon}  # by the teardown, not the namespace
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_is_in_the_registration_under_the_launchers_host_pid(
+        trees: Trees, rundir: Path, user: str, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="gpuguard-test-marks-"))  # reachable by UID
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    shared.chmod(0o755)
+    marks = registrar_serving(shared, request)
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"classify:\n  marks_dir: {marks}\n")
+    run = InNamespace(trees, rundir, [f"holder={HOLDER}"], user,
+                      options=("--marks-dir", str(marks)))
+    holder = run.pid("holder")
+    fake_gpu.add_process(0, holder, GIB)  # NVML names the host's pid, as the driver does
+    start = (stat_fields(run.launcher) or {})["start_time"]
+    (mark,) = marks.iterdir()
+    assert mark.name == f"run-{run.launcher}-{start}"
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert mark.read_text().splitlines() == [boot, "tier pidns"]
+    held = [{"pid": run.launcher, "start_time": start, "tier": "pidns"}]
+    tree = tree_of(gpuguard, holder, "--config", str(config))
+    assert tree["run_launchers"] == held, tree
+    assert tree["verdict"] == "normal", tree
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    gone_within([holder, run.init], 1.0)
+    assert list(marks.iterdir()) == []
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_keep_leftovers_outlive_the_launcher_under_the_init(
+        trees: Trees, rundir: Path, user: str) -> None:
+    run = InNamespace(trees, rundir, ["child", "exit=3"], user, options=("--keep-leftovers",))
+    child = run.pid("child")
+    assert run.status() == 3
+    wait_for(lambda: not alive(run.launcher), what="the launcher to exit")
+    assert alive(child) and alive(run.init)  # released: no parent-death SIGKILL now
+    assert (stat_fields(child) or {}).get("ppid") == run.init
+    os.kill(child, signal.SIGKILL)
+    gone_within([child, run.init], 1.0)  # the namespace empty, the init goes
+
+
+#: Run as root: ARGV as root of a user namespace (mapped to root: the files stay reachable)
+#: whose limits allow no further user or PID namespace, with a tmpfs over /sys/fs/cgroup
+#: in its own mount namespace (no cgroup tier either). Nothing outside is changed.
+NO_NAMESPACES = r"""
+import ctypes, os, sys
+from gpuguard.launch.pidns import CLONE_NEWNS, CLONE_NEWUSER, unshare
+ready_r, ready_w = os.pipe()
+mapped_r, mapped_w = os.pipe()
+child = os.fork()
+if child == 0:
+    unshare(CLONE_NEWUSER | CLONE_NEWNS)
+    os.write(ready_w, b"x")
+    os.read(mapped_r, 1)
+    for name in ("max_user_namespaces", "max_pid_namespaces"):
+        with open(f"/proc/sys/user/{name}", "w") as fh:
+            fh.write("0")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"none", b"/sys/fs/cgroup", b"tmpfs", 0, None) != 0:
+        sys.exit(f"mount tmpfs: {os.strerror(ctypes.get_errno())}")
+    os.execv(sys.argv[1], sys.argv[1:])
+os.read(ready_r, 1)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{child}/{name}", "w") as fh:
+        fh.write("0 0 1\n")
+os.write(mapped_w, b"x")
+_, status = os.waitpid(child, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_require_pidns_refuses_where_no_namespace_can_be_made(rundir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a user namespace that allows no other")
+    marker = rundir / "started"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+
+    def launch(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", NO_NAMESPACES, sys.executable,
+                               "-m", "gpuguard.console", "run", *options, *cmd],
+                              env=child_env(), capture_output=True, text=True, timeout=60,
+                              check=False, cwd=REPO)
+
+    refused = launch("--require", "pidns")
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert re.fullmatch(r"gpuguard: run: CMD not started: --require pidns: this host gives "
+                        r"the subreaper tier \(no cgroup: .*; no pidns: cannot create a PID "
+                        r"namespace \(No space left on device(; user\.max_user_namespaces=0)?\)\)",
+                        line), line
+    assert not marker.exists()
+    ran = launch("--verbose")  # without --require: the subreaper tier, and it says why
+    assert ran.returncode == 0, ran.stderr
+    assert re.match(r"gpuguard run: tier subreaper \(no cgroup: .*; no pidns: ", ran.stderr)
+    assert marker.exists()
+
+
+def test_the_cgroup_tier_through_a_user_manager_is_refused_with_why(rundir: Path) -> None:
+    """No delegated cgroup: the launcher asks the user's systemd manager for a delegated
+    scope. Here none runs (this machine has no systemd): the reason says so; where the
+    manager's sockets exist but nothing speaks D-Bus on them, busctl's refusal is named.
+    The success path needs a running user manager, which no test here has."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the launcher as a user without a delegated cgroup")
+    prefix = unprivileged_prefix()
+    require(prefix, "setpriv not installed: apt-get install util-linux")
+    runtime = rundir / "runtime"
+    (runtime / "systemd").mkdir(parents=True)
+    shutil.chown(runtime, UID, UID)
+
+    def refusal() -> str:
+        done = subprocess.run([*prefix, *LAUNCHER, "--require", "cgroup", "--", "true"],
+                              env={**child_env(), "XDG_RUNTIME_DIR": str(runtime)},
+                              capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert "(Permission denied: no delegated cgroup); " in line, line
+        return line
+
+    assert refusal().endswith(
+        f"; no systemd user manager ({runtime}/systemd/private is not a socket))")
+    if shutil.which("busctl") is None:
+        pytest.skip("busctl not installed (apt-get install systemd): the D-Bus refusal")
+    listeners = []
+    for path in (runtime / "systemd" / "private", runtime / "bus"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o777)
+        sock.listen(8)
+        listeners.append(sock)
+    try:
+        said = refusal()
+    finally:
+        for sock in listeners:
+            sock.close()
+    assert "; the systemd user manager " in said, said

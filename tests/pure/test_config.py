@@ -302,6 +302,20 @@ def test_accounting_defaults_no_quota_miner_patterns_heuristic_off() -> None:
         ("audit:\n  suspect_names: [ok, 'two words']", "audit.suspect_names[1]",
          "is not a program name"),
         ("audit:\n  suspect_names: ['']", "audit.suspect_names[0]", "is not a program name"),
+        ("accounting: [a]", "accounting", "must be a mapping"),
+        ("accounting:\n  threshold: 1", "accounting.threshold", "unknown key"),
+        ("accounting:\n  unlisted_threshold_bytes: 1G", "accounting.unlisted_threshold_bytes",
+         "unknown unit 'G'"),
+        ("accounting:\n  device_files: /dev/nvidia0", "accounting.device_files",
+         "must be a list of strings"),
+        ("accounting:\n  device_files: [dev/nvidia0]", "accounting.device_files[0]",
+         "not an absolute path pattern"),
+        ("accounting:\n  unlisted_search_budget_processes: 0",
+         "accounting.unlisted_search_budget_processes", "must be >= 1"),
+        ("accounting:\n  unlisted_search_budget_milliseconds: 0",
+         "accounting.unlisted_search_budget_milliseconds", "must be > 0"),
+        ("accounting:\n  unlisted_search_budget_milliseconds: .inf",
+         "accounting.unlisted_search_budget_milliseconds", "must be a finite number"),
     ],
 )
 def test_accounting_errors_name_file_key_problem(text: str, key: str, problem: str) -> None:
@@ -310,3 +324,26 @@ def test_accounting_errors_name_file_key_problem(text: str, key: str, problem: s
     message = str(err.value)
     assert message.startswith(f"/etc/gpuguard.yml: {key}: "), message
     assert problem in message, message
+
+
+def test_the_accounting_section_and_its_defaults() -> None:
+    from gpuguard.config.accounting import UnlistedSettings
+
+    assert parse_config("").accounting.unlisted == UnlistedSettings()
+    assert UnlistedSettings().device_files == ("/dev/nvidia[0-9]*",)
+    cfg = parse_config("accounting:\n  unlisted_threshold_bytes: 1GiB\n"
+                       "  device_files: ['/dev/nvidia[0-9]*', /srv/fake/gpu*]\n"
+                       "  unlisted_search_budget_processes: 10\n"
+                       "  unlisted_search_budget_milliseconds: 2.5\n")
+    assert cfg.accounting.unlisted == UnlistedSettings(
+        2**30, ("/dev/nvidia[0-9]*", "/srv/fake/gpu*"), 10, 2.5)
+    assert cfg.accounting.idle.idle_after_seconds == 3600
+
+
+def test_one_accounting_section_serves_idle_time_and_the_unlisted_search() -> None:
+    cfg = parse_config("accounting:\n  idle_after_seconds: 60\n"
+                       "  unlisted_threshold_bytes: 1GiB\n")
+    assert cfg.accounting.idle.idle_after_seconds == 60
+    assert cfg.accounting.unlisted.unlisted_threshold_bytes == 2**30
+    assert cfg.accounting.unlisted.device_files == ("/dev/nvidia[0-9]*",)
+

@@ -37,7 +37,7 @@ IO_MODULES = frozenset({
     # this project's own I/O layers
     "gpuguard.host.procfs", "gpuguard.host.procevents", "gpuguard.host.proc_connector",
     "gpuguard.host.users", "gpuguard.host.marks", "gpuguard.host.registrar",
-    "gpuguard.host.launcher_memory", "gpuguard.host.descriptors",
+    "gpuguard.host.launcher_memory", "gpuguard.host.descriptors", "gpuguard.host.fdsearch",
     "gpuguard.web", "gpuguard.console", "gpuguard.launch",
     "gpuguard.periodic", "gpuguard.exporter.scanner", "gpuguard.exporter.cli",
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",

@@ -2,9 +2,10 @@
 their files at start, without starting them.
 
 Offline: the config file is parsed and validated whole, every section the exporter and
-the remediator read (classify:, remediate:, quotas:, audit:), and the web config as both
-load it (its certificates and keys included), with no NVML and no /proc, so that an edit
-can be checked on any machine, a CI runner or a laptop, before the units restart. Exit 0,
+the remediator read (classify:, remediate:, quotas:, audit:, accounting:), and the web
+config as both load it (its certificates and keys included), with no NVML and no /proc,
+so that an edit can be checked on any machine, a CI runner or a laptop, before the units
+restart. Exit 0,
 or 2 with the daemons' own one line (`gpuguard: config error: FILE: KEY: PROBLEM`).
 What only the running host can tell (the token and credentials files, the state
 directory's owner) is still checked by the daemons at start.
@@ -23,7 +24,7 @@ from gpuguard.web.webconfig import load_web_config
 def cmd_config_check(args: argparse.Namespace) -> int:
     """Both files checked before anything is printed: a failure prints its line alone."""
     config = load(args.file)
-    lines = [f"{config.source}: valid (classify, remediate, quotas, audit)"]
+    lines = [f"{config.source}: valid (classify, remediate, quotas, audit, accounting)"]
     if args.web_config_file is not None:
         try:
             web = load_web_config(args.web_config_file)

@@ -25,8 +25,10 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
+from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
+from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, PolicyState, decide, policy_state, screen
 from gpuguard.remediator.decision.tree import TreeKey
@@ -90,13 +92,19 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     key = intake.key
     pending.add(key)
     events, memory = launcher_evidence(config)
-    live = inspect_tree(key, nvml=nvml, rules=config.classify, events=events, memory=memory)
+    # With require_idle_seconds, as a freshly started remediator: its watch's first read.
+    required = config.remediate.require_idle_seconds
+    watch = (IdleWatch(nvml, required=lambda: required, boot=boottime, counters=COUNTERS)
+             if required > 0 else None)
+    live = watched_inspection(watch, lambda reading: inspect_tree(
+        key, nvml=nvml, rules=config.classify, events=events, memory=memory, reading=reading))
     worker_state = dataclasses.replace(state, pending=frozenset(state.pending - {key}))
     decision = decide(alert, live, worker_state)
     out["decision"] = decision.to_json()
     out["live"] = live_json(live)
-    if decision.action == Action.DEFER and decision.recheck_at is not None:
+    if decision.recheck_at is not None:
         out["decision"]["recheck_at"] += state.wall_now - state.now  # boot clock -> Unix
+    if decision.action == Action.DEFER and decision.recheck_at is not None:
         # What the worker's re-check would say once the tree is old enough, if nothing changes.
         first_seen = dict(worker_state.first_seen)
         first_seen[key] = decision.first_seen if decision.first_seen is not None else state.now

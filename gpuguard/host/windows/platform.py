@@ -18,11 +18,11 @@ if TYPE_CHECKING:
     from gpuguard.host.nvml import Nvml
 
 
-def _nvml(counters: Counters) -> Nvml:
+def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
     """NVML with WDDM's per-process memory where NVML cannot size it."""
     from gpuguard.host.windows.wddm import WddmNvml
 
-    return WddmNvml(counters=counters)
+    return WddmNvml(counters=counters, process_utilization=process_utilization)
 
 
 def _start_time(pid: int) -> int | None:

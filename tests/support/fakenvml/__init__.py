@@ -32,6 +32,10 @@ FIELDS: tuple[str, ...] = (
     "power",
     "compute",
     "graphics",
+    "process_utilization",  # nvmlDeviceGetProcessUtilization (the legacy call)
+    "processes_utilization",  # nvmlDeviceGetProcessesUtilizationInfo (R550's)
+    "minor",
+    "pci",
 )
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -39,7 +43,9 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_GPU_IS_LOST = 15
 
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
-MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV")
+MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
+                             "nvmlDeviceGetProcessesUtilizationInfo",
+                             "nvmlDeviceGetMinorNumber")
 
 
 class FakeNvmlBuildError(RuntimeError):
@@ -80,6 +86,10 @@ class FakeGpu:
     temp: int = 40
     power_mw: int = 100_000
     memory_reserved: int = 0  # the driver's own: outside _v2's used, inside _v1's
+    #: /dev/nvidiaN's N (nvmlDeviceGetMinorNumber); None: the index, as on most hosts.
+    minor: int | None = None
+    #: PCI (domain, bus, device) for nvmlDeviceGetPciInfo; None: (0, index + 1, 0).
+    pci: tuple[int, int, int] | None = None
     lost: bool = False
     field_errors: dict[str, int] = field(default_factory=dict)
 
@@ -92,6 +102,18 @@ class FakeProcess:
     pid: int
     used_bytes: int | None
     kind: str  # "C" or "G"
+
+
+@dataclass(frozen=True)
+class FakeSample:
+    """One per-process utilization sample; timestamp_us None: taken afresh at every call
+    (a process that keeps its GPU busy)."""
+
+    gpu_index: int
+    pid: int
+    timestamp_us: int | None
+    sm_util: int
+    mem_util: int = 0
 
 
 class FakeGpuWorld:
@@ -110,6 +132,7 @@ class FakeGpuWorld:
         self.runtime_error: int | None = None
         self.delay_ms = 0
         self.missing: set[str] = set()
+        self.samples: list[FakeSample] = []
         self.save()
 
     # GPUs
@@ -127,6 +150,8 @@ class FakeGpuWorld:
         temp: int = 40,
         power_mw: int = 100_000,
         memory_reserved: int = 0,
+        minor: int | None = None,
+        pci: tuple[int, int, int] | None = None,
     ) -> FakeGpu:
         """Add (or replace) GPU `index`; the default uuid is derived from the index."""
         gpu = FakeGpu(
@@ -140,6 +165,8 @@ class FakeGpuWorld:
             temp=temp,
             power_mw=power_mw,
             memory_reserved=memory_reserved,
+            minor=minor,
+            pci=pci,
         )
         self.gpus[index] = gpu
         self.save()
@@ -199,6 +226,29 @@ class FakeGpuWorld:
             if not (p.pid == pid and (gpu_index is None or p.gpu_index == gpu_index))
         ]
         self.save()
+
+    # Per-process utilization
+
+    def set_busy(self, gpu_index: int, pid: int, sm_util: int = 80, mem_util: int = 20) -> None:
+        """`pid` keeps GPU `gpu_index` busy: every utilization call sees a fresh sample."""
+        self.set_idle(gpu_index, pid, save=False)
+        self.samples.append(FakeSample(gpu_index, pid, None, sm_util, mem_util))
+        self.save()
+
+    def set_idle(self, gpu_index: int, pid: int, *, save: bool = True) -> None:
+        """`pid` stops using GPU `gpu_index`: no more fresh samples (fixed ones stay)."""
+        self.samples = [s for s in self.samples if not (
+            s.gpu_index == gpu_index and s.pid == pid and s.timestamp_us is None)]
+        if save:
+            self.save()
+
+    def add_sample(self, gpu_index: int, pid: int, timestamp_us: int, sm_util: int,
+                   mem_util: int = 0) -> FakeSample:
+        """One sample taken at `timestamp_us` (microseconds since the epoch)."""
+        sample = FakeSample(gpu_index, pid, timestamp_us, sm_util, mem_util)
+        self.samples.append(sample)
+        self.save()
+        return sample
 
     # Library-wide behaviour
 
@@ -268,6 +318,10 @@ class FakeGpuWorld:
             )
             if g.memory_reserved:
                 lines.append(f"reserved {g.index} {g.memory_reserved}")
+            if g.minor is not None:
+                lines.append(f"minor {g.index} {g.minor}")
+            if g.pci is not None:
+                lines.append(f"pci {g.index} {g.pci[0]:x} {g.pci[1]:x} {g.pci[2]:x}")
             if g.lost:
                 lines.append(f"lost {g.index}")
             for name, code in sorted(g.field_errors.items()):
@@ -275,6 +329,12 @@ class FakeGpuWorld:
         for p in self.processes:
             used = "na" if p.used_bytes is None else str(p.used_bytes)
             lines.append(f"proc {p.gpu_index} {p.kind} {p.pid} {used}")
+        for s in self.samples:
+            if s.timestamp_us is None:
+                lines.append(f"busy {s.gpu_index} {s.pid} {s.sm_util} {s.mem_util}")
+            else:
+                lines.append(f"sample {s.gpu_index} {s.pid} {s.timestamp_us} {s.sm_util}"
+                             f" {s.mem_util}")
         return "\n".join(lines) + "\n"
 
     def save(self) -> None:
@@ -289,6 +349,12 @@ class FakeGpuWorld:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def pci_bus_id(gpu: FakeGpu) -> str:
+    """The busId the fake answers for `gpu`, as the driver formats it (8-digit domain)."""
+    domain, bus, device = gpu.pci if gpu.pci is not None else (0, gpu.index + 1, 0)
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
 def default_uuid(index: int) -> str:

@@ -18,17 +18,34 @@
  *                                        memory _v2 answers total, reserved, USED and
  *                                        free = total - USED - reserved; _v1 (which has
  *                                        no reserved field) answers used = USED + reserved
+ *   minor IDX N                          GPU IDX's minor number, /dev/nvidiaN (default IDX)
+ *   pci IDX DOMAIN BUS DEVICE            GPU IDX's PCI address, hex (default 0 IDX+1 0): busId
+ *                                        "%08X:%02X:%02X.0", busIdLegacy "%04X:%02X:%02X.0"
  *   lost IDX                             every call on GPU IDX answers 15 (GPU is lost)
  *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
  *                                        name uuid memory utilization temperature power
- *                                        compute graphics
+ *                                        compute graphics minor pci
  *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available);
  *                                        the same pid twice in one list is two entries
  *                                        (as MIG lists one per instance)
  *   missing FUNCTION                     FUNCTION answers 13 (FUNCTION_NOT_FOUND), what
  *                                        pynvml raises for a symbol an older driver lacks;
- *                                        for nvmlDeviceGetMemoryInfo_v2 and
- *                                        nvmlDeviceGetTemperatureV (the calls with a fallback)
+ *                                        for nvmlDeviceGetMemoryInfo_v2,
+ *                                        nvmlDeviceGetTemperatureV and
+ *                                        nvmlDeviceGetProcessesUtilizationInfo (the calls
+ *                                        with a fallback)
+ *   sample IDX PID TS SM MEM             one utilization sample of PID on GPU IDX, taken at
+ *                                        TS (microseconds since the epoch, as the driver's)
+ *   busy IDX PID SM MEM                  PID keeps GPU IDX busy: every call sees a fresh
+ *                                        sample taken now (the driver samples a running
+ *                                        kernel every few hundred ms)
+ *
+ * Per-process utilization (nvmlDeviceGetProcessUtilization, the legacy call, and
+ * nvmlDeviceGetProcessesUtilizationInfo, R550's versioned one) answers as the driver:
+ * only samples newer than lastSeenTimeStamp, only processes with a sample (NVML keeps
+ * none for a process that used nothing), NOT_FOUND when there is none, and the two-pass
+ * size protocol (NULL buffer or too small a count: INSUFFICIENT_SIZE with the count).
+ * Their FIELDs for `error` are process_utilization and processes_utilization.
  *
  * Concurrency probe: every entry point counts itself in flight from entry until it
  * returns (the injected delay included); fakenvml_max_in_flight() answers the most
@@ -51,6 +68,7 @@
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
@@ -65,14 +83,18 @@
 #define VERSION_LEN 80
 #define MAX_MISSING 8
 #define FUNCTION_LEN 64
+#define MAX_SAMPLES 1024
 
 #define NVML_MEMORY_V2 0x02000028u
 #define NVML_TEMPERATURE_V1 0x0100000Cu
+#define NVML_PROCESSES_UTILIZATION_INFO_V1 0x01000018u
 
 enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
-             F_GRAPHICS, F_COUNT };
+             F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_MINOR, F_PCI,
+             F_COUNT };
 static const char *const field_names[F_COUNT] = {
-    "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics"};
+    "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics",
+    "process_utilization", "processes_utilization", "minor", "pci"};
 
 typedef int nvmlReturn_t;
 
@@ -84,6 +106,8 @@ struct gpu {
     unsigned long long total, used, reserved;
     unsigned int util_gpu, util_mem, temp_c, power_mw;
     int field_error[F_COUNT];
+    int has_minor, has_pci; /* set by a minor / pci line; else the defaults */
+    unsigned int minor, pci_domain, pci_bus, pci_device;
 };
 
 struct proc {
@@ -91,6 +115,14 @@ struct proc {
     char kind; /* 'C' or 'G' */
     unsigned int pid;
     unsigned long long used;
+};
+
+struct sample {
+    int gpu;
+    int fresh; /* busy: taken at the time of each call */
+    unsigned int pid;
+    unsigned long long ts; /* microseconds since the epoch */
+    unsigned int sm, mem;
 };
 
 struct state {
@@ -104,6 +136,8 @@ struct state {
     struct proc procs[MAX_PROCS];
     int missing_count;
     char missing[MAX_MISSING][FUNCTION_LEN];
+    int sample_count;
+    struct sample samples[MAX_SAMPLES];
 };
 
 /* Layouts match pynvml's ctypes structures. */
@@ -114,11 +148,35 @@ typedef struct {
 } nvmlMemory_v2_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned int version; unsigned int sensorType; int temperature; } nvmlTemperature_t;
+/* nvmlPciInfo_t as nvmlDeviceGetPciInfo_v3 fills it: busId moved to the end in NVML 9. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_t;
+
+/* pynvml's c_nvmlProcessUtilizationSample_t (legacy call). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+/* pynvml's c_nvmlProcessUtilizationInfo_v1_t and c_nvmlProcessesUtilizationInfo_v1_t. */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
 
 /* A handle points at one slot; the slot number is the GPU index. */
 struct fake_device { int index; };
@@ -132,6 +190,10 @@ static int init_refcount;
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t must be 40 bytes");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t must be 24 bytes");
 _Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t must be 12 bytes");
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "legacy sample must be 32 bytes");
+_Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "v1 info must be 40 bytes");
+_Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 24, "v1 header must be 24 bytes");
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t must be 68 bytes");
 
 static int parse_field(const char *s) {
     for (int i = 0; i < F_COUNT; i++)
@@ -184,6 +246,12 @@ static void load_state(void) {
             g.lost = st.gpus[idx].lost; /* keep directives that came before */
             g.reserved = st.gpus[idx].reserved;
             memcpy(g.field_error, st.gpus[idx].field_error, sizeof g.field_error);
+            g.has_minor = st.gpus[idx].has_minor;
+            g.minor = st.gpus[idx].minor;
+            g.has_pci = st.gpus[idx].has_pci;
+            g.pci_domain = st.gpus[idx].pci_domain;
+            g.pci_bus = st.gpus[idx].pci_bus;
+            g.pci_device = st.gpus[idx].pci_device;
             if (!st.gpus[idx].present) st.gpu_count++;
             st.gpus[idx] = g;
         } else if (strcmp(word, "reserved") == 0) {
@@ -191,6 +259,22 @@ static void load_state(void) {
             if (sscanf(rest, "%d %llu", &idx, &bytes) != 2 || idx < 0 || idx >= MAX_GPUS)
                 bad_line(lineno, line);
             else st.gpus[idx].reserved = bytes;
+        } else if (strcmp(word, "minor") == 0) {
+            unsigned int minor;
+            if (sscanf(rest, "%d %u", &idx, &minor) != 2 || idx < 0 || idx >= MAX_GPUS)
+                bad_line(lineno, line);
+            else st.gpus[idx].has_minor = 1, st.gpus[idx].minor = minor;
+        } else if (strcmp(word, "pci") == 0) {
+            unsigned int domain, bus, device;
+            if (sscanf(rest, "%d %x %x %x", &idx, &domain, &bus, &device) != 4 || idx < 0 ||
+                idx >= MAX_GPUS || bus > 0xff || device > 0x1f) {
+                bad_line(lineno, line);
+                continue;
+            }
+            st.gpus[idx].has_pci = 1;
+            st.gpus[idx].pci_domain = domain;
+            st.gpus[idx].pci_bus = bus;
+            st.gpus[idx].pci_device = device;
         } else if (strcmp(word, "missing") == 0) {
             if (st.missing_count >= MAX_MISSING ||
                 sscanf(rest, "%63s", st.missing[st.missing_count]) != 1)
@@ -206,6 +290,19 @@ static void load_state(void) {
                 idx >= MAX_GPUS || (fi = parse_field(fname)) < 0)
                 bad_line(lineno, line);
             else st.gpus[idx].field_error[fi] = code;
+        } else if (strcmp(word, "sample") == 0 || strcmp(word, "busy") == 0) {
+            struct sample sm;
+            memset(&sm, 0, sizeof sm);
+            sm.fresh = word[0] == 'b';
+            int got = sm.fresh
+                ? sscanf(rest, "%d %u %u %u", &idx, &sm.pid, &sm.sm, &sm.mem) + 1
+                : sscanf(rest, "%d %u %llu %u %u", &idx, &sm.pid, &sm.ts, &sm.sm, &sm.mem);
+            if (st.sample_count >= MAX_SAMPLES || got != 5 || idx < 0 || idx >= MAX_GPUS) {
+                bad_line(lineno, line);
+                continue;
+            }
+            sm.gpu = idx;
+            st.samples[st.sample_count++] = sm;
         } else if (strcmp(word, "proc") == 0) {
             char kind[4], bytes[32];
             struct proc p;
@@ -402,6 +499,44 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     EXIT
 }
 
+/* The minor number names the device node, /dev/nvidiaN. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_MINOR, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (missing("nvmlDeviceGetMinorNumber")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    if (minor == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = g->has_minor ? g->minor : (unsigned int)(device - devices);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* As the driver fills it: busId with an 8-digit domain (what nvidia-smi and dcgm-exporter's
+ * pci_bus_id show), busIdLegacy with a 4-digit one, function 0. */
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PCI, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (pci == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof *pci);
+    pci->domain = g->has_pci ? g->pci_domain : 0;
+    pci->bus = g->has_pci ? g->pci_bus : (unsigned int)(device - devices) + 1;
+    pci->device = g->has_pci ? g->pci_device : 0;
+    pci->pciDeviceId = 0x233010DEu; /* H100 SXM5, vendor 10DE */
+    pci->pciSubSystemId = 0x16C110DEu;
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus,
+             pci->device);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
+             pci->domain & 0xffffu, pci->bus, pci->device);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* pynvml calls only _v3; the older entry points take smaller structs, so this
+ * fake leaves them out rather than overrun a caller's buffer. */
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     ENTER
     struct gpu *g;
@@ -537,4 +672,91 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsign
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
                                                       nvmlProcessInfo_t *infos) {
     return nvmlDeviceGetGraphicsRunningProcesses_v3(device, count, infos);
+}
+
+/* The samples of GPU `index` newer than `last_seen`, a fresh one for each busy process
+ * stamped `now_us`. Caller holds `lock`; `out` has MAX_SAMPLES slots. */
+static unsigned int samples_since(int index, unsigned long long last_seen,
+                                  unsigned long long now_us, struct sample *out) {
+    unsigned int n = 0;
+    for (int i = 0; i < st.sample_count; i++) {
+        struct sample s = st.samples[i];
+        if (s.gpu != index) continue;
+        if (s.fresh) s.ts = now_us;
+        if (s.ts > last_seen) out[n++] = s;
+    }
+    return n;
+}
+
+static unsigned long long now_microseconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+static struct sample found[MAX_SAMPLES]; /* guarded by `lock` */
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp) {
+    ENTER
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PROCESS_UTILIZATION, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (processSamplesCount == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = samples_since((int)(device - devices), lastSeenTimeStamp,
+                                   now_microseconds(), found);
+    if (n == 0) {
+        *processSamplesCount = 0;
+        LEAVE(NVML_ERROR_NOT_FOUND);
+    }
+    if (utilization == NULL || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int k = 0; k < n; k++) {
+        utilization[k].pid = found[k].pid;
+        utilization[k].timeStamp = found[k].ts;
+        utilization[k].smUtil = found[k].sm;
+        utilization[k].memUtil = found[k].mem;
+        utilization[k].encUtil = 0;
+        utilization[k].decUtil = 0;
+    }
+    *processSamplesCount = n;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                   nvmlProcessesUtilizationInfo_t *info) {
+    ENTER
+    if (missing("nvmlDeviceGetProcessesUtilizationInfo")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_PROCESSES_UTILIZATION, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (info == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != NVML_PROCESSES_UTILIZATION_INFO_V1)
+        LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned int n = samples_since((int)(device - devices), info->lastSeenTimeStamp,
+                                   now_microseconds(), found);
+    if (n == 0) {
+        info->processSamplesCount = 0;
+        LEAVE(NVML_ERROR_NOT_FOUND);
+    }
+    if (info->procUtilArray == NULL || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int k = 0; k < n; k++) {
+        nvmlProcessUtilizationInfo_v1_t *u = &info->procUtilArray[k];
+        memset(u, 0, sizeof *u);
+        u->timeStamp = found[k].ts;
+        u->pid = found[k].pid;
+        u->smUtil = found[k].sm;
+        u->memUtil = found[k].mem;
+    }
+    info->processSamplesCount = n;
+    LEAVE(NVML_SUCCESS);
+    EXIT
 }

@@ -1,0 +1,123 @@
+"""The idle clocks the exporter builds from NVML's per-process utilization, over real
+processes and the fake libnvidia-ml.so.1: gpuguard_gpu_process_idle_seconds,
+gpuguard_orphan_tree_idle_seconds and gpuguard_user_gpu_idle_memory_bytes. The NVML
+calls themselves are tested in test_nvml.py."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry
+
+from gpuguard.config.accounting import IdleAccounting
+from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.scanner import Scanner, user_name
+from gpuguard.host.counters import Counters
+from gpuguard.host.nvml import Nvml
+from gpuguard.host.procfs import ProcessView
+from gpuguard.orphans.rules_config import Rules
+from tests.support.fakenvml import FakeGpuWorld, default_uuid
+from tests.support.proctree import Trees
+
+pytest_plugins = ["tests.support.fakenvml.plugin"]
+
+GIB = 2**30
+NVML_ERROR_UNKNOWN = 999
+NEW, LEGACY = "processes_utilization", "process_utilization"
+
+
+def make(boot: list[float], **kwargs: object) -> tuple[Scanner, CollectorRegistry]:
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+                      view=ProcessView(counters=counters), counters=counters,
+                      boot_clock=lambda: boot[0], **kwargs)  # type: ignore[arg-type]
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1"))
+    return scanner, registry
+
+
+def test_idle_seconds_grow_for_an_idle_holder_and_stay_near_zero_for_a_busy_one(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    idle_tree = trees.spawn("{holder} --pidfile {dir}/w")
+    busy_tree = trees.spawn("{holder} --pidfile {dir}/w")
+    idler, worker = idle_tree.pid("w"), busy_tree.pid("w")
+    fake_gpu.add_process(0, idler, 2 * GIB)
+    fake_gpu.add_process(0, worker, 3 * GIB)
+    fake_gpu.set_busy(0, worker)
+    boot = [100.0]
+    scanner, registry = make(boot, accounting=IdleAccounting(idle_after_seconds=60))
+
+    def idle_of(pid: int) -> float | None:
+        return registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
+                                         {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)})
+
+    scanner.scan_once()
+    assert idle_of(idler) == 0.0 and idle_of(worker) == 0.0
+    for step in (30.0, 60.0, 90.0):
+        boot[0] = 100.0 + step
+        scanner.scan_once()
+        assert idle_of(idler) == step
+        assert idle_of(worker) == 0.0
+    # The user's idle memory: the idle holder's 2 GiB (idle 90 s >= 60 s), not the busy one's.
+    user = user_name(os.getuid())
+    assert registry.get_sample_value("gpuguard_user_gpu_memory_bytes", {"user": user}) == 5 * GIB
+    assert registry.get_sample_value("gpuguard_user_gpu_idle_memory_bytes",
+                                     {"user": user}) == 2 * GIB
+    # Work again: the clock restarts at that scan.
+    fake_gpu.set_busy(0, idler)
+    boot[0] = 200.0
+    scanner.scan_once()
+    fake_gpu.set_idle(0, idler)
+    boot[0] = 210.0
+    scanner.scan_once()
+    assert idle_of(idler) == 10.0
+
+
+def test_unknown_utilization_leaves_idle_series_absent(trees: Trees,
+                                                       fake_gpu: FakeGpuWorld) -> None:
+    tree = trees.spawn("{holder} --pidfile {dir}/w")
+    pid = tree.pid("w")
+    fake_gpu.add_process(0, pid, GIB)
+    fake_gpu.set_not_supported(0, NEW)
+    fake_gpu.set_not_supported(0, LEGACY)
+    boot = [100.0]
+    scanner, registry = make(boot, accounting=IdleAccounting(idle_after_seconds=0))
+    scanner.scan_once()
+    boot[0] = 500.0
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_gpu_process_memory_bytes",
+                                     {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) == GIB
+    assert registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
+                                     {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) is None
+    assert registry.get_sample_value("gpuguard_user_gpu_idle_memory_bytes",
+                                     {"user": user_name(os.getuid())}) == 0
+
+
+def test_orphan_tree_idle_is_its_least_idle_holder(trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    tree = trees.spawn("sh -c '{holder} --pidfile {dir}/a & {holder} --pidfile {dir}/b & "
+                       "echo $$ > {dir}/sh; wait' & wait")
+    a, b, sh = tree.pid("a"), tree.pid("b"), tree.pid("sh")
+    fake_gpu.add_process(0, a, GIB)
+    fake_gpu.add_process(0, b, GIB)
+    tree.kill_launcher()
+    boot = [100.0]
+    scanner, registry = make(boot)
+    scanner.scan_once()
+    boot[0] = 150.0
+    fake_gpu.set_busy(0, b)
+    snap = scanner.scan_once()
+    fake_gpu.set_idle(0, b)
+    boot[0] = 170.0
+    snap = scanner.scan_once()
+    root = next(t.root for t in snap.trees if t.verdict == "orphan")
+    assert root is not None and root.pid == sh
+    labels = {"root_pid": str(sh), "root_start_time": str(root.start_time), "comm": "sh",
+              "user": user_name(os.getuid()), "reason": "session-ended"}
+    assert registry.get_sample_value("gpuguard_orphan_tree_idle_seconds", labels) == 20.0
+    # One holder's utilization unknown: the tree's idleness is too.
+    fake_gpu.set_not_supported(0, NEW)
+    fake_gpu.set_not_supported(0, LEGACY)
+    scanner.nvml.close()  # a fresh init re-probes the calls
+    scanner.scan_once()
+    assert registry.get_sample_value("gpuguard_orphan_tree_idle_seconds", labels) is None
+    assert registry.get_sample_value("gpuguard_orphan_tree_age_seconds", labels) is not None

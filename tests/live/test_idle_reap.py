@@ -1,0 +1,110 @@
+"""remediate.require_idle_seconds: the remediator reaps an orphan only when its own watch
+has seen every holder idle that long; real trees over the fake NVML, which serves fresh
+samples for a busy process and none for an idle one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import Trees, wait_for
+from tests.support.remediator_harness import (
+    FakeClock,
+    Harness,
+    Orphan,
+    account,
+    payload,
+    spawn_orphan,
+)
+
+REQUIRED = 60
+
+
+def deliver(h: Harness, orphan: Orphan) -> dict[str, Any]:
+    """One delivery for `orphan`, the worker finished; the decision it made."""
+    answer = account(h.post(payload(orphan.alert())))
+    assert answer["status"] == "accepted", answer
+    h.settle()
+    (decision,) = [d for d in h.service.snapshot()["recent_decisions"]
+                   if d["fingerprint"] == answer["fingerprint"] and d["action"] != "accept"]
+    return decision
+
+
+def test_an_idle_orphan_is_reaped_once_watched_long_enough(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    first = deliver(h, orphan)
+    # The watch has only just seen it: not yet evidence of an idle minute.
+    assert (first["action"], first["reason"]) == ("ignore", "not-idle"), first
+    assert "watched for only" in first["detail"]
+    assert orphan.all_alive()
+    clock.now += REQUIRED + 1
+    h.service.wake()
+    reaped = deliver(h, orphan)
+    assert reaped["action"] == "reap", reaped
+    wait_for(orphan.none_alive, what="the idle orphan to be reaped")
+    finals = [r for r in h.audit()
+              if r["key"]["root_pid"] == orphan.root and r["phase"] == "final"]
+    # The refusal was audited (no signal), then the reap.
+    assert [(r["decision"]["reason"], r["outcome"]) for r in finals] == [
+        ("not-idle", None), ("session-ended", "reaped")]
+    assert finals[0]["signals"] == []
+
+
+def test_a_refusal_for_a_short_requirement_does_not_hold_the_tree_for_a_minute(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """A refused tree is re-inspected no sooner than a minute later, unless its refusal
+    says when it could pass: a 5 s requirement reaps on the delivery 6 s later."""
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=5)
+    orphan = spawn_orphan(trees, fake_gpu)
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    clock.now += 6
+    h.service.wake()
+    assert deliver(h, orphan)["action"] == "reap"
+    wait_for(orphan.none_alive, what="the idle orphan to be reaped")
+
+
+def test_a_busy_orphan_is_refused(harness: Callable[..., Harness], trees: Trees,
+                                  fake_gpu: FakeGpuWorld) -> None:
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_busy(0, orphan.holder)
+    deliver(h, orphan)
+    clock.now += REQUIRED + 1
+    h.service.wake()
+    decision = deliver(h, orphan)
+    assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
+    assert "used an SM 0s ago" in decision["detail"]
+    assert orphan.all_alive()
+
+
+def test_unknown_utilization_refuses(harness: Callable[..., Harness], trees: Trees,
+                                     fake_gpu: FakeGpuWorld) -> None:
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_not_supported(0, "processes_utilization")
+    fake_gpu.set_not_supported(0, "process_utilization")
+    deliver(h, orphan)
+    clock.now += REQUIRED + 1
+    h.service.wake()
+    decision = deliver(h, orphan)
+    assert (decision["action"], decision["reason"]) == ("ignore", "idle-unknown"), decision
+    assert orphan.all_alive()
+    assert [r["decision"]["reason"] for r in h.audit()
+            if r["key"]["root_pid"] == orphan.root] == ["idle-unknown"]
+
+
+def test_without_the_key_idleness_is_not_asked(harness: Callable[..., Harness], trees: Trees,
+                                               fake_gpu: FakeGpuWorld) -> None:
+    """The default (0): a busy orphan is reaped as before."""
+    h = harness()
+    orphan = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_busy(0, orphan.holder)
+    assert deliver(h, orphan)["action"] == "reap"
+    wait_for(orphan.none_alive, what="the orphan to be reaped")
