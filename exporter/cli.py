@@ -16,10 +16,10 @@ from gpuguard.config import Config, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, platform_scanner
 from gpuguard.flags import add_common, served_url
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.host.registrar import Registrar, start_registrar
 from gpuguard.reload import EarlyHangups, Reloader

@@ -20,10 +20,10 @@ from typing import Any, Protocol
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog

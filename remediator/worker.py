@@ -14,8 +14,8 @@ import time
 
 from gpuguard.config import Config
 from gpuguard.host.counters import Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection

@@ -30,7 +30,7 @@ def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
 
 
 def _process_events() -> Any:
-    from gpuguard.host.procevents import ProcessEvents
+    from gpuguard.host.events.listener import ProcessEvents
 
     return ProcessEvents()
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.host import procevents
-from gpuguard.host.exit_store import Exit, ExitStore, split_exit_code
-from gpuguard.host.proc_connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
-from gpuguard.host.procevents import KINDS, EventCounts, ProcessEvents
+from gpuguard.host.events.connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
+from gpuguard.host.events.exit_store import Exit, ExitStore, split_exit_code
+from gpuguard.host.events.listener import KINDS, EventCounts, ProcessEvents
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.proctree import Trees, children_of, wait_for
 
@@ -202,11 +202,11 @@ def test_unavailable_connector_warns_once_and_answers_none(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: True)
     monkeypatch.setattr(procevents.socket, "socket", refused)
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
         events.start()  # never raises
     assert not events.available and not events.alive()
     assert "EPROTONOSUPPORT" in events.unavailable_reason
-    assert len([r for r in caplog.records if r.name == "gpuguard.host.procevents"]) == 1
+    assert len([r for r in caplog.records if r.name == "gpuguard.host.events.listener"]) == 1
     assert events.exit_of(os.getpid(), after=0) is None and events.records() == []
     assert events.counts() == dict.fromkeys(KINDS, 0)
     events.stop()
@@ -218,7 +218,7 @@ def test_child_pid_namespace_is_refused_unless_allowed(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: False)
     monkeypatch.setattr(procevents.socket, "socket", lambda *a: opened.append(a))
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
         events.start()
     assert not events.available and "PID namespace" in events.unavailable_reason
     assert opened == []  # refused before touching the kernel
@@ -351,7 +351,7 @@ def test_overrun_is_counted_and_logged_never_silent(
         trees: Trees, caplog: pytest.LogCaptureFixture) -> None:
     listener = start_or_skip(receive_buffer=4096)
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
+        with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
             # Stall the reader on the store while a burst fills the small socket buffer.
             with listener._store._lock:
                 shell = spawn_shell(trees, "for i in $(seq 300); do /bin/true; done")
@@ -375,7 +375,7 @@ def run_listener_in(wrapper: list[str], *, allow: bool) -> dict:
     code = (
         "import json, logging, os, sys\n"
         "logging.basicConfig(level=logging.WARNING)\n"
-        "from gpuguard.host.procevents import ProcessEvents\n"
+        "from gpuguard.host.events.listener import ProcessEvents\n"
         f"e = ProcessEvents(allow_pid_namespace={allow})\n"
         "e.start()\n"
         "print(json.dumps({'available': e.available, 'reason': e.unavailable_reason,"
@@ -390,7 +390,7 @@ def run_listener_in(wrapper: list[str], *, allow: bool) -> dict:
         pytest.skip(f"cannot create namespaces here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["warnings"] = proc.stderr.count("WARNING:gpuguard.host.procevents")
+    report["warnings"] = proc.stderr.count("WARNING:gpuguard.host.events.listener")
     return report
 
 
