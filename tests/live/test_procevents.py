@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.host import procevents
+from gpuguard.host.events import listener as procevents
 from gpuguard.host.events.connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
 from gpuguard.host.events.exit_store import Exit, ExitStore, split_exit_code
 from gpuguard.host.events.listener import KINDS, EventCounts, ProcessEvents
@@ -202,11 +202,11 @@ def test_unavailable_connector_warns_once_and_answers_none(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: True)
     monkeypatch.setattr(procevents.socket, "socket", refused)
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
         events.start()  # never raises
     assert not events.available and not events.alive()
     assert "EPROTONOSUPPORT" in events.unavailable_reason
-    assert len([r for r in caplog.records if r.name == "gpuguard.host.events.listener"]) == 1
+    assert len([r for r in caplog.records if r.name == "gpuguard.host.procevents"]) == 1
     assert events.exit_of(os.getpid(), after=0) is None and events.records() == []
     assert events.counts() == dict.fromkeys(KINDS, 0)
     events.stop()
@@ -218,7 +218,7 @@ def test_child_pid_namespace_is_refused_unless_allowed(
     monkeypatch.setattr(procevents, "in_host_pid_namespace", lambda: False)
     monkeypatch.setattr(procevents.socket, "socket", lambda *a: opened.append(a))
     events = ProcessEvents()
-    with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
+    with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
         events.start()
     assert not events.available and "PID namespace" in events.unavailable_reason
     assert opened == []  # refused before touching the kernel
@@ -351,7 +351,7 @@ def test_overrun_is_counted_and_logged_never_silent(
         trees: Trees, caplog: pytest.LogCaptureFixture) -> None:
     listener = start_or_skip(receive_buffer=4096)
     try:
-        with caplog.at_level(logging.WARNING, logger="gpuguard.host.events.listener"):
+        with caplog.at_level(logging.WARNING, logger="gpuguard.host.procevents"):
             # Stall the reader on the store while a burst fills the small socket buffer.
             with listener._store._lock:
                 shell = spawn_shell(trees, "for i in $(seq 300); do /bin/true; done")
@@ -390,7 +390,7 @@ def run_listener_in(wrapper: list[str], *, allow: bool) -> dict:
         pytest.skip(f"cannot create namespaces here: {proc.stderr.strip()}")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["warnings"] = proc.stderr.count("WARNING:gpuguard.host.events.listener")
+    report["warnings"] = proc.stderr.count("WARNING:gpuguard.host.procevents")
     return report
 
 
