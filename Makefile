@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The pure and live-process tests on another Python, in a venv of its own (.venv-pyX.Y):
+# The pure, live-process and synthetic Windows tests on another Python, in a venv of its own (.venv-pyX.Y):
 #   make compat COMPAT_PYTHON=/root/.pyenv/versions/3.10.13/bin/python3
 # (.ci/run does this for 3.10 and 3.13; the whole suite runs on the default python3.)
 COMPAT_PYTHON ?=
@@ -44,7 +44,7 @@ compat:
 	[ -x $(COMPAT_VENV)/bin/python ] || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt --upgrade pip
 	$(COMPAT_VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[test,mcp]'
-	$(COMPAT_VENV)/bin/python -m pytest tests/pure tests/live $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest tests/pure tests/live tests/windows/synthetic $(PYTEST_ARGS)
 
 # The rules, recording rules and dashboard from mixin/ (then the Kubernetes manifests
 # that embed them); tests/deploy/test_mixin.py fails while a checked-in file differs.

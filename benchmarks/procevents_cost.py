@@ -1,6 +1,6 @@
 """The process-event listener's CPU cost: ~1,000 process exits per second vs none.
 
-A child process runs nothing but gpuguard.host.procevents.ProcessEvents; its CPU time
+A child process runs nothing but gpuguard.host.events.listener.ProcessEvents; its CPU time
 (utime+stime from /proc/PID/stat, and the scheduler's ns-precise runtime from
 /proc/PID/schedstat) is measured over an idle window and over a window in which
 this process spawns and reaps ~1,000 `/bin/true` a second, side by side in one
@@ -43,7 +43,7 @@ TRUE = shutil.which("true") or "/bin/true"
 
 def listen(allow_pid_namespace: bool) -> int:
     """The measured child: a listener, answering "counts" lines on stdin until EOF."""
-    from gpuguard.host.procevents import ProcessEvents
+    from gpuguard.host.events.listener import ProcessEvents
 
     events = ProcessEvents(allow_pid_namespace=allow_pid_namespace)
     events.start()

@@ -14,15 +14,13 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner, windows_scan_sources
+from gpuguard.exporter.scanner import Scanner, platform_scanner
 from gpuguard.flags import add_common, served_url
-from gpuguard.host.descriptors import raise_open_file_limit
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
-from gpuguard.host.nvml import Nvml
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procevents import ProcessEvents
-from gpuguard.host.procfs import ProcessView, boot_id, identity_alive, other_users_problem
+from gpuguard.host.platform import PLATFORM, Platform
+from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.host.registrar import Registrar, start_registrar
 from gpuguard.reload import EarlyHangups, Reloader
 from gpuguard.validation import ConfigError
@@ -138,8 +136,8 @@ def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> L
                      reload=reloader.attempt if enabled else None)
 
 
-def reload_config(args: argparse.Namespace, scanner: Scanner,
-                  web: WebConfigSource | None) -> Callable[[], None]:
+def reload_config(args: argparse.Namespace, scanner: Scanner, web: WebConfigSource | None,
+                  platform: Platform = PLATFORM) -> Callable[[], None]:
     """SIGHUP's reload: the config file's classify:, quotas:, audit: and accounting:
     sections take effect from the next scan; the web config is re-read. A bad file changes
     nothing."""
@@ -148,7 +146,7 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
         config = load_config(args.config)
         if web is not None:
             web.reload()
-        if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
+        if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
             log.info("%s", problem)
         scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit,
                            accounting=config.accounting.idle,
@@ -157,12 +155,13 @@ def reload_config(args: argparse.Namespace, scanner: Scanner,
     return reload
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
+    """`platform`: the back-end this process runs on, chosen once (gpuguard.host.platform)."""
     args = build_parser().parse_args(argv)
     hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
     # Scrapes, the connector and /proc reads: the soft limit is the default 1,024 otherwise.
-    log.debug("%s", raise_open_file_limit())
+    log.debug("%s", platform.raise_open_file_limit())
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
@@ -170,14 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         print(logformat.failure("gpuguard-exporter", f"config error: {exc}"), file=sys.stderr)
         return 2
 
-    events, scanner = _scanner(args, config)
-    if not IS_WINDOWS and (problem := ensure_marks_dir(config.classify.marks_dir)):
+    events, scanner = _scanner(args, config, platform)
+    if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
         log.info("%s", problem)
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,
                                         gpu=args.collector_gpu,
                                         processes=args.collector_processes))
-    reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web), log=log)
+    reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web, platform),
+                        log=log)
     for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
         registry.register(collector)
     host, port = args.listen
@@ -192,10 +192,10 @@ def main(argv: list[str] | None = None) -> int:
                                 f"cannot listen on {host}:{port}: {exc.strerror}"),
               file=sys.stderr)
         return 2
-    if not IS_WINDOWS and (problem := other_users_problem()) is not None:
+    if (problem := platform.other_users_problem()) is not None:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     hangups.hand_to(reloader)
-    registrar = _registrar(config)
+    registrar = _registrar(config) if platform.registrations else None
     if events is not None:
         events.start()
     scanner.start()
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 def _registrar(config: Config) -> Registrar | None:
     """The exporter serves `gpuguard keep` and `gpuguard run` registrations (it runs on
     every host); a new classify.marks_dir takes a restart here."""
-    if IS_WINDOWS or not os.path.isdir(config.classify.marks_dir):
+    if not os.path.isdir(config.classify.marks_dir):
         return None  # ensure_marks_dir has said why registrations are off
     registrar, problem = start_registrar(config.classify.marks_dir)
     if problem is not None:
@@ -229,23 +229,23 @@ def _registrar(config: Config) -> Registrar | None:
     return registrar
 
 
-def _scanner(args: argparse.Namespace, config: Config) -> tuple[ProcessEvents | None, Scanner]:
-    """The scanner of this platform, and the process-event listener it reads (Linux)."""
-    if IS_WINDOWS:
-        # psutil's process table and the Windows rules; no kernel process events (Windows
+def _scanner(args: argparse.Namespace, config: Config,
+             platform: Platform) -> tuple[ProcessEvents | None, Scanner]:
+    """The scanner of this platform, and the process-event listener it reads where the
+    platform has one (Linux)."""
+    if platform.process_events is None:
+        # Windows: psutil's process table and its rules; no kernel process events (it
         # cannot say how a launcher went) and no launcher memory (nothing to remember).
-        table, nvml = windows_scan_sources()
-        return None, Scanner(rules=config.classify, nvml=nvml, interval=args.scan_interval,
-                             quotas=config.quotas, audit=config.audit, table=table,
-                             accounting=config.accounting.idle)
+        return None, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
+                                      audit=config.audit, accounting=config.accounting,
+                                      interval=args.scan_interval)
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
-    events = ProcessEvents()
+    events: ProcessEvents = platform.process_events()
     memory = LauncherMemory(
         os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
         boot=boot_id(), alive=identity_alive)
-    return events, Scanner(rules=config.classify, nvml=Nvml(), interval=args.scan_interval,
-                           view=ProcessView(events=events, memory=memory),
-                           quotas=config.quotas, audit=config.audit,
-                           accounting=config.accounting.idle,
-                           unlisted=config.accounting.unlisted)
+    return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
+                                    audit=config.audit, accounting=config.accounting,
+                                    interval=args.scan_interval,
+                                    view=lambda: ProcessView(events=events, memory=memory))

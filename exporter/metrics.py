@@ -16,10 +16,10 @@ from gpuguard.build import version
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot
 from gpuguard.host.counters import CALLSITES, Counters
-from gpuguard.host.exit_store import EVICTION_CAUSES
+from gpuguard.host.events.exit_store import EVICTION_CAUSES
+from gpuguard.host.events.listener import KINDS, ProcessEvents
 from gpuguard.host.marks import FOREIGN
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.procevents import KINDS, ProcessEvents
 from gpuguard.orphans.vocabulary import Verdict
 
 #: Every per-GPU series, in dcgm-exporter's label names: gpu (the index) and UUID.

@@ -5,11 +5,11 @@ replaced atomically (one reference assignment) when a scan finishes. Nor for NSS
 user names a scrape shows are resolved on the scan thread, once per scan, into the
 Snapshot (`users`), so every series of one scrape names a uid alike.
 
-On Windows (gpuguard.host.platform.IS_WINDOWS) a scan reads psutil's process table
+Where the platform has a process table (Windows, gpuguard.host.platform) a scan reads it
 (`table`) and judges it with classify_windows(); the Snapshot is the same, so the
 metrics are too (`root_start_time`: the creation time in integer ms). NVML cannot size
 processes under WDDM: there the `nvml` is WddmNvml, which adds WDDM's figures
-(windows_scan_sources).
+(platform_scanner).
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuguard.config.accounting import Audit, IdleAccounting, Quotas, UnlistedSettings
+from gpuguard.config.accounting import (
+    AccountingSection,
+    Audit,
+    IdleAccounting,
+    Quotas,
+    UnlistedSettings,
+)
 from gpuguard.exporter.accounting import Accounting, HolderFacts, account, balance
 from gpuguard.exporter.attribution import attribute
 from gpuguard.exporter.unlisted import (
@@ -36,8 +42,8 @@ from gpuguard.exporter.unlisted import (
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procfs import ProcessView, boottime
+from gpuguard.host.platform import PLATFORM, Platform, TableSource
+from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import USERS, UserNames, label_names
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
@@ -45,22 +51,15 @@ from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
-from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.orphans.windows import WinProc, WinProcInfo, classify_windows
+from gpuguard.orphans.vocabulary import Reason, Verdict
+from gpuguard.orphans.windows import WinProcInfo, classify_windows
 from gpuguard.periodic import Periodic
-
-if not IS_WINDOWS:  # NSS's users and groups (quotas by group); Windows has neither module
-    import grp
-    import pwd
 
 log = logging.getLogger(__name__)
 
-#: A Windows process table: one snapshot of pids and ppids per scan, rows read as the rules
-#: walk them (gpuguard.host.windows.processes.read_table).
-TableSource = Callable[[], Mapping[int, WinProc]]
-#: The boot clock orphan ages count on: CLOCK_BOOTTIME on Linux; Windows' monotonic
-#: clock (it never steps either).
-BOOT_CLOCK: Callable[[], float] = time.monotonic if IS_WINDOWS else boottime
+#: The boot clock orphan ages count on: the platform's (CLOCK_BOOTTIME on Linux; Windows'
+#: monotonic clock, which never steps either).
+BOOT_CLOCK: Callable[[], float] = PLATFORM.boot_clock
 
 #: Stages of gpuguard_scan_errors_total; fixed so every series exists from the start.
 ERROR_STAGES = ("nvml_init", "nvml_device", "nvml_processes", "procfs", "scan")
@@ -158,15 +157,22 @@ class GroupCache:
     within that time without a lookup per scan.
     """
 
-    def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
+                 nss: bool = PLATFORM.nss_groups) -> None:
+        """`nss`: the platform has NSS groups (Windows has none: only per-user quotas and
+        "*" apply there)."""
+        self._nss = nss
         self._ttl = ttl
         self._clock = clock
         self._cache: dict[str, tuple[float, frozenset[str]]] = {}
         self.lookups = 0
 
     def __call__(self, user: str) -> frozenset[str]:
-        if IS_WINDOWS:
-            return frozenset()  # no NSS groups: only per-user quotas and "*" apply
+        if not self._nss:
+            return frozenset()
+        import grp  # NSS's users and groups: neither module exists on Windows
+        import pwd
+
         now = self._clock()
         hit = self._cache.get(user)
         if hit is not None and now - hit[0] < self._ttl:
@@ -246,15 +252,6 @@ def unlisted_holders(trees: Sequence[Tree], files: Mapping[int, str],
     return tuple(out[pid] for pid in sorted(out))
 
 
-def windows_scan_sources(counters: Counters = COUNTERS) -> tuple[TableSource, Nvml]:
-    """What a scan reads on Windows: psutil's process table, and NVML with WDDM's
-    per-process memory for the holders NVML cannot size (gpuguard/host/windows/wddm.py)."""
-    from gpuguard.host.windows.processes import read_table
-    from gpuguard.host.windows.wddm import WddmNvml
-
-    return read_table, WddmNvml(counters=counters)
-
-
 class Scanner:
     """Runs scans; keeps the orphan first-seen clock and cumulative scan counters."""
 
@@ -278,7 +275,7 @@ class Scanner:
         search: FdSearch | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
-        read): windows_scan_sources() gives it, and the `nvml` to read there. `users`
+        read): platform_scanner() gives it where the platform has one. `users`
         names uids for labels (default: label_names(), bounded lookups; never a
         decision's resolver)."""
         self.rules = rules
@@ -347,7 +344,8 @@ class Scanner:
         try:
             trees = self._classify(reading, rules)
             for tree in trees:
-                if tree.verdict == Verdict.UNKNOWN and tree.reason in ("not-visible", "unreadable"):
+                hidden = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
+                if tree.verdict == Verdict.UNKNOWN and hidden:
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
             seen: set[tuple[int, int]] = set()
             for tree in trees:
@@ -453,3 +451,18 @@ class Scanner:
 
     def alive(self) -> bool:
         return self._loop is not None and self._loop.alive()
+
+
+def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit: Audit,
+                     accounting: AccountingSection | None = None, interval: float = 5.0,
+                     view: Callable[[], ScanSource] | None = None) -> Scanner:
+    """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
+    table where it has one (Windows: psutil's, judged by the Windows rules), else over
+    the /proc view `view` builds (called only then). The exporter and `gpuguard status`
+    both build theirs here."""
+    return Scanner(rules=rules, nvml=platform.nvml(COUNTERS), interval=interval,
+                   view=view() if view is not None and platform.process_table is None else None,
+                   table=platform.process_table, boot_clock=platform.boot_clock,
+                   groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
+                   accounting=accounting.idle if accounting is not None else None,
+                   unlisted=accounting.unlisted if accounting is not None else None)

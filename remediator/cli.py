@@ -28,10 +28,8 @@ from prometheus_client import ProcessCollector
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.flags import add_common
-from gpuguard.host.descriptors import raise_open_file_limit
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procevents import ProcessEvents
-from gpuguard.host.procfs import in_host_pid_namespace, other_users_problem
+from gpuguard.host.platform import PLATFORM, Platform
+from gpuguard.host.procfs import other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.remediator.state.audit import UnsafePathError
 from gpuguard.remediator.state.ledger import LedgerError, StateUnavailable
@@ -171,11 +169,12 @@ def remediator_lifecycle(service: Remediator, reloader: Reloader, enabled: bool)
                      reload=reloader.attempt if enabled else None)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
+    """`platform`: the back-end this process runs on, chosen once (gpuguard.host.platform)."""
     args = build_parser().parse_args(argv)
     hangups = EarlyHangups()
     logformat.configure(args.log_level, args.log_format)
-    log.debug("%s", raise_open_file_limit())  # a reap holds a pidfd per member
+    log.debug("%s", platform.raise_open_file_limit())  # a reap holds a pidfd per member
     try:
         config = load_config(args.config)
         web = WebConfigSource(args.web_config_file) if args.web_config_file else None
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("--insecure-no-auth and a token file exclude each other; pick one")
     if args.insecure_no_auth and not _loopback(host):
         return _fail(f"--insecure-no-auth is only allowed on a loopback address, not {host}")
-    if not IS_WINDOWS and not in_host_pid_namespace() and not args.allow_pid_namespace:
+    if platform.outside_host_pid_namespace() and not args.allow_pid_namespace:
         return _fail("refusing to start outside the host PID namespace: NVML reports host "
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
@@ -221,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
         # second instance that cannot bind must not act on the same state.
         # Windows has no process-events connector (and no launcher evidence to hear).
-        service = build_remediator(config, hostname=args.hostname,
-                                   events=ProcessEvents() if not IS_WINDOWS else None)
+        service = build_remediator(config, hostname=args.hostname, platform=platform,
+                                   events=(platform.process_events()
+                                           if platform.process_events is not None else None))
     except (LedgerError, UnsafePathError, OSError) as exc:
         return _state_failure(exc)
     reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)

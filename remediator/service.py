@@ -20,10 +20,10 @@ from typing import Any, Protocol
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procevents import ProcessEvents
+from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
@@ -226,6 +226,7 @@ def build_remediator(
     events: ProcessEvents | None = None,
     counters: Counters | None = None,
     launchers: LauncherMemory | None = None,
+    platform: Platform = PLATFORM,
 ) -> Remediator:
     """The Remediator (worker, ledger, audit) for `config`, not started.
 
@@ -236,17 +237,10 @@ def build_remediator(
     `clock` (wall) dates the audit; `boot_clock` counts ages, windows and due times.
     """
     counters = counters if counters is not None else Counters()
-    if nvml is None:
-        from gpuguard.host.nvml import Nvml
-
-        if IS_WINDOWS:  # NVML lists processes under WDDM but cannot size them: WDDM can
-            from gpuguard.host.windows.wddm import WddmNvml
-
-            nvml = WddmNvml(counters=counters)
-        else:
-            # Its reads (inspection, reaper) never ask for utilization: only the idle
-            # watch's own reader does, so no read of this one consumes its samples.
-            nvml = Nvml(counters=counters, process_utilization=False)
+    if nvml is None:  # Windows': WDDM sizes what NVML lists under WDDM but cannot size.
+        # Its reads (inspection, reaper) never ask for utilization: only the idle watch's
+        # own reader does, so no read of this one consumes its samples.
+        nvml = platform.nvml(counters, process_utilization=False)
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)
@@ -266,8 +260,8 @@ def build_remediator(
         log.info("%s", problem)
     guardian = None
     if reaper is None:
-        guardian = ThawGuardian() if not IS_WINDOWS else None
-        reaper = platform_reaper(nvml=nvml, counters=counters, monotonic=monotonic,
+        guardian = ThawGuardian() if platform.thaw_guardian else None
+        reaper = platform_reaper(platform, nvml=nvml, counters=counters, monotonic=monotonic,
                                  guardian=guardian)
     if alertmanager is None and policy.alertmanager is not None:
         alertmanager = AlertmanagerClient(policy.alertmanager)

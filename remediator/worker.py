@@ -14,13 +14,14 @@ import time
 
 from gpuguard.config import Config
 from gpuguard.host.counters import Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, decide
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
@@ -194,7 +195,8 @@ class Worker:
         key = item.key
         reap_id: str | None = None
         if key in work.cancelled or key not in work.ledger.pending():
-            decision = Decision(Action.CANCEL, "resolved", "withdrawn before the live check",
+            decision = Decision(Action.CANCEL, DecisionReason.RESOLVED,
+                                "withdrawn before the live check",
                                 key)
         else:
             decision = decide(item.alert, live, work.policy_state(work.clocks.boot(),

@@ -23,19 +23,19 @@ from gpuguard.config.accounting import (
 )
 from gpuguard.config.classify import parse_classify
 from gpuguard.config.remediate import Remediate, default_remediate, parse_remediate
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.rules_config import Rules, default_rules
 from gpuguard.validation import CONFIG_FILE, At, ConfigError, mapping, parse_yaml
 
 
 def platform_rules() -> Rules:
     """The `classify:` defaults of the platform this runs on (Windows' or Linux')."""
-    return default_rules(windows=IS_WINDOWS)
+    return default_rules(windows=PLATFORM.windows_defaults)
 
 
 def platform_remediate() -> Remediate:
     """The `remediate:` defaults of the platform this runs on (its paths differ)."""
-    return default_remediate(windows=IS_WINDOWS)
+    return default_remediate(windows=PLATFORM.windows_defaults)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ class Config:
     source: str = "<defaults>"
 
 
-def parse_config(text: str, *, source: str = "<string>", windows: bool = IS_WINDOWS) -> Config:
+def parse_config(text: str, *, source: str = "<string>",
+                 windows: bool = PLATFORM.windows_defaults) -> Config:
     """The config file's text, validated; `windows`: which platform's `classify:` and
     `remediate:` defaults (patterns, adopters, paths) fill in the keys it leaves out
     (the one this runs on, unless told)."""

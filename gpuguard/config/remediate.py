@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from gpuguard.compat import StrEnum
 from gpuguard.orphans.rules_config import WINDOWS_DATA_DIR
+from gpuguard.orphans.vocabulary import ORPHAN_REASONS as VOCABULARY_ORPHAN_REASONS
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.validation import (
     At,
@@ -38,9 +39,8 @@ class Mode(StrEnum):
 #: then Windows' (gpuguard/orphans/windows.py): the parent pid is in no process table, or
 #: names a later process. A config on Linux may name those two: they never occur there.
 #: The default (Remediate.reasons) names neither: Windows cannot say how a launcher went.
-ORPHAN_REASONS = (Reason.LAUNCHER_KILLED, Reason.SESSION_ENDED, Reason.LAUNCHER_EXITED,
-                  Reason.LAUNCHER_UNRECORDED, Reason.PARENT_EXITED, Reason.SESSION_ORPHANED,
-                  Reason.PARENT_GONE, Reason.PARENT_REUSED)
+#: Reason declares them in this order (gpuguard.orphans.vocabulary.ORPHAN_REASONS).
+ORPHAN_REASONS = VOCABULARY_ORPHAN_REASONS
 
 #: A `remediate.users` entry naming a uid, not a user name pattern: `uid:1001`.
 UID_RULE = "uid:"
@@ -109,7 +109,7 @@ class Remediate:
 
 
 #: `remediate.state_dir` and `remediate.audit_log` on Windows (the loader passes
-#: gpuguard.host.platform.IS_WINDOWS; this module never asks which platform it runs on).
+#: gpuguard.host.platform.PLATFORM; this module never asks which platform it runs on).
 WINDOWS_STATE_DIR = WINDOWS_DATA_DIR + "\\state"
 WINDOWS_AUDIT_LOG = WINDOWS_DATA_DIR + "\\log\\audit.jsonl"
 

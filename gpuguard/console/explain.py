@@ -20,7 +20,7 @@ from gpuguard.console.render import (
 )
 from gpuguard.console.reports import Explanation, LeaderState
 from gpuguard.host.nvml import Nvml, NvmlReading
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.registration import run_launchers
 from gpuguard.orphans.classify import classify, classify_holder
@@ -30,15 +30,17 @@ from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.orphans.windows import as_proc_info, classify_windows, judge_windows_holder
 
 
-def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
-    """classify_holder() on the pid, as NVML names it or as a stand-in holder."""
+def explain_pid(pid: int, config: Config, hostname: str,
+                platform: Platform = PLATFORM) -> Explanation:
+    """classify_holder() on the pid, as NVML names it or as a stand-in holder: over the
+    platform's process table where it has one, else over /proc."""
     nvml = Nvml()
     try:
         reading = nvml.read()
     finally:
         nvml.close()
-    if IS_WINDOWS:
-        return _explain_windows(pid, config, hostname, reading)
+    if platform.process_table is not None:
+        return _explain_table(pid, config, hostname, reading, platform.process_table)
     events, memory = launcher_evidence(config)
     view = ProcessView(events=events, memory=memory)
     view.begin_scan()
@@ -57,11 +59,9 @@ def explain_pid(pid: int, config: Config, hostname: str) -> Explanation:
                                      [m for _, m in chain_roles(hv)]))
 
 
-def _explain_windows(pid: int, config: Config, hostname: str,
-                     reading: NvmlReading) -> Explanation:
-    """explain_pid over psutil's process table and the Windows rules (no sessions)."""
-    from gpuguard.host.windows.processes import read_table
-
+def _explain_table(pid: int, config: Config, hostname: str, reading: NvmlReading,
+                   read_table: TableSource) -> Explanation:
+    """explain_pid over a process table and the Windows rules (no sessions)."""
     table = read_table()
     row = table.get(pid)
     if row is None:

@@ -3,11 +3,8 @@ tree's members, and how old each process is."""
 
 from __future__ import annotations
 
-import os
-import time
-
 from gpuguard.compat import StrEnum
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
 
@@ -61,14 +58,10 @@ def chain_roles(hv: HolderVerdict) -> list[tuple[ChainRole, ProcInfo]]:
     return out
 
 
-def process_age(start_time: int | None) -> float | None:
-    """Age from stat's start_time (ticks since boot) and CLOCK_BOOTTIME: no /proc read.
-    On Windows a start time is the creation time in ms since the epoch (its one encoding,
-    gpuguard.orphans.windows.encode_create_time), so the age is against the wall clock."""
+def process_age(start_time: int | None, platform: Platform = PLATFORM) -> float | None:
+    """Age from a start time in the platform's encoding, no /proc read: Linux's ticks
+    since boot against CLOCK_BOOTTIME, Windows' creation time in ms since the epoch
+    (gpuguard.orphans.windows.encode_create_time) against the wall clock."""
     if start_time is None:
         return None
-    if IS_WINDOWS:
-        return max(0.0, time.time() - start_time / 1000)
-    # sysconf here, not at import: Windows has none.
-    ticks = os.sysconf("SC_CLK_TCK")
-    return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_time / ticks)
+    return platform.age_seconds(start_time)

@@ -27,7 +27,6 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gpuguard.compat import StrEnum
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.console.alert_state import alert_line, alert_state
@@ -46,20 +45,20 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
-from gpuguard.host.descriptors import raise_open_file_limit
+from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
+from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reap.reapers import platform_reaper
 from gpuguard.remediator.reap.settlement import final_decision, told
+from gpuguard.remediator.reap.skeleton import INTERRUPTED, Interrupted
 from gpuguard.remediator.state.audit import (
     AuditLog,
     UnsafePathError,
@@ -138,13 +137,6 @@ class StopOnSignal:
             raise Interrupted(f"{signal.Signals(signum).name} received")
 
 
-def _wddm_nvml() -> Nvml:
-    """NVML with WDDM's per-process memory where NVML cannot size it (Windows)."""
-    from gpuguard.host.windows.wddm import WddmNvml
-
-    return WddmNvml()
-
-
 def close_within(nvml: Nvml, seconds: float) -> None:
     """nvml.close(), waited for at most `seconds` (see NVML_CLOSE_SECONDS)."""
     done = threading.Event()
@@ -189,15 +181,6 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
     return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
 
 
-class ManualReason(StrEnum):
-    """The reasons only the manual path gives (the others are the remediator's)."""
-
-    AUDIT_UNSAFE = "audit-unsafe"
-    SILENCED = "silenced"
-    ALERTMANAGER_UNREACHABLE = "alertmanager-unreachable"
-    FORCED = "forced"  # --force over a tree the classifier gave no reason for
-
-
 def operator() -> str:
     """Who asked: the sudo caller when there is one, else the login name."""
     return os.environ.get("SUDO_USER") or getpass.getuser()
@@ -207,9 +190,9 @@ def outside_host_pid_namespace(allowed: bool) -> bool:
     """Whether a reap that signals must be refused for its PID namespace: NVML reports
     host pids, so outside the host's namespace (or where that cannot be told) a pid may
     name another process, unless a person said NVML reports this namespace's
-    (`allowed`). Windows has no PID namespaces. `reap --apply` and the MCP server's
-    confirm=true both ask this one question."""
-    return not allowed and not IS_WINDOWS and not in_host_pid_namespace()
+    (`allowed`). Windows has no PID namespaces (the platform's answer). `reap --apply`
+    and the MCP server's confirm=true both ask this one question."""
+    return not allowed and PLATFORM.outside_host_pid_namespace()
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -229,15 +212,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def tree_key(args: argparse.Namespace) -> TreeKey:
     """ROOT_PID with --start-time, or with its start time now (a dry run's; on Windows its
     creation time, in the integer milliseconds of gpuguard.orphans.windows)."""
-    now: int | None = None
-    if IS_WINDOWS:
-        from gpuguard.host.windows.processes import read_one
-
-        row = read_one(args.root_pid)
-        now = row.create_time if row is not None else None
-    else:
-        info = ProcessView().fresh_stat(args.root_pid)
-        now = info.start_time if info is not None and not info.is_zombie else None
+    now = PLATFORM.start_time(args.root_pid)
     if now is None:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")
     start_time = args.start_time if args.start_time is not None else now
@@ -255,7 +230,7 @@ class ManualReap:
         self.args = args
         self.config = config
         self.key = key
-        self.nvml = Nvml() if not IS_WINDOWS else _wddm_nvml()
+        self.nvml = PLATFORM.nvml(COUNTERS)
         self.err: Console = make_console(stderr=True)
         self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
                                        "apply": args.apply, "force": args.force}
@@ -281,7 +256,7 @@ class ManualReap:
         self.stop = StopOnSignal() if args.apply else None
         #: Continues what the reap stopped if this process is SIGKILLed mid-reap: one per
         #: reap, started before the inspection (its start overlaps it), closed after.
-        self.guardian = ThawGuardian() if args.apply and not IS_WINDOWS else None
+        self.guardian = ThawGuardian() if args.apply and PLATFORM.thaw_guardian else None
         self.live = LiveTree(root=None)
         self.result: ReapResult | None = None
         self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
@@ -302,8 +277,8 @@ class ManualReap:
         if alert is None or self.args.force or alert["state"] not in (
                 ConfirmationState.SILENCED, ConfirmationState.UNREACHABLE):
             return None
-        reason = (ManualReason.SILENCED if alert["state"] == ConfirmationState.SILENCED
-                  else ManualReason.ALERTMANAGER_UNREACHABLE)
+        reason = (DecisionReason.SILENCED if alert["state"] == ConfirmationState.SILENCED
+                  else DecisionReason.ALERTMANAGER_UNREACHABLE)
         return reason, f"{alert_line(alert)}; pass --force to reap it anyway"
 
     def run(self) -> None:
@@ -348,7 +323,7 @@ class ManualReap:
                    else "Dry run only; --apply would reap it."),
                 style="bold red"))
         self.decision = Decision(Action.REAP if args.apply else Action.DRY_RUN,
-                                 live.reason or ManualReason.FORCED,
+                                 live.reason or DecisionReason.FORCED,
                                  f"manual reap by {operator()}"
                                  + (f" (--force over verdict {live.verdict})"
                                     if live.verdict != Verdict.ORPHAN else ""), key)
@@ -371,7 +346,7 @@ class ManualReap:
         refused = refusal(self.key, self.live, self.args.force, self.config.remediate,
                           named_by=self.named_by, hints=self.hints)
         if refused is None and self.args.apply and self.unsafe is not None:
-            refused = Decision(Action.IGNORE, ManualReason.AUDIT_UNSAFE,
+            refused = Decision(Action.IGNORE, DecisionReason.AUDIT_UNSAFE,
                                f"{self.unsafe}: no audit record is written there, so nothing "
                                "is signalled; run this as the directory's owner (the "
                                "remediator's user, with CAP_KILL), or give --config a "
@@ -418,7 +393,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     config = load(args.config)
     check_arguments(args)
     # A reap, dry runs included, holds a pidfd per member: the soft limit bounds the tree.
-    log.debug("%s", raise_open_file_limit())
+    log.debug("%s", PLATFORM.raise_open_file_limit())
     key = tree_key(args)
     reap = ManualReap(args, config, key)
     try:

@@ -8,6 +8,7 @@ failures into the console's one-line exits.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from gpuguard.console.contract import (
     EXIT_CANNOT_EXECUTE,
@@ -15,7 +16,7 @@ from gpuguard.console.contract import (
     EXIT_USAGE,
     Failure,
 )
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
 from gpuguard.launch.options import WINDOWS_TIER, CannotStart, Exit, Options, Unsupported
 from gpuguard.launch.stderr import say
 
@@ -46,27 +47,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     return finish(how)
 
 
-def launch(command: list[str], options: Options) -> Exit:
-    """This platform's launcher (neither imports on the other platform)."""
-    if IS_WINDOWS:
-        from gpuguard.launch import windows
-
-        # One tier there, the Job Object (kill-on-close): as strong as the cgroup's.
-        if options.tier is not None:
-            raise Unsupported(f"--tier {options.tier}: Windows has one tier, {WINDOWS_TIER}")
-        if options.verbose:
-            say(f"gpuguard run: tier {WINDOWS_TIER}")
-        return windows.run(command, options)
+def _launch_linux(command: list[str], options: Options) -> Exit:
     from gpuguard.launch.launcher import run
 
     return run(command, options)
 
 
-def finish(how: Exit) -> int:
+def _launch_windows(command: list[str], options: Options) -> Exit:
+    from gpuguard.launch import windows
+
+    # One tier there, the Job Object (kill-on-close): as strong as the cgroup's.
+    if options.tier is not None:
+        raise Unsupported(f"--tier {options.tier}: Windows has one tier, {WINDOWS_TIER}")
+    if options.verbose:
+        say(f"gpuguard run: tier {WINDOWS_TIER}")
+    return windows.run(command, options)
+
+
+def _finish_linux(how: Exit) -> int:
     """After SIGINT, SIGTERM or SIGHUP the Linux launcher dies of it, as a plain command
-    would; Windows has no such death: its exit status says it."""
-    if IS_WINDOWS:
-        return how.code
+    would."""
     from gpuguard.launch.launcher import end
 
     return end(how)
+
+
+#: Each platform's launcher and how its exit becomes this process's (neither imports on
+#: the other platform; Windows has no death by signal: its exit status says it).
+LAUNCHERS: dict[str, tuple[Callable[[list[str], Options], Exit], Callable[[Exit], int]]] = {
+    LINUX: (_launch_linux, _finish_linux),
+    WINDOWS: (_launch_windows, lambda how: how.code),
+}
+
+
+def launch(command: list[str], options: Options, platform: Platform = PLATFORM) -> Exit:
+    """This platform's launcher."""
+    return LAUNCHERS[platform.name][0](command, options)
+
+
+def finish(how: Exit, platform: Platform = PLATFORM) -> int:
+    """This platform's exit status for the launcher's `how`."""
+    return LAUNCHERS[platform.name][1](how)

@@ -31,9 +31,8 @@ from gpuguard.console.render import (
 )
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.scanner import Scanner, Snapshot, owner, windows_scan_sources
-from gpuguard.host.nvml import Nvml
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.exporter.scanner import Scanner, Snapshot, owner, platform_scanner
+from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.verdicts import Tree
@@ -98,10 +97,11 @@ def tree_json(tree: Tree, snap: Snapshot, alerts: dict[int, dict[str, Any]] | No
     }
 
 
-def launchers_of(tree: Tree, marks_dir: str | None) -> list[dict[str, Any]]:
+def launchers_of(tree: Tree, marks_dir: str | None,
+                 platform: Platform = PLATFORM) -> list[dict[str, Any]]:
     """The `gpuguard run` launchers among the tree's members, with their tiers (Linux:
     the registrations in classify.marks_dir); [] without a directory to read."""
-    if marks_dir is None or IS_WINDOWS:
+    if marks_dir is None or not platform.registrations:
         return []
     from gpuguard.launch.registration import run_launchers
 
@@ -123,17 +123,16 @@ def status_json(snap: Snapshot, hostname: str,
     }
 
 
-def new_scanner(config: Config) -> Scanner:
-    """The exporter's scanner for this platform (on Windows: psutil's table, its rules)."""
-    if IS_WINDOWS:
-        table, nvml = windows_scan_sources()
-        return Scanner(rules=config.classify, nvml=nvml, quotas=config.quotas,
-                       audit=config.audit, table=table, accounting=config.accounting.idle)
-    events, memory = launcher_evidence(config)
-    return Scanner(rules=config.classify, nvml=Nvml(),
-                   view=ProcessView(events=events, memory=memory), quotas=config.quotas,
-                   audit=config.audit, accounting=config.accounting.idle,
-                   unlisted=config.accounting.unlisted)
+def new_scanner(config: Config, platform: Platform = PLATFORM) -> Scanner:
+    """The exporter's scanner for this platform (exporter.scanner.platform_scanner), its
+    /proc view judging launchers on what the daemons recorded (console.evidence)."""
+
+    def view() -> ProcessView:
+        events, memory = launcher_evidence(config)
+        return ProcessView(events=events, memory=memory)
+
+    return platform_scanner(platform, rules=config.classify, quotas=config.quotas,
+                            audit=config.audit, accounting=config.accounting, view=view)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

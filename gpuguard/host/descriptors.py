@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuguard.host.platform import IS_WINDOWS
-
 #: Where the kernel caps any RLIMIT_NOFILE (an unlimited hard limit is clamped to it).
 NR_OPEN = "/proc/sys/fs/nr_open"
 #: This process's open descriptors, one entry each.
@@ -42,9 +40,10 @@ class Budget:
 
 def soft_limit() -> int | None:
     """The soft RLIMIT_NOFILE; None where there is none (Windows) or it is unlimited."""
-    if IS_WINDOWS:
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
         return None
-    import resource
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     return None if soft == resource.RLIM_INFINITY else soft
@@ -73,9 +72,8 @@ def raise_open_file_limit() -> str:
 
     Never raises: a limit that cannot be raised (a seccomp filter, Windows) only makes
     the largest reapable tree smaller, and such a tree is refused as `tree-too-large`.
+    Linux's (gpuguard.host.linux); Windows' back-end has none to raise.
     """
-    if IS_WINDOWS:
-        return "open-file limit: not applicable on Windows"
     import resource
 
     try:

@@ -15,12 +15,14 @@ import os
 import threading
 from collections.abc import Callable
 
+from gpuguard.orphans.vocabulary import Reason
+
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 4096
 LAUNCHER_MEMORY_FILE = "launchers.json"  # in a daemon's state directory
-#: Reasons that rest on no exit record (classify's launcher-unrecorded, session-ended).
-UNRECORDED = frozenset({"launcher-unrecorded", "session-ended"})
+#: Launcher reasons that rest on no exit record (launcher-unrecorded, session-ended).
+UNRECORDED = frozenset(r for r in Reason if r.launcher_gone and not r.recorded)
 Key = tuple[int, int, int]  # root pid, root start time, root session id
 
 

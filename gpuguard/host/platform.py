@@ -1,20 +1,24 @@
-"""Which operating system this process runs on, decided once at import: the one place
-shared code asks, instead of testing `sys.platform` itself (as psutil chooses its
-back-end once).
-
-Linux reads processes from /proc (gpuguard/host/procfs.py) and judges them with the
-rules of gpuguard/orphans/classify.py; Windows reads a process table through psutil
-(gpuguard/host/windows/processes.py) and judges it with gpuguard/orphans/windows.py.
-The pure core never asks: what differs (the `classify:` defaults, the table source) is
-handed to it by the loaders and the scanner, which ask `IS_WINDOWS`.
+"""The operating system's back-end, chosen once: the one place gpuguard asks which
+platform it runs on (as psutil picks its `_psplatform` once and every call goes through
+it). What a back-end holds is gpuguard/host/backend.py's `Platform`; Linux's is
+gpuguard/host/linux.py, Windows' gpuguard/host/windows/platform.py (each importable on
+either platform: the Windows DLLs load on first use).
 """
 
 from __future__ import annotations
 
 import sys
 
-#: True on Windows (a native CPython, or one under Wine): psutil's table, the Windows
-#: rules, the Windows `classify:` defaults, Job Objects for reaps.
-IS_WINDOWS: bool = sys.platform == "win32"
-#: The back-end chosen at import, by name: "windows" or "linux" (/proc).
-BACKEND: str = "windows" if IS_WINDOWS else "linux"
+from gpuguard.host.backend import LINUX, WINDOWS, Platform, TableSource
+from gpuguard.host.linux import BACKEND as LINUX_BACKEND
+from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
+
+__all__ = ["LINUX", "PLATFORM", "WINDOWS", "Platform", "TableSource", "BACKENDS"]
+
+#: Every back-end by name.
+BACKENDS: dict[str, Platform] = {LINUX: LINUX_BACKEND, WINDOWS: WINDOWS_BACKEND}
+
+#: The platform this process runs on, chosen at first import: the one test of
+#: `sys.platform` outside the Windows DLL loader (gpuguard/host/windows/winapi.py).
+PLATFORM: Platform = WINDOWS_BACKEND if sys.platform == "win32" else LINUX_BACKEND
+

@@ -42,7 +42,7 @@ def clock_ticks() -> int:
 
 
 class ExitSource(Protocol):
-    """The process-event listener as procfs needs it (gpuguard/host/procevents.py)."""
+    """The process-event listener as procfs needs it (gpuguard/host/events/listener.py)."""
 
     available: bool  # subscribed: exits from then on are recorded (or counted as dropped)
 

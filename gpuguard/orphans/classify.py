@@ -28,19 +28,9 @@ from gpuguard.orphans.protections import (
     protection,
 )
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.trees import build_trees
 from gpuguard.orphans.verdicts import HolderVerdict, Tree, unknown
-from gpuguard.orphans.vocabulary import Reason, Rule, Verdict
-
-#: Tree verdict when its holders disagree: the safest one wins.
-_SAFETY_ORDER = {Verdict.PROTECTED: 0, Verdict.NORMAL: 1, Verdict.UNKNOWN: 2, Verdict.ORPHAN: 3}
-#: Orphan holders of one tree that disagree on the reason: the least reapable wins (a
-#: setsid'd job's session-orphaned must not ride on its sibling's launcher-killed).
-_REAP_ORDER = {Reason.SESSION_ORPHANED: 0, Reason.PARENT_EXITED: 1,
-               Reason.LAUNCHER_EXITED: 2, Reason.LAUNCHER_UNRECORDED: 3,
-               Reason.SESSION_ENDED: 4, Reason.LAUNCHER_KILLED: 5}
-#: Rule 6's reasons for a gone launcher: the ones the launcher memory keeps.
-_LAUNCHER_REASONS = frozenset({Reason.LAUNCHER_KILLED, Reason.LAUNCHER_EXITED,
-                               Reason.LAUNCHER_UNRECORDED, Reason.SESSION_ENDED})
+from gpuguard.orphans.vocabulary import Reason, Rule, Verdict, launcher_gone
 
 _MANAGED = re.compile(
     r"(?:^|/)(?!user@)[^/]+\.service(?:/|$)"  # a systemd service (not the user manager)
@@ -233,7 +223,7 @@ def _launcher_gone(chain: Chain, view: ProcSource, state: str) -> HolderVerdict:
     # read late replaces a first answer that had none.
     first, first_detail = view.recall_launcher(x, reason.value, detail,
                                                recorded=died is not None)
-    if first in _LAUNCHER_REASONS:
+    if launcher_gone(first):
         reason, detail = Reason(first), first_detail
     return chain.verdict(Verdict.ORPHAN, reason, Rule.ADOPTION, detail, pids)
 
@@ -293,48 +283,5 @@ def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVer
 
 def classify(holders: Sequence[Holder], view: ProcSource, rules: Rules) -> list[Tree]:
     """Classify every holder and group them into trees by root identity."""
-    groups: dict[tuple[object, ...], list[HolderVerdict]] = {}
-    for holder in holders:
-        hv = classify_holder(holder, view, rules)
-        key = hv.root.identity if hv.root is not None else ("pid", hv.holder.pid)
-        if hv.verdict == Verdict.UNKNOWN:
-            key = ("unknown", hv.holder.pid)
-        groups.setdefault(key, []).append(hv)
-    trees = [_tree(hvs) for hvs in groups.values()]
-    by_pid: dict[int, list[HolderVerdict]] = {}
-    for hvs in groups.values():
-        for hv in hvs:
-            by_pid.setdefault(hv.holder.pid, []).append(hv)
-    trees = [judge_tree_members(t, view, rules, by_pid) if t.verdict == Verdict.ORPHAN else t
-             for t in trees]
-    trees.sort(key=lambda t: (t.verdict != Verdict.ORPHAN, t.root_pid))
-    return trees
-
-
-def _tree(hvs: list[HolderVerdict]) -> Tree:
-    """One tree from the verdicts of its holders: the decisive one speaks for it."""
-    decisive = min(hvs, key=lambda h: (_SAFETY_ORDER[h.verdict],
-                                       _REAP_ORDER.get(h.reason, 0)))
-    members: dict[int, ProcInfo] = {}
-    for hv in hvs:
-        # The tree is its root and below: never the adopter or anything above the root.
-        upto_root = hv.chain
-        if hv.root is not None and hv.root in hv.chain:
-            upto_root = hv.chain[: hv.chain.index(hv.root) + 1]
-        for member in upto_root:
-            members.setdefault(member.pid, member)
-    seen_holders: dict[tuple[int, str], Holder] = {}
-    for hv in hvs:
-        seen_holders.setdefault((hv.holder.pid, hv.holder.gpu_uuid), hv.holder)
-    root = decisive.root
-    return Tree(
-        root_pid=root.pid if root is not None else decisive.holder.pid,
-        root=root,
-        holders=tuple(seen_holders.values()),
-        members_seen=tuple(members.values()),
-        verdict=decisive.verdict,
-        reason=decisive.reason,
-        gpu_bytes=sum(h.used_bytes or 0 for h in seen_holders.values()),
-        evidence=decisive.evidence,
-        holder_verdicts=tuple(hvs),
-    )
+    return build_trees((classify_holder(h, view, rules) for h in holders),
+                       lambda tree, by_pid: judge_tree_members(tree, view, rules, by_pid))

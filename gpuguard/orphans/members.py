@@ -4,6 +4,7 @@ it must pass the protections its chain did, and each must be readable."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuguard.orphans.process import ProcInfo, still_same, walk_members
@@ -48,31 +49,47 @@ def judge_member(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudg
     return None
 
 
-def judge_tree_members(tree: Tree, view: ProcSource, rules: Rules,
-                       by_pid: dict[int, list[HolderVerdict]]) -> Tree:
-    """An orphan tree stays an orphan only if every process a reap would signal may be."""
+def holder_below_root(member: ProcInfo, root: ProcInfo,
+                      by_pid: Mapping[int, list[HolderVerdict]]) -> MemberJudgement | None:
+    """A GPU holder among the members must itself be an orphan of this very root: an
+    orphan of another root below this one cannot be (unknown), and a protected, normal or
+    unknown holder lends its own verdict to the tree (`member-<verdict>`)."""
+    for hv in by_pid.get(member.pid, ()):
+        if (hv.verdict != Verdict.ORPHAN or hv.root is None
+                or hv.root.identity != root.identity):
+            verdict = Verdict.UNKNOWN if hv.verdict == Verdict.ORPHAN else hv.verdict
+            return MemberJudgement(
+                verdict, Reason(f"member-{verdict}"),
+                Evidence(hv.evidence.rule, f"GPU holder {member.pid} ({member.comm}) below "
+                         f"root {root.pid} is {hv.verdict} ({hv.reason}: "
+                         f"{hv.evidence.detail})", (member.pid, *hv.evidence.pids)))
+    return None
+
+
+def settle_members(tree: Tree, members: tuple[ProcInfo, ...],
+                   by_pid: Mapping[int, list[HolderVerdict]],
+                   judge: Callable[[ProcInfo], MemberJudgement | None]) -> Tree:
+    """An orphan tree stays an orphan only if every process a reap would signal may be:
+    the first member that is a holder of another verdict (`holder_below_root`) or that
+    its platform's `judge` refuses decides the tree; the members are kept either way.
+    Every platform's member judgement ends here."""
     assert tree.root is not None
-    # Children may come from this scan's stat reads; the parent is re-read after its
-    # children file, which is what catches a reused pid.
-    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat, view.thread_states)
     found: MemberJudgement | None = None
     for member in members:
-        for hv in by_pid.get(member.pid, ()):
-            if (hv.verdict != Verdict.ORPHAN or hv.root is None
-                    or hv.root.identity != tree.root.identity):
-                # An orphan of another root below this one cannot be: call it unknown.
-                verdict = Verdict.UNKNOWN if hv.verdict == Verdict.ORPHAN else hv.verdict
-                found = MemberJudgement(
-                    verdict, Reason(f"member-{verdict}"),
-                    Evidence(hv.evidence.rule, f"GPU holder {member.pid} ({member.comm}) below "
-                             f"root {tree.root.pid} is {hv.verdict} ({hv.reason}: "
-                             f"{hv.evidence.detail})", (member.pid, *hv.evidence.pids)))
-                break
-        if found is None:
-            found = judge_member(member, view, rules)
+        found = holder_below_root(member, tree.root, by_pid) or judge(member)
         if found is not None:
             break
     if found is None:
         return dataclasses.replace(tree, members=members)
     return dataclasses.replace(tree, verdict=found.verdict, reason=found.reason,
                                evidence=found.evidence, members=members)
+
+
+def judge_tree_members(tree: Tree, view: ProcSource, rules: Rules,
+                       by_pid: Mapping[int, list[HolderVerdict]]) -> Tree:
+    """Linux's member judgement: the root's subtree walked down through /proc."""
+    assert tree.root is not None
+    # Children may come from this scan's stat reads; the parent is re-read after its
+    # children file, which is what catches a reused pid.
+    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat, view.thread_states)
+    return settle_members(tree, members, by_pid, lambda m: judge_member(m, view, rules))

@@ -3,8 +3,9 @@ pure checks over them (identity, liveness, the member walk) that each platform s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 
 class ProcUnreadable(Exception):
@@ -106,14 +107,32 @@ def walk_members(root: ProcInfo, children: Callable[[int], tuple[int, ...] | Non
     process the walk saw (same start time): a pid reused between the two reads names
     someone else, and so do its children.
     """
+    return breadth_first(root, lambda parent, seen: live_children(
+        parent, children, stat, stat_now, thread_states, skip=seen), limit=limit)
+
+
+class _Process(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+P = TypeVar("P", bound=_Process)
+
+
+def breadth_first(root: P, children: Callable[[P, Set[int]], Iterable[P]], *,
+                  limit: int) -> tuple[P, ...]:
+    """The root and its descendants, root first, breadth first, each once, at most
+    `limit` generations' worth: every platform's member walk (`children` gives a
+    process's children as that platform can tell them, skipping the pids seen)."""
     out = [root]
     seen = {root.pid}
     frontier = [root]
     while frontier and len(out) < limit:
-        nxt: list[ProcInfo] = []
+        nxt: list[P] = []
         for parent in frontier:
-            for child in live_children(parent, children, stat, stat_now, thread_states,
-                                       skip=seen):
+            for child in children(parent, seen):
+                if child.pid in seen:
+                    continue
                 seen.add(child.pid)
                 out.append(child)
                 nxt.append(child)

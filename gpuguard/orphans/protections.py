@@ -13,7 +13,7 @@ from gpuguard.orphans.vocabulary import Reason, Rule
 
 
 class ExitEvent(Protocol):
-    """What the kernel reported about one process's exit (gpuguard.host.exit_store.Exit)."""
+    """What the kernel reported about one process's exit (gpuguard.host.events.exit_store.Exit)."""
 
     @property
     def signal(self) -> int | None: ...

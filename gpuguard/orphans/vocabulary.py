@@ -30,7 +30,31 @@ class Rule(StrEnum):
 
 
 class Reason(StrEnum):
-    """Why a verdict was given; the rule that gives each is at its use."""
+    """Why a verdict was given; the rule that gives each is at its use.
+
+    Each orphan reason carries its place in the reapability order as data: `reapability`
+    ranks it (1 the least reapable; 0 for a reason that is not an orphan's), so that the
+    classifier's tree (holders that disagree), the remediator's reading of an alert's
+    `reason` label and the config's list of reasons share one order, written here once
+    (docs/decisions.md, Reapability, lists it; tests/pure/test_vocabulary.py compares).
+    `launcher_gone` marks rule 6's reasons for a gone session leader, the ones the
+    launcher memory keeps and an alert's label may lower; `recorded` those of them that
+    rest on the kernel's exit record. Orphan reasons are declared in the order
+    `remediate.reasons`' errors list them.
+    """
+
+    reapability: int
+    launcher_gone: bool
+    recorded: bool
+
+    def __new__(cls, value: str, reapability: int = 0, launcher_gone: bool = False,
+                recorded: bool = False) -> Reason:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.reapability = reapability
+        member.launcher_gone = launcher_gone
+        member.recorded = recorded
+        return member
 
     NOT_VISIBLE = "not-visible"
     EXITING = "exiting"
@@ -49,22 +73,24 @@ class Reason(StrEnum):
     #: when it ends: attached to a live launcher, not orphaned.
     RUN_LAUNCHER = "run-launcher"
     #: Orphan reasons of rule 6: how the session leader (the launcher) went away.
-    LAUNCHER_KILLED = "launcher-killed"  # died by a signal (an agent stopping its shell)
-    LAUNCHER_EXITED = "launcher-exited"  # exited by itself (`exit`, a script finishing)
+    #: Died by a signal (an agent stopping its shell): the most reapable.
+    LAUNCHER_KILLED = "launcher-killed", 8, True, True
+    SESSION_ENDED = "session-ended", 7, True  # gone, and no process-event listener runs here
+    LAUNCHER_EXITED = "launcher-exited", 5, True, True  # exited by itself (`exit`, a script)
     #: Gone, and the listener that runs holds no record of how: it died before the
     #: listener started, or the record was evicted or dropped. Not reaped by default.
-    LAUNCHER_UNRECORDED = "launcher-unrecorded"
-    SESSION_ENDED = "session-ended"  # gone, and no process-event listener runs here
-    PARENT_EXITED = "parent-exited"  # the leader lives; only a parent in between died
+    LAUNCHER_UNRECORDED = "launcher-unrecorded", 6, True
+    PARENT_EXITED = "parent-exited", 2  # the leader lives; only a parent in between died
     #: The holder's session lives, but a process above it (that created it, or adopted
     #: it) lost its own launcher: alerted, reaped only where the policy names it.
-    SESSION_ORPHANED = "session-orphaned"
+    #: The least reapable: a setsid'd job's must not ride on its sibling's launcher-killed.
+    SESSION_ORPHANED = "session-orphaned", 1
     #: Windows orphan reasons (gpuguard/orphans/windows.py; never given on Linux): the
     #: parent pid is in no process table (the parent is gone), or names a process created
     #: after the child (the pid was reused: the parent is gone too). Windows cannot say how
     #: the launcher went (killed, or exited by itself): not reaped by default.
-    PARENT_GONE = "parent-gone"
-    PARENT_REUSED = "parent-reused"
+    PARENT_GONE = "parent-gone", 4
+    PARENT_REUSED = "parent-reused", 3
     #: Rule 6's unknown: the evidence fits an adoption and a fork alike.
     ADOPTION_UNCERTAIN = "adoption-uncertain"
     ATTACHED = "attached"
@@ -73,3 +99,29 @@ class Reason(StrEnum):
     MEMBER_PROTECTED = "member-protected"
     MEMBER_UNKNOWN = "member-unknown"
     MEMBER_NORMAL = "member-normal"  # a GPU holder below the root that is not an orphan
+
+    @property
+    def orphan(self) -> bool:
+        """An orphan's reason (rule 6, or Windows' rule 8): one `remediate.reasons` names."""
+        return self.reapability > 0
+
+
+#: The orphan reasons in declaration order (`remediate.reasons`' choices).
+ORPHAN_REASONS: tuple[Reason, ...] = tuple(r for r in Reason if r.orphan)
+
+
+def reapability(reason: str) -> int:
+    """The rank of any reason string (an alert's label, a remembered reason): 0 for one
+    that is no orphan reason, or no reason at all."""
+    try:
+        return Reason(reason).reapability
+    except ValueError:
+        return 0
+
+
+def launcher_gone(reason: str) -> bool:
+    """Whether `reason` (any string) is one of rule 6's reasons for a gone launcher."""
+    try:
+        return Reason(reason).launcher_gone
+    except ValueError:
+        return False

@@ -42,14 +42,14 @@ each row, so `root_start_time` is that integer everywhere (labels, alerts, audit
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gpuguard.orphans.members import MemberJudgement
-from gpuguard.orphans.process import Holder, ProcInfo
+from gpuguard.orphans.members import MemberJudgement, settle_members
+from gpuguard.orphans.process import Holder, ProcInfo, breadth_first
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.trees import build_trees
 from gpuguard.orphans.verdicts import Evidence, HolderVerdict, Tree, unknown
 from gpuguard.orphans.vocabulary import Reason, Rule, Verdict
 
@@ -59,12 +59,6 @@ TOP_PIDS = frozenset({0, 4})
 UNKNOWN_CREATE_TIME = 0
 #: The most processes one tree's walk collects (as gpuguard.orphans.process.walk_members).
 MEMBER_LIMIT = 100_000
-
-#: Tree verdict when its holders disagree: the safest one wins (classify.py's order).
-_SAFETY_ORDER = {Verdict.PROTECTED: 0, Verdict.NORMAL: 1, Verdict.UNKNOWN: 2, Verdict.ORPHAN: 3}
-#: Orphan holders of one root that disagree on the reason: the least reapable wins.
-_REAP_ORDER = {Reason.PARENT_REUSED: 0, Reason.PARENT_GONE: 1}
-
 
 def encode_create_time(seconds: float) -> int:
     """psutil's `create_time()` (float seconds since the epoch) as the one integer that
@@ -301,47 +295,8 @@ def classify_windows(table: Mapping[int, WinProc], holders: Iterable[int | Holde
     """Judge every holder (a pid, or NVML's Holder with its GPU and memory) over `table`
     and group them into trees by root identity: Linux's classify() on Windows' rules.
     Orphan trees carry their members (the root and every live descendant), each judged."""
-    groups: dict[tuple[object, ...], list[HolderVerdict]] = {}
-    for holder in holders:
-        hv = judge_windows_holder(table, as_holder(holder), rules)
-        key: tuple[object, ...] = (hv.root.identity if hv.root is not None
-                                   else ("pid", hv.holder.pid))
-        if hv.verdict == Verdict.UNKNOWN:
-            key = ("unknown", hv.holder.pid)
-        groups.setdefault(key, []).append(hv)
-    by_pid: dict[int, list[HolderVerdict]] = {}
-    for hvs in groups.values():
-        for hv in hvs:
-            by_pid.setdefault(hv.holder.pid, []).append(hv)
-    trees = [_tree(hvs) for hvs in groups.values()]
-    trees = [_judge_members(t, table, rules, by_pid) if t.verdict == Verdict.ORPHAN else t
-             for t in trees]
-    trees.sort(key=lambda t: (t.verdict != Verdict.ORPHAN, t.root_pid))
-    return trees
-
-
-def _tree(hvs: list[HolderVerdict]) -> Tree:
-    """One tree from the verdicts of its holders: the decisive one speaks for it."""
-    decisive = min(hvs, key=lambda h: (_SAFETY_ORDER[h.verdict], _REAP_ORDER.get(h.reason, 0)))
-    members: dict[int, ProcInfo] = {}
-    for hv in hvs:
-        for member in hv.chain:  # holder up to the root: never above it
-            members.setdefault(member.pid, member)
-    holders: dict[tuple[int, str], Holder] = {}
-    for hv in hvs:
-        holders.setdefault((hv.holder.pid, hv.holder.gpu_uuid), hv.holder)
-    root = decisive.root
-    return Tree(
-        root_pid=root.pid if root is not None else decisive.holder.pid,
-        root=root,
-        holders=tuple(holders.values()),
-        members_seen=tuple(members.values()),
-        verdict=decisive.verdict,
-        reason=decisive.reason,
-        gpu_bytes=sum(h.used_bytes or 0 for h in holders.values()),
-        evidence=decisive.evidence,
-        holder_verdicts=tuple(hvs),
-    )
+    return build_trees((judge_windows_holder(table, as_holder(h), rules) for h in holders),
+                       lambda tree, by_pid: _judge_members(tree, table, rules, by_pid))
 
 
 @runtime_checkable
@@ -375,23 +330,17 @@ def windows_members(table: Mapping[int, WinProc], root: WinProc, *,
     pid). A row whose creation time is unknown counts as a child: it cannot be ruled
     out, and as an unreadable member it makes the tree unknown (fail closed).
     """
-    children = pids_by_parent(table)
-    out = [root]
-    seen = {root.pid}
-    frontier = [root]
-    while frontier and len(out) < limit:
-        nxt: list[WinProc] = []
-        for parent in frontier:
-            for pid in children.get(parent.pid, ()):
-                child = table.get(pid)  # gone since the snapshot: no row
-                if child is None or child.pid in seen or (
-                        child.timed and parent.timed and child.create_time < parent.create_time):
-                    continue
-                seen.add(child.pid)
-                out.append(child)
-                nxt.append(child)
-        frontier = nxt
-    return tuple(out)
+    by_parent = pids_by_parent(table)
+
+    def children(parent: WinProc, seen: Set[int]) -> Iterator[WinProc]:
+        for pid in by_parent.get(parent.pid, ()):
+            child = table.get(pid)  # gone since the snapshot: no row
+            if child is None or child.pid in seen or (
+                    child.timed and parent.timed and child.create_time < parent.create_time):
+                continue
+            yield child
+
+    return breadth_first(root, children, limit=limit)
 
 
 def _member_judgement(proc: WinProc, rules: Rules) -> MemberJudgement | None:
@@ -413,32 +362,16 @@ def _member_judgement(proc: WinProc, rules: Rules) -> MemberJudgement | None:
 
 def _judge_members(tree: Tree, table: Mapping[int, WinProc], rules: Rules,
                    by_pid: Mapping[int, list[HolderVerdict]]) -> Tree:
-    """An orphan tree stays an orphan only if every process a reap would signal may be."""
+    """Windows' member judgement: the root's live descendants in the table."""
     assert isinstance(tree.root, WinProcInfo)
-    root = tree.root
-    members = windows_members(table, root.proc)
-    found: MemberJudgement | None = None
-    for member in members:
-        for hv in by_pid.get(member.pid, ()):
-            if (hv.verdict != Verdict.ORPHAN or hv.root is None
-                    or hv.root.identity != root.identity):
-                verdict = Verdict.UNKNOWN if hv.verdict == Verdict.ORPHAN else hv.verdict
-                found = MemberJudgement(
-                    verdict, Reason(f"member-{verdict}"),
-                    Evidence(hv.evidence.rule, f"GPU holder {member.pid} "
-                             f"({display_name(member)}) below root {root.pid} is "
-                             f"{hv.verdict} ({hv.reason}: {hv.evidence.detail})",
-                             (member.pid, *hv.evidence.pids)))
-                break
-        if found is None:
-            found = _member_judgement(member, rules)
-        if found is not None:
-            break
-    infos = tuple(as_proc_info(m) for m in members)
-    if found is None:
-        return dataclasses.replace(tree, members=infos)
-    return dataclasses.replace(tree, verdict=found.verdict, reason=found.reason,
-                               evidence=found.evidence, members=infos)
+    members = tuple(as_proc_info(m) for m in windows_members(table, tree.root.proc))
+    return settle_members(tree, members, by_pid,
+                          lambda m: _member_judgement(_row(m), rules))
+
+
+def _row(info: ProcInfo) -> WinProc:
+    assert isinstance(info, WinProcInfo)
+    return info.proc
 
 
 def judge_windows_member(table: Mapping[int, WinProc], pid: int, rules: Rules, *,

@@ -16,7 +16,7 @@ from typing import Protocol
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
@@ -106,7 +106,8 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                  counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
                  events: ExitSource | None = None,
                  memory: LauncherMemory | None = None,
-                 reading: NvmlReading | None = None) -> LiveTree:
+                 reading: NvmlReading | None = None,
+                 platform: Platform = PLATFORM) -> LiveTree:
     """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
 
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
@@ -115,11 +116,12 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
     keeps the first reason established for each root (gpuguard/host/launcher_memory.py).
     `reading`, when given, is used instead of asking `nvml` (the reaper's re-check with
     the tree frozen reads NVML itself, bounded by its deadline). On Windows the tree comes
-    from a fresh process table (`events` and `memory` have no Windows counterpart).
+    from a fresh process table, the platform's (`events` and `memory` have no Windows
+    counterpart).
     """
-    if IS_WINDOWS:
+    if platform.process_table is not None:
         return inspect_windows_tree(key, nvml=nvml, rules=rules, expected_gpus=expected_gpus,
-                                    reading=reading)
+                                    reading=reading, table=platform.process_table())
     view = ProcessView(counters=counters, events=events, memory=memory)
     info = view.fresh_stat(key.root_pid)
     if info is None:
@@ -171,10 +173,11 @@ def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
     return windows_live_tree(key, table, reading, rules, gpus)
 
 
-def protected_pids(view: ProcSource | None = None) -> frozenset[int]:
+def protected_pids(view: ProcSource | None = None,
+                   platform: Platform = PLATFORM) -> frozenset[int]:
     """PID 1, this process and every ancestor: never to be signalled, whatever the alert
     says (on Windows: System Idle, System, this process and its ancestors)."""
-    if IS_WINDOWS and view is None:
+    if platform.process_table is not None and view is None:
         from gpuguard.remediator.decision.windows_inspection import windows_protected_pids
 
         return windows_protected_pids()

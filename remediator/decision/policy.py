@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpuguard.compat import StrEnum
-from gpuguard.config.remediate import Remediate, UserFilter, uid_rule
-from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
+from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
+from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
     REMEDIATE_VALUE,
     Alert,
+    AlertStatus,
     asks_for_remediation,
 )
 
@@ -43,7 +45,8 @@ MAX_START_TIME_DIGITS = 20
 REQUIRED_LABELS = ("alertname", "hostname", "root_pid", "root_start_time")
 ROOT_UID = 0
 #: member_refusal() reasons, most fundamental first: the one reported when several apply.
-_MEMBER_REASONS = ("protected-pid", "root-owned", "user-denied", "user-unresolved")
+_MEMBER_REASONS = (DecisionReason.PROTECTED_PID, DecisionReason.ROOT_OWNED,
+                   DecisionReason.USER_DENIED, DecisionReason.USER_UNRESOLVED)
 
 
 @dataclass(frozen=True)
@@ -104,11 +107,11 @@ def tree_key(alert: Alert) -> TreeKey | Decision:
     """The alert's tree identity, or an IGNORE saying which label is missing or bad."""
     missing = [name for name in REQUIRED_LABELS if not alert.label(name)]
     if missing:
-        return _ignore("missing-label", f"alert lacks label(s) {', '.join(missing)}")
+        return _ignore(DecisionReason.MISSING_LABEL, f"alert lacks label(s) {', '.join(missing)}")
     raw_pid, raw_start = alert.labels["root_pid"], alert.labels["root_start_time"]
     if not (_sane_integer(raw_pid, MAX_PID_DIGITS)
             and _sane_integer(raw_start, MAX_START_TIME_DIGITS)):
-        return _ignore("bad-label",
+        return _ignore(DecisionReason.BAD_LABEL,
                        f"root_pid={raw_pid[:32]!r} root_start_time={raw_start[:32]!r} "
                        f"must be decimal integers (at most {MAX_PID_DIGITS} and "
                        f"{MAX_START_TIME_DIGITS} digits)")
@@ -123,46 +126,50 @@ def _sane_integer(text: str, digits: int) -> bool:
 def already_done(key: TreeKey, state: PolicyState) -> bool:
     """A reap in enforce mode, or one in the current mode, settles the key for good."""
     mode = state.done.get(key)
-    return mode is not None and (mode == "enforce" or mode == state.policy.mode)
+    return mode is not None and (mode == Mode.ENFORCE or mode == state.policy.mode)
 
 
 def screen(alert: Alert, state: PolicyState) -> Decision:
     """Checks on the alert alone, cheap enough for the HTTP handler: ACCEPT, CANCEL or IGNORE."""
     key = tree_key(alert)
-    if alert.status != "firing":
+    if alert.status != AlertStatus.FIRING:
         if isinstance(key, TreeKey) and key in state.pending:
-            return Decision(Action.CANCEL, "resolved", "resolved alert withdrew the pending reap",
+            return Decision(Action.CANCEL, DecisionReason.RESOLVED,
+                            "resolved alert withdrew the pending reap",
                             key)
-        return _ignore("not-firing", f"alert status is {alert.status}",
+        return _ignore(DecisionReason.NOT_FIRING, f"alert status is {alert.status}",
                        key if isinstance(key, TreeKey) else None)
     alertname = alert.label("alertname")
     if not alertname:
-        return _ignore("missing-label", "alert lacks label alertname")
+        return _ignore(DecisionReason.MISSING_LABEL, "alert lacks label alertname")
     if alertname not in state.policy.alerts:
-        return _ignore("alertname-not-listed", f"alertname {alertname[:64]!r} is not in "
+        return _ignore(DecisionReason.ALERTNAME_NOT_LISTED,
+                       f"alertname {alertname[:64]!r} is not in "
                        f"remediate.alerts")
     if not asks_for_remediation(alert.labels):
         # The one rule that may lead to a reap sets it (alerts/rules.yml); the webhook
         # route and pull mode's filter both select on it, and so does the policy.
-        return _ignore("not-remediate", f"alert lacks {REMEDIATE_LABEL}=\"{REMEDIATE_VALUE}\"")
+        return _ignore(DecisionReason.NOT_REMEDIATE,
+                       f"alert lacks {REMEDIATE_LABEL}=\"{REMEDIATE_VALUE}\"")
     hostname = alert.label("hostname")
     if hostname and hostname != state.hostname:
-        return _ignore("other-host", f"hostname {hostname[:64]!r} is not this host "
+        return _ignore(DecisionReason.OTHER_HOST, f"hostname {hostname[:64]!r} is not this host "
                        f"({state.hostname})")
     if isinstance(key, Decision):
         return key
     if key.root_pid <= 2 or key.root_pid in state.protected_pids:
-        return _ignore("protected-pid", f"root_pid {key.root_pid} is pid 1/2, the remediator "
+        return _ignore(DecisionReason.PROTECTED_PID,
+                       f"root_pid {key.root_pid} is pid 1/2, the remediator "
                        "or one of its ancestors", key)
     if already_done(key, state):
-        return _ignore("duplicate", f"tree {key} was already handled "
+        return _ignore(DecisionReason.DUPLICATE, f"tree {key} was already handled "
                        f"({state.done[key]})", key)
     if key in state.pending:
-        return _ignore("duplicate", f"tree {key} is already pending", key)
+        return _ignore(DecisionReason.DUPLICATE, f"tree {key} is already pending", key)
     if len(state.pending) >= state.policy.max_pending:
-        return _ignore("queue-full", f"{len(state.pending)} trees are pending already "
+        return _ignore(DecisionReason.QUEUE_FULL, f"{len(state.pending)} trees are pending already "
                        f"(remediate.max_pending); Alertmanager's next delivery tries again", key)
-    return Decision(Action.ACCEPT, "queued", "queued for a live check", key)
+    return Decision(Action.ACCEPT, DecisionReason.QUEUED, "queued for a live check", key)
 
 
 def _entries(patterns: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]]:
@@ -186,15 +193,15 @@ def user_refusal(uid: int | None, user: str | None,
     deny_uids, deny_names = _entries(users.deny)
     who = f"user {user!r} (uid {uid})" if user is not None else f"uid {uid}"
     if uid in deny_uids:
-        return "user-denied", f"{who} is denied by remediate.users.deny uid:{uid}"
+        return DecisionReason.USER_DENIED, f"{who} is denied by remediate.users.deny uid:{uid}"
     if user is None:
         admitted = uid in allow_uids or "*" in allow_names
         if not admitted and not allow_names:  # only uid rules could admit it; none does
-            return "user-denied", f"{who} is not allowed by remediate.users.allow"
+            return DecisionReason.USER_DENIED, f"{who} is not allowed by remediate.users.allow"
         # A deny pattern may name this uid's user: no allow entry outweighs that.
         if admitted and not deny_names:
             return None
-        return "user-unresolved", (
+        return DecisionReason.USER_UNRESOLVED, (
             f"user of uid {uid} could not be resolved (no passwd entry, or NSS did not "
             "answer), and remediate.users names users: a uid without a name matches no "
             "name pattern" + (" and may be one that deny names" if deny_names else "")
@@ -202,10 +209,10 @@ def user_refusal(uid: int | None, user: str | None,
                "reaped" if deny_names else f"; allow it as uid:{uid} if it may be reaped"))
     denied = next((p for p in deny_names if fnmatch.fnmatchcase(user, p)), None)
     if denied is not None:
-        return "user-denied", f"{who} matches remediate.users.deny {denied!r}"
+        return DecisionReason.USER_DENIED, f"{who} matches remediate.users.deny {denied!r}"
     if uid in allow_uids or any(fnmatch.fnmatchcase(user, p) for p in allow_names):
         return None
-    return "user-denied", f"{who} is not allowed by remediate.users.allow"
+    return DecisionReason.USER_DENIED, f"{who} is not allowed by remediate.users.allow"
 
 
 def rate_budget(state: PolicyState) -> RateBudget:
@@ -231,10 +238,11 @@ def member_refusal(member: Member, policy: Remediate,
     process that joins the tree while it is being frozen.
     """
     if member.pid <= 2 or member.pid in protected_pids or member.kernel_thread:
-        return ("protected-pid", f"member {_describe(member)} is pid 1/2, a kernel thread, "
+        return (DecisionReason.PROTECTED_PID,
+                f"member {_describe(member)} is pid 1/2, a kernel thread, "
                 "the remediator or one of its ancestors")
     if member.uid == ROOT_UID and not policy.allow_root_owned:
-        return ("root-owned", f"member {_describe(member)} is owned by root and "
+        return (DecisionReason.ROOT_OWNED, f"member {_describe(member)} is owned by root and "
                 "remediate.allow_root_owned is false")
     refused = user_refusal(member.uid, member.user_name, policy.users)
     if refused is not None:
@@ -253,19 +261,20 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
     # Identity: the process at root_pid must be the one the alert (or person) named.
     root = live.root
     if root is None or root.gone:
-        return _ignore("root-gone", f"pid {key.root_pid} has exited", key)
+        return _ignore(DecisionReason.ROOT_GONE, f"pid {key.root_pid} has exited", key)
     if root.start_time != key.root_start_time:
-        return _ignore("root-replaced", f"pid {key.root_pid} now has start_time "
+        return _ignore(DecisionReason.ROOT_REPLACED, f"pid {key.root_pid} now has start_time "
                        f"{root.start_time}, {named_by} names {key.root_start_time}", key)
 
     # The local classifier must agree, now.
     if live.nvml_error is not None:
         return _ignore(live.nvml_reason, f"cannot re-check GPU holders: {live.nvml_error}", key)
     if not live.tree_found:
-        return _ignore("tree-not-found", f"pid {key.root_pid} roots no GPU-holding tree now", key)
+        return _ignore(DecisionReason.TREE_NOT_FOUND,
+                       f"pid {key.root_pid} roots no GPU-holding tree now", key)
     if live.verdict != Verdict.ORPHAN and require_orphan:
         # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
-        reason = live.reason if live.reason.startswith("member-") else f"not-orphan:{live.verdict}"
+        reason = live.reason if live.reason.startswith("member-") else not_orphan(live.verdict)
         return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
                        + (f": {live.detail}" if live.detail else ""), key)
     return None
@@ -276,7 +285,7 @@ def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | N
     rule, and a person's or an agent's without --force (one rule for every path)."""
     if reason in policy.reasons:
         return None
-    return _ignore("reason-not-allowed", f"orphan reason {reason} is not in "
+    return _ignore(DecisionReason.REASON_NOT_ALLOWED, f"orphan reason {reason} is not in "
                    "remediate.reasons", key)
 
 
@@ -293,13 +302,15 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float,
     if required <= 0:
         return None
     if not live.holders:
-        return _ignore("idle-unknown", "the tree has no holder whose idleness was read", key)
+        return _ignore(DecisionReason.IDLE_UNKNOWN,
+                       "the tree has no holder whose idleness was read", key)
     seen = {(h.pid, h.gpu_uuid): h for h in live.idle}
     short: list[tuple[float, str]] = []  # (idle seconds, why) of each holder not idle enough
     for holder in live.holders:
         fact = seen.get((holder.pid, holder.gpu_uuid))
         if fact is None or fact.idle_seconds is None:
-            return _ignore("idle-unknown", f"holder {holder.pid} on GPU {holder.gpu_index}: "
+            return _ignore(DecisionReason.IDLE_UNKNOWN,
+                           f"holder {holder.pid} on GPU {holder.gpu_index}: "
                            "NVML gives no per-process utilization here, so its idleness is "
                            f"unknown and remediate.require_idle_seconds ({required:g}s) "
                            "cannot be met", key)
@@ -312,12 +323,9 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float,
     if not short:
         return None
     least, why = min(short)
-    return _ignore("not-idle", f"{why}; remediate.require_idle_seconds is {required:g}s", key,
+    return _ignore(DecisionReason.NOT_IDLE,
+                   f"{why}; remediate.require_idle_seconds is {required:g}s", key,
                    recheck_at=now + required - least)
-
-
-#: Rule 6's reasons for a gone launcher, least reapable first (classify's order).
-_LEADER_GONE = ("launcher-exited", "launcher-unrecorded", "session-ended", "launcher-killed")
 
 
 def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
@@ -328,7 +336,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     key = screened.key
     assert key is not None
     if live is None:
-        return _ignore("inspect-failed", "the tree could not be inspected", key)
+        return _ignore(DecisionReason.INSPECT_FAILED, "the tree could not be inspected", key)
 
     refused = verify_live(key, live)
     if refused is not None:
@@ -336,8 +344,8 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
 
     reason = live.reason
     said = alert.label("reason")
-    if (reason in _LEADER_GONE and said in _LEADER_GONE
-            and _LEADER_GONE.index(said) < _LEADER_GONE.index(reason)):
+    if (said is not None and launcher_gone(reason) and launcher_gone(said)
+            and reapability(said) < reapability(reason)):
         # The exporter knew more of how the launcher went (it saw the exit, or knew it
         # had no record of it) than this remediator (started later, or without its
         # listener): knowing less is no reason to judge more harshly.
@@ -367,7 +375,8 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     age = state.now - first_seen
     if age < state.policy.min_age_seconds:
         recheck = first_seen + state.policy.min_age_seconds
-        return Decision(Action.DEFER, "too-young", f"orphan for {max(age, 0.0):.1f}s of "
+        return Decision(Action.DEFER, DecisionReason.TOO_YOUNG,
+                        f"orphan for {max(age, 0.0):.1f}s of "
                         f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
 
     refused = idle_refusal(key, live, state.policy.require_idle_seconds, state.now)
@@ -376,11 +385,11 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
 
     budget = rate_budget(state)
     if budget.remaining <= 0:
-        return _ignore("rate-limited", f"{budget.used} reaps in the last "
+        return _ignore(DecisionReason.RATE_LIMITED, f"{budget.used} reaps in the last "
                        f"{budget.per_seconds:g}s (max {budget.max_reaps})", key,
                        first_seen=first_seen)
 
-    action = Action.REAP if state.policy.mode == "enforce" else Action.DRY_RUN
+    action = Action.REAP if state.policy.mode == Mode.ENFORCE else Action.DRY_RUN
     return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
                     f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)
 

@@ -12,8 +12,9 @@ from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Remediate
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.intake.alerts import Notification
+from gpuguard.remediator.intake.alerts import AlertStatus, Notification
 from gpuguard.remediator.metrics import RejectCause
 from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
@@ -92,9 +93,11 @@ class Intake:
                     self._cancel(key)
                     pending.discard(key)
                     queued = [q for q in queued if q.key != key]
-                elif alert.status == "resolved" and key is not None and key == work.current:
+                elif (alert.status == AlertStatus.RESOLVED and key is not None
+                      and key == work.current):
                     work.cancelled.add(key)  # past the pending stage: stop before any signal
-                    decision = Decision(Action.CANCEL, "resolved", "resolved while in flight: "
+                    decision = Decision(Action.CANCEL, DecisionReason.RESOLVED,
+                                        "resolved while in flight: "
                                         "the reap stops unless it has already signalled", key)
                 status = _ACCOUNT.get(decision.action, AccountStatus.IGNORED)
                 if decision.reason == "duplicate":

@@ -13,7 +13,7 @@ import stat
 import threading
 from collections.abc import Callable
 
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM
 
 log = logging.getLogger("gpuguard.remediator.http")
 
@@ -29,7 +29,7 @@ def private_file_problem(path: str, st: os.stat_result) -> str | None:
     they can rewrite (and so choose the token), a group- or world-readable one leaks it."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
-    if IS_WINDOWS:
+    if not PLATFORM.posix_permissions:
         # No mode bits and no uid there: who may read it is the file's ACL, which is not
         # read here (docs/windows.md: restrict it with icacls).
         return None

@@ -20,6 +20,7 @@ from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.policy import member_refusal
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import KillPath
 from gpuguard.remediator.reap.reap_plan import ReapPlan
@@ -97,7 +98,7 @@ class Freezer:
         process is back from fork(), and its children file is then complete.
         """
         signaller = self.signaller
-        signaller.mark(run, list(run.targets.values()), held=True)
+        run.mark(list(run.targets.values()), held=True)
         for target in list(run.targets.values()):
             signaller.stop(run, target)
         self.refused_stop(run)
@@ -108,7 +109,8 @@ class Freezer:
                 break
             self.refused_stop(run)
             if signaller.monotonic() > deadline:
-                raise Abort("worker-timeout", "the tree kept growing while being frozen")
+                raise Abort(DecisionReason.WORKER_TIMEOUT,
+                            "the tree kept growing while being frozen")
         check_wanted(cancelled, deadline, signaller.monotonic)
 
     def refused_stop(self, run: ReapRun) -> None:
@@ -127,7 +129,7 @@ class Freezer:
                         run.notes.append(f"left {record.pid} ({target.member.comm}) alone: "
                                          f"SIGSTOP refused ({record.error})")
                     continue
-                raise Abort("signal-failed", f"SIGSTOP to {record.pid} failed "
+                raise Abort(DecisionReason.SIGNAL_FAILED, f"SIGSTOP to {record.pid} failed "
                             f"({record.error}): the remediator may "
                             "not signal this tree (another user's processes need root or "
                             "CAP_KILL); nothing was terminated")
@@ -236,7 +238,7 @@ class Freezer:
                 try:
                     run.write(Phase.JOINED, generation)
                     if stop:
-                        self.signaller.mark(run, generation, held=True)
+                        run.mark(generation, held=True)
                 except Abort:
                     if refuse:
                         raise

@@ -31,7 +31,7 @@ class Killer:
         survivors = self.wait_gone(run, run.policy.term_timeout_seconds)
         if not survivors:
             return survivors
-        signaller.mark(run, survivors, held=True)
+        run.mark(survivors, held=True)
         for target in survivors:
             signaller.stop(run, target)
         joined: list[Target] = []

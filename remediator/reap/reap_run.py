@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Generic, Literal, TypeVar
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.launcher_memory import LauncherMemory
@@ -13,9 +14,12 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
 from gpuguard.remediator.state.audit import Phase
+
+log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts
 
 #: Writes one audit record naming processes before they get their first signal:
 #: phase INTENT (every planned member, before the first SIGSTOP) or JOINED
@@ -56,36 +60,59 @@ def check_wanted(cancelled: Callable[[], bool], deadline: float,
                  now: Callable[[], float]) -> None:
     """Abort unless the reap is still wanted and within its deadline."""
     if cancelled():
-        raise Abort("cancelled", "a resolved alert withdrew the reap before any kill")
+        raise Abort(DecisionReason.CANCELLED, "a resolved alert withdrew the reap before any kill")
     if now() > deadline:
-        raise Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+        raise Abort(DecisionReason.WORKER_TIMEOUT,
+                    "remediate.worker_timeout_seconds ran out before "
                     "any kill")
 
 
 @dataclass
-class Target:
-    """A process the reap holds: as judged, as read, and its handle (None: the pid path)."""
+class Held:
+    """What every platform's target is first: the member a reap holds, as judged."""
 
     member: Member
+
+
+#: A platform's target (Linux's Target, Windows' WinTarget): a Held and more.
+T = TypeVar("T", bound=Held)
+
+
+@dataclass
+class Target(Held):
+    """A process the reap holds: as judged, as read, and its handle (None: the pid path)."""
+
     info: ProcInfo
     fd: int | None
     stopped: bool = False  # stopped by this reap: an abort continues it
     exited: bool = False
 
 
-@dataclass
-class ReapRun:
-    """Mutable state of one reap; only the reaper's parts touch it."""
+@dataclass(kw_only=True)
+class Run(Generic[T]):
+    """Mutable state of one reap, on any platform; only the reaper's parts touch it.
+
+    What both platforms record the same way lives here once: the write-ahead audit
+    record (`write`: no record, no signal) and the crash ledger's marks (`mark`: no
+    mark, no stop). The refusals name a platform's own steps (STOPPED, SENT,
+    CONTINUED: a SIGSTOP, or a suspend)."""
+
+    #: The words a platform's refusals and logs use for its steps.
+    STOPPED: ClassVar[str] = "stopped"
+    SENT: ClassVar[str] = "signalled"
+    CONTINUED: ClassVar[str] = "continued"
+    #: The steps that kill (sent, an interrupted reap failed), and what the refusal says.
+    KILL_STEPS: ClassVar[tuple[str, ...]] = ("SIGTERM", "SIGKILL")
+    KILLED: ClassVar[str] = "SIGTERM had been sent"
 
     started: float
     path: KillPath
-    view: ProcSource  # fresh for this reap: nothing read before it is trusted
     policy: Remediate
     rules: Rules
     protected: frozenset[int]
     journal: Journal | None  # None for dry runs: they send nothing
     force: bool = False  # a person overrode the classifier: only the policy's guards apply
-    targets: dict[int, Target] = field(default_factory=dict)
+    targets: dict[int, T] = field(default_factory=dict)
     signals: list[SignalRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     confirmed_ms: float | None = None
@@ -94,17 +121,40 @@ class ReapRun:
     events: ExitSource | None = None  # as the inspection had them: the verdict re-derived
     memory: LauncherMemory | None = None  # with the tree frozen rests on the same facts
 
-    def restart(self, path: KillPath, view: ProcSource) -> None:
-        """Begin again on another kill path, with a new view: nothing held, nothing sent."""
-        self.path, self.view = path, view
-        self.targets, self.signals, self.notes, self.released = {}, [], [], []
-        self.confirmed_ms = None
-
-    def write(self, phase: Phase, targets: list[Target]) -> None:
+    def write(self, phase: Phase, targets: list[T]) -> None:
         """The write-ahead audit record for `targets`; no record, no signal."""
         assert self.journal is not None
         try:
             self.journal(phase, tuple(t.member for t in targets))
         except Exception as exc:
-            raise Abort("audit-failed", f"could not write the {phase} audit record: "
-                        f"{exc}; nothing more is signalled") from None
+            raise Abort(DecisionReason.AUDIT_FAILED, f"could not write the {phase} audit record: "
+                        f"{exc}; nothing more is {self.SENT}") from None
+
+    def mark(self, targets: list[T], *, held: bool) -> None:
+        """Tell the crash ledger (`holding`) that this reap may now hold `targets` stopped
+        (right before their stop: no mark, no stop) or holds them no longer."""
+        if self.holding is None or not targets:
+            return
+        try:
+            self.holding(tuple((t.member.pid, t.member.start_time) for t in targets), held)
+        except Exception as exc:
+            if held:
+                raise Abort(DecisionReason.STATE_FAILED,
+                            "could not record which members are about to "
+                            f"be {self.STOPPED} ({exc}); they are not {self.STOPPED}") from None
+            # Still marked: after a crash they would be continued, as a freeze is owed.
+            log.warning("could not record that %d member(s) were %s: %s",
+                        len(targets), self.CONTINUED, exc)
+
+
+@dataclass(kw_only=True)
+class ReapRun(Run[Target]):
+    """Linux's run: its kill path can change (pidfds, or the pid path), over a view."""
+
+    view: ProcSource  # fresh for this reap: nothing read before it is trusted
+
+    def restart(self, path: KillPath, view: ProcSource) -> None:
+        """Begin again on another kill path, with a new view: nothing held, nothing sent."""
+        self.path, self.view = path, view
+        self.targets, self.signals, self.notes, self.released = {}, [], [], []
+        self.confirmed_ms = None

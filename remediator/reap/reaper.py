@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import HolderSource
@@ -27,7 +26,6 @@ from gpuguard.remediator.reap.outcome import (
     Outcome,
     ReapResult,
     SignalRecord,
-    SignalResult,
 )
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import (
@@ -48,29 +46,14 @@ from gpuguard.remediator.reap.signalling import (
     PidfdSend,
     Signaller,
 )
+from gpuguard.remediator.reap.skeleton import NO_PIDFD, Interrupted, ReaperCore
 from gpuguard.remediator.state.audit import Phase
 from gpuguard.remediator.state.recovery import thaw_interrupted
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 
 log = logging.getLogger("gpuguard.remediator.reaper")
 
-#: The reason of a reap that an Interrupted (a signal to `gpuguard reap --apply`) ended.
-INTERRUPTED = "interrupted"
-
-
-class Interrupted(BaseException):
-    """Raised into a running reap to stop it now (by `gpuguard reap --apply`'s handlers for
-    SIGINT, SIGTERM and SIGHUP). A BaseException, like KeyboardInterrupt, so that nothing
-    on the way mistakes it for a failure to handle; the reap continues (SIGCONT) what it
-    stopped and returns outcome aborted (or failed, once SIGTERM was sent), reason
-    `interrupted`, instead of raising."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
-class Reaper:
+class Reaper(ReaperCore):
     """Verify, freeze, signal, confirm. The only code in gpuguard that sends signals.
 
     One reap at a time per instance (the remediator has one worker thread).
@@ -138,7 +121,7 @@ class Reaper:
                       force=force, holding=None if plan.dry_run else holding, events=events,
                       memory=memory)
         if run.path == KillPath.PID and not policy.allow_without_pidfd:
-            return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
+            return self._result(run, plan, Outcome.ABORTED, NO_PIDFD,
                                 "pidfd_open is unavailable and remediate.allow_without_pidfd "
                                 "is false")
         # Every path out of here thaws before the handles close (the handlers and the
@@ -214,7 +197,7 @@ class Reaper:
         except NoPidfd:
             self._signaller.close(run)
             if not run.policy.allow_without_pidfd:
-                return self._result(run, plan, Outcome.ABORTED, "no-pidfd",
+                return self._result(run, plan, Outcome.ABORTED, NO_PIDFD,
                                     "pidfd_open failed with ENOSYS and "
                                     "remediate.allow_without_pidfd is false")
             run.restart(KillPath.PID, ProcessView(counters=self.counters))
@@ -248,56 +231,4 @@ class Reaper:
 
     def _interrupted(self, run: ReapRun, plan: ReapPlan, stop: Interrupted) -> ReapResult:
         self._signaller.thaw(run)
-        killing = any(s.signal in ("SIGTERM", "SIGKILL") and s.result == SignalResult.SENT
-                      for s in run.signals)
-        log.warning("reap of %s interrupted (%s); continued what it had stopped",
-                    plan.key, stop.why)
-        return self._result(run, plan, Outcome.FAILED if killing else Outcome.ABORTED,
-                            INTERRUPTED,
-                            f"{stop.why}: the reap stopped there; "
-                            + ("SIGTERM had been sent" if killing
-                               else "nothing was terminated")
-                            + ", and every member the reap had stopped was continued")
-
-    # -- bookkeeping -----------------------------------------------------------------
-
-    def _confirm(self, run: ReapRun, confirm: Confirm | None) -> None:
-        if confirm is None:
-            return
-        refused = confirm()
-        run.confirmed_ms = (self._monotonic() - run.started) * 1000
-        if refused is not None:
-            raise Abort(*refused)
-
-    def _result(self, run: ReapRun, plan: ReapPlan, outcome: Outcome, reason: str,
-                detail: str, *, survivors: tuple[int, ...] = (),
-                reclaim: bool = False) -> ReapResult:
-        after: int | None = None
-        reclaimed: int | None = None
-        if reclaim:
-            try:
-                reading = self.nvml.read()
-            except Exception as exc:  # the kill happened; a failed re-query must not hide it
-                reading = NvmlReading(False, None, (), (), (("nvml", str(exc)),))
-            if reading.up:
-                pids = {h.pid for h in plan.holders}
-                after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)
-                reclaimed = max(0, plan.gpu_bytes - after)
-        members = tuple(t.member for t in run.targets.values())
-        if not members and not run.released:  # refused before any target was opened
-            members = plan.members
-        return ReapResult(
-            outcome=outcome,
-            reason=reason,
-            detail=detail,
-            kill_path=run.path if reason != "no-pidfd" else None,
-            members=members,
-            signals=tuple(run.signals),
-            survivors=survivors,
-            gpu_bytes_before=plan.gpu_bytes,
-            gpu_bytes_after=after,
-            reclaimed_bytes=reclaimed,
-            duration_seconds=self._monotonic() - run.started,
-            confirmed_ms=run.confirmed_ms,
-            released=tuple(run.released),
-        )
+        return self._interrupted_result(run, plan, stop)

@@ -12,7 +12,7 @@ from typing import Protocol
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import HolderSource
@@ -39,15 +39,30 @@ class TreeReaper(Protocol):
                          members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]: ...
 
 
-def platform_reaper(*, nvml: HolderSource, counters: Counters = COUNTERS,
-                    monotonic: Callable[[], float] = time.monotonic,
-                    guardian: ThawGuardian | None = None) -> TreeReaper:
-    """This platform's reaper (gpuguard.host.platform.IS_WINDOWS decides); `guardian`
-    (Linux) continues what a reap stopped if the process doing it dies."""
-    if IS_WINDOWS:
-        from gpuguard.remediator.reap.windows_reaper import WindowsReaper
-
-        return WindowsReaper(nvml=nvml, counters=counters, monotonic=monotonic)
+def _linux_reaper(nvml: HolderSource, counters: Counters, monotonic: Callable[[], float],
+                  guardian: ThawGuardian | None) -> TreeReaper:
     from gpuguard.remediator.reap.reaper import Reaper
 
     return Reaper(nvml=nvml, counters=counters, monotonic=monotonic, guardian=guardian)
+
+
+def _windows_reaper(nvml: HolderSource, counters: Counters, monotonic: Callable[[], float],
+                    guardian: ThawGuardian | None) -> TreeReaper:
+    from gpuguard.remediator.reap.windows_reaper import WindowsReaper
+
+    return WindowsReaper(nvml=nvml, counters=counters, monotonic=monotonic)
+
+
+#: Each platform's reaper, by gpuguard.host.platform's name (neither imports elsewhere).
+REAPERS: dict[str, Callable[[HolderSource, Counters, Callable[[], float],
+                             ThawGuardian | None], TreeReaper]] = {
+    LINUX: _linux_reaper, WINDOWS: _windows_reaper}
+
+
+def platform_reaper(platform: Platform = PLATFORM, *, nvml: HolderSource,
+                    counters: Counters = COUNTERS,
+                    monotonic: Callable[[], float] = time.monotonic,
+                    guardian: ThawGuardian | None = None) -> TreeReaper:
+    """The reaper of `platform` (its name picks it from REAPERS); `guardian` (where the
+    platform has one) continues what a reap stopped if the process doing it dies."""
+    return REAPERS[platform.name](nvml, counters, monotonic, guardian)

@@ -21,6 +21,7 @@ from gpuguard.remediator.decision.inspection import (
     read_within,
 )
 from gpuguard.remediator.decision.policy import verify_live
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort
@@ -64,7 +65,8 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
     judged, and (plan.classified) the root still the orphan the decision was made on."""
     left = deadline - now()
     if left <= 0:
-        raise Abort("worker-timeout", "remediate.worker_timeout_seconds ran out before "
+        raise Abort(DecisionReason.WORKER_TIMEOUT,
+                    "remediate.worker_timeout_seconds ran out before "
                     "any kill")
     try:
         reading = read_within(nvml, left)
@@ -73,7 +75,7 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
                     "rest of remediate.worker_timeout_seconds; nothing was "
                     "terminated") from None
     except Exception as exc:  # fail closed: an unreadable NVML confirms nothing
-        raise Abort("nvml-unavailable", f"NVML re-check failed: {exc}") from None
+        raise Abort(DecisionReason.NVML_UNAVAILABLE, f"NVML re-check failed: {exc}") from None
     gpus = {*plan.gpus, *(h.gpu_uuid for h in plan.holders)}
     problem = nvml_problem(reading, gpus)
     if problem is not None:
@@ -105,5 +107,5 @@ def _rederive(run: FrozenRun, plan: ReapPlan, reading: NvmlReading, gpus: set[st
         raise Abort(refused.reason, f"classified again with the tree frozen: "
                     f"{refused.detail}")
     if not run.force and plan.reasons is not None and live.reason not in plan.reasons:
-        raise Abort("reason-not-allowed", "classified again with the tree frozen: "
+        raise Abort(DecisionReason.REASON_NOT_ALLOWED, "classified again with the tree frozen: "
                     f"orphan reason {live.reason} is not in remediate.reasons")

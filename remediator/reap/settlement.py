@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpuguard.remediator.decision.policy import Action, Decision
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
@@ -19,9 +20,10 @@ CANCELLED_BY_ALERTMANAGER = (ConfirmationState.SILENCED, ConfirmationState.INHIB
 def final_decision(decision: Decision, result: ReapResult | None, key: TreeKey) -> Decision:
     """`decision` itself unless the reap aborted or raised (result None)."""
     if result is None:
-        return Decision(Action.IGNORE, "internal-error", "the reap raised; see the log", key)
+        return Decision(Action.IGNORE, DecisionReason.INTERNAL_ERROR,
+                        "the reap raised; see the log", key)
     if result.outcome == Outcome.ABORTED and result.reason == "cancelled":
-        return Decision(Action.CANCEL, "resolved", result.detail, key)
+        return Decision(Action.CANCEL, DecisionReason.RESOLVED, result.detail, key)
     if result.outcome == Outcome.ABORTED and result.reason in CANCELLED_BY_ALERTMANAGER:
         return Decision(Action.CANCEL, result.reason, result.detail, key)
     if result.outcome == Outcome.ABORTED:

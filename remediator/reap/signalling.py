@@ -21,6 +21,7 @@ from gpuguard.orphans.process import (
     still_same,
 )
 from gpuguard.remediator.decision.inspection import member_of
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, NoPidfd, ReapRun, Target
 from gpuguard.remediator.state.thaw_guardian import GuardianError, ThawGuardian
@@ -187,7 +188,8 @@ class Signaller:
             self.guardian.hold(target.member.pid, target.fd)
         except GuardianError as exc:
             target.stopped = previous
-            raise Abort("guardian-failed", f"{exc}; {target.member.pid} was not stopped: a "
+            raise Abort(DecisionReason.GUARDIAN_FAILED,
+                        f"{exc}; {target.member.pid} was not stopped: a "
                         "freeze nothing would continue if this process died") from None
 
     def thaw(self, run: ReapRun) -> None:
@@ -206,7 +208,7 @@ class Signaller:
                         continued.append(target)
                 except BaseException as exc:  # the next member is still continued
                     failure = failure or exc
-        self.mark(run, continued, held=False)
+        run.mark(continued, held=False)
         self.unguard(continued)
         if failure is not None:
             raise failure
@@ -219,29 +221,13 @@ class Signaller:
             if self.send(run, target, signal.SIGCONT) in (SignalResult.SENT, SignalResult.GONE):
                 target.stopped = False
                 continued.append(target)
-        self.mark(run, continued, held=False)
+        run.mark(continued, held=False)
         self.unguard(continued)
 
     def unguard(self, targets: list[Target]) -> None:
         """Continued by the reap itself: the guardian lets go of them."""
         if self.guardian is not None and targets:
             self.guardian.let_go([t.member.pid for t in targets if t.fd is not None])
-
-    @staticmethod
-    def mark(run: ReapRun, targets: list[Target], *, held: bool) -> None:
-        """Tell the crash ledger (`holding`) that this reap may now hold `targets` stopped
-        (right before their SIGSTOP: no mark, no stop) or holds them no longer."""
-        if run.holding is None or not targets:
-            return
-        try:
-            run.holding(tuple((t.member.pid, t.member.start_time) for t in targets), held)
-        except Exception as exc:
-            if held:
-                raise Abort("state-failed", "could not record which members are about to "
-                            f"be stopped ({exc}); they are not stopped") from None
-            # Still marked: after a crash they would be continued, as a freeze is owed.
-            log.warning("could not record that %d member(s) were continued: %s",
-                        len(targets), exc)
 
     # -- what /proc shows now ----------------------------------------------------------
 

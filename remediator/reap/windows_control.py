@@ -14,19 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
-from gpuguard.config.remediate import Remediate
-from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
-from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc
-from gpuguard.remediator.decision.tree import Member
-from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
-from gpuguard.remediator.reap.reap_run import Abort, Holding, Journal
-from gpuguard.remediator.state.audit import Phase
+from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
+from gpuguard.remediator.reap.reap_run import Abort, Held, Run
 
 log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts
 
@@ -80,42 +74,27 @@ class WindowsControl:
 
 
 @dataclass
-class WinTarget:
+class WinTarget(Held):
     """A process the reap holds: as judged, its row as read, and its handle."""
 
-    member: Member
     row: WinProc
     handle: Handle | None
     suspended: bool = False  # suspended by this reap (once): every way out resumes it
     exited: bool = False
 
 
-@dataclass
-class WinRun:
-    """Mutable state of one reap on Windows (recheck.FrozenRun reads it too)."""
+@dataclass(kw_only=True)
+class WinRun(Run[WinTarget]):
+    """One reap on Windows (recheck.FrozenRun reads it too): through handles, always;
+    its steps are suspends and terminates."""
 
-    started: float
-    policy: Remediate
-    rules: Rules
-    protected: frozenset[int]
-    journal: Journal | None  # None for dry runs: they suspend and terminate nothing
-    force: bool = False
-    holding: Holding | None = None
-    events: ExitSource | None = None
-    memory: LauncherMemory | None = None
-    targets: dict[int, WinTarget] = field(default_factory=dict)
-    signals: list[SignalRecord] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    confirmed_ms: float | None = None
+    STOPPED: ClassVar[str] = "suspended"
+    SENT: ClassVar[str] = "suspended or terminated"
+    CONTINUED: ClassVar[str] = "resumed"
+    KILL_STEPS: ClassVar[tuple[str, ...]] = (TERMINATE,)
+    KILLED: ClassVar[str] = "members had been terminated"
 
-    def write(self, phase: Phase, targets: list[WinTarget]) -> None:
-        """The write-ahead audit record for `targets`; no record, no suspend."""
-        assert self.journal is not None
-        try:
-            self.journal(phase, tuple(t.member for t in targets))
-        except Exception as exc:
-            raise Abort("audit-failed", f"could not write the {phase} audit record: "
-                        f"{exc}; nothing more is suspended or terminated") from None
+    path: KillPath = KillPath.HANDLE
 
 
 class Hands:
@@ -189,7 +168,7 @@ class Hands:
         assert target.handle is not None
         already = self._already_suspended(target)
         if not already:
-            self.mark(run, [target], held=True)
+            run.mark([target], held=True)
         # Flagged before the call: an Interrupted landing right after it took effect
         # still finds the member to resume.
         target.suspended = True
@@ -199,11 +178,11 @@ class Hands:
             target.suspended = False
             self.record(run, target.member.pid, SUSPEND, f"{SignalResult.ERROR}: {exc}")
             if not already:
-                self.mark(run, [target], held=False)
+                run.mark([target], held=False)
             return
         self.record(run, target.member.pid, SUSPEND, SignalResult.SENT)
         if already:
-            self.mark(run, [target], held=True)
+            run.mark([target], held=True)
 
     @staticmethod
     def _already_suspended(target: WinTarget) -> bool:
@@ -239,7 +218,7 @@ class Hands:
             if result in (SignalResult.SENT, SignalResult.GONE):
                 target.suspended = False
                 resumed.append(target)
-        self.mark(run, resumed, held=False)
+        run.mark(resumed, held=False)
         if failure is not None:
             raise failure
 
@@ -314,20 +293,6 @@ class Hands:
             return target.handle is not None and target.handle.running()
         except OSError:
             return True
-
-    @staticmethod
-    def mark(run: WinRun, targets: list[WinTarget], *, held: bool) -> None:
-        """The crash ledger's marks (see signalling.Signaller.mark): no mark, no suspend."""
-        if run.holding is None or not targets:
-            return
-        try:
-            run.holding(tuple((t.member.pid, t.member.start_time) for t in targets), held)
-        except Exception as exc:
-            if held:
-                raise Abort("state-failed", "could not record which members are about to "
-                            f"be suspended ({exc}); they are not suspended") from None
-            log.warning("could not record that %d member(s) were resumed: %s",
-                        len(targets), exc)
 
     @staticmethod
     def close(run: WinRun) -> None:

@@ -48,23 +48,21 @@ from gpuguard.orphans.vocabulary import Reason
 from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.decision.windows_inspection import windows_member
 from gpuguard.remediator.reap.outcome import (
-    KillPath,
     Outcome,
     ReapResult,
     SignalRecord,
-    SignalResult,
 )
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, Confirm, Holding, Journal, check_wanted
-from gpuguard.remediator.reap.reaper import INTERRUPTED, Interrupted
 from gpuguard.remediator.reap.recheck import recheck_frozen
+from gpuguard.remediator.reap.skeleton import Interrupted, ReaperCore
 from gpuguard.remediator.reap.windows_control import (
     SUSPEND,
     SUSPEND_CONFIRM_SECONDS,
-    TERMINATE,
     Handle,
     Hands,
     ProcessControl,
@@ -80,7 +78,7 @@ log = logging.getLogger("gpuguard.remediator.reaper")
 KILL_CONFIRM_SECONDS = 5.0
 
 
-class WindowsReaper:
+class WindowsReaper(ReaperCore):
     """Linux's Reaper on Windows: the same reap() and thaw_interrupted(), the same
     results and records (module doc). One reap at a time per instance."""
 
@@ -259,7 +257,8 @@ class WindowsReaper:
             if not self._collect(run, suspend=True):
                 return
             if self._monotonic() > deadline:
-                raise Abort("worker-timeout", "the tree kept growing while being suspended")
+                raise Abort(DecisionReason.WORKER_TIMEOUT,
+                            "the tree kept growing while being suspended")
             check_wanted(cancelled, deadline, self._monotonic)
 
     def _rejudge(self, run: WinRun) -> None:
@@ -309,16 +308,7 @@ class WindowsReaper:
                             survivors=tuple(t.member.pid for t in survivors), reclaim=True)
 
     def _interrupted(self, run: WinRun, plan: ReapPlan, stop: Interrupted) -> ReapResult:
-        killing = any(s.signal == TERMINATE and s.result == SignalResult.SENT
-                      for s in run.signals)
-        log.warning("reap of %s interrupted (%s); resumed what it had suspended",
-                    plan.key, stop.why)
-        return self._result(run, plan, Outcome.FAILED if killing else Outcome.ABORTED,
-                            INTERRUPTED,
-                            f"{stop.why}: the reap stopped there; "
-                            + ("members had been terminated" if killing
-                               else "nothing was terminated")
-                            + ", and every member the reap had suspended was resumed")
+        return self._interrupted_result(run, plan, stop)  # _run resumed what it suspended
 
     def _inspector(self, run: WinRun, plan: ReapPlan) -> Callable[[NvmlReading, set[str]],
                                                                    LiveTree]:
@@ -328,38 +318,6 @@ class WindowsReaper:
                                         expected_gpus=gpus, reading=reading,
                                         table=self.control.table())
         return inspect
-
-    # -- bookkeeping -----------------------------------------------------------------
-
-    def _confirm(self, run: WinRun, confirm: Confirm | None) -> None:
-        if confirm is None:
-            return
-        refused = confirm()
-        run.confirmed_ms = (self._monotonic() - run.started) * 1000
-        if refused is not None:
-            raise Abort(*refused)
-
-    def _result(self, run: WinRun, plan: ReapPlan, outcome: Outcome, reason: str,
-                detail: str, *, survivors: tuple[int, ...] = (),
-                reclaim: bool = False) -> ReapResult:
-        after = reclaimed = None
-        if reclaim:
-            try:
-                reading = self.nvml.read()
-            except Exception as exc:  # the kill happened; a failed re-query must not hide it
-                reading = NvmlReading(False, None, (), (), (("nvml", str(exc)),))
-            if reading.up:
-                pids = {h.pid for h in plan.holders}
-                after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)
-                reclaimed = max(0, plan.gpu_bytes - after)
-        members = tuple(t.member for t in run.targets.values()) or plan.members
-        return ReapResult(outcome=outcome, reason=reason, detail=detail,
-                          kill_path=KillPath.HANDLE, members=members,
-                          signals=tuple(run.signals), survivors=survivors,
-                          gpu_bytes_before=plan.gpu_bytes, gpu_bytes_after=after,
-                          reclaimed_bytes=reclaimed,
-                          duration_seconds=self._monotonic() - run.started,
-                          confirmed_ms=run.confirmed_ms)
 
 
 def refusal(run: WinRun, member: Member,
@@ -408,7 +366,7 @@ def refused_suspend(run: WinRun) -> None:
     """A suspend Windows refused ends the reap before any terminate."""
     for record in run.signals:
         if record.signal == SUSPEND and record.failed:
-            raise Abort("signal-failed", f"suspending {record.pid} failed "
+            raise Abort(DecisionReason.SIGNAL_FAILED, f"suspending {record.pid} failed "
                         f"({record.error}): the remediator may not act on this tree "
                         "(another user's processes need an administrator); nothing was "
                         "terminated")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.compat import StrEnum
-from gpuguard.host.platform import IS_WINDOWS
+from gpuguard.host.platform import PLATFORM
 from gpuguard.remediator.decision.policy import Decision
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.reap.outcome import ReapResult, SignalRecord
@@ -158,8 +158,8 @@ def check_private_dir(path: Path, what: str) -> None:
     if (stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode)
             or _reparse_point(st)):
         raise UnsafePathError(f"{path}: {what} must be a directory, not a symlink or file")
-    if IS_WINDOWS:
-        # No uid and no mode bits there: who may write it is the folder's ACL, which is
+    if not PLATFORM.posix_permissions:
+        # Windows: no uid and no mode bits there: who may write it is the folder's ACL, which is
         # not read here (docs/windows.md: an Administrators-only folder).
         return
     if st.st_uid != os.geteuid():
@@ -193,7 +193,8 @@ class AuditLog:
         (Windows has no O_NOFOLLOW: a reparse point at the path is refused before the
         open; there the file is opened binary, so a line ends in \\n as on Linux).
         Read-write: append() reads the last byte to end a torn line."""
-        if IS_WINDOWS:
+        nofollow = getattr(os, "O_NOFOLLOW", None)
+        if nofollow is None:
             try:
                 if _reparse_point(os.lstat(self.path)):
                     raise UnsafePathError(f"{self.path}: the audit log is a symlink or "
@@ -202,7 +203,7 @@ class AuditLog:
                 pass
             return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT
                            | getattr(os, "O_BINARY", 0), 0o640)
-        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | nofollow, 0o640)
 
     def append(self, record: dict[str, Any]) -> None:
         """Write `record` as one line, durably, or leave the file as it was and raise.

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from gpuguard.remediator.decision.policy import Action, Decision
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reapers import TreeReaper
@@ -140,8 +141,8 @@ class InterruptedReaps:
 
 #: How every record of a settled interrupted reap begins.
 CUT_SHORT = "the remediator stopped during this reap"
-INTERRUPTED = "interrupted"
-THAWED = "interrupted-thawed"
+INTERRUPTED = DecisionReason.INTERRUPTED
+THAWED = DecisionReason.INTERRUPTED_THAWED
 
 
 def settled_decision(key: TreeKey, thaw: list[tuple[int, int]],

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.compat import StrEnum
-from gpuguard.host.platform import IS_WINDOWS
-from gpuguard.host.procfs import BOOT_ID, boottime, read_boot_id
+from gpuguard.host.platform import PLATFORM
+from gpuguard.host.procfs import BOOT_ID, boottime
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import Outcome
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
@@ -63,11 +63,7 @@ class StateUnavailable(LedgerError):
 def this_boot_id() -> str:
     """This boot's id: the kernel's random one (BOOT_ID) on Linux; on Windows its boot
     counter or kernel boot time (gpuguard/host/windows/boot.py). OSError when unreadable."""
-    if IS_WINDOWS:
-        from gpuguard.host.windows.boot import boot_id
-
-        return boot_id()
-    return read_boot_id()
+    return PLATFORM.boot_id()
 
 
 def _v1_boot_time() -> float:
@@ -188,8 +184,8 @@ class Ledger:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        if IS_WINDOWS:
-            return  # a directory cannot be opened for fsync there; NTFS logs the rename
+        if not PLATFORM.fsync_directories:
+            return  # Windows: a directory cannot be opened for fsync; NTFS logs the rename
         dir_fd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

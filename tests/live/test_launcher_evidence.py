@@ -1,6 +1,6 @@
 """How the launcher died, live: the kernel's exit events name the orphan's reason.
 
-Real trees, the real listener (gpuguard/host/procevents.py), the exporter's scan. The
+Real trees, the real listener (gpuguard/host/events/listener.py), the exporter's scan. The
 kernel reports host pids, which a child PID namespace cannot name, so these tests are
 marked `initial_pidns`: .ci/run runs them outside the namespace it gives the rest of the
 suite (elsewhere they skip, saying how to run them; under CI=true they fail). They do not
@@ -18,9 +18,9 @@ import pytest
 
 from gpuguard.exporter.scanner import Scanner
 from gpuguard.host.counters import Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import Nvml
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.orphans.rules_config import Rules
 from tests.support.ci import RUN_INITIAL_PIDNS, require

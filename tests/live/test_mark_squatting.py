@@ -216,7 +216,9 @@ def test_a_run_name_taken_before_the_launcher_registers_does_not_detach_it(
     d = Path(tempfile.mkdtemp(prefix="run-", dir=site.base))
     d.chmod(0o777)
     (d / "cmd.py").write_text(CMD)
-    argv = [*as_user(ALICE), *LAUNCHER, "--marks-dir", str(site.marks), "--",
+    # --tier subreaper: the pidns tier's user namespace drops the ambient capability
+    # as_user() may need to reach this Python; names, not tiers, are what this test is about.
+    argv = [*as_user(ALICE), *LAUNCHER, "--tier", "subreaper", "--marks-dir", str(site.marks), "--",
             sys.executable, str(d / "cmd.py"), str(d), f"erased-daemon={HOLDER}",
             "await=daemon"]
     held = (f"sh -c 'echo $$ > {d}/pre; kill -STOP $$; exec \"$@\"' sh "

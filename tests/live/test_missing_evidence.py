@@ -23,8 +23,8 @@ import pytest
 from gpuguard.config.remediate import Remediate
 from gpuguard.console.contract import EXIT_REFUSED
 from gpuguard.host.counters import Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.marks import ensure_marks_dir
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.registrar import start_registrar
 from gpuguard.orphans.classify import classify

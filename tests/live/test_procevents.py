@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.host import procevents
-from gpuguard.host.exit_store import Exit, ExitStore, split_exit_code
-from gpuguard.host.proc_connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
-from gpuguard.host.procevents import KINDS, EventCounts, ProcessEvents
+from gpuguard.host.events import listener as procevents
+from gpuguard.host.events.connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
+from gpuguard.host.events.exit_store import Exit, ExitStore, split_exit_code
+from gpuguard.host.events.listener import KINDS, EventCounts, ProcessEvents
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.proctree import Trees, children_of, wait_for
 
@@ -375,7 +375,7 @@ def run_listener_in(wrapper: list[str], *, allow: bool) -> dict:
     code = (
         "import json, logging, os, sys\n"
         "logging.basicConfig(level=logging.WARNING)\n"
-        "from gpuguard.host.procevents import ProcessEvents\n"
+        "from gpuguard.host.events.listener import ProcessEvents\n"
         f"e = ProcessEvents(allow_pid_namespace={allow})\n"
         "e.start()\n"
         "print(json.dumps({'available': e.available, 'reason': e.unavailable_reason,"

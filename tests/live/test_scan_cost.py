@@ -80,7 +80,7 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
                                                        fake_gpu: FakeGpuWorld) -> None:
     """5,000 short processes exit while the listener runs: its record grows, the scan's
     /proc reads do not (the evidence is a lookup in memory)."""
-    from gpuguard.host.procevents import ProcessEvents
+    from gpuguard.host.events.listener import ProcessEvents
 
     events = ProcessEvents()
     events.start()

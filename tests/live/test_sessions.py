@@ -34,8 +34,8 @@ import pytest
 
 from gpuguard.exporter.scanner import Scanner
 from gpuguard.host.counters import Counters
+from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.nvml import Nvml
-from gpuguard.host.procevents import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree

@@ -35,7 +35,7 @@ IO_MODULES = frozenset({
     "pynvml", "ctypes", "mmap", "fcntl", "pwd", "grp", "resource", "multiprocessing",
     "threading", "asyncio", "importlib", "logging", "json", "yaml", "sqlite3", "psutil",
     # this project's own I/O layers
-    "gpuguard.host.procfs", "gpuguard.host.procevents", "gpuguard.host.proc_connector",
+    "gpuguard.host.procfs", "gpuguard.host.events.listener", "gpuguard.host.events.connector",
     "gpuguard.host.users", "gpuguard.host.marks", "gpuguard.host.registrar",
     "gpuguard.host.launcher_memory", "gpuguard.host.descriptors", "gpuguard.host.fdsearch",
     "gpuguard.web", "gpuguard.console", "gpuguard.launch",

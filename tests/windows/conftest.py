@@ -1,7 +1,10 @@
-"""The real Windows tier: gpuguard's programs as Windows processes under Wine.
+"""The Windows tests: the real tier (gpuguard's programs as Windows processes under Wine)
+here, the synthetic tests (recorded process tables, fake back-ends, no Wine) in
+synthetic/.
 
-Every test here is marked `windows`. Without Wine (or MinGW) the tier skips, except under
-CI=true, where .ci/run installs them and their absence fails the run. One prefix serves
+Every test here is marked `windows`; the synthetic ones ask for no Wine fixture. Without
+Wine (or MinGW) the real tier skips, except under CI=true, where .ci/run installs them
+and their absence fails the run. One prefix serves
 the whole tier (tests/support/wine.py builds it); each test gets a fresh fake GPU
 world, and everything a test started is killed at its end, pass or fail.
 """
@@ -28,6 +31,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/windows is a Windows test (`-m windows` selects them all):
+    the Wine tier here, the synthetic ones in synthetic/, which need no Wine and run in
+    every tier that runs tests/pure (make compat names the folder too)."""
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(WINDOWS)

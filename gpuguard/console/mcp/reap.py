@@ -42,6 +42,7 @@ from gpuguard.console.reap import (
 )
 from gpuguard.console.reports import ReapReport
 from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.reap.outcome import Outcome
 
 log = logging.getLogger("gpuguard.mcp")
 
@@ -137,7 +138,7 @@ def reap_summary(doc: dict[str, Any]) -> str:
     """One line: what a dry run would signal (and how to confirm), or what a reap did."""
     members = ", ".join(f"{m['pid']} {m['comm']} ({m['user']})" for m in doc["members"])
     key = doc["key"]
-    if doc["outcome"] == "dry-run":
+    if doc["outcome"] == Outcome.DRY_RUN:
         return (f"dry run, nothing signalled: {len(doc['members'])} processes of tree "
                 f"{key['root_pid']} would be signalled ({members}), reason "
                 f"{doc['decision']['reason']}; call {REAP} with root_pid={key['root_pid']}, "

@@ -17,7 +17,7 @@ from gpuguard import logformat
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, PROG, Failure
 from gpuguard.console.mcp.tools import ServeSettings
-from gpuguard.host.descriptors import raise_open_file_limit
+from gpuguard.host.platform import PLATFORM
 
 #: What `pip install` needs for this subcommand (pyproject.toml's extra).
 INSTALL_HINT = "pip install 'gpuguard[mcp]'"
@@ -44,7 +44,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     settings = ServeSettings(config_path=args.config, hostname=args.hostname,
                              allow_pid_namespace=args.allow_pid_namespace)
     # gpu_reap holds a pidfd per member, as `gpuguard reap` does: the soft limit bounds it.
-    logging.getLogger("gpuguard.mcp").debug("%s", raise_open_file_limit())
+    logging.getLogger("gpuguard.mcp").debug("%s", PLATFORM.raise_open_file_limit())
     logging.getLogger("gpuguard.mcp").info(
         "%s mcp serving on stdio: config %s, hostname %s", PROG,
         args.config or "(built-in defaults)", args.hostname)

@@ -29,8 +29,8 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.windows.accounts import process_sid
+from gpuguard.host.windows.winapi import dll
 from gpuguard.orphans.windows import UNKNOWN_CREATE_TIME, WinProc, encode_create_time
 
 
@@ -54,13 +54,14 @@ def _ppid_map(psutil: Any) -> Mapping[int, int] | None:
 def session_id(pid: int) -> int | None:
     """The Terminal Services session of `pid` (0: the services'), None when it cannot be
     read (access denied, gone, or not on Windows): ProcessIdToSessionId."""
-    if not IS_WINDOWS:
-        return None
     import ctypes
     from ctypes import wintypes
 
+    try:
+        kernel32 = dll("kernel32")  # OSError off Windows
+    except OSError:
+        return None
     out = wintypes.DWORD()
-    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
     if not kernel32.ProcessIdToSessionId(wintypes.DWORD(pid), ctypes.byref(out)):
         return None
     return int(out.value)

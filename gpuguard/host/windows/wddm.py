@@ -283,8 +283,9 @@ class WddmNvml(Nvml):
     (attribute()). A drop-in Nvml: the exporter's scanner and the remediator read it."""
 
     def __init__(self, *, counters: Counters = COUNTERS, wddm: WddmCounters | None = None,
-                 luids: Mapping[str, int] | None = None) -> None:
-        super().__init__(counters=counters)
+                 luids: Mapping[str, int] | None = None,
+                 process_utilization: bool = True) -> None:
+        super().__init__(counters=counters, process_utilization=process_utilization)
         self.wddm = wddm if wddm is not None else WddmCounters()
         self.luids = luids
 

@@ -224,7 +224,7 @@ class Proc:
 
 
 class ModelView(SyntheticView):
-    """SyntheticView plus the process-events listener's query as gpuguard/host/procevents.py
+    """SyntheticView plus the process-events listener's query as gpuguard/host/events/listener.py
     answers it: the latest exit of `pid`, if it happened at or after `after_start_time`
     (SyntheticView ignores that bound)."""
 

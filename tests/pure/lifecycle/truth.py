@@ -36,7 +36,7 @@ side (never `orphan`) there:
   is what the launch chain is. (`adopted-above-chain` was a tag here while rule 6
   scanned the whole chain and rooted trees at adopted processes above the session.)
 - launcher death before the root was born: the listener's record of the
-  creator's exit is older than the root, and gpuguard.host.procevents answers only
+  creator's exit is older than the root, and gpuguard.host.events.listener answers only
   exits at or after the root's start (a reused pid's older exit looks the same),
   so the expected reason is `session-ended` even when every exit was seen.
 """

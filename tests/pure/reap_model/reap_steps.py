@@ -147,7 +147,7 @@ def _hold(config: Config, state: State) -> list[Step]:
 
 
 def _intent(config: Config, state: State) -> list[Step]:
-    """ReapRun.write(Phase.INTENT): the ledger's member list and the fsynced audit record
+    """Run.write(Phase.INTENT): the ledger's member list and the fsynced audit record
     naming every held member, before the first SIGSTOP (or, broken, after the freeze)."""
     ok = _advance(config, _record(config, state, frozenset(state.held)))
     return _write(config, state, "intent record", ok, _abort(state, "audit-failed"))
@@ -181,7 +181,7 @@ def _check(config: Config, state: State) -> list[Step]:
 
 
 def _mark(config: Config, state: State) -> list[Step]:
-    """Signaller.mark(held=True) right before SIGSTOP: the ledger's marks and the pidfds
+    """Run.mark(held=True) right before SIGSTOP: the ledger's marks and the pidfds
     handed to the guardian."""
     if state.stage == KILLING:
         handles = frozenset(h for h in state.held if alive(config, state, h))
@@ -236,7 +236,7 @@ def _collect(config: Config, state: State) -> list[Step]:
 
 
 def _joined(config: Config, state: State) -> list[Step]:
-    """ReapRun.write(Phase.JOINED) and its held mark (and the guardian's pidfd), before the
+    """Run.write(Phase.JOINED) and its held mark (and the guardian's pidfd), before the
     joiner's SIGSTOP. Not written: during the freeze the reap aborts; after SIGTERM the
     joiner is left unsignalled (the next collection finds it again)."""
     handle = (JOINER, 0)
@@ -322,7 +322,7 @@ def _resume(config: Config, state: State) -> list[Step]:
 
 
 def _unmark(config: Config, state: State) -> list[Step]:
-    """Signaller.mark(held=False): what was continued is no longer held (a failed write
+    """Run.mark(held=False): what was continued is no longer held (a failed write
     leaves the marks: a restart continues them again, harmlessly); the guardian forgets it."""
     continued = frozenset(h for h in state.marks if h[0] not in state.ours)
     nxt = FINAL if state.stage == ABORTING else WAIT

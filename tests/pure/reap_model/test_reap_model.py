@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 from gpuguard.remediator.decision.policy import Action
+from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap import killing, reaper
 from gpuguard.remediator.reap.freezing import Freezer
 from gpuguard.remediator.reap.outcome import Outcome
@@ -286,7 +287,11 @@ def test_the_model_ends_reaps_the_ways_the_code_does() -> None:
     assert reached == set(st.ABORT_REASONS)
     for reason, module in st.ABORT_REASONS.items():
         source = inspect.getsource(importlib.import_module(module))
-        assert f'"{reason}"' in source, f"{reason} is not named in {module}"
+        # Named there as the string, or as its member of the decision-reason enum.
+        member = f"DecisionReason.{DecisionReason(reason).name}" if reason in set(
+            DecisionReason) else None
+        assert f'"{reason}"' in source or (member is not None and member in source), \
+            f"{reason} is not named in {module}"
 
 
 def test_the_model_writes_the_audit_phases_the_code_has() -> None:

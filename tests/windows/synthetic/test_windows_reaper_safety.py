@@ -24,7 +24,7 @@ from gpuguard.remediator.reap.outcome import Outcome, SignalResult
 from gpuguard.remediator.reap.windows_control import RESUME, SUSPEND
 from gpuguard.remediator.reap.windows_reaper import WindowsReaper
 from gpuguard.remediator.state.audit import audit_record
-from tests.pure.test_windows_reaper import (
+from tests.windows.synthetic.test_windows_reaper import (
     CHILD,
     MEMBERS,
     POLICY,

@@ -35,10 +35,11 @@ from tests.support.proctree import wait_for
 
 
 def test_the_table_source_imports_without_psutil_and_the_platform_is_linux_here() -> None:
-    assert platform.IS_WINDOWS is (sys.platform == "win32")
-    assert platform.BACKEND == ("windows" if platform.IS_WINDOWS else "linux")
+    windows = sys.platform == "win32"
+    assert platform.PLATFORM is platform.BACKENDS["windows" if windows else "linux"]
+    assert platform.PLATFORM.name == ("windows" if windows else "linux")
     assert "psutil" not in processes.__dict__  # imported on first use only
-    assert processes.session_id(os.getpid()) is None or platform.IS_WINDOWS
+    assert processes.session_id(os.getpid()) is None or windows
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from gpuguard.exporter.accounting import balance
 from gpuguard.host.counters import Counters
 from gpuguard.host.windows.wddm import WddmNvml, WddmUsage, usage_of
-from tests.pure.test_wddm import format_luid
 from tests.support.fakenvml import FakeGpuWorld, default_uuid
+from tests.windows.synthetic.test_wddm import format_luid
 
 pytest_plugins = ["tests.support.fakenvml.plugin"]
 

@@ -91,7 +91,7 @@ class FakeCounters:
 
 
 def test_wddm_sizes_what_nvml_could_not(fake_gpu: FakeGpuWorld) -> None:
-    """Windows' scan reads NVML through WddmNvml (windows_scan_sources): the holders NVML
+    """Windows' scan reads NVML through WddmNvml (the Windows back-end's nvml): the holders NVML
     lists without a size get WDDM's, and the orphan tree's memory follows."""
     fake_gpu.add_process(0, 7008, None)
     table = windows_table()

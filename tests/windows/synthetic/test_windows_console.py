@@ -2,9 +2,10 @@
 signals that stop a reap, the one PID-namespace check both paths share, and start-time
 wording that holds on either platform.
 
-A Windows `signal` module and `IS_WINDOWS` are what cannot exist here: the first is
-played by a namespace with Windows' signal names, the second is set on the module that
-reads it. Everything else is the real code.
+A Windows `signal` module and a Windows process are what cannot exist here: the first is
+played by a namespace with Windows' signal names, the second by Windows' real back-end
+(gpuguard.host.windows.platform) set as the platform of the module that reads it.
+Everything else is the real code.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from gpuguard.console import main as console_main
 from gpuguard.console.contract import EXIT_USAGE, START_TIME_WORDS, Failure
 from gpuguard.console.mcp import reap as mcp_reap
 from gpuguard.console.mcp import tools as mcp_tools
+from gpuguard.host import linux
+from gpuguard.host.windows import platform as windows_platform
 
 #: Windows' signal module: no SIGHUP, a SIGBREAK (Ctrl-Break), numbered as there.
 WINDOWS_SIGNAL = types.SimpleNamespace(SIGINT=2, SIGTERM=15, SIGBREAK=21, SIGABRT=22)
@@ -67,8 +70,8 @@ def settings(*, allow: bool = False) -> mcp_tools.ServeSettings:
 def test_reap_and_gpu_reap_agree_on_the_pid_namespace(
         monkeypatch: pytest.MonkeyPatch, windows: bool, in_host: bool | None, allow: bool,
         refused: bool) -> None:
-    monkeypatch.setattr(reap, "IS_WINDOWS", windows)
-    monkeypatch.setattr(reap, "in_host_pid_namespace", lambda: in_host)
+    monkeypatch.setattr(reap, "PLATFORM", windows_platform.BACKEND if windows else linux.BACKEND)
+    monkeypatch.setattr(linux, "in_host_pid_namespace", lambda: in_host)
     assert reap.outside_host_pid_namespace(allow) is refused
     if refused:
         with pytest.raises(Failure, match="outside the host PID namespace") as cli:

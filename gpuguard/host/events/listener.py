@@ -3,7 +3,7 @@
 An orphan's launcher is gone by the time a scan sees the orphan, and /proc keeps nothing
 of a reaped process: whether a signal killed it or it exited on purpose (what tells an
 abandoned job from a detached one) only the kernel saw. One netlink socket listens to the
-process-events connector (proc_connector.py) and keeps a bounded memory of exits
+process-events connector (connector.py) and keeps a bounded memory of exits
 (exit_store.py). Exits before `start()` are unknown; what an overrun socket lost is
 counted as `dropped`.
 """
@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable
 
 from gpuguard.compat import StrEnum
-from gpuguard.host.exit_store import EvictionCause, Exit, ExitStore, Row
-from gpuguard.host.proc_connector import (
+from gpuguard.host.events.connector import (
     CN_IDX_PROC,
     EXIT_DATAGRAM,
     NETLINK_CONNECTOR,
@@ -37,9 +36,10 @@ from gpuguard.host.proc_connector import (
     decode,
     request,
 )
+from gpuguard.host.events.exit_store import EvictionCause, Exit, ExitStore, Row
 from gpuguard.host.procfs import in_host_pid_namespace
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpuguard.host.procevents")  # its name before the move
 
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_MEMINFO = 55  # u32[SK_MEMINFO_VARS]; [8] is sk_drops: messages the kernel dropped

@@ -5,16 +5,17 @@ the edges for real under Wine."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from gpuguard.host.platform import IS_WINDOWS
 from gpuguard.host.windows import accounts, boot, handles
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.state.ledger import Ledger
 
-pytestmark = pytest.mark.skipif(IS_WINDOWS, reason="what Linux sees of the Windows edges")
+pytestmark = pytest.mark.skipif(sys.platform == "win32",
+                                reason="what Linux sees of the Windows edges")
 
 KEY = TreeKey("win-a", 7004, 1_733_000_000_123)
 NOW = 1_733_000_100.0

@@ -1,0 +1,83 @@
+"""What an operating system's back-end provides (`Platform`); gpuguard/host/platform.py
+chooses the one this process runs on, once (as psutil picks its `_psplatform` once and
+every call goes through it).
+
+A `Platform` holds every difference the shared code needs, as values and functions:
+which process source a scan reads (/proc, or a process table), which NVML reader, the
+boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
+namespaces, a thaw guardian, POSIX permissions and directory fsync exist, and how a
+process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
+gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
+entry points (gpuguard-exporter, gpuguard-remediator, gpuguard) hand it to what they
+build; a layer above host/ that must pick an implementation of its own (the reaper, the
+inspection, `gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
+CONTRIBUTING.md, How to add a platform, says what a new one fills in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.nvml import Nvml
+    from gpuguard.orphans.windows import WinProc
+
+#: Platform names: the keys of every per-platform table above host/.
+LINUX = "linux"
+WINDOWS = "windows"
+
+
+
+class NvmlFactory(Protocol):
+    """This platform's NVML reader, counting on `counters`."""
+
+    def __call__(self, counters: Counters, *, process_utilization: bool = True) -> Nvml: ...
+
+
+#: A process table read in one snapshot per scan (Windows: psutil's).
+TableSource = Callable[[], "Mapping[int, WinProc]"]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One operating system's back-end (see the module doc)."""
+
+    name: str
+    #: The config's defaults are this platform's (classify patterns and adopters, paths):
+    #: passed as `windows=` to the pure config readers, which never ask themselves.
+    windows_defaults: bool
+    #: NVML for this platform (Windows: with WDDM's per-process memory), by counters;
+    #: process_utilization=False: a reader that never asks for per-process utilization.
+    nvml: NvmlFactory
+    #: The process table a scan and an inspection read; None: /proc (ProcessView).
+    process_table: TableSource | None
+    #: The clock orphan ages count on (never stepped), and this boot's id.
+    boot_clock: Callable[[], float]
+    boot_id: Callable[[], str]
+    #: The kernel's process events (how a launcher went): a listener factory, or None.
+    process_events: Callable[[], Any] | None
+    #: `gpuguard keep` / `gpuguard run` registrations in classify.marks_dir.
+    registrations: bool
+    #: NSS groups for quotas by group.
+    nss_groups: bool
+    #: A thaw guardian continues a reap's frozen members if the reaper dies.
+    thaw_guardian: bool
+    #: Whether this process sits outside the host PID namespace (NVML's pids name others).
+    outside_host_pid_namespace: Callable[[], bool]
+    #: What this process lacks to inspect other users' processes (None: nothing).
+    other_users_problem: Callable[[], str | None]
+    #: A live process's start time now, in the platform's one encoding (None: none).
+    start_time: Callable[[int], int | None]
+    #: Seconds since a start time of that encoding.
+    age_seconds: Callable[[int], float]
+    #: Raise the open-file limit a reap's descriptors count against; what happened.
+    raise_open_file_limit: Callable[[], str]
+    #: Files have an owner uid and mode bits to check (else their ACL decides, unread).
+    posix_permissions: bool
+    #: A directory can be opened and fsynced after a rename into it.
+    fsync_directories: bool
+
+

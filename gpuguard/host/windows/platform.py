@@ -1,0 +1,57 @@
+"""Windows' back-end (gpuguard.host.platform.Platform): psutil's process table, NVML with
+WDDM's per-process memory, the registry's boot counter, the monotonic clock; no process
+events, registrations, NSS, PID namespaces or thaw guardian (a Job Object's handles die
+with the process that holds them), and ACLs instead of mode bits. Every module it names
+imports anywhere (the DLLs load on first use), so Linux tests build it too."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from gpuguard.host.backend import WINDOWS, Platform
+from gpuguard.host.windows.boot import boot_id
+from gpuguard.host.windows.processes import read_one, read_table
+
+if TYPE_CHECKING:
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.nvml import Nvml
+
+
+def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
+    """NVML with WDDM's per-process memory where NVML cannot size it."""
+    from gpuguard.host.windows.wddm import WddmNvml
+
+    return WddmNvml(counters=counters, process_utilization=process_utilization)
+
+
+def _start_time(pid: int) -> int | None:
+    """The creation time (integer ms, gpuguard.orphans.windows.encode_create_time)."""
+    row = read_one(pid)
+    return row.create_time if row is not None else None
+
+
+def _age_seconds(start_time: int) -> float:
+    """A creation time is ms since the epoch: the age is against the wall clock."""
+    return max(0.0, time.time() - start_time / 1000)
+
+
+BACKEND = Platform(
+    name=WINDOWS,
+    windows_defaults=True,
+    nvml=_nvml,
+    process_table=read_table,
+    boot_clock=time.monotonic,  # QueryPerformanceCounter, from boot: never steps
+    boot_id=boot_id,
+    process_events=None,
+    registrations=False,
+    nss_groups=False,
+    thaw_guardian=False,
+    outside_host_pid_namespace=lambda: False,  # Windows has no PID namespaces
+    other_users_problem=lambda: None,
+    start_time=_start_time,
+    age_seconds=_age_seconds,
+    raise_open_file_limit=lambda: "open-file limit: not applicable on Windows",
+    posix_permissions=False,
+    fsync_directories=False,
+)

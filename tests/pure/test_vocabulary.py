@@ -1,0 +1,65 @@
+"""The reason vocabulary and docs/decisions.md say the same: every decision reason the
+code can give has its meaning there and every reason there is one the code gives, and the
+reapability order there is the one written on `Reason`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpuguard.config.remediate import ORPHAN_REASONS as CONFIG_REASONS
+from gpuguard.orphans.vocabulary import ORPHAN_REASONS, Reason, launcher_gone, reapability
+from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
+
+DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions.md"
+
+
+def section(title: str) -> str:
+    text = DECISIONS.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def documented_reasons() -> set[str]:
+    """Every `reason` in the first column of the Reasons table."""
+    names: set[str] = set()
+    for line in section("Reasons").splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`([a-z][a-z-]*(?::<verdict>)?)`", line.split(" | ")[0]))
+    return names
+
+
+def test_every_decision_reason_is_documented_and_nothing_else_is() -> None:
+    member = {r.value for r in Reason if r.value.startswith("member-")}
+    code = ({r.value for r in DecisionReason if r != DecisionReason.NOT_ORPHAN}
+            | {not_orphan("<verdict>")} | member | {Reason.LAUNCHER_KILLED.value})
+    assert documented_reasons() == code
+
+
+def test_the_reapability_order_is_the_documented_one() -> None:
+    listed = re.findall(r"^\d+\. `([a-z-]+)`", section("Reapability"), re.M)
+    by_rank = sorted((r for r in Reason if r.orphan), key=lambda r: r.reapability)
+    assert listed == [r.value for r in by_rank]
+    assert len({r.reapability for r in by_rank}) == len(by_rank)  # a strict order
+
+
+def test_the_order_is_written_once_and_every_reader_derives_it() -> None:
+    assert CONFIG_REASONS is ORPHAN_REASONS
+    assert set(ORPHAN_REASONS) == {r for r in Reason if r.reapability > 0}
+    assert {r for r in Reason if r.launcher_gone} == {
+        Reason.LAUNCHER_KILLED, Reason.LAUNCHER_EXITED, Reason.LAUNCHER_UNRECORDED,
+        Reason.SESSION_ENDED}
+    # Strings from outside (an alert's label) rank, or read as no orphan reason at all.
+    assert reapability("launcher-exited") < reapability("launcher-killed")
+    assert reapability("not-a-reason") == 0 and not launcher_gone("not-a-reason")
+
+
+def test_each_orphan_reason_is_less_reapable_than_the_ones_after_it() -> None:
+    """The cases the order decides (docs/decisions.md, Reapability): a setsid'd job's
+    session-orphaned never rides on a sibling's launcher-killed, and an exit the listener
+    saw (launcher-exited) is never read harsher than one it missed."""
+    assert Reason.SESSION_ORPHANED.reapability < Reason.LAUNCHER_KILLED.reapability
+    assert Reason.LAUNCHER_EXITED.reapability < Reason.LAUNCHER_UNRECORDED.reapability
+    assert Reason.LAUNCHER_UNRECORDED.reapability < Reason.SESSION_ENDED.reapability
+    assert Reason.PARENT_REUSED.reapability < Reason.PARENT_GONE.reapability
