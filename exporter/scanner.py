@@ -356,7 +356,9 @@ class Scanner:
                 age = max(0.0, boot_now - self._first_seen.setdefault(key, boot_now))
                 orphans[key] = OrphanInfo(now - age, age, len(tree.members))
             self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
-            self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now)
+            # A scan after a stall restarts every idle clock (orphans/idleness.observe).
+            self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now,
+                                 max_gap=3 * self.interval)
             previous = self._latest.accounting.hot if self._latest is not None else {}
             found, files, search = self._search_unlisted(reading, unlisted, rules)
             names = self.users.labels(labelled_uids(trees) + labelled_uids(found))

@@ -43,6 +43,11 @@ def remaining(snap: Snapshot, threshold: int, *, allow_protected: bool = False) 
         why.append("nvml-unavailable: NVML did not answer, nothing shows the GPUs free")
     elif reading.errors:
         why.append("nvml-incomplete: " + "; ".join(m for _, m in reading.errors))
+    # A scan that failed past NVML's read (its accounting, the search) shows nothing
+    # clean: what it did not finish looking at is not evidence the GPUs are free.
+    failed = [m for stage, m in snap.errors if stage == "scan"]
+    if failed:
+        why.append("scan-failed: " + "; ".join(failed))
     trees = [{"root_pid": t.root_pid, "root_start_time": t.root_start_time,
               "root_comm": t.root.comm if t.root is not None else None,
               "root_user": owner(t.root, snap.users) if t.root is not None else None,

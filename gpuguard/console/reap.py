@@ -50,7 +50,13 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.decision.policy import Action, Decision, reason_refusal, verify_live
+from gpuguard.remediator.decision.policy import (
+    Action,
+    Decision,
+    reason_refusal,
+    unwatched_refusal,
+    verify_live,
+)
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
@@ -166,13 +172,16 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
             named_by: str = f"{PROG} reap", hints: bool = True) -> Decision | None:
     """Why the manual path will not even plan this reap (None: go on to the reaper).
 
-    decide()'s own live verification and its `remediate.reasons`; --force lifts the
-    orphan-verdict and the reason checks. With `hints` the detail says what a person can
-    do about it (an MCP client has no --force to pass).
+    decide()'s own live verification, its `remediate.reasons` and
+    `remediate.require_idle_seconds` (no one-read path can meet it); --force
+    lifts the orphan-verdict, the reason and the idleness checks. With `hints` the
+    detail says what a person can do about it (an MCP client has no --force to pass).
     """
     refused = verify_live(key, live, named_by=named_by, require_orphan=not force)
     if refused is None and not force and live.verdict == Verdict.ORPHAN:
         refused = reason_refusal(key, live.reason, policy)
+    if refused is None and not force:
+        refused = unwatched_refusal(key, policy.require_idle_seconds)
     if refused is None or not hints:
         return refused
     hint = ("pass --force to reap it anyway" if live.tree_found  # only the verdict is left

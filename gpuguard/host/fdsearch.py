@@ -25,6 +25,7 @@ itself (the files the tests point `accounting.device_files` at).
 
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 import stat
@@ -36,6 +37,8 @@ from gpuguard.host.counters import COUNTERS, Counters
 
 #: How many descriptors of one process are stat()ed between two looks at the clock.
 CLOCK_EVERY = 64
+#: A step looks at no fewer than 1/PROGRESS_SHARE of one process's descriptors.
+PROGRESS_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class FdSearch:
     def reset(self) -> None:
         """Forget everything: the next step starts a new pass at the lowest pid."""
         self._next_pid = 0  # the pass goes on at the first pid >= this
-        self._next_fd = 0  # ... at this descriptor index of exactly that pid
+        self._next_fd = 0  # ... at the first descriptor >= this of exactly that pid
         self._found: dict[int, str] = {}
         self._started: dict[int, int | None] = {}
         self._passes = 0
@@ -165,16 +168,15 @@ class FdSearch:
 
     def _examine(self, pid: int, keys: dict[tuple[int, ...], str], offset: int,
                  start: float, max_seconds: float) -> int | None:
-        """Look at `pid`'s descriptors from index `offset`; record or forget it. Returns
-        the index to resume at when time ran out first, else None (what the last pass
+        """Look at `pid`'s descriptors numbered `offset` and up; record or forget it.
+        Returns the descriptor to resume at when time ran out first, else None (what the last pass
         knew of `pid` then stands until its descriptors have all been looked at: the ones
         before `offset` held no such file, or the look would have stopped there)."""
         reads = 1
         t0 = self._clock()
         try:
             try:
-                fds = sorted((n for n in os.listdir(f"{self._root}/{pid}/fd") if n.isdigit()),
-                             key=int)
+                fds = sorted(int(n) for n in os.listdir(f"{self._root}/{pid}/fd") if n.isdigit())
             except (FileNotFoundError, ProcessLookupError):
                 self._found.pop(pid, None)  # gone between the listing and now
                 return None
@@ -183,10 +185,17 @@ class FdSearch:
                 self._found.pop(pid, None)
                 return None
             hit = None
-            for i in range(offset, len(fds)):
-                if i > offset and (i - offset) % CLOCK_EVERY == 0 and \
+            first = bisect.bisect_left(fds, offset)  # resume by descriptor number: the
+            # listing is fresh each step, and descriptors opened or closed since move indexes
+            # At least a 16th of the descriptors per step: the listing costs about as much
+            # as that many stats, so a process with a huge table is still passed in 16
+            # steps, not one step per CLOCK_EVERY descriptors.
+            least = max(CLOCK_EVERY, len(fds) // PROGRESS_SHARE)
+            for i in range(first, len(fds)):
+                done = i - first
+                if done >= least and done % CLOCK_EVERY == 0 and \
                         self._clock() - start >= max_seconds:
-                    return i
+                    return fds[i]
                 reads += 1
                 try:
                     st = os.stat(f"{self._root}/{pid}/fd/{fds[i]}")

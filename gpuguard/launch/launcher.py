@@ -74,6 +74,12 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     registered: Registered | None = None
     hold: Hold | None = None
+    # The tier is released (nothing killed) only after a run that ended cleanly: CMD
+    # never started, its leftovers kept on purpose, or a teardown that left nothing.
+    # Otherwise (an exception, a teardown that gave up on a member) the launcher's exit
+    # leaves the tier to do what it exists for: the guardian's cgroup.kill, the pidns
+    # init's death taking the namespace.
+    clean = True
     try:
         prctl(PR_SET_PDEATHSIG, PDEATHSIG)
         if os.getppid() != parent:
@@ -97,18 +103,23 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
             raise CannotStart(exc) from None
         except subprocess.SubprocessError:  # the pidns tier's /proc, which its probe mounted
             raise Unsupported("the pidns tier could not mount CMD's /proc") from None
+        clean = False  # CMD runs: clean again only once its teardown left nothing
         step = supervise(cmd, waited, options, parent)
         cmd.returncode = step.code  # collected by our own waitpid(); Popen must not wait
         if step.reap:
-            line = teardown_line(step.why, reap_tree(options, kept=hold.kept()))
+            teardown = reap_tree(options, kept=hold.kept())
+            line = teardown_line(step.why, teardown)
             if line is not None:
                 say(line)
+            clean = not (teardown.survivors or teardown.refused or teardown.problems)
+        else:
+            clean = True  # --keep-leftovers: what is left is meant to outlive the run
         collect_zombies()
         return Exit(step.code, step.dies_of)
     finally:
         if registered is not None:
             unregister_launcher(*registered)
-        if hold is not None:
+        if hold is not None and clean:
             hold.release()
         # What arrived during the teardown is dropped, not delivered at its default
         # (a late SIGUSR1 would otherwise kill the launcher with the wrong status).

@@ -44,9 +44,10 @@ class IdleEntry:
 
 @dataclass(frozen=True)
 class IdleBook:
-    """Every current holding's entry."""
+    """Every current holding's entry, and when the read that made them was taken."""
 
     entries: Mapping[HoldingKey, IdleEntry] = field(default_factory=dict)
+    read_at: float | None = None
 
     def idle_seconds(self, key: HoldingKey, now: float) -> float | None:
         """now - max(first_seen, last_busy); None when unknown or never seen."""
@@ -74,14 +75,18 @@ class IdleBook:
         return max(0.0, now - entry.first_seen)
 
 
-def observe(book: IdleBook, sightings: Iterable[UseSighting], now: float) -> IdleBook:
+def observe(book: IdleBook, sightings: Iterable[UseSighting], now: float, *,
+            max_gap: float | None = None) -> IdleBook:
     """The book after one read: holdings not sighted are dropped (bounded by the holder
     list); a busy sighting moves last_busy to `now` (the read, not the sample's own
     timestamp: never older than the truth, and on the observer's clock); an unknown one
-    restarts the entry at `now`."""
+    restarts the entry at `now`. A read more than `max_gap` seconds after the previous
+    one restarts every entry: NVML keeps samples for seconds only, so what a holder did
+    while the observer was not reading (stalled, stopped, a VM paused) is not idleness."""
+    gap = max_gap is not None and book.read_at is not None and now - book.read_at > max_gap
     entries: dict[HoldingKey, IdleEntry] = {}
     for s in sightings:
-        before = book.entries.get(s.key)
+        before = None if gap else book.entries.get(s.key)
         if s.busy is None:
             entries[s.key] = IdleEntry(first_seen=now, last_busy=None, known=False)
         elif before is None or not before.known:
@@ -91,7 +96,7 @@ def observe(book: IdleBook, sightings: Iterable[UseSighting], now: float) -> Idl
             entries[s.key] = IdleEntry(first_seen=before.first_seen,
                                        last_busy=now if s.busy else before.last_busy,
                                        known=True)
-    return IdleBook(entries)
+    return IdleBook(entries, read_at=now)
 
 
 def sightings_of(holders: Iterable[tuple[int, int | None, str]],

@@ -1237,7 +1237,7 @@
             {
               datasource: datasource,
               refId: "B",
-              expr: "gpuguard_gpu_unseen_process_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"} > 0" % c,
+              expr: "gpuguard_gpu_unseen_process_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
               legendFormat: "GPU {{gpu}} ({{instance}}): listed pids /proc lacks",
               range: true
             }

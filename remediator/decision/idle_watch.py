@@ -32,6 +32,8 @@ WAKE_SECONDS = 1.0
 #: Reads per requirement at least, and the bounds of the period between them.
 READS_PER_REQUIREMENT = 10
 MIN_PERIOD_SECONDS = 1.0
+#: A read this many periods after the previous one restarts every holder's clock.
+GAP_PERIODS = 3
 MAX_PERIOD_SECONDS = 15.0
 
 
@@ -79,7 +81,10 @@ class IdleWatch:
                 holders.append((h.pid, info.start_time if info is not None else None,
                                 h.gpu_uuid))
             busy = {gpu.uuid: gpu.busy_pids for gpu in reading.gpus}
-            self._book = observe(self._book, sightings_of(holders, busy), now)
+            # A read after a stall (this thread starved, the daemon stopped, a VM
+            # paused) restarts every clock: NVML keeps samples for seconds only.
+            self._book = observe(self._book, sightings_of(holders, busy), now,
+                                 max_gap=GAP_PERIODS * watch_period(self._required()))
             self._last_read = now
             return reading
 

@@ -289,6 +289,18 @@ def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | N
                    "remediate.reasons", key)
 
 
+def unwatched_refusal(key: TreeKey, required: float) -> Decision | None:
+    """IGNORE for a reap by a path that keeps no utilization watch (`gpuguard reap`,
+    MCP's gpu_reap) while remediate.require_idle_seconds is set: one read cannot show a
+    holder idle for that long, and missing evidence never kills (0: off, None)."""
+    if required <= 0:
+        return None
+    return _ignore(DecisionReason.IDLE_UNKNOWN,
+                   f"remediate.require_idle_seconds is {required:g}s and only the remediator's "
+                   "own watch can show a holder idle that long: this path reads NVML once",
+                   key)
+
+
 def idle_refusal(key: TreeKey, live: LiveTree, required: float,
                  now: float = 0.0) -> Decision | None:
     """IGNORE unless every holder of the tree has been idle `required` seconds (0: off).

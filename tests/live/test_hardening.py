@@ -329,8 +329,14 @@ def test_a_request_trickling_in_is_closed_like_an_idle_one() -> None:
     finally:
         # Close every socket from the loop's own thread: its loop ends when nothing is
         # left to watch (closing them from here would pull them from under its select).
-        server.trigger.pull_trigger(
-            lambda: [d.close() for d in list(server._map.values())])
+        try:
+            server.trigger.pull_trigger(
+                lambda: [d.close() for d in list(server._map.values())])
+        except OSError:
+            # The trigger is gone: its loop saw its pipe closed under it (EBADF, seen twice
+            # in whole runs, never alone; the closer is not found yet). Close from here.
+            for d in list(server._map.values()):
+                d.close()
         thread.join(timeout=5)
         server.task_dispatcher.shutdown()
         assert not thread.is_alive()

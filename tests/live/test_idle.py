@@ -28,6 +28,9 @@ NEW, LEGACY = "processes_utilization", "process_utilization"
 
 def make(boot: list[float], **kwargs: object) -> tuple[Scanner, CollectorRegistry]:
     counters = Counters()
+    # interval: the scans these tests make are the scanner's every scan, however far
+    # apart on `boot` (a longer gap than 3 intervals is a stall, which restarts the clocks).
+    kwargs.setdefault("interval", 60.0)
     scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
                       view=ProcessView(counters=counters), counters=counters,
                       boot_clock=lambda: boot[0], **kwargs)  # type: ignore[arg-type]
@@ -121,3 +124,29 @@ def test_orphan_tree_idle_is_its_least_idle_holder(trees: Trees, fake_gpu: FakeG
     scanner.scan_once()
     assert registry.get_sample_value("gpuguard_orphan_tree_idle_seconds", labels) is None
     assert registry.get_sample_value("gpuguard_orphan_tree_age_seconds", labels) is not None
+
+
+def test_a_scan_after_a_stall_restarts_the_idle_clock(trees: Trees,
+                                                      fake_gpu: FakeGpuWorld) -> None:
+    """Scans more than three intervals apart (the exporter stopped, a VM paused): what
+    the holder did meanwhile is not known, so its idle time counts from the new scan."""
+    tree = trees.spawn("{holder} --pidfile {dir}/w")
+    holder = tree.pid("w")
+    fake_gpu.add_process(0, holder, 2 * GIB)
+    boot = [100.0]
+    scanner, registry = make(boot, interval=5.0)
+
+    def idle() -> float | None:
+        return registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
+                                         {"gpu": "0", "UUID": default_uuid(0), "pid": str(holder)})
+
+    for t in (100.0, 105.0, 110.0):
+        boot[0] = t
+        scanner.scan_once()
+    assert idle() == 10.0
+    boot[0] = 3710.0  # an hour without a scan
+    scanner.scan_once()
+    assert idle() == 0.0
+    boot[0] = 3715.0
+    scanner.scan_once()
+    assert idle() == 5.0

@@ -4,18 +4,23 @@ samples for a busy process and none for an idle one."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from gpuguard.console.contract import EXIT_REFUSED
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for
 from tests.support.remediator_harness import (
     FakeClock,
     Harness,
     Orphan,
+    Run,
     account,
     payload,
     spawn_orphan,
+    write_config,
 )
 
 REQUIRED = 60
@@ -31,6 +36,18 @@ def deliver(h: Harness, orphan: Orphan) -> dict[str, Any]:
     return decision
 
 
+def elapse(h: Harness, clock: FakeClock, seconds: float, step: float = 1.0) -> None:
+    """Let `seconds` pass on the remediator's clock with its watch reading along the way
+    (as its thread does, every period): a jump with no read is a stall, which restarts
+    every idle clock (see test_a_stalled_watch_restarts_the_clock)."""
+    left = seconds
+    while left > 0:
+        clock.now += min(step, left)
+        left -= step
+        h.service.idle.read()
+    h.service.wake()
+
+
 def test_an_idle_orphan_is_reaped_once_watched_long_enough(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
     clock = FakeClock()
@@ -41,8 +58,7 @@ def test_an_idle_orphan_is_reaped_once_watched_long_enough(
     assert (first["action"], first["reason"]) == ("ignore", "not-idle"), first
     assert "watched for only" in first["detail"]
     assert orphan.all_alive()
-    clock.now += REQUIRED + 1
-    h.service.wake()
+    elapse(h, clock, REQUIRED + 1)
     reaped = deliver(h, orphan)
     assert reaped["action"] == "reap", reaped
     wait_for(orphan.none_alive, what="the idle orphan to be reaped")
@@ -62,8 +78,7 @@ def test_a_refusal_for_a_short_requirement_does_not_hold_the_tree_for_a_minute(
     h = harness(clock=clock, require_idle_seconds=5)
     orphan = spawn_orphan(trees, fake_gpu)
     assert deliver(h, orphan)["reason"] == "not-idle"
-    clock.now += 6
-    h.service.wake()
+    elapse(h, clock, 6, step=0.5)
     assert deliver(h, orphan)["action"] == "reap"
     wait_for(orphan.none_alive, what="the idle orphan to be reaped")
 
@@ -75,8 +90,7 @@ def test_a_busy_orphan_is_refused(harness: Callable[..., Harness], trees: Trees,
     orphan = spawn_orphan(trees, fake_gpu)
     fake_gpu.set_busy(0, orphan.holder)
     deliver(h, orphan)
-    clock.now += REQUIRED + 1
-    h.service.wake()
+    elapse(h, clock, REQUIRED + 1)
     decision = deliver(h, orphan)
     assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
     assert "used an SM 0s ago" in decision["detail"]
@@ -91,8 +105,7 @@ def test_unknown_utilization_refuses(harness: Callable[..., Harness], trees: Tre
     fake_gpu.set_not_supported(0, "processes_utilization")
     fake_gpu.set_not_supported(0, "process_utilization")
     deliver(h, orphan)
-    clock.now += REQUIRED + 1
-    h.service.wake()
+    elapse(h, clock, REQUIRED + 1)
     decision = deliver(h, orphan)
     assert (decision["action"], decision["reason"]) == ("ignore", "idle-unknown"), decision
     assert orphan.all_alive()
@@ -108,3 +121,39 @@ def test_without_the_key_idleness_is_not_asked(harness: Callable[..., Harness], 
     fake_gpu.set_busy(0, orphan.holder)
     assert deliver(h, orphan)["action"] == "reap"
     wait_for(orphan.none_alive, what="the orphan to be reaped")
+
+
+def test_a_stalled_watch_restarts_the_clock(harness: Callable[..., Harness], trees: Trees,
+                                            fake_gpu: FakeGpuWorld) -> None:
+    """An hour with no read (the remediator stopped, its thread starved, a VM paused):
+    NVML keeps samples for seconds only, so the holder may have computed all that time
+    unseen; the next read starts its idle clock again and the reap is refused."""
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    clock.now += 3600  # no read in between
+    h.service.wake()
+    decision = deliver(h, orphan)
+    assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
+    assert "watched for only 0s" in decision["detail"]
+    assert orphan.all_alive()
+
+
+def test_gpuguard_reap_refuses_while_idleness_is_required(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """`gpuguard reap --apply` (and MCP's gpu_reap, through the same refusal) reads NVML
+    once and keeps no watch: with remediate.require_idle_seconds set it cannot show a
+    holder idle that long, so it refuses (idle-unknown) unless a person passes --force."""
+    orphan = spawn_orphan(trees, fake_gpu)
+    config = write_config(tmp_path, require_idle_seconds=REQUIRED)
+    argv = ["reap", str(orphan.root), "--config", str(config), "--json",
+            "--allow-pid-namespace", "--apply", "--start-time", str(orphan.root_start)]
+    proc = gpuguard(*argv)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED, doc
+    assert doc["reason"] == "idle-unknown" and "require_idle_seconds" in doc["detail"], doc
+    assert orphan.all_alive()
+    forced = gpuguard(*argv, "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    wait_for(orphan.none_alive, what="the forced reap")

@@ -1606,3 +1606,43 @@ def test_the_cgroup_tier_through_a_user_manager_is_refused_with_why(rundir: Path
         for sock in listeners:
             sock.close()
     assert "; the systemd user manager " in said, said
+
+
+def test_a_teardown_that_gives_up_leaves_the_tier_to_kill_what_is_left(tmp_path: Path) -> None:
+    """CMD exits leaving a child that a tracer holds, which the teardown leaves alone (a
+    traced member is not ours to stop). The launcher then exits without releasing its
+    tier, so the tier does what it is for: the guardian's cgroup.kill, or the pidns
+    init's death, takes what the teardown gave up on; it must not outlive the run."""
+    script = (f"sleep 1000 & while [ ! -e {tmp_path}/go ]; do sleep 0.05; done")
+    launcher = subprocess.Popen([*LAUNCHER, "--verbose", "--", "sh", "-c", script],
+                                stderr=subprocess.PIPE, text=True, env=child_env())
+    tracer: subprocess.Popen[bytes] | None = None
+    left = 0
+    try:
+        left = int(str(wait_for(lambda: next(
+            (p for p in descendants_of(launcher.pid)
+             if (stat_fields(p) or {}).get("comm") == "sleep"
+             and (stat_fields(p) or {}).get("ppid") != launcher.pid), 0),
+            what="CMD's background sleep")))
+        tracer = subprocess.Popen([sys.executable, "-m", "tests.support.tracer", str(left),
+                                   str(tmp_path / "ready")], cwd=REPO, env=child_env())
+        wait_for(lambda: (tmp_path / "ready").exists(), what="the tracer to hold the sleep")
+        (tmp_path / "go").touch()
+        assert launcher.wait(timeout=120) == 0
+        err = launcher.stderr.read() if launcher.stderr is not None else ""
+        tier = re.search(r"gpuguard run: tier (\w+)", err)
+        assert tier is not None, err
+        if tier.group(1) == "subreaper":
+            pytest.skip(f"this host gives the subreaper tier only: {err.splitlines()[0]}")
+        assert str(left) in err, err  # the teardown says what it left
+        wait_for(lambda: not alive(left), timeout=5,
+                 what=f"the {tier.group(1)} tier to kill what the teardown left")
+    finally:
+        if tracer is not None:
+            tracer.kill()
+            tracer.wait()
+        if left and alive(left):
+            os.kill(left, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees, alive
+from tests.support.proctree import Trees, alive, wait_for
 from tests.support.remediator_harness import (
     Harness,
     Run,
@@ -363,8 +364,6 @@ def test_a_pid_reused_since_it_was_found_is_not_reported(
     reported in the old one's name (its start time differs)."""
     import subprocess
 
-    from tests.support.proctree import wait_for
-
     holder, _, tree = holding(trees, device(tmp_path))
     fake_gpu.update_gpu(0, memory_used=GIB)
     scanner, _ = scanner_for(tmp_path, unlisted_search_budget_processes=1)
@@ -388,3 +387,37 @@ def test_a_pid_reused_since_it_was_found_is_not_reported(
     finally:
         squatter.kill()
         squatter.wait()
+
+
+def test_a_huge_descriptor_table_is_passed_in_a_bounded_number_of_steps(
+        trees: Trees, tmp_path: Path) -> None:
+    """A user can open as many files as RLIMIT_NOFILE allows; listing them costs about as
+    much as stat()ing a 16th of them, so each step looks at no fewer than that: 8,000
+    descriptors take at most 16 steps (64 a step would take 125), and the device file
+    after them is found."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 9000:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    node = device(tmp_path)
+    script = (f"import os, resource, time; resource.setrlimit(resource.RLIMIT_NOFILE, "
+              f"(9000, {hard if hard != resource.RLIM_INFINITY else 9000})); "
+              f"fds = [os.open('/dev/null', os.O_RDONLY) for _ in range(8000)]; "
+              f"node = os.open({str(node)!r}, os.O_RDONLY); "
+              f"open({str(tmp_path / 'pid')!r} + '.tmp', 'w').write(str(os.getpid())); "
+              f"os.rename({str(tmp_path / 'pid')!r} + '.tmp', {str(tmp_path / 'pid')!r}); "
+              f"time.sleep(600)")
+    trees.spawn(f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}")
+    holder = int(str(wait_for(lambda: (tmp_path / "pid").exists()
+                              and (tmp_path / "pid").read_text(), what="the holder")))
+    ticks = iter(range(10**8))
+    search = FdSearch(counters=Counters(), clock=lambda: next(ticks) / 100,
+                      exclude=frozenset(p for p in map(int, filter(str.isdigit,
+                                                                    os.listdir("/proc")))
+                                        if p != holder))
+    files = device_files([str(node)])
+    steps = 1
+    while holder not in search.step(files, max_processes=10**6, max_seconds=0.005).found:
+        steps += 1
+        assert steps <= 17, "a step made less than a 16th of the table's progress"

@@ -81,3 +81,16 @@ def test_idle_refusal() -> None:
     assert unknown is not None and unknown.reason == "idle-unknown"
     missing = idle_refusal(KEY, tree(both[0]), 60)  # no fact for GPU 1 at all
     assert missing is not None and missing.reason == "idle-unknown"
+
+
+def test_a_read_after_a_stall_restarts_every_clock() -> None:
+    """What a holder did while nobody read NVML (its samples last seconds) is not
+    idleness: a gap over max_gap since the previous read counts from the new read."""
+    book = observe(IdleBook(), [seen(1, False)], 100.0, max_gap=15.0)
+    book = observe(book, [seen(1, False)], 110.0, max_gap=15.0)
+    assert book.idle_seconds(seen(1, False).key, 110.0) == 10.0
+    book = observe(book, [seen(1, False)], 3700.0, max_gap=15.0)  # an hour unread
+    assert book.idle_seconds(seen(1, False).key, 3700.0) == 0.0
+    assert book.watched_seconds(seen(1, False).key, 3700.0) == 0.0
+    book = observe(book, [seen(1, False)], 3710.0, max_gap=15.0)
+    assert book.idle_seconds(seen(1, False).key, 3710.0) == 10.0

@@ -50,3 +50,16 @@ def test_found_pids_nvml_lists_are_not_unlisted() -> None:
     listed = [Holder(20, "GPU-0", 0, 5, "C")]
     assert search_holders(found, listed, rdevs, gpus, {"GPU-0": 0}) == (
         Holder(10, "", -1, None, UNLISTED_KIND), Holder(30, "GPU-0", 0, None, UNLISTED_KIND))
+
+
+def test_node_check_is_not_clean_when_the_scan_failed_past_nvml() -> None:
+    """A scan whose accounting or search raised has empty accounting: reading that as
+    "nothing unattributed" would pass a node whose GPUs it never finished looking at."""
+    from gpuguard.console.node_check import remaining
+    from gpuguard.exporter.scanner import Snapshot
+    from gpuguard.host.nvml import NvmlReading
+
+    reading = NvmlReading(True, "550.54.15", (), (), ())
+    assert remaining(Snapshot(0.0, 0.0, reading, ()), 0)["why"] == []
+    failed = Snapshot(0.0, 0.0, reading, (), errors=(("scan", "OSError: boom"),))
+    assert remaining(failed, 0)["why"] == ["scan-failed: OSError: boom"]
