@@ -31,6 +31,11 @@ REAP_DEADLINE_SECONDS = 30.0
 #: Rounds of reaps go on while dying members hand the launcher new children; no round
 #: starts once this long has passed since the first one ended (what is left is reported).
 MORE_ROUNDS_SECONDS = 60.0
+#: While a member the kernel refused to stop still runs, the teardown watches it this long
+#: after a round for what a reap can catch: a new child (it forks when its last one is
+#: frozen), or the member itself become the user's (a setuid program dropping root).
+RELEASED_WATCH_SECONDS = 1.0
+RELEASED_POLL_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,13 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
             gone = set(result.survivors)
             killed += [m for m in result.members if m.pid not in gone]
             survivors += [m for m in result.members if m.pid in gone]
-        elif result.reason not in ("root-gone", "root-replaced"):  # exited by itself: fine
+    # A member let go of in one round and reaped by a later one (it dropped root) is
+    # reported as what happened to it last.
+    later = {(m.pid, m.start_time) for m in (*killed, *survivors)}
+    refused = [m for m in refused if (m.pid, m.start_time) not in later]
+    for result in results:
+        if (result.outcome not in (Outcome.REAPED, Outcome.FAILED)
+                and result.reason not in ("root-gone", "root-replaced")):  # exited: fine
             problem = f"{result.reason}: {launcher_words(result.detail)}"
             if problem not in problems:
                 problems.append(problem)
@@ -159,19 +170,42 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
     # not tried again by the next rounds, and reported once.
     done: set[tuple[int, int]] = set()
     released: set[tuple[int, int]] = set()
+    retried: set[tuple[int, int]] = set()
     rounds = 0
     more_until: float | None = None  # no round starts after this (set by the first)
+    watch_until: float | None = None  # released members are watched until then
     while True:
         view = ProcessView(counters=counters)
         me = view.fresh_stat(os.getpid())
         assert me is not None
         # The children of a released member are ours to reap too (the reaper never walks
         # below a member it let go of); so are theirs, walked from there.
-        holders = (*released_alive(view, released), *released_alive(view, set(kept)))
+        still = released_alive(view, released)
+        holders = (*still, *released_alive(view, set(kept)))
         left = [c for parent in (me, *holders) for c in children(view, parent)
                 if c.identity not in done and c.identity not in kept]
-        if not left or (more_until is not None and time.monotonic() >= more_until):
+        now = time.monotonic()
+        if more_until is not None and now >= more_until:
             break
+        if not left:
+            # A released member that may now be signalled is one more tree for the next
+            # listing (its parent is us or another released member: all else is gone).
+            retry = {m.identity for m in still
+                     if m.identity not in retried and may_signal(m.pid)}
+            if retry:  # each once: an LSM may allow signal 0 and still refuse SIGSTOP
+                retried |= retry
+                done -= retry
+                released -= retry
+                continue
+            if not still:
+                break
+            watch_until = watch_until if watch_until is not None else (
+                now + RELEASED_WATCH_SECONDS)
+            if now >= watch_until:
+                break
+            time.sleep(RELEASED_POLL_SECONDS)
+            continue
+        watch_until = None
         rounds += 1
         for root in left:
             members = walk_members(root, view.children, view.stat, view.fresh_stat,
@@ -193,6 +227,16 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
         if more_until is None:
             more_until = time.monotonic() + MORE_ROUNDS_SECONDS
     return summarise(results, left, rounds)
+
+
+def may_signal(pid: int) -> bool:
+    """Whether the kernel would let this process signal `pid` now (signal 0 delivers
+    nothing, so a reused pid costs no wrong signal: the reap re-checks identity)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def released_alive(view: ProcessView, released: set[tuple[int, int]]) -> list[ProcInfo]:

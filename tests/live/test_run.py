@@ -62,6 +62,7 @@ SETUID_HELPER = r"""
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 static int note(const char *path) {
@@ -73,9 +74,35 @@ static int note(const char *path) {
     fclose(f);
     return rename(tmp, path) != 0;
 }
+static int gone(pid_t pid) {  /* no such process, or only its zombie */
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *end = strrchr(buf, ')');
+    return !end || end[1] != ' ' || end[2] == 'Z';
+}
 int main(int argc, char **argv) {
     uid_t user = getuid();
+    pid_t cmd = getppid();
     if (argc < 2 || setresuid(0, 0, 0) != 0 || note(argv[1])) return 1;
+    if (argc == 4 && strcmp(argv[3], "cmd-gone") == 0) {
+        /* A child that stays root (beyond the launcher's reach) while CMD runs, then
+           becomes the user's: DIR/late once it is root, DIR/late.user once it is not. */
+        if (fork() == 0) {
+            char path[4096];
+            signal(SIGTERM, SIG_IGN);
+            if (note(argv[2])) return 1;
+            while (!gone(cmd)) usleep(2000);
+            snprintf(path, sizeof path, "%s.user", argv[2]);
+            if (setresuid(user, user, user) != 0 || note(path)) return 1;
+            for (;;) pause();
+        }
+        for (;;) pause();
+    }
     if (argc >= 4) {
         int chain = argc >= 5 ? atoi(argv[4]) : 0;
         usleep(atoi(argv[3]) * 1000);
@@ -88,7 +115,10 @@ int main(int argc, char **argv) {
                 if (setresuid(user, user, user) != 0 || note(path)) return 1;
                 for (;;) pause();
             }
-            if (chain) waitpid(child, NULL, WUNTRACED);
+            if (chain) {  /* the next one some time after this one was frozen */
+                waitpid(child, NULL, WUNTRACED);
+                usleep((argc >= 6 ? atoi(argv[5]) : 0) * 1000);
+            }
         }
     }
     for (;;) pause();
@@ -162,9 +192,13 @@ for action in actions:
     elif action.startswith("setuid-late="):  # the same; 1 s later it forks DIR/late (user's)
         subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
                           "1000"])
-    elif action.startswith("setuid-chain="):  # =N:PATH: the same; DIR/late.0 .. N-1 in turn
-        count, _, path = action[13:].partition(":")
-        subprocess.Popen([path, os.path.join(d, "setuid"), os.path.join(d, "late"), "0", count])
+    elif action.startswith("setuid-drop="):  # the same; its child drops root once CMD is gone
+        subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
+                          "cmd-gone"])
+    elif action.startswith("setuid-chain="):  # =N:MS:PATH: DIR/late.0 .. N-1, MS apart
+        count, gap, path = action[13:].split(":", 2)
+        subprocess.Popen([path, os.path.join(d, "setuid"), os.path.join(d, "late"), "0", count,
+                          gap])
     elif action.startswith("zombie-leader="):  # a child whose main thread exited (Z), alive
         subprocess.Popen([sys.executable, action[14:], "--zombie-leader", "--pidfile",
                           f"{d}/zl"])
@@ -871,10 +905,12 @@ def test_the_teardown_goes_on_until_no_child_is_left(
         trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
     """Issue 24 (Low): a released member that starts a new child whenever its last one
     is frozen hands the launcher one more tree per round, 7 rounds in all; the teardown
-    goes on until no child is left (it used to stop after 5)."""
+    goes on until no child is left (it used to stop after 5), even when the next child
+    comes a while after the last was frozen (it used to end at the first empty listing,
+    and left the 7th running once in a loaded CI run)."""
     prefix, helper = setuid_helper
     chain = 7
-    run = Launch(trees, rundir, [f"setuid-chain={chain}:{helper}", "await=late.0"],
+    run = Launch(trees, rundir, [f"setuid-chain={chain}:700:{helper}", "await=late.0"],
                  prefix=prefix, options=(*SUBREAPER, "--grace", "0.5"))
     rootly = run.pid("setuid")
     os.kill(run.launcher, signal.SIGTERM)
@@ -885,6 +921,26 @@ def test_the_teardown_goes_on_until_no_child_is_left(
     (line,) = run.stderr()
     assert "still below the launcher" not in line, line
     assert set(lates) <= reaped_pids(line) and line.count(f"{rootly} (") == 1, line
+    assert (stat_fields(rootly) or {}).get("state") == "S"
+
+
+def test_a_member_that_drops_root_after_its_stop_was_refused_is_reaped(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """A member still root when the first round tries to stop it (the kernel refuses) and
+    the user's a moment later (a setuid program dropping its privileges once CMD is gone):
+    the teardown tries it again and reaps it, instead of leaving it running for good."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid-drop={helper}", "await=late"],
+                 prefix=prefix, options=(*SUBREAPER, "--grace", "0.5"))
+    rootly, late = run.pid("setuid"), run.pid("late")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(late), "left running"
+    (line,) = run.stderr()
+    assert late in reaped_pids(line), line
+    assert line.endswith(f"1 survived, not signalled (the kernel refused the launcher's SIGSTOP: "
+                         "another user's process, such as a setuid-root program; needs root or "
+                         f"CAP_KILL): {rootly} (setuid-root)"), line
     assert (stat_fields(rootly) or {}).get("state") == "S"
 
 
