@@ -15,6 +15,33 @@ from tests.support.proctree import Trees, become_subreaper, reap_zombie_children
 pytest_plugins = ["tests.support.fakenvml.plugin", "tests.support.remediator_harness"]
 
 
+LIVE = Path(__file__).parent / "live"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--live-share", metavar="K/N", default=None,
+        help="of tests/live, run only the K-th of N shares (its files in name order, dealt "
+             "out in turn); the rest of the selection runs whole. .ci/run gives each of "
+             "the two compat interpreters one share (docs/development.md)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    share = config.getoption("--live-share")
+    if share is None:
+        return
+    k, _, n = str(share).partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--live-share {share}: give K/N with 1 <= K <= N, e.g. 1/2")
+    files = sorted({item.path for item in items if item.path.parent == LIVE})
+    kept = set(files[int(k) - 1::int(n)])
+    dropped = [item for item in items if item.path.parent == LIVE and item.path not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(dropped)
+        items[:] = [item for item in items if item not in gone]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Orphans of the trees the tests spawn come back to us, so cleanup can find them.
     become_subreaper()
