@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
 
+from gpuguard.periodic import Periodic
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
 from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_alert
@@ -56,8 +56,10 @@ class Puller:
         self._monotonic = monotonic
         self._started: float | None = None
         self._last_completed: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The first poll anywhere in the first interval (not in step with the other hosts).
+        self._loop = Periodic("gpuguard-remediator-pull", interval, self._poll,
+                              first=first_delay(interval, self.rng),
+                              after=lambda _took: self.next_delay())
 
     def poll_once(self) -> int | None:
         """Deliver what Alertmanager says fires for this host now; None when it did not say."""
@@ -125,23 +127,16 @@ class Puller:
 
     def start(self) -> None:
         self._started = self._monotonic()
-        self._thread = threading.Thread(target=self._run, name="gpuguard-remediator-pull",
-                                        daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._loop.stop(timeout)
 
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop.alive()
 
-    def _run(self) -> None:
-        delay = first_delay(self.interval, self.rng)  # not in step with the other hosts
-        while not self._stop.wait(delay):
-            try:
-                self.poll_once()
-            except Exception:  # a bug must not end polling: logged, and tried again
-                log.exception("pull: poll failed")
-            delay = self.next_delay()
+    def _poll(self) -> None:
+        try:
+            self.poll_once()
+        except Exception:  # a bug must not end polling: logged, and tried again
+            log.exception("pull: poll failed")

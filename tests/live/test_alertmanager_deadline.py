@@ -13,7 +13,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +37,6 @@ from tests.support.slowpeer import Plan, Reply, SlowPeer
 
 #: Headroom for a loaded 2-core machine on top of each bound below.
 SLACK = 1.0
-
-
-@pytest.fixture
-def peer() -> Iterator[Callable[..., SlowPeer]]:
-    started: list[SlowPeer] = []
-
-    def start(plan: Plan, **kw: Any) -> SlowPeer:
-        started.append(SlowPeer(plan, **kw))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 @pytest.mark.parametrize("drip", ["headers", "body"])

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
-
-import pytest
+from collections.abc import Callable
 
 from gpuguard.remediator.intake.polling import (
     FAILED_POLLS_UNHEALTHY,
@@ -23,22 +20,9 @@ from tests.e2e.test_alertmanager_client import client
 from tests.live.test_pull_bounds import Intake
 from tests.support.proctree import wait_for
 from tests.support.remediator_harness import Harness
-from tests.support.slowpeer import Plan, Reply, SlowPeer
+from tests.support.slowpeer import Reply, SlowPeer
 
 SLACK = 0.6
-
-
-@pytest.fixture
-def peer() -> Iterator[Callable[..., SlowPeer]]:
-    started: list[SlowPeer] = []
-
-    def start(plan: Plan, **kw: Any) -> SlowPeer:
-        started.append(SlowPeer(plan, **kw))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.stop()
 
 
 def early_rng(interval: float) -> random.Random:

@@ -13,8 +13,11 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
 
 
 @dataclass(frozen=True)
@@ -137,3 +140,17 @@ class SlowPeer:
                 return
             conn.sendall(data[i:i + 1])
             self._stop.wait(reply.every)
+
+
+@pytest.fixture
+def peer() -> Iterator[Callable[..., SlowPeer]]:
+    """Start SlowPeers with `peer(plan, ...)`; each is stopped after the test."""
+    started: list[SlowPeer] = []
+
+    def start(plan: Plan, **kw: Any) -> SlowPeer:
+        started.append(SlowPeer(plan, **kw))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
