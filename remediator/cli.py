@@ -153,12 +153,15 @@ def reload_config(path: str, running: Config,
 
 
 def remediator_lifecycle(service: Remediator, reloader: Reloader, enabled: bool) -> Lifecycle:
-    """/-/healthy is /healthz's answer; /-/ready waits for the state: the ledger loaded,
-    what a crash left settled, then the worker started (Remediator.start)."""
+    """/-/healthy fails only for what a restart mends (HealthCode.restart_mends; the
+    liveness probe), /healthz for every degraded state; /-/ready waits for the state: the
+    ledger loaded, what a crash left settled, then the worker started (Remediator.start)."""
 
     def healthy() -> tuple[bool, str]:
         ok, code, _ = service.healthy()
-        return ok, f"{PROG} is Healthy." if ok else code
+        if ok or not code.restart_mends:
+            return True, f"{PROG} is Healthy." + ("" if ok else f" (/healthz: {code})")
+        return False, code
 
     def ready() -> tuple[bool, str]:
         if not service.worker.alive():

@@ -26,6 +26,18 @@ class HealthCode(StrEnum):
     POLLER_STALLED = "poller-stalled"  # no poll completed for STALLED_INTERVALS intervals
     POLLER_FAILING = "poller-failing"  # FAILED_POLLS_UNHEALTHY failed polls in a row
 
+    @property
+    def restart_mends(self) -> bool:
+        """A stopped or hung thread, which a restart mends: what fails /-/healthy (the
+        liveness probe). An unwritable disk or an Alertmanager outage a restart does not
+        mend: a liveness probe that failed on them would restart the daemon in a loop,
+        and hide the cause behind GPUGuardRemediatorDown; /healthz still says them."""
+        return self in _RESTART_MENDS
+
+
+_RESTART_MENDS = frozenset({HealthCode.WORKER_STOPPED, HealthCode.POLLER_STOPPED,
+                            HealthCode.WORKER_STUCK, HealthCode.POLLER_STALLED})
+
 
 class Liveness(Protocol):
     def alive(self) -> bool: ...

@@ -1,12 +1,13 @@
 """Prometheus's lifecycle endpoints, on both daemons: /-/healthy, /-/ready and /-/reload.
 
 Platforms built for Prometheus and Alertmanager probe these paths, answered as Prometheus
-answers them: /-/healthy is the daemon's liveness (what /healthz says), /-/ready turns
-200 once the daemon has what it serves (the exporter's first scan, the remediator's state)
-and is 503 before; both are open to probes, as /healthz is. POST or PUT /-/reload does
-what SIGHUP does and answers its outcome (200, or 500 with the reason), but only with
---web.enable-lifecycle; without it 403 "Lifecycle API is not enabled.", as Prometheus. It
-is not exempt from the web config's authentication: it sits behind what guards /metrics.
+answers them: /-/healthy is the daemon's liveness (503 only for what of /healthz a restart
+mends), /-/ready turns 200 once the daemon has what it serves (the exporter's first scan,
+the remediator's state) and is 503 before; both are open to probes, as /healthz is. POST
+or PUT /-/reload does what SIGHUP does and answers its outcome (200, or 500 with the
+reason), but only with --web.enable-lifecycle; without it 403 "Lifecycle API is not
+enabled.", as Prometheus. It is not exempt from the web config's authentication: it sits
+behind what guards /metrics.
 """
 
 from __future__ import annotations

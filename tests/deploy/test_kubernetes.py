@@ -299,8 +299,8 @@ def test_exporter_arguments_agree_with_its_config_port_and_probes():
     port = _port(exporter, "metrics")
     assert args.listen[1] == port == 9877
     assert args.listen[0] == "0.0.0.0"  # the Service and Prometheus reach it on the node
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert exporter[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert exporter["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
+    assert exporter["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "metrics"}
     _, volume = _mount_of(exporter, args.config)
     assert volume["configMap"]["name"] == "gpuguard-config"
     assert Path(args.config).name in _one("ConfigMap", "gpuguard-config")["data"]
@@ -314,8 +314,10 @@ def test_remediator_arguments_agree_with_its_secret_port_and_probes():
     port = _port(remediator, "remediator")
     assert args.listen[1] == port
     assert not args.insecure_no_auth and not args.allow_pid_namespace
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert remediator[probe]["httpGet"] == {"path": "/healthz", "port": "remediator"}
+    # Liveness only for what a restart mends; readiness for every degraded state.
+    assert remediator["livenessProbe"]["httpGet"] == {"path": "/-/healthy",
+                                                      "port": "remediator"}
+    assert remediator["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "remediator"}
     mount, volume = _mount_of(remediator, args.token_file)
     assert volume["secret"]["secretName"] == "gpuguard-remediator"
     assert mount["readOnly"] is True and volume["secret"]["defaultMode"] == 0o400

@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable
 
+from gpuguard.remediator.cli import remediator_lifecycle
 from gpuguard.remediator.intake.polling import (
     FAILED_POLLS_UNHEALTHY,
     FIRST_BACKOFF_SECONDS,
@@ -99,9 +100,24 @@ def test_healthz_says_poller_failing_and_comes_back(harness: Callable[..., Harne
         "gpuguard_remediator_alertmanager_failed_polls_in_a_row "))
     assert float(in_a_row.split()[1]) >= FAILED_POLLS_UNHEALTHY
     assert "gpuguard_remediator_alertmanager_poller_stalled 0.0" in metrics
+    # The liveness probe: an Alertmanager outage is nothing a restart mends; a restart
+    # loop would only hide it behind GPUGuardRemediatorDown.
+    ok, line = remediator_lifecycle(h.service, None, False).healthy()  # type: ignore[arg-type]
+    assert (ok, line) == (True, f"gpuguard-remediator is Healthy. (/healthz: "
+                                f"{HealthCode.POLLER_FAILING})")
     busy[0] = False
     wait_for(lambda: h.client.get("/healthz").status_code == 200, timeout=5,
              what="/healthz ok again")
+
+
+def test_a_stopped_worker_fails_the_liveness_probe(harness: Callable[..., Harness]) -> None:
+    """What a restart mends (a stopped worker thread) fails /-/healthy; /healthz says it."""
+    h = harness()
+    probe = remediator_lifecycle(h.service, None, False)  # type: ignore[arg-type]
+    assert probe.healthy() == (True, "gpuguard-remediator is Healthy.")
+    h.service.stop()
+    assert probe.healthy() == (False, HealthCode.WORKER_STOPPED)
+    assert h.client.get("/healthz").get_data(as_text=True) == f"{HealthCode.WORKER_STOPPED}\n"
 
 
 class Clock:
