@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
@@ -32,7 +33,9 @@ from gpuguard.web.serving import (
     positive_float,
     serve_until_signalled,
 )
-from gpuguard.web.webconfig import WebConfigSource
+
+if TYPE_CHECKING:
+    from gpuguard.web.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.exporter")
 
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
     log.debug("%s", platform.raise_open_file_limit())
     try:
         config = load_config(args.config)
-        web = WebConfigSource(args.web_config_file) if args.web_config_file else None
+        web = _web_config(args.web_config_file) if args.web_config_file else None
     except ConfigError as exc:
         print(logformat.failure("gpuguard-exporter", f"config error: {exc}"), file=sys.stderr)
         return 2
@@ -213,6 +216,13 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
             events.stop()
         scanner.nvml.close()
     return 0
+
+
+def _web_config(path: str) -> WebConfigSource:
+    """The web config's source: its readers load only for a daemon given one (0.2 MiB)."""
+    from gpuguard.web.webconfig import WebConfigSource
+
+    return WebConfigSource(path)
 
 
 def _registrar(config: Config) -> Registrar | None:
