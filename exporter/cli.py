@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
 
 
 def _web_config(path: str) -> WebConfigSource:
-    """The web config's source: its readers load only for a daemon given one (0.2 MiB)."""
+    """The web config's source: its readers load only for a daemon given one (0.4 MiB of RSS)."""
     from gpuguard.web.webconfig import WebConfigSource
 
     return WebConfigSource(path)

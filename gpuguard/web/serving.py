@@ -118,7 +118,7 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
 
     policy = body if body is not None else BodyPolicy()
     auth: BasicAuth | None = None
-    if web is not None:  # basic auth and its cache only with a web config (0.2 MiB)
+    if web is not None:  # basic auth and its cache only with a web config (0.4 MiB)
         from gpuguard.web.webauth import BasicAuth
 
         auth = BasicAuth()

@@ -101,7 +101,7 @@ def test_a_bad_pattern_is_refused_when_checked_and_when_first_needed() -> None:
 
 
 def test_the_exporter_loads_no_re2_web_config_or_windows_table_for_the_defaults() -> None:
-    """2.8 MiB (RE2 and libstdc++), 0.2 MiB and 0.2 MiB of the exporter's memory
+    """2.8 MiB (RE2 and libstdc++), 0.4 MiB and 0.15 MiB of the exporter's memory
     (benchmarks/RESULTS.md, nvitop_footprint): its entry module, its config with every
     default, and the defaults' patterns run on plain and on miner-like command lines."""
     script = textwrap.dedent("""
