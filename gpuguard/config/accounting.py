@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config.classify import patterns
-from gpuguard.host.counters import COUNTERS
-from gpuguard.orphans.rules_config import Pattern
+from gpuguard.orphans.rules_config import CACHED_TEXT, Pattern, protect_search
 from gpuguard.validation import At, integer, mapping, number, string_list
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
@@ -176,12 +175,18 @@ def program_names(cmdline: str | None) -> tuple[str, ...]:
     return tuple(n for n in names if n)
 
 
-@functools.lru_cache(maxsize=16384)
 def _suspect_hit(pattern: Pattern, text: str) -> bool:
-    """The protect patterns' matcher (linear time), cached by text like theirs; its
-    time shows under the same callsite."""
-    with COUNTERS.track("protect_match"):
-        return pattern.search(text)
+    """The protect patterns' matcher (linear time), cached by text like theirs: a comm or
+    a short command line (16,384 of at most CACHED_TEXT characters: 4 MiB at most); a
+    long one is searched again each scan, as any user can make many (a sweep's jobs)."""
+    if len(text) > CACHED_TEXT:
+        return protect_search(pattern, text)
+    return _cached_suspect_hit(pattern, text)
+
+
+@functools.lru_cache(maxsize=16384)
+def _cached_suspect_hit(pattern: Pattern, text: str) -> bool:
+    return protect_search(pattern, text)
 
 
 def _sizes(at: At, value: Any, *, everyone: bool) -> tuple[tuple[str, int], ...]:

@@ -186,17 +186,18 @@ def compile_protect(pattern: str) -> Pattern:
 
 
 #: Texts up to this long (comms, short command lines) are cached by text; at 4,096
-#: entries the cache holds at most 1 MiB of them, whatever users run.
-_CACHED_TEXT = 256
+#: entries the cache holds at most 1 MiB of them, whatever users run (the suspect
+#: patterns' cache, gpuguard/config/accounting.py, keeps to the same length).
+CACHED_TEXT = 256
 
 
 @functools.lru_cache(maxsize=4096)
 def _protect_hit(pattern: Pattern, text: str) -> bool:
     """One protect pattern on one comm or short command line, cached by text."""
-    return _protect_search(pattern, text)
+    return protect_search(pattern, text)
 
 
-def _protect_search(pattern: Pattern, text: str) -> bool:
+def protect_search(pattern: Pattern, text: str) -> bool:
     """One protect pattern on one text (linear time), its time counted."""
     with COUNTERS.track("protect_match"):
         return pattern.search(text)
@@ -216,8 +217,8 @@ class Rules:
         object.__setattr__(self, "_protect", tuple(compile_protect(p) for p in self.protect))
 
     def protects(self, text: str) -> bool:
-        if len(text) > _CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
-            return any(_protect_search(pattern, text) for pattern in self._protect)
+        if len(text) > CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
+            return any(protect_search(pattern, text) for pattern in self._protect)
         return any(_protect_hit(pattern, text) for pattern in self._protect)
 
     def is_adopter(self, comm: str) -> bool:
