@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.config.classify import patterns
-from gpuguard.host.counters import COUNTERS
-from gpuguard.orphans.rules_config import compile_protect
+from gpuguard.orphans.rules_config import CACHED_TEXT, Pattern, protect_search
 from gpuguard.validation import At, integer, mapping, number, string_list
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
@@ -119,12 +118,15 @@ class Audit:
     suspect_names: tuple[str, ...] = DEFAULT_SUSPECT_NAMES
     suspect_patterns: tuple[str, ...] = DEFAULT_SUSPECT_PATTERNS
     sustained_utilization: SustainedUtilization | None = None  # off unless configured
-    _compiled: tuple[tuple[str, Any], ...] = field(default=(), compare=False, repr=False)
+    _compiled: tuple[tuple[str, Pattern], ...] = field(default=(), compare=False, repr=False)
     _names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     _comms: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        compiled = tuple((p, compile_protect(p)) for p in self.suspect_patterns)
+        # Not checked here: the config reader checks what a file gives (`patterns`), and
+        # the default pattern is checked by the tests, so RE2 loads only when a text
+        # holds a default pattern's required word (`stratum`), not at every start.
+        compiled = tuple((p, Pattern(p)) for p in self.suspect_patterns)
         object.__setattr__(self, "_compiled", compiled)
         # First name wins when two fold to the same key; a comm is cut like the kernel's.
         names: dict[str, str] = {}
@@ -173,12 +175,18 @@ def program_names(cmdline: str | None) -> tuple[str, ...]:
     return tuple(n for n in names if n)
 
 
+def _suspect_hit(pattern: Pattern, text: str) -> bool:
+    """The protect patterns' matcher (linear time), cached by text like theirs: a comm or
+    a short command line (16,384 of at most CACHED_TEXT characters: 4 MiB at most); a
+    long one is searched again each scan, as any user can make many (a sweep's jobs)."""
+    if len(text) > CACHED_TEXT:
+        return protect_search(pattern, text)
+    return _cached_suspect_hit(pattern, text)
+
+
 @functools.lru_cache(maxsize=16384)
-def _suspect_hit(pattern: Any, text: str) -> bool:
-    """The protect patterns' matcher (RE2, linear time), cached by text like theirs; its
-    time shows under the same callsite."""
-    with COUNTERS.track("protect_match"):
-        return pattern.search(text) is not None
+def _cached_suspect_hit(pattern: Pattern, text: str) -> bool:
+    return protect_search(pattern, text)
 
 
 def _sizes(at: At, value: Any, *, everyone: bool) -> tuple[tuple[str, int], ...]:

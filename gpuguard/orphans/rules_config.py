@@ -7,8 +7,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-import re2
-
 from gpuguard.host.counters import COUNTERS
 
 DEFAULT_PROTECT = (
@@ -75,15 +73,101 @@ class ProtectPatternError(ValueError):
     """A protect pattern the linear-time matcher (RE2) does not accept."""
 
 
-def compile_protect(pattern: str) -> Any:
-    """One protect pattern, case-insensitive, for RE2: matching time is linear in the text.
+#: Characters that stand for themselves in RE2 whatever follows them (no metacharacter,
+#: no escape): a pattern of these alone is a plain word, matched without RE2.
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                   " -_/:,;=@%~!#&'\"<>`")
+
+
+def _required_word(pattern: str) -> str:
+    """A word every match of `pattern` contains (case aside), "" when none is known: the
+    plain characters it starts with but the last, which what follows may make optional
+    (`ab?`, `ab{0}`, and `ab(?i)?` too), and only where no `|` outside brackets and
+    parentheses could match without them."""
+    end = 0
+    while end < len(pattern) and pattern[end] in _PLAIN:
+        end += 1
+    return pattern[: end - 1] if end > 1 and not _top_level_bar(pattern) else ""
+
+
+def _top_level_bar(pattern: str) -> bool:
+    """Whether an alternation may stand outside every group: True also where this scan
+    cannot be sure (unbalanced; `\\Q` quoting, `[:class:]`, a `]` opening a bracket),
+    which only leaves one more pattern to RE2."""
+    if any(unsure in pattern for unsure in ("\\Q", "[:", "[]", "[^]")):
+        return True
+    depth, i, in_class = 0, 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif char == "|" and depth == 0:
+            return True
+        i += 1
+    return depth != 0 or in_class
+
+
+class Pattern:
+    """One protect or suspect pattern, case-insensitive, in time linear in the text.
 
     Any user names their processes and chooses their arguments, so a backtracking
     engine (Python's `re`) would let one `aaaa...!` command line stall every scan on a
-    pattern like `(a+)+$` (and `re` holds the GIL while it does). RE2 has no
-    back-references or look-arounds: patterns that need them are config errors.
-    Patterns are compiled one by one, so groups in one cannot change another.
+    pattern like `(a+)+$` (and `re` holds the GIL while it does): patterns run on RE2.
+    RE2 and its C++ runtime are 2.8 MiB of a daemon's memory, so they load only where
+    a pattern needs them: a plain word (`jupyter`, every default protect pattern) in an
+    ASCII text is a substring test of the lower-cased text, which is what RE2 answers
+    there; a pattern's required word (`stratum` of the default suspect pattern) absent
+    from an ASCII text is no match, without RE2. Any other case is RE2's (a non-ASCII
+    text too: RE2 folds the Kelvin sign to `k`, and `str.lower` does not fold `ſ`).
+    RE2 compiles the pattern when it is first needed; `checked()` compiles it now, for
+    the config reader, which refuses what RE2 refuses. Patterns are compiled one by
+    one, so groups in one cannot change another.
     """
+
+    __slots__ = ("text", "_plain", "_word", "_re2")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._plain = all(char in _PLAIN for char in text)
+        self._word = (text if self._plain else _required_word(text)).lower()
+        self._re2: Any = None
+
+    def checked(self) -> Pattern:
+        """This pattern, with RE2's verdict on it now if it needs RE2 (ProtectPatternError
+        if RE2 refuses it)."""
+        if not self._plain:
+            self._compiled()
+        return self
+
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches anywhere in `text`."""
+        if text.isascii():
+            if self._word not in text.lower():
+                return False
+            if self._plain:
+                return True
+        return self._compiled().search(text) is not None
+
+    def _compiled(self) -> Any:
+        if self._re2 is None:
+            self._re2 = _compile_re2(self.text)
+        return self._re2
+
+
+def _compile_re2(pattern: str) -> Any:
+    import re2  # 2.8 MiB with libstdc++: only for patterns that need it (Pattern)
+
     options = re2.Options()
     options.case_sensitive = False
     options.log_errors = False
@@ -96,21 +180,27 @@ def compile_protect(pattern: str) -> Any:
         raise ProtectPatternError(str(message)) from None
 
 
+def compile_protect(pattern: str) -> Pattern:
+    """One protect (or suspect) pattern, checked: ProtectPatternError where RE2 refuses it."""
+    return Pattern(pattern).checked()
+
+
 #: Texts up to this long (comms, short command lines) are cached by text; at 4,096
-#: entries the cache holds at most 1 MiB of them, whatever users run.
-_CACHED_TEXT = 256
+#: entries the cache holds at most 1 MiB of them, whatever users run (the suspect
+#: patterns' cache, gpuguard/config/accounting.py, keeps to the same length).
+CACHED_TEXT = 256
 
 
 @functools.lru_cache(maxsize=4096)
-def _protect_hit(pattern: Any, text: str) -> bool:
+def _protect_hit(pattern: Pattern, text: str) -> bool:
     """One protect pattern on one comm or short command line, cached by text."""
-    return _protect_search(pattern, text)
+    return protect_search(pattern, text)
 
 
-def _protect_search(pattern: Any, text: str) -> bool:
-    """One protect pattern on one text (linear time: RE2), its time counted."""
+def protect_search(pattern: Pattern, text: str) -> bool:
+    """One protect pattern on one text (linear time), its time counted."""
     with COUNTERS.track("protect_match"):
-        return pattern.search(text) is not None
+        return pattern.search(text)
 
 
 @dataclass(frozen=True)
@@ -121,14 +211,14 @@ class Rules:
     adopters: tuple[str, ...] = DEFAULT_ADOPTERS
     max_depth: int = DEFAULT_MAX_DEPTH
     marks_dir: str = DEFAULT_MARKS_DIR
-    _protect: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    _protect: tuple[Pattern, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_protect", tuple(compile_protect(p) for p in self.protect))
 
     def protects(self, text: str) -> bool:
-        if len(text) > _CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
-            return any(_protect_search(pattern, text) for pattern in self._protect)
+        if len(text) > CACHED_TEXT:  # a command line: cached per process (cmdline_protect)
+            return any(protect_search(pattern, text) for pattern in self._protect)
         return any(_protect_hit(pattern, text) for pattern in self._protect)
 
     def is_adopter(self, comm: str) -> bool:

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuguard import logformat
-from gpuguard.web.webauth import BasicAuth, protect
-from gpuguard.web.webconfig import WebConfigSource, san_allowed
 
 if TYPE_CHECKING:
     from gpuguard.web.tlsfront import TlsFront
+    from gpuguard.web.webauth import BasicAuth
+    from gpuguard.web.webconfig import WebConfigSource
 
 log = logging.getLogger("gpuguard.http")
 
@@ -117,7 +117,11 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
     from waitress import create_server as waitress_server
 
     policy = body if body is not None else BodyPolicy()
-    auth = BasicAuth() if web is not None else None
+    auth: BasicAuth | None = None
+    if web is not None:  # basic auth and its cache only with a web config (0.4 MiB)
+        from gpuguard.web.webauth import BasicAuth
+
+        auth = BasicAuth()
 
     def extra_headers() -> tuple[tuple[str, str], ...]:
         return web.current()[0].headers if web is not None else ()
@@ -147,6 +151,9 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
 
     if web is None:
         return bounded(app, host=host, port=port)
+    from gpuguard.web.webauth import protect
+    from gpuguard.web.webconfig import san_allowed
+
     app = protect(app, lambda: web.current()[0], exempt=open_paths, auth=auth)
     if web.current()[1] is None:
         return bounded(app, host=host, port=port)

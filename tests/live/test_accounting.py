@@ -323,6 +323,28 @@ def test_the_matcher_stays_linear_on_a_hostile_command_line() -> None:
     assert time.perf_counter() - began < 1.0
 
 
+def test_the_suspect_answers_kept_stay_small_whatever_command_lines_users_run() -> None:
+    """A user who runs jobs with long, unique command lines (a sweep's overrides) must
+    not grow the exporter: answers are kept for comms and short command lines only, as
+    the protect patterns' are (16,384 of at most 256 characters: 4 MiB at most)."""
+    import gc
+    import tracemalloc
+
+    audit = Audit()
+    audit.suspect("python3", "python3 warm.py")  # the matcher's own first allocations
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for job in range(1000):
+            assert audit.suspect("python3", f"python3 train.py --run {job} " + "x" * 32_768) is None
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 4 * 2**20, f"{kept / 2**20:.1f} MiB kept for 1000 command lines"
+
+
 # -- facts, balances and the sustained-utilisation clock --------------------------------------
 
 
