@@ -278,7 +278,13 @@ def sleepers() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     made: list[subprocess.Popen[bytes]] = []
 
     def spawn() -> subprocess.Popen[bytes]:
-        made.append(subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL))
+        # A session of its own: stopped in the runner's process group, which is orphaned
+        # under CI (its session's only group), a sleeper is sent SIGHUP and SIGCONT by the
+        # kernel whenever another test's process in that group exits with its parent in
+        # another group of the session (POSIX's orphaned process group rule). That killed
+        # a held sleeper mid-test in a CI run.
+        made.append(subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
+                                     start_new_session=True))
         return made[-1]
 
     yield spawn
