@@ -61,6 +61,15 @@ def test_a_socket_finalised_after_its_fd_was_reused():
     gc.collect()  # the socket's finaliser closes the file's fd
     time.sleep(0.1)
     f = f
+
+
+def test_a_closed_trigger_pulled():
+    t = trigger.trigger({})
+    t.close()
+    try:
+        t.pull_trigger()  # a task thread of a server already closed
+    except OSError:
+        pass
 '''
 
 
@@ -96,7 +105,7 @@ def test_the_tracer_names_wrong_closes_and_only_those(tmp_path: Path) -> None:
     got = reports(report)
     assert {test for _, test in got} == {
         "test_a_stale_close_of_a_live_socket", "test_a_swallowed_double_close",
-        "test_a_socket_finalised_after_its_fd_was_reused"}, got
+        "test_a_socket_finalised_after_its_fd_was_reused", "test_a_closed_trigger_pulled"}, got
     kinds = {(kind, test) for kind, test in got}
     assert ("os.close of an fd a live socket owns",
             "test_a_stale_close_of_a_live_socket") in kinds
@@ -104,6 +113,8 @@ def test_the_tracer_names_wrong_closes_and_only_those(tmp_path: Path) -> None:
             "test_a_swallowed_double_close") in kinds
     assert ("socket finaliser (GC) on an fd that is no longer its own (reused)",
             "test_a_socket_finalised_after_its_fd_was_reused") in kinds
+    assert ("waitress trigger pulled after its close (a write to a stale fd)",
+            "test_a_closed_trigger_pulled") in kinds
     # The closer's own line is in its report: that is what the tracer is for.
     line = next(n for n, text in enumerate(textwrap.dedent(SCENARIOS).splitlines(), 1)
                 if "the double close" in text)

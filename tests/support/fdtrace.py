@@ -13,7 +13,8 @@ and reports, with the test, the thread and stacks:
   - os.close or os.dup2 onto an fd a live object still owns (the wrong closer itself),
   - os.close that fails with EBADF (a double close; the tell when it is swallowed),
   - a socket closed or finalised after its fd was closed or replaced under it,
-  - a live owner whose fd a 20 ms watcher finds closed or replaced.
+  - a live owner whose fd a 20 ms watcher finds closed or replaced,
+  - a waitress trigger pulled after its close (a byte written to a stale fd number).
 Each report ends with the last opens and closes of that fd number. docs/development.md
 says when to use it; it is never loaded by the product.
 """
@@ -236,7 +237,16 @@ def _hook_waitress() -> None:
             _int_owners.append(owner)
             _register(owner, fd)
 
+    real_pull = wt.trigger._physical_pull
+
+    def pull(self: Any) -> None:
+        if self._closed:  # its number may be someone else's by now: a byte written there
+            _report("waitress trigger pulled after its close (a write to a stale fd)",
+                    self.trigger)
+        real_pull(self)
+
     wt.trigger.__init__ = init
+    wt.trigger._physical_pull = pull
 
 
 def _watch() -> None:
