@@ -438,6 +438,8 @@ def test_behind_tls_the_client_address_reaches_the_app(tmp_path: Path, certs: Ce
             lambda: [d.close() for d in list(server.inner._map.values())])
         thread.join(timeout=5)
         server.close()
+        # Its task threads too: left idle they outlived every later test of the run.
+        server.inner.task_dispatcher.shutdown()
 
 
 # -- 5. token files: private or no start ----------------------------------------------------
