@@ -71,9 +71,15 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
             killed += [m for m in result.members if m.pid not in gone]
             survivors += [m for m in result.members if m.pid in gone]
     # A member let go of in one round and reaped by a later one (it dropped root) is
-    # reported as what happened to it last.
-    later = {(m.pid, m.start_time) for m in (*killed, *survivors)}
-    refused = [m for m in refused if (m.pid, m.start_time) not in later]
+    # reported as what happened to it last; one let go of again by its retry (the
+    # kernel allowed signal 0 but refused SIGSTOP) is named once.
+    seen = {(m.pid, m.start_time) for m in (*killed, *survivors)}
+    once: list[Member] = []
+    for member in refused:
+        if (member.pid, member.start_time) not in seen:
+            seen.add((member.pid, member.start_time))
+            once.append(member)
+    refused = once
     for result in results:
         if (result.outcome not in (Outcome.REAPED, Outcome.FAILED)
                 and result.reason not in ("root-gone", "root-replaced")):  # exited: fine
