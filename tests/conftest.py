@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +32,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     share = config.getoption("--live-share")
     if share is None:
         return
-    k, _, n = str(share).partition("/")
-    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+    shape = re.fullmatch(r"([0-9]+)/([0-9]+)", str(share))  # not isdigit(): "²" is one
+    if shape is None or not 1 <= int(shape[1]) <= int(shape[2]):
         raise pytest.UsageError(f"--live-share {share}: give K/N with 1 <= K <= N, e.g. 1/2")
+    k, n = shape[1], shape[2]
     files = sorted({item.path for item in items if item.path.parent == LIVE})
     kept = set(files[int(k) - 1::int(n)])
     dropped = [item for item in items if item.path.parent == LIVE and item.path not in kept]

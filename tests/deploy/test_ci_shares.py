@@ -44,3 +44,10 @@ def test_a_share_that_does_not_exist_is_a_usage_error() -> None:
     run = collected(LIVE[0], "--live-share", "3/2")
     assert run.returncode == 4, run.stdout + run.stderr
     assert re.search(r"--live-share 3/2: give K/N with 1 <= K <= N", run.stderr), run.stderr
+
+
+def test_a_share_in_other_digits_is_a_usage_error_not_an_internal_one() -> None:
+    # str.isdigit() holds for "²", which int() refuses: the check must be int()'s own.
+    run = collected(LIVE[0], "--live-share", "²/2")
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "--live-share ²/2: give K/N with 1 <= K <= N" in run.stderr, run.stderr
