@@ -153,15 +153,16 @@ def reload_config(path: str, running: Config,
 
 
 def remediator_lifecycle(service: Remediator, reloader: Reloader, enabled: bool) -> Lifecycle:
-    """/-/healthy fails only for what a restart mends (HealthCode.restart_mends; the
-    liveness probe), /healthz for every degraded state; /-/ready waits for the state: the
-    ledger loaded, what a crash left settled, then the worker started (Remediator.start)."""
+    """/-/healthy fails only for what a restart mends (Status.liveness_problem, whatever
+    /healthz answers first; the liveness probe), /healthz for every degraded state;
+    /-/ready waits for the state: the ledger loaded, what a crash left settled, then the
+    worker started (Remediator.start)."""
 
     def healthy() -> tuple[bool, str]:
+        if (mends := service.liveness_problem()) is not None:
+            return False, mends
         ok, code, _ = service.healthy()
-        if ok or not code.restart_mends:
-            return True, f"{PROG} is Healthy." + ("" if ok else f" (/healthz: {code})")
-        return False, code
+        return True, f"{PROG} is Healthy." + ("" if ok else f" (/healthz: {code})")
 
     def ready() -> tuple[bool, str]:
         if not service.worker.alive():

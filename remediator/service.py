@@ -199,6 +199,10 @@ class Remediator:
         """(ok, reason code, detail): see Status.health."""
         return self.status.health()
 
+    def liveness_problem(self) -> HealthCode | None:
+        """What a restart mends, if anything is degraded so: see Status.liveness_problem."""
+        return self.status.liveness_problem()
+
     def snapshot(self) -> dict[str, Any]:
         """The JSON behind GET /state."""
         return self.status.snapshot()

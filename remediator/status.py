@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from gpuguard.compat import StrEnum
@@ -68,27 +68,38 @@ class Status:
     def health(self) -> tuple[bool, HealthCode, str]:
         """(ok, reason code, detail): /healthz answers the code alone (it is open to
         anyone); the detail (paths, keys) is for the log and for /state."""
+        for code, detail in self.problems():
+            return False, code, detail
+        return True, HealthCode.OK, "ok"
+
+    def liveness_problem(self) -> HealthCode | None:
+        """The first degraded state now that a restart mends (/-/healthy, the liveness
+        probe), None when there is none. Not /healthz's one code: that is the first of
+        all, and an unwritable audit log's would hide a worker stuck behind it."""
+        return next((code for code, _ in self.problems() if code.restart_mends), None)
+
+    def problems(self) -> Iterator[tuple[HealthCode, str]]:
+        """Every degraded state now, with its detail, in the order /healthz chooses."""
         if not self._worker.alive():
-            return False, HealthCode.WORKER_STOPPED, "worker thread is not running"
+            yield HealthCode.WORKER_STOPPED, "worker thread is not running"
         if not all(companion.alive() for companion in self._companions):
-            return False, HealthCode.POLLER_STOPPED, "the Alertmanager poller is not running"
+            yield HealthCode.POLLER_STOPPED, "the Alertmanager poller is not running"
         if (state_error := self._worker.state_error) is not None:
-            return False, HealthCode.STATE_UNWRITABLE, (f"state cannot be written "
-                                                        f"({state_error}): no work proceeds")
+            yield HealthCode.STATE_UNWRITABLE, (f"state cannot be written "
+                                                f"({state_error}): no work proceeds")
         if unsettled := self._interrupted.unsettled:
             keys = ", ".join(str(k) for k, _ in unsettled)
-            return False, HealthCode.REAPS_UNSETTLED, (f"interrupted reap(s) {keys} not "
-                                                       "settled (audit log not writable): "
-                                                       "their trees may be left stopped")
+            yield HealthCode.REAPS_UNSETTLED, (f"interrupted reap(s) {keys} not settled "
+                                               "(audit log not writable): their trees may "
+                                               "be left stopped")
         if (audit_error := self._trail.error) is not None:
-            return False, HealthCode.AUDIT_LOG_UNWRITABLE, (f"audit log cannot be written "
-                                                            f"({audit_error}): no reap can run")
+            yield HealthCode.AUDIT_LOG_UNWRITABLE, (f"audit log cannot be written "
+                                                    f"({audit_error}): no reap can run")
         busy, limit = self.worker_busy()
         if busy > limit:
-            return False, HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
+            yield HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
         if (problem := self.poller_problem()) is not None:
-            return False, *problem
-        return True, HealthCode.OK, "ok"
+            yield problem
 
     def worker_busy(self) -> tuple[float, float]:
         """(seconds the worker has been on its current item, 0 when idle; the most one item

@@ -104,20 +104,22 @@ class Puller:
                            last.retry_after)
 
     def problem(self) -> tuple[HealthCode, str] | None:
-        """Why /healthz should say the poller is degraded; None while it is not."""
+        """Why /healthz should say the poller is degraded; None while it is not. A stall
+        first: after failed polls a hung one still is one (which a restart mends, and the
+        liveness probe restarts), while a poller that fails but polls never stalls (its
+        back-off stays under the interval, the stall limit is STALLED_INTERVALS of them)."""
+        since = self._last_completed if self._last_completed is not None else self._started
+        if since is not None:
+            limit = self.stall_limit()
+            quiet = self._monotonic() - since
+            if quiet > limit:
+                return HealthCode.POLLER_STALLED, (f"no poll of Alertmanager completed for "
+                                                   f"{quiet:.0f}s (over {limit:g}s)")
         if self.failures_in_a_row >= FAILED_POLLS_UNHEALTHY:
             last = self.last
             why = f"{last.result}: {last.detail}" if last is not None else "?"
             return HealthCode.POLLER_FAILING, (f"{self.failures_in_a_row} polls of "
                                                f"Alertmanager in a row failed (last {why})")
-        since = self._last_completed if self._last_completed is not None else self._started
-        if since is None:
-            return None
-        limit = self.stall_limit()
-        quiet = self._monotonic() - since
-        if quiet > limit:
-            return HealthCode.POLLER_STALLED, (f"no poll of Alertmanager completed for "
-                                               f"{quiet:.0f}s (over {limit:g}s)")
         return None
 
     def stall_limit(self) -> float:

@@ -28,6 +28,7 @@ from tests.support.remediator_harness import (
     HOST,
     TOKEN,
     Harness,
+    Orphan,
     Run,
     payload,
     spawn_orphan,
@@ -169,6 +170,18 @@ def _gauge(metrics: str, name: str) -> float:
     return float(line.split()[1])
 
 
+def hold_past_its_bound(h: Harness, clock: Clock, orphan: Orphan) -> float:
+    """The worker on `orphan`'s alert (held there by a slow NVML), and the clock moved past
+    the most one item may take, which it returns."""
+    assert h.post(payload(orphan.alert())).status_code == 200
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    wait_for(lambda: h.client.get("/state", headers=auth).get_json()["in_flight"],
+             timeout=10, what="the worker on the item")
+    _busy, limit = h.service.status.worker_busy()
+    clock.now += limit + 1
+    return limit
+
+
 def test_a_worker_on_one_item_past_its_bound_is_stuck_on_healthz_and_metrics(
         harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
     """The bounds above keep this from happening; if something still holds the worker
@@ -181,12 +194,7 @@ def test_a_worker_on_one_item_past_its_bound_is_stuck_on_healthz_and_metrics(
     assert _gauge(metrics, "gpuguard_remediator_worker_busy_seconds") == 0
     fake_gpu.set_delay_ms(300)
     try:
-        assert h.post(payload(orphan.alert())).status_code == 200
-        auth = {"Authorization": f"Bearer {TOKEN}"}
-        wait_for(lambda: h.client.get("/state", headers=auth).get_json()["in_flight"],
-                 timeout=10, what="the worker on the item")
-        _busy, limit = h.service.status.worker_busy()
-        clock.now += limit + 1
+        limit = hold_past_its_bound(h, clock, orphan)
         metrics = h.client.get("/metrics").get_data(as_text=True)
         assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 1
         assert _gauge(metrics, "gpuguard_remediator_worker_busy_seconds") > limit
@@ -319,3 +327,33 @@ def test_an_ipv6_url_without_a_port_reaches_its_peer() -> None:
         server.shutdown()
         server.server_close()
     assert answer.status == 200 and answer.body == b"[]"
+
+
+def test_a_stuck_worker_fails_the_liveness_probe_behind_an_unwritable_audit_log(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        full_disk: Path) -> None:
+    """/healthz answers one code, the first of several: a full disk's comes before a stuck
+    worker's. /-/healthy (the liveness probe) must still fail for the stuck worker, which
+    a restart mends; it used to look at /healthz's one code and answer 200."""
+    from gpuguard.remediator.cli import remediator_lifecycle
+    from gpuguard.remediator.status import HealthCode
+
+    clock = Clock()
+    h = harness(monotonic=clock, audit_log=str(full_disk / "audit.jsonl"))
+    probe = remediator_lifecycle(h.service, None, False)  # type: ignore[arg-type]
+    first = spawn_orphan(trees, fake_gpu)
+    assert h.post(payload(first.alert())).status_code == 200
+    h.settle()
+    assert h.client.get("/healthz").get_data(as_text=True) == "audit-log-unwritable\n"
+    assert probe.healthy() == (True, "gpuguard-remediator is Healthy. (/healthz: "
+                                     "audit-log-unwritable)")
+    second = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_delay_ms(300)
+    try:
+        hold_past_its_bound(h, clock, second)
+        assert h.client.get("/healthz").get_data(as_text=True) == "audit-log-unwritable\n"
+        assert probe.healthy() == (False, HealthCode.WORKER_STUCK)
+    finally:
+        fake_gpu.set_delay_ms(0)
+    h.settle()
+    assert first.all_alive() and second.all_alive()

@@ -139,3 +139,23 @@ def test_a_poller_that_completes_no_poll_is_stalled(peer: Callable[..., SlowPeer
     clock.now += 2
     problem = puller.problem()
     assert problem is not None and problem[0] == HealthCode.POLLER_STALLED, problem
+
+
+def test_a_poller_that_failed_and_then_completes_no_poll_is_stalled(
+        peer: Callable[..., SlowPeer]) -> None:
+    """Three failed polls, then none completes (a hung poll): that is a stalled poller,
+    which a restart mends, not only a failing one. The failing code used to be answered
+    first and hid the stall, so the liveness probe (/-/healthy) never restarted it. A
+    failing poller that still polls cannot look stalled: its back-off never exceeds the
+    interval, and the stall limit is three of them."""
+    server = peer(lambda n: Reply(status=503, body=b"busy"))
+    clock = Clock()
+    puller = Puller(Intake(), client(server.url, timeout=1), interval=10,  # type: ignore[arg-type]
+                    monotonic=clock)
+    for _ in range(FAILED_POLLS_UNHEALTHY):
+        assert puller.poll_once() is None
+    problem = puller.problem()
+    assert problem is not None and problem[0] == HealthCode.POLLER_FAILING, problem
+    clock.now += puller.stall_limit() + 1
+    problem = puller.problem()
+    assert problem is not None and problem[0] == HealthCode.POLLER_STALLED, problem
