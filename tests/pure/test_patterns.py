@@ -42,12 +42,14 @@ def re2_search(pattern: str, text: str) -> bool | None:
 PIECES = ["jupyter", "Stratum", "tcp", "a", "K", "s", "-", "/", " ", "|", "(", ")", "(?:",
           "(?i)", "(?-i)", "[", "]", "[12]", "[^a]", "[]a]", "[[:alpha:]]", "[(]", "[)]",
           "[|]", "?", "*", "+", "{2}", "{0}", "{1,3}", ".", "^", "$", "\\", "\\|", "\\(",
-          "\\)", "\\Q", "\\E", "\\+", "\\.", "\\d", "\\b", "\\pL", "ſ", "\u212a"]
+          "\\)", "\\Q", "\\E", "\\+", "\\.", "\\d", "\\b", "\\pL", "ſ", "\u212a",
+          "(?s)", "(?U)", "(?m)", "(?i:", "(?P<n>", "{,2}", "{2,}", "??", "\\x00", "\x00",
+          "\\x{61}", "\\A", "\\z", "\\C", "#", "<", "!", "="]
 #: Texts: the pieces again (as literal characters), and the case and Unicode folds RE2
 #: makes (the Kelvin sign is a k, the long s an s).
 TEXT_PIECES = ["jupyter", "JUPYTER", "stratum", "stratum1+tcp://", "Stratum2+TLS://", "a",
                "k", "K", "\u212a", "s", "ſ", "x", " ", "-", "/", "|", "(", ")", "[", "]",
-               ".", "+", "1", "2", "é"]
+               ".", "+", "1", "2", "é", "\x00", "\n", "#"]
 
 patterns = st.lists(st.sampled_from(PIECES), max_size=8).map("".join)
 texts = st.lists(st.sampled_from(TEXT_PIECES), max_size=8).map("".join)
@@ -78,6 +80,15 @@ def test_a_pattern_answers_what_re2_answers(pattern: str, some: list[str]) -> No
     ("ab(?i)?", "a", True),  # nor one before a flag group: the ? is the b's
     (r"ab\Q(\E|x\Q)\E", "ab(|x)", True),  # quoting: left to RE2
     ("ab[[:alpha:](]|x[[:alpha:])]", "xa", True),  # a bracket's ( is no group
+    ("", "python train.py", True),  # the empty pattern matches everything, as RE2's
+    ("ab(?i)(?i)?", "a", True),  # two flag groups: the ? is still the b's
+    ("ab(?-i)c", "ABc", True),  # (?-i) after the word: the word stays case-blind
+    ("ab(?-i)c", "ABC", False),
+    ("tmux{0}", "tmu", True),
+    ("tmux*?", "tmu", True),
+    ("jupyter", "x\x00JUPYTER", True),  # a NUL is an ASCII character like another
+    ("k", "\u212a", True),  # a plain word on a non-ASCII text is RE2's: it folds these
+    ("s", "\u017f", True),
 ])
 def test_words_and_required_words(pattern: str, text: str, expected: bool) -> None:
     assert compile_protect(pattern).search(text) is expected
