@@ -1664,6 +1664,15 @@ def test_the_cgroup_tier_through_a_user_manager_is_refused_with_why(rundir: Path
     assert "; the systemd user manager " in said, said
 
 
+def argv_of(pid: int) -> list[str] | None:
+    """A process's arguments, None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").split("\0")[:-1]
+
+
 def test_a_teardown_that_gives_up_leaves_the_tier_to_kill_what_is_left(tmp_path: Path) -> None:
     """CMD exits leaving a child that a tracer holds, which the teardown leaves alone (a
     traced member is not ours to stop). The launcher then exits without releasing its
@@ -1675,10 +1684,10 @@ def test_a_teardown_that_gives_up_leaves_the_tier_to_kill_what_is_left(tmp_path:
     tracer: subprocess.Popen[bytes] | None = None
     left = 0
     try:
+        # By its arguments: the loop's `sleep 0.05` has the same comm, and a tracer that
+        # seized one of those held CMD's wait for its exit, so the run never ended.
         left = int(str(wait_for(lambda: next(
-            (p for p in descendants_of(launcher.pid)
-             if (stat_fields(p) or {}).get("comm") == "sleep"
-             and (stat_fields(p) or {}).get("ppid") != launcher.pid), 0),
+            (p for p in descendants_of(launcher.pid) if argv_of(p) == ["sleep", "1000"]), 0),
             what="CMD's background sleep")))
         tracer = subprocess.Popen([sys.executable, "-m", "tests.support.tracer", str(left),
                                    str(tmp_path / "ready")], cwd=REPO, env=child_env())
