@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +24,10 @@ LIVE = Path(__file__).parent / "live"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--live-share", metavar="K/N", default=None,
-        help="of tests/live, run only the K-th of N shares (its files in name order, dealt "
-             "out in turn); the rest of the selection runs whole. .ci/run gives each of "
-             "the two compat interpreters one share (docs/development.md)")
+        help="of tests/live, run only the K-th of N shares (whole files, dealt so that each "
+             "share has about as many tests); the rest of the selection runs whole. "
+             ".ci/run gives each of the two compat interpreters one share "
+             "(docs/development.md)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -35,14 +37,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shape = re.fullmatch(r"([0-9]+)/([0-9]+)", str(share))  # not isdigit(): "²" is one
     if shape is None or not 1 <= int(shape[1]) <= int(shape[2]):
         raise pytest.UsageError(f"--live-share {share}: give K/N with 1 <= K <= N, e.g. 1/2")
-    k, n = shape[1], shape[2]
-    files = sorted({item.path for item in items if item.path.parent == LIVE})
-    kept = set(files[int(k) - 1::int(n)])
+    k, n = int(shape[1]), int(shape[2])
+    kept = live_shares([item.path for item in items if item.path.parent == LIVE], n)[k - 1]
     dropped = [item for item in items if item.path.parent == LIVE and item.path not in kept]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         gone = set(dropped)
         items[:] = [item for item in items if item not in gone]
+
+
+def live_shares(paths: list[Path], n: int) -> list[set[Path]]:
+    """The files of `paths` (one entry per test) dealt into `n` shares of about as many
+    tests each: the file with the most tests first, each to the share that has fewest so
+    far (ties: the first share; files in name order among equals). The same collection
+    deals the same shares, whichever share is asked for."""
+    counts = Counter(paths)
+    shares: list[set[Path]] = [set() for _ in range(n)]
+    loads = [0] * n
+    for path in sorted(counts, key=lambda p: (-counts[p], p.name)):
+        lightest = loads.index(min(loads))
+        shares[lightest].add(path)
+        loads[lightest] += counts[path]
+    return shares
 
 
 def pytest_configure(config: pytest.Config) -> None:
