@@ -57,6 +57,14 @@ def stopped(pid: int) -> bool:
     return state(pid) in ("T", "t")
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it is stopped: the stop is the target's own doing, the
+    next time it runs, so a read of its state right after kill() can still say S (4 in 300
+    reads here; on a busy 2-core CI runner it failed an assert a whole wait later)."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: stopped(pid), what=f"{pid} to stop")
+
+
 def pidfds(pid: int) -> dict[int, int]:
     """fd -> the pid it names, for every pidfd `pid` holds (-1: its process has exited)."""
     held = {}
@@ -281,8 +289,7 @@ def sleepers() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
         # A session of its own: stopped in the runner's process group, which is orphaned
         # under CI (its session's only group), a sleeper is sent SIGHUP and SIGCONT by the
         # kernel whenever another test's process in that group exits with its parent in
-        # another group of the session (POSIX's orphaned process group rule). That killed
-        # a held sleeper mid-test in a CI run.
+        # another group of the session (POSIX's orphaned process group rule).
         made.append(subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
                                      start_new_session=True))
         return made[-1]
@@ -306,7 +313,7 @@ def test_the_guardian_holds_pidfds_that_stop_naming_a_pid_once_it_is_free(
             fd = os.pidfd_open(proc.pid)
             guardian.hold(proc.pid, fd)
             os.close(fd)
-            os.kill(proc.pid, signal.SIGSTOP)
+            stop(proc.pid)
         gpid = guardian.pid
         assert gpid is not None
         print(f"\nguardian ready {guardian.started_ms:.1f} ms after its spawn")
@@ -334,7 +341,7 @@ def test_the_guardian_ignores_a_stop_and_lets_go_of_what_the_reaper_continued(
         fd = os.pidfd_open(proc.pid)
         guardian.hold(proc.pid, fd)
         os.close(fd)
-        os.kill(proc.pid, signal.SIGSTOP)
+        stop(proc.pid)
 
     try:
         hold(held)
