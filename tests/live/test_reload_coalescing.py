@@ -93,7 +93,8 @@ def test_sighups_during_a_reload_coalesce_and_the_last_file_wins(
         assert ["configuration reloaded" in got[0], "reload refused" in got[1],
                 "configuration reloaded" in got[2]] == [True, True, True], got
         assert successful() == 1
-        assert _threads(pid) == before
+        # The reload thread logs its outcome before it returns and leaves /proc/PID/task.
+        wait_for(lambda: _threads(pid) == before, what="no thread left over from the reloads")
         assert rem.proc.poll() is None
     finally:
         rem.stop()

@@ -162,6 +162,13 @@ def confirming(tmp_path: Path, gate: FreezeGate) -> Path:
                         alertmanager={"url": gate.url, "timeout_seconds": 60})
 
 
+def holds(guardian: int, pids: list[int]) -> None:
+    """Wait until `guardian` holds a pidfd of each of `pids` and of nothing else: the
+    reaper's hold() only queues one on the socket, which the guardian reads when it runs."""
+    wait_for(lambda: sorted(pidfds(guardian).values()) == sorted(pids),
+             what=f"the guardian to hold pidfds of {sorted(pids)}")
+
+
 def assert_thawed_after_sigkill(reaper: subprocess.Popen[Any], members: list[int]) -> float:
     """SIGKILL the reaper; every member back to S (sleeping) within THAW_SECONDS."""
     reaper.kill()
@@ -204,7 +211,7 @@ def test_a_remediator_sigkilled_mid_freeze_leaves_nothing_stopped(
 
         # It holds a pidfd of each member, and of its reaper: never a bare pid.
         guardian = guardian_of(server.proc.pid)
-        assert sorted(pidfds(guardian).values()) == sorted([*tree.members, server.proc.pid])
+        holds(guardian, [*tree.members, server.proc.pid])
         # The SIGTERM a unit's stop sends the whole cgroup (and a terminal's signals) leave
         # it in place: it acts on its reaper's going, not on being told to stop.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -241,7 +248,7 @@ def test_gpuguard_reap_sigkilled_mid_freeze_leaves_nothing_stopped(
     try:
         assert gate.held.wait(30), "the reap never asked Alertmanager with the tree frozen"
         guardian = guardian_of(reap.pid)
-        assert sorted(pidfds(guardian).values()) == sorted([*tree.members, reap.pid])
+        holds(guardian, [*tree.members, reap.pid])
         assert_thawed_after_sigkill(reap, tree.members)
         assert tree.all_alive()
         wait_for(lambda: not alive(guardian), what="the guardian to exit once it thawed")
