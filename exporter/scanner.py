@@ -15,7 +15,6 @@ processes under WDDM: there the `nvml` is WddmNvml, which adds WDDM's figures
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +43,13 @@ from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
-from gpuguard.host.users import USERS, UserNames, label_names
+from gpuguard.host.users import (
+    FAILURE_TTL_SECONDS,
+    USERS,
+    UserNames,
+    label_groups,
+    label_names,
+)
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
 from gpuguard.orphans.process import ProcInfo
@@ -154,43 +159,39 @@ class GroupCache:
 
     Asked only for users who hold GPU memory, have no quota of their own and when some
     group has one; an answer is kept for `ttl` seconds, so a membership change shows
-    within that time without a lookup per scan.
+    within that time without a lookup per scan. Asked on the scan thread, so each lookup
+    is bounded as the user labels' are (users.label_groups): a lookup NSS does not answer
+    in time counts as no groups (the user's own quota or "*" applies) for `failure_ttl`.
     """
 
     def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
-                 nss: bool = PLATFORM.nss_groups) -> None:
+                 nss: bool = PLATFORM.nss_groups,
+                 lookup: Callable[[str], frozenset[str]] | None = None,
+                 failure_ttl: float = FAILURE_TTL_SECONDS) -> None:
         """`nss`: the platform has NSS groups (Windows has none: only per-user quotas and
-        "*" apply there)."""
+        "*" apply there). `lookup`: user -> group names, bounded by default."""
         self._nss = nss
         self._ttl = ttl
+        self._failure_ttl = failure_ttl
         self._clock = clock
-        self._cache: dict[str, tuple[float, frozenset[str]]] = {}
+        self._lookup = lookup if lookup is not None else label_groups()
+        #: user -> (asked at, group names, whether NSS answered)
+        self._cache: dict[str, tuple[float, frozenset[str], bool]] = {}
         self.lookups = 0
 
     def __call__(self, user: str) -> frozenset[str]:
         if not self._nss:
             return frozenset()
-        import grp  # NSS's users and groups: neither module exists on Windows
-        import pwd
-
         now = self._clock()
         hit = self._cache.get(user)
-        if hit is not None and now - hit[0] < self._ttl:
+        if hit is not None and now - hit[0] < (self._ttl if hit[2] else self._failure_ttl):
             return hit[1]
         self.lookups += 1
-        names: set[str] = set()
         try:
-            entry = pwd.getpwnam(user)
-            gids = os.getgrouplist(user, entry.pw_gid)
-        except (KeyError, OSError):
-            gids = []  # a uid without a passwd entry: no groups, only the default applies
-        for gid in gids:
-            try:
-                names.add(grp.getgrgid(gid).gr_name)
-            except KeyError:
-                continue
-        groups = frozenset(names)
-        self._cache[user] = (now, groups)
+            groups, answered = self._lookup(user), True
+        except (TimeoutError, KeyError, OSError):
+            groups, answered = frozenset(), False
+        self._cache[user] = (now, groups, answered)
         return groups
 
 

@@ -24,9 +24,11 @@ Two resolvers, for two kinds of use:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -49,21 +51,47 @@ def passwd_name(uid: int) -> str:
     return pwd.getpwuid(uid).pw_name
 
 
-class BoundedLookup:
-    """`lookup(uid)` on a worker thread, waited for at most `timeout` seconds.
+def group_names(user: str) -> frozenset[str]:
+    """NSS's names of the groups `user` is in (primary and supplementary); none for a
+    user without a passwd entry. A gid without a name is left out."""
+    import grp  # POSIX only, like pwd
+    import pwd
+
+    try:
+        gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
+    except (KeyError, OSError):
+        return frozenset()  # a uid without a passwd entry: no groups, only the default applies
+    names: set[str] = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return frozenset(names)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedLookup(Generic[K, V]):
+    """`lookup(key)` on a worker thread, waited for at most `timeout` seconds.
 
     NSS calls cannot be interrupted: one that overruns is abandoned to finish (or not)
     on its daemon thread, and TimeoutError is raised. At most `max_abandoned` such
     threads are left running; while that many still hang, no lookup is started (a hung
-    SSSD cannot make threads pile up) and TimeoutError is raised at once.
+    SSSD cannot make threads pile up) and TimeoutError is raised at once. `what` and
+    `meanwhile` word the warning: NSS did not name WHAT KEY within T: MEANWHILE.
     """
 
-    def __init__(self, lookup: Callable[[int], str] = passwd_name, *,
+    def __init__(self, lookup: Callable[[K], V], *,
                  timeout: float = LOOKUP_TIMEOUT_SECONDS,
-                 max_abandoned: int = MAX_ABANDONED) -> None:
+                 max_abandoned: int = MAX_ABANDONED, what: str = "uid",
+                 meanwhile: str = "shown as its number") -> None:
         self._lookup = lookup
         self._timeout = timeout
         self._max = max(0, max_abandoned)
+        self._what, self._meanwhile = what, meanwhile
         self._lock = threading.Lock()
         self._abandoned = 0
 
@@ -73,16 +101,16 @@ class BoundedLookup:
         with self._lock:
             return self._abandoned
 
-    def __call__(self, uid: int) -> str:
+    def __call__(self, key: K) -> V:
         with self._lock:
             if self._abandoned >= self._max:
-                raise TimeoutError(f"{self._abandoned} name lookups still hang: uid {uid} "
-                                   "not asked")
-        call = _Call()
+                raise TimeoutError(f"{self._abandoned} NSS lookups still hang: {self._what} "
+                                   f"{key} not asked")
+        call: _Call[V] = _Call()
 
         def run() -> None:
             try:
-                call.result = self._lookup(uid)
+                call.result = self._lookup(key)
             except BaseException as exc:  # handed to the waiting caller, never lost
                 call.error = exc
             with self._lock:
@@ -91,16 +119,16 @@ class BoundedLookup:
                     self._abandoned -= 1
             call.finished.set()
 
-        threading.Thread(target=run, name=f"gpuguard-nss-{uid}", daemon=True).start()
+        threading.Thread(target=run, name=f"gpuguard-nss-{key}", daemon=True).start()
         if not call.finished.wait(self._timeout):
             with self._lock:
                 if not call.done:
                     call.abandoned = True
                     self._abandoned += 1
-                    log.warning("NSS did not name uid %d within %gs: shown as its number "
-                                "(%d lookups left running)", uid, self._timeout,
+                    log.warning("NSS did not name %s %s within %gs: %s (%d lookups left "
+                                "running)", self._what, key, self._timeout, self._meanwhile,
                                 self._abandoned)
-                    raise TimeoutError(f"NSS did not name uid {uid} within "
+                    raise TimeoutError(f"NSS did not name {self._what} {key} within "
                                        f"{self._timeout:g}s")
         if call.error is not None:
             raise call.error
@@ -108,14 +136,14 @@ class BoundedLookup:
         return call.result
 
 
-class _Call:
+class _Call(Generic[V]):
     """One bounded lookup's outcome, shared by its worker thread and its caller."""
 
     def __init__(self) -> None:
         self.finished = threading.Event()
         self.done = False  # under BoundedLookup's lock, with `abandoned`
         self.abandoned = False
-        self.result: str | None = None
+        self.result: V | None = None
         self.error: BaseException | None = None
 
 
@@ -178,6 +206,13 @@ def label_names(lookup: Callable[[int], str] = passwd_name) -> UserNames:
     """A resolver for labels only (the exporter's): bounded lookups, failures remembered
     for FAILURE_TTL_SECONDS. Never for a decision: those ask USERS."""
     return UserNames(lookup=BoundedLookup(lookup), failure_ttl=FAILURE_TTL_SECONDS)
+
+
+def label_groups(lookup: Callable[[str], frozenset[str]] = group_names
+                 ) -> BoundedLookup[str, frozenset[str]]:
+    """The exporter's group lookup (for accounting quotas), bounded as label_names's."""
+    return BoundedLookup(lookup, what="the groups of",
+                         meanwhile="only the user's own quota or \"*\" applies")
 
 
 #: The resolver of decisions (and the console's display); tests build their own with an

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.exporter.cli import make_app
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner
+from gpuguard.exporter.scanner import GroupCache, Scanner
 from gpuguard.host.counters import Counters
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
@@ -31,6 +31,7 @@ from gpuguard.host.users import (
     USERS,
     BoundedLookup,
     UserNames,
+    group_names,
     label_names,
 )
 from gpuguard.orphans.rules_config import Rules
@@ -239,3 +240,54 @@ def test_no_decision_path_imports_the_label_resolver() -> None:
                                                                      "BoundedLookup"):
                     offenders.append(f"{path.relative_to(REPO)}: {node.attr}")
     assert offenders == []
+
+
+# -- group names (accounting quotas), asked on the scan thread too -------------------------
+
+
+class HangingGroups:
+    """NSS's group lookup hanging until `release` is set, then answering `groups`."""
+
+    def __init__(self, *groups: str) -> None:
+        self.release = threading.Event()
+        self.groups = frozenset(groups)
+        self.asked: list[str] = []
+
+    def __call__(self, user: str) -> frozenset[str]:
+        self.asked.append(user)
+        self.release.wait(60)
+        return self.groups
+
+
+def test_a_hung_group_lookup_costs_a_scan_its_bound_once_a_minute() -> None:
+    """Before, GroupCache called getgrouplist() on the scan thread with no bound: a hung
+    SSSD held every scan. Now the scan waits the bound, the user counts as in no group
+    (their own quota or "*" applies) for FAILURE_TTL_SECONDS, then NSS is asked again."""
+    nss = HangingGroups("staff")
+    clock = Clock()
+    groups = GroupCache(clock=clock, nss=True, lookup=BoundedLookup(
+        nss, timeout=0.05, what="the groups of", meanwhile="no group quota applies"))
+    try:
+        started = time.monotonic()
+        assert groups("alice") == frozenset()
+        assert time.monotonic() - started < 1.0
+        clock.now += FAILURE_TTL_SECONDS - 1
+        assert groups("alice") == frozenset() and nss.asked == ["alice"]  # not asked again
+    finally:
+        nss.release.set()
+    clock.now += 1
+    wait_for(lambda: groups("alice") == {"staff"}, what="the groups once NSS answers")
+    asked = len(nss.asked)
+    clock.now += 299
+    assert groups("alice") == {"staff"} and len(nss.asked) == asked  # an answer: 5 minutes
+
+
+def test_the_exporters_group_lookup_is_bounded_and_asks_nss() -> None:
+    assert isinstance(GroupCache()._lookup, BoundedLookup)
+    import grp
+    import pwd
+
+    me = pwd.getpwuid(os.getuid())
+    assert grp.getgrgid(me.pw_gid).gr_name in group_names(me.pw_name)
+    assert group_names("no-such-user-gpuguard-test") == frozenset()
+    assert GroupCache(nss=False, lookup=HangingGroups())("alice") == frozenset()
