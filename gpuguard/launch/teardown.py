@@ -45,6 +45,7 @@ class Teardown:
     killed: tuple[Member, ...] = ()
     survivors: tuple[Member, ...] = ()  # survived SIGKILL
     refused: tuple[Member, ...] = ()  # the kernel refused their SIGSTOP: left untouched
+    exited: tuple[Member, ...] = ()  # refused so, and gone by the teardown's end
     problems: tuple[str, ...] = ()  # reaps that refused or failed, and why; each once
 
 
@@ -57,9 +58,10 @@ def launcher_words(detail: str) -> str:
 
 
 def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
-              rounds: int = 0) -> Teardown:
+              rounds: int = 0, ended: frozenset[tuple[int, int]] = frozenset()) -> Teardown:
     """`left`: children still below the launcher after the last of `rounds` rounds, not
-    accounted for."""
+    accounted for. `ended`: the (pid, start time) of released members that no longer run
+    at the end (they exited while the teardown watched them): not survivors."""
     killed: list[Member] = []
     survivors: list[Member] = []
     refused: list[Member] = []
@@ -79,7 +81,8 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
         if (member.pid, member.start_time) not in seen:
             seen.add((member.pid, member.start_time))
             once.append(member)
-    refused = once
+    exited = [m for m in once if (m.pid, m.start_time) in ended]
+    refused = [m for m in once if (m.pid, m.start_time) not in ended]
     for result in results:
         if (result.outcome not in (Outcome.REAPED, Outcome.FAILED)
                 and result.reason not in ("root-gone", "root-replaced")):  # exited: fine
@@ -90,12 +93,14 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
         problems.append(f"{len(left)} process(es) still below the launcher after "
                         f"{rounds} rounds (the tree kept handing it new children for "
                         f"{MORE_ROUNDS_SECONDS:g} s)")
-    return Teardown(tuple(killed), tuple(survivors), tuple(refused), tuple(problems))
+    return Teardown(tuple(killed), tuple(survivors), tuple(refused), tuple(exited),
+                    tuple(problems))
 
 
 def teardown_line(why: str, teardown: Teardown) -> str | None:
     """The one stderr line a teardown writes; None when there was nothing to reap."""
-    if not (teardown.killed or teardown.survivors or teardown.refused or teardown.problems):
+    if not (teardown.killed or teardown.survivors or teardown.refused or teardown.exited
+            or teardown.problems):
         return None
 
     def names(members: Sequence[Member]) -> str:
@@ -109,6 +114,9 @@ def teardown_line(why: str, teardown: Teardown) -> str | None:
         parts.append(f"{len(teardown.refused)} survived, not signalled (the kernel refused "
                      "the launcher's SIGSTOP: another user's process, such as a setuid-root "
                      f"program; needs root or CAP_KILL): {names(teardown.refused)}")
+    if teardown.exited:
+        parts.append(f"{len(teardown.exited)} not signalled (the kernel refused the "
+                     f"launcher's SIGSTOP) exited on their own: {names(teardown.exited)}")
     parts += teardown.problems
     return "; ".join(parts)
 
@@ -232,7 +240,9 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
         collect_zombies()
         if more_until is None:
             more_until = time.monotonic() + MORE_ROUNDS_SECONDS
-    return summarise(results, left, rounds)
+    view = ProcessView(counters=counters)  # a zombie is gone: not is_live
+    ended = released - {m.identity for m in released_alive(view, released)}
+    return summarise(results, left, rounds, frozenset(ended))
 
 
 def may_signal(pid: int) -> bool:

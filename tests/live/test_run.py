@@ -89,6 +89,12 @@ int main(int argc, char **argv) {
     uid_t user = getuid();
     pid_t cmd = getppid();
     if (argc < 2 || setresuid(0, 0, 0) != 0 || note(argv[1])) return 1;
+    if (argc == 3 && strcmp(argv[2], "exit-after-cmd") == 0) {
+        /* Root while CMD runs, then exits on its own 300 ms after CMD is gone. */
+        while (!gone(cmd)) usleep(2000);
+        usleep(300000);
+        return 0;
+    }
     if (argc == 4 && strcmp(argv[3], "cmd-gone") == 0) {
         /* A child that stays root (beyond the launcher's reach) while CMD runs, then
            becomes the user's: DIR/late once it is root, DIR/late.user once it is not. */
@@ -189,6 +195,8 @@ for action in actions:
         note("stubborn", subprocess.Popen(["sleep", "3600"], preexec_fn=ignore_sigterm).pid)
     elif action.startswith("setuid="):  # a setuid-root program: DIR/setuid once it is root
         subprocess.Popen([action[7:], os.path.join(d, "setuid")])
+    elif action.startswith("setuid-exit="):  # the same; it exits 300 ms after CMD is gone
+        subprocess.Popen([action[12:], os.path.join(d, "setuid"), "exit-after-cmd"])
     elif action.startswith("setuid-late="):  # the same; 1 s later it forks DIR/late (user's)
         subprocess.Popen([action[12:], os.path.join(d, "setuid"), os.path.join(d, "late"),
                           "1000"])
@@ -950,6 +958,24 @@ def test_a_member_that_drops_root_after_its_stop_was_refused_is_reaped(
                          "another user's process, such as a setuid-root program; needs root or "
                          f"CAP_KILL): {rootly} (setuid-root)"), line
     assert (stat_fields(rootly) or {}).get("state") == "S"
+
+
+def test_a_member_let_go_of_that_exits_during_the_watch_is_not_called_a_survivor(
+        trees: Trees, rundir: Path, setuid_helper: tuple[tuple[str, ...], Path]) -> None:
+    """The teardown watches a member it could not stop for 1 s; one that exits on its own
+    meanwhile was reported "survived, not signalled", as if it still ran."""
+    prefix, helper = setuid_helper
+    run = Launch(trees, rundir, [f"setuid-exit={helper}", "child"],
+                 options=(*SUBREAPER, "--grace", "0.5"), prefix=prefix)
+    rootly, child = run.pid("setuid"), run.pid("child")
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    assert not alive(run.cmd) and not alive(child) and not alive(rootly)
+    (line,) = run.stderr()
+    assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
+    assert "survived" not in line, line
+    assert line.endswith("1 not signalled (the kernel refused the launcher's SIGSTOP) exited "
+                         f"on their own: {rootly} (setuid-root)"), line
 
 
 def test_a_tree_of_one_unsignalable_process_reports_no_kill(

@@ -44,3 +44,19 @@ def test_a_member_released_then_reaped_is_reported_reaped_only() -> None:
     line = teardown_line("CMD exited with status 0", teardown)
     assert line == ("gpuguard run: CMD exited with status 0: reaped 2 process(es): "
                     "100 (python), 200 (setuid-root)")
+
+
+def test_a_released_member_that_exited_by_the_end_is_not_called_a_survivor() -> None:
+    """A member let go of (its SIGSTOP refused) that exited while the teardown watched
+    it was reported "survived, not signalled", as if it still ran."""
+    first = ReapResult(Outcome.REAPED, members=(CMD,), released=(ROOTLY,))
+    teardown = summarise([first], [], rounds=1, ended=frozenset({(200, 7)}))
+    assert not teardown.refused and [m.pid for m in teardown.exited] == [200]
+    line = teardown_line("CMD exited with status 0", teardown)
+    assert line == ("gpuguard run: CMD exited with status 0: reaped 1 process(es): "
+                    "100 (python); 1 not signalled (the kernel refused the launcher's "
+                    "SIGSTOP) exited on their own: 200 (setuid-root)")
+    # Another process at that pid (a later start time) is not the one that exited.
+    later = ReapResult(Outcome.REAPED, members=(), released=(REUSED,))
+    teardown = summarise([first, later], [], rounds=2, ended=frozenset({(200, 7)}))
+    assert [(m.pid, m.start_time) for m in teardown.refused] == [(200, 99)]
