@@ -170,6 +170,12 @@ def _gauge(metrics: str, name: str) -> float:
     return float(line.split()[1])
 
 
+#: Each NVML call's delay while a test holds the worker: the worker sees the moved clock
+#: (and gives the item up) only once its call returns, so this is how long the test has
+#: to read "stuck" after moving it (300 ms left a starved test thread too little).
+HOLD_MS = 1500
+
+
 def hold_past_its_bound(h: Harness, clock: Clock, orphan: Orphan) -> float:
     """The worker on `orphan`'s alert (held there by a slow NVML), and the clock moved past
     the most one item may take, which it returns."""
@@ -192,7 +198,7 @@ def test_a_worker_on_one_item_past_its_bound_is_stuck_on_healthz_and_metrics(
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert _gauge(metrics, "gpuguard_remediator_worker_stuck") == 0
     assert _gauge(metrics, "gpuguard_remediator_worker_busy_seconds") == 0
-    fake_gpu.set_delay_ms(300)
+    fake_gpu.set_delay_ms(HOLD_MS)
     try:
         limit = hold_past_its_bound(h, clock, orphan)
         metrics = h.client.get("/metrics").get_data(as_text=True)
@@ -348,7 +354,7 @@ def test_a_stuck_worker_fails_the_liveness_probe_behind_an_unwritable_audit_log(
     assert probe.healthy() == (True, "gpuguard-remediator is Healthy. (/healthz: "
                                      "audit-log-unwritable)")
     second = spawn_orphan(trees, fake_gpu)
-    fake_gpu.set_delay_ms(300)
+    fake_gpu.set_delay_ms(HOLD_MS)
     try:
         hold_past_its_bound(h, clock, second)
         assert h.client.get("/healthz").get_data(as_text=True) == "audit-log-unwritable\n"

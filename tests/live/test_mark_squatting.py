@@ -239,7 +239,8 @@ def test_a_run_name_taken_before_the_launcher_registers_does_not_detach_it(
                              else "no stderr") from None
     trees.pids.append((daemon, stat_fields(daemon)))
     trees.pids.append((pre, stat_fields(pre)))
-    assert (stat_fields(daemon) or {}).get("ppid") == pre  # adopted by the launcher
+    # Adopted by the launcher once the middle process has exited, on its own time.
+    wait_for(lambda: (stat_fields(daemon) or {}).get("ppid") == pre, what="the adoption")
     assert os.stat(f"/proc/{daemon}").st_uid == ALICE
     assert set(Path(f"/proc/{daemon}/environ").read_bytes()) == {0}
     assert (site.marks / name).stat().st_uid == 0, (d / "stderr").read_text()

@@ -211,7 +211,10 @@ def test_the_remediator_never_reaps_a_launcher_exited_tree_once_its_record_is_go
     answer = account(h.post(payload(alert(orphan.root, orphan.root_start))))
     assert answer["status"] == "accepted", answer
     h.settle()
-    (again,) = [d for d in h.decisions(orphan.root) if d["source"] == "worker"][-1:]
+    # recent_decisions is newest first: the re-inspection's, then the first delivery's
+    # (taking the last of them checked the first decision twice).
+    again, earlier = [d for d in h.decisions(orphan.root) if d["source"] == "worker"]
+    assert again["fingerprint"] != earlier["fingerprint"], (again, earlier)
     assert again["reason"] == "reason-not-allowed" and "launcher-exited" in again["detail"]
     assert h.service.counts()["refusals_repeated"] == 1  # the same refusal: counted
 

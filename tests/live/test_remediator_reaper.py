@@ -245,7 +245,9 @@ def test_a_child_born_during_the_term_wait_is_recorded_before_it_is_signalled(
     sibling = orphan.tree.pid("sibling")
     written = Written()
     result = reap(plan_for(orphan, nvml, extra=(sibling,)), nvml, journal=written,
-                  policy=dataclasses.replace(POLICY, term_timeout_seconds=1.0))
+                  # The sibling's handler must fork within the TERM wait: 3 s of margin
+                  # on a loaded runner (it ignores TERM after, so the test waits it out).
+                  policy=dataclasses.replace(POLICY, term_timeout_seconds=3.0))
     child = int(wait_for(lambda: Path(f"{orphan.tree.dir}/sibling.child").read_text()
                          if Path(f"{orphan.tree.dir}/sibling.child").exists() else "",
                          what="the cleanup child's pid"))
