@@ -8,8 +8,11 @@ Here the exporter listens on a Unix socket beside the directory; `gpuguard keep`
 cannot forge), and the registrar writes the file only when the caller is root or owns
 the process that pid and start time still name, into a directory only the daemons' user
 may write. One thread serves every connection without blocking: a client that connects
-and says nothing holds one slot until its deadline, and a user holds at most
-PER_UID slots, so a neighbour cannot keep others out.
+and says nothing holds one slot until its deadline, and a uid holds at most PER_UID
+slots. A neighbour with many uids (the subordinate uids of a user namespace) can still
+fill all MAX_CONNECTIONS: then a newcomer whose uid holds fewer than the most any uid
+holds takes the slot of that uid's oldest connection, so no set of uids keeps out one
+that holds less.
 
 Protocol (one line each way, ASCII):
     register KIND PID START_TIME | unregister KIND PID START_TIME
@@ -175,8 +178,10 @@ class Registrar:
 
     def __init__(self, directory: str, socket_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 prune_every: int = PRUNE_EVERY) -> None:
+                 prune_every: int = PRUNE_EVERY,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.directory = directory
+        self._max_connections = max(1, max_connections)
         self._prune_every = prune_every
         self._written = 0
         self.socket_path = socket_path or registrar_socket(directory)
@@ -191,6 +196,8 @@ class Registrar:
         self._pending: dict[int, _Pending] = {}
         #: Answers given, by result (registered, removed, or a refusal code).
         self.served: dict[str, int] = {}
+        #: Silent connections closed to give their slot to a uid that held fewer.
+        self.evicted = 0
 
     def start(self) -> None:
         """Bind the socket (mode 0666: any local user may ask) and serve in a thread.
@@ -244,6 +251,11 @@ class Registrar:
                 end.close()
         self._selector.close()
 
+    @property
+    def connections(self) -> int:
+        """Connections accepted and not yet answered or closed."""
+        return len(self._pending)
+
     def _now(self) -> float:
         return self._clock()
 
@@ -284,14 +296,34 @@ class Registrar:
             except OSError:
                 sock.close()  # no credentials, no registration
                 continue
-            held = sum(1 for p in self._pending.values() if p.caller.uid == caller.uid)
-            if held >= PER_UID or len(self._pending) >= MAX_CONNECTIONS:
+            if not self._admit(caller.uid):
                 sock.close()  # a flood from one uid fills its own slots, not others'
                 continue
             sock.setblocking(False)
             self._pending[sock.fileno()] = _Pending(sock, caller,
                                                     self._now() + REQUEST_DEADLINE)
             self._selector.register(sock, selectors.EVENT_READ, "client")
+
+    def _admit(self, uid: int) -> bool:
+        """Whether a connection of `uid` gets a slot: fewer than PER_UID of its own, and
+        a free slot, or else the oldest connection of the uid holding the most, when that
+        is more than `uid` holds (it is closed unanswered, as its deadline would)."""
+        held: dict[int, int] = {}
+        for pending in self._pending.values():
+            held[pending.caller.uid] = held.get(pending.caller.uid, 0) + 1
+        mine = held.get(uid, 0)
+        if mine >= PER_UID:
+            return False
+        if len(self._pending) < self._max_connections:
+            return True
+        most = max(held.values())
+        if most <= mine:
+            return False
+        fd, _ = min(((fd, p) for fd, p in self._pending.items() if held[p.caller.uid] == most),
+                    key=lambda item: item[1].deadline)
+        self._close(fd)
+        self.evicted += 1
+        return True
 
     def _read(self, sock: socket.socket) -> None:
         pending = self._pending.get(sock.fileno())

@@ -339,6 +339,12 @@ SILENT = ("import socket, sys, time\n"
           "print('ready', flush=True); time.sleep(60)\n")
 
 
+#: Connects and says nothing: prints `closed` once the registrar closes it unanswered.
+CLOSED = ("import socket, sys\n"
+          "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(10)\n"
+          "print('closed' if s.recv(1) == b'' else 'answered', flush=True)\n")
+
+
 def test_a_neighbour_holding_connections_open_does_not_keep_the_owner_out(
         site: Site, exporter: Callable[[], Exporter], trees: Trees,
         fake_gpu: FakeGpuWorld) -> None:
@@ -361,6 +367,40 @@ def test_a_neighbour_holding_connections_open_does_not_keep_the_owner_out(
     finally:
         bob.kill()
         bob.wait(timeout=10)
+    tree = one_tree(orphan.root, rules=site.rules())
+    assert (tree.verdict, tree.reason) == ("protected", Reason.KEEP_MARKER), tree.evidence
+
+
+def test_a_neighbour_with_many_uids_filling_every_slot_does_not_keep_the_owner_out(
+        site: Site, trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Bob's subordinate uids (a user namespace maps him 65,536 of them) hold 4 silent
+    connections each until every slot is taken: Alice's registration used to be closed
+    unanswered; now it takes the slot of the oldest connection of a uid holding more."""
+    assert ensure_marks_dir(str(site.marks)) is None
+    registrar = Registrar(str(site.marks), max_connections=8)
+    registrar.start()
+    sock = registrar.socket_path
+    orphan = alice_orphan(trees, fake_gpu)
+    bobs = [subprocess.Popen([*as_user(uid), sys.executable, "-c", SILENT, sock, "4"],
+                             stdout=subprocess.PIPE, text=True) for uid in (BOB, BOB + 1)]
+    try:
+        for bob in bobs:
+            assert bob.stdout is not None and bob.stdout.readline().strip() == "ready"
+        wait_for(lambda: registrar.connections == 8, what="every slot taken")
+        # A uid at its own limit takes nobody's slot: its fifth connection is closed.
+        fifth = subprocess.run([*as_user(BOB + 1), sys.executable, "-c", CLOSED, sock],
+                               capture_output=True, text=True, timeout=30, check=False)
+        assert fifth.stdout.strip() == "closed", fifth
+        assert registrar.evicted == 0 and registrar.connections == 8
+        kept = site.gpuguard(ALICE, "keep", str(orphan.root))
+        assert kept.returncode == 0, kept.stderr
+        assert registrar.evicted == 1  # one of Bob's, closed unanswered
+        wait_for(lambda: registrar.connections == 7, what="Alice's connection closed")
+    finally:
+        for bob in bobs:
+            bob.kill()
+            bob.wait(timeout=10)
+        registrar.stop()
     tree = one_tree(orphan.root, rules=site.rules())
     assert (tree.verdict, tree.reason) == ("protected", Reason.KEEP_MARKER), tree.evidence
 
