@@ -29,7 +29,7 @@ CALLSITES: tuple[str, ...] = (
     "proc_list",  # the /proc listing of the unlisted-holder search (only with memory unattributed)
     "proc_fd_search",  # /proc/PID/fd listed and its entries stat()ed by that search
     "nvml_init",
-    "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name
+    "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name, MIG mode
     "nvml_processes",  # running compute/graphics processes; per-process utilization samples
 )
 

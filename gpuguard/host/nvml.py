@@ -135,6 +135,8 @@ class Nvml:
         self._use_calls: dict[str, tuple[str, ...]] = {}
         self._last_seen: dict[str, int] = {}
         self._use_warned: set[tuple[str, int]] = set()
+        #: GPUs that cannot be in MIG mode (NOT_SUPPORTED, or the driver lacks the call).
+        self._no_mig: set[str] = set()
         self._initialised = False
         self._driver_version: str | None = None
         self._warned = False
@@ -196,6 +198,7 @@ class Nvml:
         self._driver_version = None
         self._use_calls.clear()  # a driver that comes back may be another one
         self._last_seen.clear()
+        self._no_mig.clear()
         self._identities.clear()
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -382,6 +385,9 @@ class Nvml:
         Errors are logged once per GPU and code and leave the answer unknown; they are
         not scan errors (a reap that does not ask for idleness must not be refused).
         """
+        mig = self._mig(index, uuid, handle)
+        if mig is not False:  # on, or NVML cannot say: samples would not be per process
+            return None
         calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
         since = self._last_seen.get(uuid, 0)
         while calls:
@@ -395,14 +401,41 @@ class Nvml:
                     calls = self._use_calls[uuid] = calls[1:]
                     continue
                 self._raise_if_gone(index, "nvml_processes", err)
-                if (uuid, err.value) not in self._use_warned:
-                    self._use_warned.add((uuid, err.value))
-                    log.warning("GPU %d: per-process utilization unavailable: %s", index, err)
+                self._warn_use(index, uuid, err.value, str(err))
                 return None
             if samples:
                 self._last_seen[uuid] = max(since, *(int(s.timeStamp) for s in samples))
             return frozenset(int(s.pid) for s in samples if int(s.smUtil) > 0)
         return None  # neither call: MIG, vGPU, or a GPU too old to sample processes
+
+    def _mig(self, index: int, uuid: str, handle: Any) -> bool | None:
+        """Whether MIG is on (current or pending mode) on this GPU; None when NVML cannot
+        say. Neither utilization call gives per-process samples under MIG, and what one
+        would answer there (NOT_FOUND reads as "nobody used an SM") must not make a busy
+        job idle, so the mode is asked on every read rather than left to the driver. A
+        GPU or driver without MIG (NOT_SUPPORTED, no such call) is not asked again."""
+        if uuid in self._no_mig:
+            return False
+        try:
+            current, pending = self._call("nvml_device", pynvml.nvmlDeviceGetMigMode, handle)
+        except pynvml.NVMLError as err:
+            if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED,
+                             pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._no_mig.add(uuid)
+                return False
+            self._raise_if_gone(index, "nvml_device", err)
+            self._warn_use(index, uuid, err.value, f"MIG mode unknown: {err}")
+            return None
+        on = pynvml.NVML_DEVICE_MIG_ENABLE in (current, pending)
+        if on:
+            self._warn_use(index, uuid, -1, "MIG mode: NVML gives no per-process samples")
+        return on
+
+    def _warn_use(self, index: int, uuid: str, code: int, why: str) -> None:
+        """Once per GPU and `code`: why per-process utilization is unknown there."""
+        if (uuid, code) not in self._use_warned:
+            self._use_warned.add((uuid, code))
+            log.warning("GPU %d: per-process utilization unavailable: %s", index, why)
 
     @staticmethod
     def _raise_if_gone(index: int, stage: str, err: pynvml.NVMLError) -> None:

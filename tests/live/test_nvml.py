@@ -301,9 +301,10 @@ def test_counters_count_every_call_per_callsite(
     nvml.read()
     first = counters.snapshot()
     # init + driver version; count + 2 x (handle, uuid, name, minor, pci, memory, util,
-    # temp, power); 2 x (compute, graphics, per-process utilization: one call per GPU)
+    # temp, power, MIG mode); 2 x (compute, graphics, per-process utilization: one call
+    # per GPU)
     assert first["nvml_init"].calls == 2
-    assert first["nvml_device"].calls == 1 + 2 * 9
+    assert first["nvml_device"].calls == 1 + 2 * 10
     assert first["nvml_processes"].calls == 2 * 3
     assert all(c.proc_reads == 0 for c in first.values())
     assert all(c.calls == 0 for name, c in first.items() if not name.startswith("nvml_"))
@@ -312,8 +313,8 @@ def test_counters_count_every_call_per_callsite(
     second = counters.snapshot()
     assert second["nvml_init"].calls == 2  # initialised once
     # name, minor and pci are read once per GPU: the second pass is count + 2 x (handle,
-    # uuid, memory, util, temp, power)
-    assert second["nvml_device"].calls == 19 + 1 + 2 * 6
+    # uuid, memory, util, temp, power, MIG mode: asked on every read)
+    assert second["nvml_device"].calls == 21 + 1 + 2 * 7
     assert second["nvml_processes"].calls == 2 * 6
 
     nvml.close()
@@ -336,13 +337,13 @@ def test_identity_fields_fall_back_alone_and_failed_ones_are_read_again(
     fake_gpu.set_field_error(0, "minor", None)
     fake_gpu.set_not_supported(0, "pci", False)
     gpu, = nvml.read().gpus
-    # Only the failed field is asked again (count, handle, uuid, minor, 4 gauges): the
-    # name was read and NOT_SUPPORTED stands for as long as the driver stays loaded.
-    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 1 + 4
+    # Only the failed field is asked again (count, handle, uuid, minor, 4 gauges, MIG
+    # mode): the name was read and NOT_SUPPORTED stands while the driver stays loaded.
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 1 + 4 + 1
     assert (gpu.name, gpu.device, gpu.pci_bus_id) == ("NVIDIA Fake H100", "nvidia0", None)
     before = counters.snapshot()["nvml_device"].calls
     nvml.read()
-    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 4
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 4 + 1
 
 
 def test_failed_identity_read_is_reported_not_the_scan(
@@ -565,3 +566,44 @@ def test_asked_without_process_utilization_nothing_is_called(
         assert use_calls(counters) == 2
     finally:
         reader.close()
+
+
+# -- MIG: no per-process samples, whatever the utilization calls answer ------------------
+
+
+def test_a_gpu_in_mig_mode_reads_absent_never_idle(fake_gpu: FakeGpuWorld, nvml: Nvml,
+                                                   counters: Counters) -> None:
+    """The fake's utilization calls answer NOT_FOUND under MIG as without it, which reads
+    as "nobody used an SM": gpuguard must not lean on a driver refusing them there, or a
+    busy job on a MIG instance would read idle and `require_idle_seconds` reap it."""
+    fake_gpu.add_process(0, 4001, GiB)
+    assert nvml.read().gpus[0].busy_pids == frozenset()  # MIG off: NOT_FOUND is idle
+    fake_gpu.update_gpu(0, mig=(1, 1))
+    before = use_calls(counters)
+    assert nvml.read().gpus[0].busy_pids is None
+    assert use_calls(counters) - before == 2  # compute, graphics: no utilization call
+    fake_gpu.update_gpu(0, mig=(0, 1))  # enabling, pending a reset: still not per process
+    assert nvml.read().gpus[0].busy_pids is None
+    fake_gpu.update_gpu(0, mig=(0, 0))  # asked on every read: off again, samples count
+    assert nvml.read().gpus[0].busy_pids == frozenset()
+
+
+def test_a_mig_mode_nvml_cannot_give_reads_absent_and_one_it_does_not_have_is_not_asked(
+        fake_gpu: FakeGpuWorld, nvml: Nvml, counters: Counters) -> None:
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.set_field_error(0, "mig", NVML_ERROR_UNKNOWN)
+    reading = nvml.read()
+    assert reading.gpus[0].busy_pids is None and reading.errors == ()
+    fake_gpu.set_field_error(0, "mig", None)
+    fake_gpu.set_not_supported(0, "mig")  # a GPU without MIG (a V100, an RTX)
+    assert nvml.read().gpus[0].busy_pids == frozenset()
+    before = counters.snapshot()["nvml_device"].calls
+    nvml.read()
+    assert counters.snapshot()["nvml_device"].calls - before == 1 + 2 + 4  # no MIG call
+    fake_gpu.set_not_supported(0, "mig", False)
+    fake_gpu.set_missing("nvmlDeviceGetMigMode")  # a driver before MIG: the same
+    other = Nvml(counters=Counters())
+    try:
+        assert other.read().gpus[0].busy_pids == frozenset()
+    finally:
+        other.close()

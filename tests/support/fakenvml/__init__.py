@@ -36,6 +36,7 @@ FIELDS: tuple[str, ...] = (
     "processes_utilization",  # nvmlDeviceGetProcessesUtilizationInfo (R550's)
     "minor",
     "pci",
+    "mig",  # nvmlDeviceGetMigMode
 )
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -45,7 +46,7 @@ NVML_ERROR_GPU_IS_LOST = 15
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
 MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
                              "nvmlDeviceGetProcessesUtilizationInfo",
-                             "nvmlDeviceGetMinorNumber")
+                             "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMigMode")
 
 
 class FakeNvmlBuildError(RuntimeError):
@@ -92,6 +93,8 @@ class FakeGpu:
     pci: tuple[int, int, int] | None = None
     lost: bool = False
     field_errors: dict[str, int] = field(default_factory=dict)
+    #: MIG mode (current, pending), 1 enabled; the utilization calls answer regardless.
+    mig: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,8 @@ class FakeGpuWorld:
                 lines.append(f"minor {g.index} {g.minor}")
             if g.pci is not None:
                 lines.append(f"pci {g.index} {g.pci[0]:x} {g.pci[1]:x} {g.pci[2]:x}")
+            if g.mig != (0, 0):
+                lines.append(f"mig {g.index} {g.mig[0]} {g.mig[1]}")
             if g.lost:
                 lines.append(f"lost {g.index}")
             for name, code in sorted(g.field_errors.items()):

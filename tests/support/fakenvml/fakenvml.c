@@ -33,12 +33,17 @@
  *                                        for nvmlDeviceGetMemoryInfo_v2,
  *                                        nvmlDeviceGetTemperatureV and
  *                                        nvmlDeviceGetProcessesUtilizationInfo (the calls
- *                                        with a fallback)
+ *                                        with a fallback) and nvmlDeviceGetMigMode
  *   sample IDX PID TS SM MEM             one utilization sample of PID on GPU IDX, taken at
  *                                        TS (microseconds since the epoch, as the driver's)
  *   busy IDX PID SM MEM                  PID keeps GPU IDX busy: every call sees a fresh
  *                                        sample taken now (the driver samples a running
  *                                        kernel every few hundred ms)
+ *   mig IDX CURRENT PENDING              GPU IDX's MIG mode (nvmlDeviceGetMigMode; default
+ *                                        0 0, an H100 with MIG off). It changes nothing
+ *                                        else here: the utilization calls answer as
+ *                                        without MIG, so a caller cannot lean on a driver
+ *                                        that refuses them under MIG. Its FIELD is mig
  *
  * Per-process utilization (nvmlDeviceGetProcessUtilization, the legacy call, and
  * nvmlDeviceGetProcessesUtilizationInfo, R550's versioned one) answers as the driver:
@@ -91,10 +96,10 @@
 
 enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
              F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_MINOR, F_PCI,
-             F_COUNT };
+             F_MIG, F_COUNT };
 static const char *const field_names[F_COUNT] = {
     "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics",
-    "process_utilization", "processes_utilization", "minor", "pci"};
+    "process_utilization", "processes_utilization", "minor", "pci", "mig"};
 
 typedef int nvmlReturn_t;
 
@@ -108,6 +113,7 @@ struct gpu {
     int field_error[F_COUNT];
     int has_minor, has_pci; /* set by a minor / pci line; else the defaults */
     unsigned int minor, pci_domain, pci_bus, pci_device;
+    unsigned int mig_current, mig_pending;
 };
 
 struct proc {
@@ -252,6 +258,8 @@ static void load_state(void) {
             g.pci_domain = st.gpus[idx].pci_domain;
             g.pci_bus = st.gpus[idx].pci_bus;
             g.pci_device = st.gpus[idx].pci_device;
+            g.mig_current = st.gpus[idx].mig_current;
+            g.mig_pending = st.gpus[idx].mig_pending;
             if (!st.gpus[idx].present) st.gpu_count++;
             st.gpus[idx] = g;
         } else if (strcmp(word, "reserved") == 0) {
@@ -275,6 +283,12 @@ static void load_state(void) {
             st.gpus[idx].pci_domain = domain;
             st.gpus[idx].pci_bus = bus;
             st.gpus[idx].pci_device = device;
+        } else if (strcmp(word, "mig") == 0) {
+            unsigned int current, pending;
+            if (sscanf(rest, "%d %u %u", &idx, &current, &pending) != 3 || idx < 0 ||
+                idx >= MAX_GPUS || current > 1 || pending > 1)
+                bad_line(lineno, line);
+            else st.gpus[idx].mig_current = current, st.gpus[idx].mig_pending = pending;
         } else if (strcmp(word, "missing") == 0) {
             if (st.missing_count >= MAX_MISSING ||
                 sscanf(rest, "%63s", st.missing[st.missing_count]) != 1)
@@ -508,6 +522,21 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) 
     if (missing("nvmlDeviceGetMinorNumber")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
     if (minor == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     *minor = g->has_minor ? g->minor : (unsigned int)(device - devices);
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* MIG mode, current and pending (1: enabled), as an H100 answers it. */
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode) {
+    ENTER
+    if (missing("nvmlDeviceGetMigMode")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, F_MIG, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (currentMode == NULL || pendingMode == NULL) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = g->mig_current;
+    *pendingMode = g->mig_pending;
     LEAVE(NVML_SUCCESS);
     EXIT
 }
