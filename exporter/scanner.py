@@ -189,7 +189,7 @@ class GroupCache:
         self.lookups += 1
         try:
             groups, answered = self._lookup(user), True
-        except (TimeoutError, KeyError, OSError):
+        except TimeoutError:  # NSS did not answer in time (group_names answers the rest)
             groups, answered = frozenset(), False
         self._cache[user] = (now, groups, answered)
         return groups

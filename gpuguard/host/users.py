@@ -19,6 +19,9 @@ Two resolvers, for two kinds of use:
   FAILURE_TTL_SECONDS, so a hung SSSD costs a scan a bounded wait once a minute, not
   one per uid per scan. Nothing it remembers reaches a decision: the remediator,
   the reaper and `gpuguard reap` ask `USERS`.
+
+The groups of a user (`group_names`, for the exporter's `quotas.groups` accounting only)
+are asked through a BoundedLookup of their own (`label_groups`): its own MAX_ABANDONED.
 """
 
 from __future__ import annotations

@@ -111,7 +111,10 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
             line = teardown_line(step.why, teardown)
             if line is not None:
                 say(line)
-            clean = not (teardown.survivors or teardown.refused or teardown.problems)
+            # A member let go of and gone by the end still leaves the tier armed: what it
+            # handed over after the last listing is the guardian's (or the init's) to take.
+            clean = not (teardown.survivors or teardown.refused or teardown.exited
+                         or teardown.problems)
         else:
             clean = True  # --keep-leftovers: what is left is meant to outlive the run
         collect_zombies()

@@ -45,7 +45,7 @@ class Teardown:
     killed: tuple[Member, ...] = ()
     survivors: tuple[Member, ...] = ()  # survived SIGKILL
     refused: tuple[Member, ...] = ()  # the kernel refused their SIGSTOP: left untouched
-    exited: tuple[Member, ...] = ()  # refused so, and gone by the teardown's end
+    exited: tuple[Member, ...] = ()  # refused so, and gone by the teardown's last read
     problems: tuple[str, ...] = ()  # reaps that refused or failed, and why; each once
 
 
@@ -60,8 +60,8 @@ def launcher_words(detail: str) -> str:
 def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
               rounds: int = 0, ended: frozenset[tuple[int, int]] = frozenset()) -> Teardown:
     """`left`: children still below the launcher after the last of `rounds` rounds, not
-    accounted for. `ended`: the (pid, start time) of released members that no longer run
-    at the end (they exited while the teardown watched them): not survivors."""
+    accounted for. `ended`: the (pid, start time) of members let go of that no longer
+    ran at the last read (gone, by whatever hand): not survivors."""
     killed: list[Member] = []
     survivors: list[Member] = []
     refused: list[Member] = []
@@ -116,7 +116,7 @@ def teardown_line(why: str, teardown: Teardown) -> str | None:
                      f"program; needs root or CAP_KILL): {names(teardown.refused)}")
     if teardown.exited:
         parts.append(f"{len(teardown.exited)} not signalled (the kernel refused the "
-                     f"launcher's SIGSTOP) exited on their own: {names(teardown.exited)}")
+                     f"launcher's SIGSTOP), gone by the end: {names(teardown.exited)}")
     parts += teardown.problems
     return "; ".join(parts)
 
@@ -185,6 +185,7 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
     done: set[tuple[int, int]] = set()
     released: set[tuple[int, int]] = set()
     retried: set[tuple[int, int]] = set()
+    live: set[tuple[int, int]] = set()  # released or retried, and live at the last read
     rounds = 0
     more_until: float | None = None  # no round starts after this (set by the first)
     watch_until: float | None = None  # released members are watched until then
@@ -194,7 +195,11 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
         assert me is not None
         # The children of a released member are ours to reap too (the reaper never walks
         # below a member it let go of); so are theirs, walked from there.
-        still = released_alive(view, released)
+        # Read before the listing below, so a member not live here had its children
+        # (handed to us when it exited) listed after: "gone by the end" is this read's.
+        watched = released_alive(view, released | retried)
+        live = {m.identity for m in watched}
+        still = [m for m in watched if m.identity in released]
         holders = (*still, *released_alive(view, set(kept)))
         left = [c for parent in (me, *holders) for c in children(view, parent)
                 if c.identity not in done and c.identity not in kept]
@@ -240,9 +245,7 @@ def reap_tree(options: Options, *, counters: Counters | None = None,
         collect_zombies()
         if more_until is None:
             more_until = time.monotonic() + MORE_ROUNDS_SECONDS
-    view = ProcessView(counters=counters)  # a zombie is gone: not is_live
-    ended = released - {m.identity for m in released_alive(view, released)}
-    return summarise(results, left, rounds, frozenset(ended))
+    return summarise(results, left, rounds, frozenset((released | retried) - live))
 
 
 def may_signal(pid: int) -> bool:

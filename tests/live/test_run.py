@@ -974,8 +974,8 @@ def test_a_member_let_go_of_that_exits_during_the_watch_is_not_called_a_survivor
     (line,) = run.stderr()
     assert line.startswith("gpuguard run: SIGTERM: reaped 2 process(es)"), line
     assert "survived" not in line, line
-    assert line.endswith("1 not signalled (the kernel refused the launcher's SIGSTOP) exited "
-                         f"on their own: {rootly} (setuid-root)"), line
+    assert line.endswith("1 not signalled (the kernel refused the launcher's SIGSTOP), gone "
+                         f"by the end: {rootly} (setuid-root)"), line
 
 
 def test_a_tree_of_one_unsignalable_process_reports_no_kill(

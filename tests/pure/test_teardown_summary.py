@@ -55,7 +55,7 @@ def test_a_released_member_that_exited_by_the_end_is_not_called_a_survivor() -> 
     line = teardown_line("CMD exited with status 0", teardown)
     assert line == ("gpuguard run: CMD exited with status 0: reaped 1 process(es): "
                     "100 (python); 1 not signalled (the kernel refused the launcher's "
-                    "SIGSTOP) exited on their own: 200 (setuid-root)")
+                    "SIGSTOP), gone by the end: 200 (setuid-root)")
     # Another process at that pid (a later start time) is not the one that exited.
     later = ReapResult(Outcome.REAPED, members=(), released=(REUSED,))
     teardown = summarise([first, later], [], rounds=2, ended=frozenset({(200, 7)}))
