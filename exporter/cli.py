@@ -125,7 +125,8 @@ OPEN_PATHS = ("/healthz", *PROBES)
 
 def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> Lifecycle:
     """/-/healthy is /healthz's answer (the scan thread); /-/ready waits for the first
-    scan, before which /metrics has no GPU to show."""
+    scan, before which /metrics has no GPU to show, and goes 503 again if the scan thread
+    stops (/metrics would show the last scan for ever)."""
 
     def healthy() -> tuple[bool, str]:
         ok = scanner.alive()
@@ -134,6 +135,8 @@ def exporter_lifecycle(scanner: Scanner, reloader: Reloader, enabled: bool) -> L
     def ready() -> tuple[bool, str]:
         if scanner.latest is None:
             return False, "gpuguard-exporter is not ready: the first scan is not done."
+        if not scanner.alive():
+            return False, "gpuguard-exporter is not ready: the scan thread stopped."
         return True, "gpuguard-exporter is Ready."
 
     return Lifecycle(healthy=healthy, ready=ready,

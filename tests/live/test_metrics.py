@@ -16,7 +16,7 @@ from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import Trees
+from tests.support.proctree import Trees, wait_for
 
 GIB = 2**30
 
@@ -364,3 +364,24 @@ def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
     assert warnings == ["gpuguard_gpu_info label names should be written in 'snake_case' "
                         "not 'camelCase'"], lint.stdout + lint.stderr
     assert undocumented(text) == []
+
+
+def test_ready_waits_for_the_first_scan_and_ends_with_the_scan_thread(
+        fake_gpu: FakeGpuWorld) -> None:
+    """/-/ready stayed 200 after the scan thread stopped, while /metrics showed the last
+    scan for ever (only /-/healthy said so)."""
+    from typing import Any, cast
+
+    from gpuguard.exporter.cli import exporter_lifecycle
+
+    scanner, _registry = make()
+    ready = exporter_lifecycle(scanner, cast(Any, None), False).ready
+    assert ready() == (False, "gpuguard-exporter is not ready: the first scan is not done.")
+    scanner.interval = 0.05
+    scanner.start()
+    try:
+        wait_for(lambda: scanner.latest is not None, what="the first scan")
+        assert ready() == (True, "gpuguard-exporter is Ready.")
+    finally:
+        scanner.stop()
+    assert ready() == (False, "gpuguard-exporter is not ready: the scan thread stopped.")
