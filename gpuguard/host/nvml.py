@@ -134,7 +134,7 @@ class Nvml:
         #: and the newest sample timestamp read (the next read asks for later ones).
         self._use_calls: dict[str, tuple[str, ...]] = {}
         self._last_seen: dict[str, int] = {}
-        self._use_warned: set[tuple[str, int]] = set()
+        self._use_warned: set[tuple[str, str, int]] = set()  # (uuid, call, code)
         #: GPUs that cannot be in MIG mode (NOT_SUPPORTED, or the driver lacks the call).
         self._no_mig: set[str] = set()
         self._initialised = False
@@ -385,10 +385,12 @@ class Nvml:
         Errors are logged once per GPU and code and leave the answer unknown; they are
         not scan errors (a reap that does not ask for idleness must not be refused).
         """
+        calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
+        if not calls:
+            return None  # neither call answers on this GPU: the MIG mode changes nothing
         mig = self._mig(index, uuid, handle)
         if mig is not False:  # on, or NVML cannot say: samples would not be per process
             return None
-        calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
         since = self._last_seen.get(uuid, 0)
         while calls:
             fn = getattr(pynvml, calls[0])
@@ -401,7 +403,7 @@ class Nvml:
                     calls = self._use_calls[uuid] = calls[1:]
                     continue
                 self._raise_if_gone(index, "nvml_processes", err)
-                self._warn_use(index, uuid, err.value, str(err))
+                self._warn_use(index, uuid, calls[0], err.value, str(err))
                 return None
             if samples:
                 self._last_seen[uuid] = max(since, *(int(s.timeStamp) for s in samples))
@@ -424,17 +426,17 @@ class Nvml:
                 self._no_mig.add(uuid)
                 return False
             self._raise_if_gone(index, "nvml_device", err)
-            self._warn_use(index, uuid, err.value, f"MIG mode unknown: {err}")
+            self._warn_use(index, uuid, "mig", err.value, f"MIG mode unknown: {err}")
             return None
         on = pynvml.NVML_DEVICE_MIG_ENABLE in (current, pending)
         if on:
-            self._warn_use(index, uuid, -1, "MIG mode: NVML gives no per-process samples")
+            self._warn_use(index, uuid, "mig", -1, "MIG mode: NVML gives no per-process samples")
         return on
 
-    def _warn_use(self, index: int, uuid: str, code: int, why: str) -> None:
-        """Once per GPU and `code`: why per-process utilization is unknown there."""
-        if (uuid, code) not in self._use_warned:
-            self._use_warned.add((uuid, code))
+    def _warn_use(self, index: int, uuid: str, call: str, code: int, why: str) -> None:
+        """Once per GPU, call and `code`: why per-process utilization is unknown there."""
+        if (uuid, call, code) not in self._use_warned:
+            self._use_warned.add((uuid, call, code))
             log.warning("GPU %d: per-process utilization unavailable: %s", index, why)
 
     @staticmethod

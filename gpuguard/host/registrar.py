@@ -11,8 +11,9 @@ may write. One thread serves every connection without blocking: a client that co
 and says nothing holds one slot until its deadline, and a uid holds at most PER_UID
 slots. A neighbour with many uids (the subordinate uids of a user namespace) can still
 fill all MAX_CONNECTIONS: then a newcomer whose uid holds fewer than the most any uid
-holds takes the slot of that uid's oldest connection, so no set of uids keeps out one
-that holds less.
+holds takes the slot of that uid's oldest connection. A line already sent when its
+connection is accepted (the client sends it right after connecting) is answered then,
+before any other connection can take its slot.
 
 Protocol (one line each way, ASCII):
     register KIND PID START_TIME | unregister KIND PID START_TIME
@@ -60,6 +61,8 @@ REQUEST_DEADLINE = 2.0
 #: Open connections one uid may hold, and all together.
 PER_UID = 4
 MAX_CONNECTIONS = 256
+#: The most often an eviction (all slots held) is logged.
+EVICTION_LOG_SECONDS = 60.0
 #: Registrations written between two sweeps of those whose process is gone.
 PRUNE_EVERY = 256
 #: A client waits this long for the answer (the launcher waits before CMD starts).
@@ -198,6 +201,7 @@ class Registrar:
         self.served: dict[str, int] = {}
         #: Silent connections closed to give their slot to a uid that held fewer.
         self.evicted = 0
+        self._evictions_logged_at = -EVICTION_LOG_SECONDS
 
     def start(self) -> None:
         """Bind the socket (mode 0666: any local user may ask) and serve in a thread.
@@ -269,7 +273,9 @@ class Registrar:
     def _once(self) -> None:
         timeout = min((p.deadline for p in self._pending.values()), default=None)
         wait = None if timeout is None else max(0.0, timeout - self._now())
-        for key, _ in self._selector.select(wait):
+        # Lines that came first, then new connections (which may take a silent one's slot).
+        ready = sorted(self._selector.select(wait), key=lambda event: event[0].data == "accept")
+        for key, _ in ready:
             if key.data == "accept":
                 self._accept()
             elif key.data == "wake":
@@ -303,6 +309,7 @@ class Registrar:
             self._pending[sock.fileno()] = _Pending(sock, caller,
                                                     self._now() + REQUEST_DEADLINE)
             self._selector.register(sock, selectors.EVENT_READ, "client")
+            self._read(sock)  # its line is usually there already: answered, slot freed
 
     def _admit(self, uid: int) -> bool:
         """Whether a connection of `uid` gets a slot: fewer than PER_UID of its own, and
@@ -323,6 +330,12 @@ class Registrar:
                     key=lambda item: item[1].deadline)
         self._close(fd)
         self.evicted += 1
+        now = self._now()
+        if now >= self._evictions_logged_at + EVICTION_LOG_SECONDS:
+            self._evictions_logged_at = now
+            log.warning("registrar: all %d connection slots held by silent clients: closed "
+                        "the oldest of a uid holding %d for uid %d (%d closed so far)",
+                        self._max_connections, most, uid, self.evicted)
         return True
 
     def _read(self, sock: socket.socket) -> None:
