@@ -44,6 +44,7 @@ from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import (
+    DEFAULT_MAX_ENTRIES,
     FAILURE_TTL_SECONDS,
     USERS,
     UserNames,
@@ -159,7 +160,8 @@ class GroupCache:
 
     Asked only for users who hold GPU memory, have no quota of their own and when some
     group has one; an answer is kept for `ttl` seconds, so a membership change shows
-    within that time without a lookup per scan. Asked on the scan thread, so each lookup
+    within that time without a lookup per scan, for at most `max_entries` users (the
+    oldest answer goes first). Asked on the scan thread, so each lookup
     is bounded as the user labels' are (users.label_groups): a lookup NSS does not answer
     in time counts as no groups (the user's own quota or "*" applies) for `failure_ttl`.
     """
@@ -167,12 +169,14 @@ class GroupCache:
     def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
                  nss: bool = PLATFORM.nss_groups,
                  lookup: Callable[[str], frozenset[str]] | None = None,
-                 failure_ttl: float = FAILURE_TTL_SECONDS) -> None:
+                 failure_ttl: float = FAILURE_TTL_SECONDS,
+                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         """`nss`: the platform has NSS groups (Windows has none: only per-user quotas and
         "*" apply there). `lookup`: user -> group names, bounded by default."""
         self._nss = nss
         self._ttl = ttl
         self._failure_ttl = failure_ttl
+        self._max = max(1, max_entries)
         self._clock = clock
         self._lookup = lookup if lookup is not None else label_groups()
         #: user -> (asked at, group names, whether NSS answered)
@@ -191,6 +195,9 @@ class GroupCache:
             groups, answered = self._lookup(user), True
         except TimeoutError:  # NSS did not answer in time (group_names answers the rest)
             groups, answered = frozenset(), False
+        self._cache.pop(user, None)  # re-inserted last: the oldest answer goes first
+        while len(self._cache) >= self._max:
+            del self._cache[next(iter(self._cache))]
         self._cache[user] = (now, groups, answered)
         return groups
 

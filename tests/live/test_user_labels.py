@@ -299,3 +299,20 @@ def test_the_exporters_group_lookup_is_bounded_and_asks_nss() -> None:
     assert group_names("no-such-user-gpuguard-test") == frozenset()
     never = HangingGroups("staff")
     assert GroupCache(nss=False, lookup=never)("alice") == frozenset() and never.asked == []
+
+
+def test_the_group_cache_keeps_at_most_max_entries_users() -> None:
+    """Users are named by the uids of GPU holders (a user namespace's many subordinate
+    uids among them): the cache forgets the oldest answer rather than grow with them."""
+    asked: list[str] = []
+
+    def nss(user: str) -> frozenset[str]:
+        asked.append(user)
+        return frozenset({"staff"})
+
+    groups = GroupCache(clock=Clock(), nss=True, lookup=nss, max_entries=2)
+    for user in ("100001", "100002", "100003"):
+        assert groups(user) == {"staff"}
+    assert groups("100003") == {"staff"} and groups("100002") == {"staff"}
+    assert asked == ["100001", "100002", "100003"]  # the last two still cached
+    assert groups("100001") == {"staff"} and asked[-1] == "100001"  # the first was dropped
