@@ -39,6 +39,7 @@ from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import Ledger, StateUnavailable
+from gpuguard.remediator.state.reap_lock import ReapLock
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 from gpuguard.remediator.state.workstate import WorkState
 from gpuguard.remediator.status import HealthCode, Liveness, Status
@@ -102,7 +103,10 @@ class Remediator:
                          DecisionLog(self.metrics, clocks))
         self._work = work
         self._trail = AuditTrail(work, audit)
-        self.interrupted = InterruptedReaps(work, self._trail, self.reaper)
+        #: One reap at a time on this host: the worker's, recovery's, and those of
+        #: `gpuguard reap --apply` and MCP in other processes (state/reap_lock.py).
+        self.reap_lock = ReapLock(ledger.dir)
+        self.interrupted = InterruptedReaps(work, self._trail, self.reaper, self.reap_lock)
         self.intake = Intake(work)
         if idle_nvml is None:
             from gpuguard.host.nvml import Nvml
@@ -113,7 +117,7 @@ class Remediator:
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
                              interrupted=self.interrupted, reaper=self.reaper, nvml=nvml,
                              counters=counters, alertmanager=alertmanager, events=events,
-                             launchers=launchers, idle=self.idle)
+                             launchers=launchers, idle=self.idle, reap_lock=self.reap_lock)
         self._companions: list[Companion] = []
         self.status = Status(work, worker=self.worker, companions=self._companions,
                              interrupted=self.interrupted, trail=self._trail)

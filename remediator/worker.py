@@ -13,6 +13,7 @@ import threading
 import time
 
 from gpuguard.config import Config
+from gpuguard.config.remediate import Mode
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
@@ -23,7 +24,7 @@ from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, 
 from gpuguard.remediator.decision.policy import Action, Decision, decide
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.refusals import RefusalMemory
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey, owner_of
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
 from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
@@ -35,6 +36,8 @@ from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import LedgerError
 from gpuguard.remediator.state.pending import PendingItem
+from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
+from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
@@ -45,6 +48,10 @@ STATE_RETRY_SECONDS = 1.0
 MAX_IDLE_WAIT_SECONDS = 1.0
 
 UNREACHABLE_REASON = "alertmanager-unreachable"
+#: How soon a tree whose reap found the host's reap lock held is looked at again.
+LOCK_RETRY_SECONDS = 5.0
+#: Who the remediator's worker says it is in the reap lock's note.
+LOCK_HOLDER = "gpuguard-remediator"
 
 
 class Worker:
@@ -54,8 +61,11 @@ class Worker:
                  interrupted: InterruptedReaps, reaper: TreeReaper, nvml: HolderSource,
                  counters: Counters, alertmanager: AlertmanagerClient | None,
                  events: ProcessEvents | None, launchers: LauncherMemory | None,
-                 idle: IdleWatch | None = None) -> None:
+                 idle: IdleWatch | None = None, reap_lock: ReapLock | None = None) -> None:
         self._work = work
+        #: One reap at a time on the host, whichever program runs it (reap_lock.py).
+        self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
+        self._lock_deferred: set[TreeKey] = set()  # audited once while the lock stays held
         self._idle = idle  # remediate.require_idle_seconds' own watch
         self._trail = trail
         self._refusals = refusals
@@ -172,8 +182,42 @@ class Worker:
         deadline = work.clocks.monotonic() + work.policy.worker_timeout_seconds
         work.protected = protected_pids()
         live = self._inspect(key)
-        with work.lock:  # decide and claim atomically with respect to the HTTP intake
-            decision, reap_id = self._decide_and_claim(item, live)
+        # Held from before the decision (which counts the other paths' reaps) to after
+        # the last signal: no other reaper judges or signals meanwhile.
+        locked = self._take_reap_lock(key)
+        try:
+            self._decide_and_reap(item, live, deadline, locked)
+        finally:
+            self._reap_lock.release()
+
+    def _take_reap_lock(self, key: TreeKey) -> tuple[ReapMark, ...] | ReapLockRefused:
+        """In enforce mode, the host's reap lock and the other paths' reaps in its window
+        (read under it); why not, when it cannot be had. A dry run signals nothing and
+        takes no lock (it never holds another reaper off)."""
+        if self._work.policy.mode != Mode.ENFORCE:
+            return ()
+        try:
+            self._reap_lock.acquire({"by": LOCK_HOLDER, "key": str(key)})
+            return read_manual_reaps(self._work.ledger.dir, boot=self._work.ledger.boot_id)
+        except ReapLockRefused as refused:
+            return refused
+        except WindowUnreadable as exc:
+            return ReapLockRefused(DecisionReason.STATE_FAILED,
+                                   f"{exc}: the other reapers' share of the rate-limit "
+                                   "window cannot be counted")
+
+    def _decide_and_reap(self, item: PendingItem, live: LiveTree | None, deadline: float,
+                         locked: tuple[ReapMark, ...] | ReapLockRefused) -> None:
+        key = item.key
+        with self._work.lock:  # decide and claim atomically with respect to the HTTP intake
+            decision, reap_id = self._decide_and_claim(item, live, locked)
+        if not isinstance(locked, ReapLockRefused):
+            self._lock_deferred.clear()  # the lock was had: each later wait is audited anew
+        elif decision.reason == locked.reason:
+            if key not in self._lock_deferred and live is not None:
+                self._trail.decision(item, decision, live, None)
+            self._lock_deferred.add(key)  # at most the pending trees, until the lock is had
+            return
         if decision.action == Action.DEFER:
             self._refusals.forget(key)
             return
@@ -187,10 +231,13 @@ class Worker:
         assert live is not None and reap_id is not None
         self._reap(item, decision, live, deadline, reap_id)
 
-    def _decide_and_claim(self, item: PendingItem,
-                          live: LiveTree | None) -> tuple[Decision, str | None]:
+    def _decide_and_claim(self, item: PendingItem, live: LiveTree | None,
+                          locked: tuple[ReapMark, ...] | ReapLockRefused = (),
+                          ) -> tuple[Decision, str | None]:
         """The decision on `item` and its ledger entry (caller holds the lock); the
-        reap id when it is a reap (the ledger then holds the key as reaping)."""
+        reap id when it is a reap (the ledger then holds the key as reaping). `locked`:
+        the other paths' reaps, or why the host's reap lock was not had (a reap then
+        waits: DEFER, LOCK_RETRY_SECONDS)."""
         work = self._work
         key = item.key
         reap_id: str | None = None
@@ -199,8 +246,13 @@ class Worker:
                                 "withdrawn before the live check",
                                 key)
         else:
-            decision = decide(item.alert, live, work.policy_state(work.clocks.boot(),
-                                                                  exclude=key))
+            now = work.clocks.boot()
+            others = locked if not isinstance(locked, ReapLockRefused) else ()
+            decision = decide(item.alert, live, work.policy_state(now, exclude=key,
+                                                                  other_reaps=others))
+            if decision.action == Action.REAP and isinstance(locked, ReapLockRefused):
+                decision = Decision(Action.DEFER, locked.reason, locked.detail, key,
+                                    decision.first_seen, now + LOCK_RETRY_SECONDS)
         gpus = live.gpus if live is not None else ()
         if decision.action == Action.DEFER and self._alertmanager is None:
             # No one to ask at kill time: only a delivery may lead to a reap, and a
@@ -214,7 +266,9 @@ class Worker:
             assert decision.recheck_at is not None
             work.ledger.defer(key, decision.recheck_at, decision.first_seen, gpus)
         elif decision.action in (Action.REAP, Action.DRY_RUN):
-            reap_id = work.ledger.begin_reap(key, work.policy.mode, item.alert.fingerprint)
+            assert live is not None and live.root is not None
+            reap_id = work.ledger.begin_reap(key, work.policy.mode, item.alert.fingerprint,
+                                             owner_of(live.root))
         else:
             if decision.first_seen is not None:
                 work.ledger.note_first_seen(key, decision.first_seen, gpus)

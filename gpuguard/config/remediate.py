@@ -68,6 +68,14 @@ def uid_rule(entry: str) -> int | None:
 class RateLimit:
     max_reaps: int = 5
     per_seconds: float = 3600.0
+    #: The most reaps of one owner's trees in the same window; None: half of max_reaps,
+    #: rounded up, so one user's orphans never spend every other user's budget.
+    per_user: int | None = None
+
+    @property
+    def user_share(self) -> int:
+        """The per-user share in force (per_user, or its default)."""
+        return self.per_user if self.per_user is not None else -(-self.max_reaps // 2)
 
 
 @dataclass(frozen=True)
@@ -103,9 +111,18 @@ class Remediate:
     allow_without_pidfd: bool = False
     worker_timeout_seconds: float = 60.0
     max_pending: int = 256
+    #: The most pending trees of one owner (the alert's `user` label); None: half of
+    #: max_pending, rounded up.
+    max_pending_per_user: int | None = None
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
     alertmanager: AlertmanagerConfig | None = None
+
+    @property
+    def pending_share(self) -> int:
+        """The per-user share of the pending queue in force."""
+        return (self.max_pending_per_user if self.max_pending_per_user is not None
+                else -(-self.max_pending // 2))
 
 
 #: `remediate.state_dir` and `remediate.audit_log` on Windows (the loader passes
@@ -156,6 +173,7 @@ def _rate_limit(at: At, value: Any) -> RateLimit:
     return RateLimit(**mapping(at, value, {
         "max_reaps": lambda at, v: integer(at, v, minimum=0),
         "per_seconds": lambda at, v: number(at, v, minimum=1),
+        "per_user": lambda at, v: integer(at, v, minimum=1),
     }))
 
 
@@ -213,6 +231,7 @@ def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
         "term_timeout_seconds": lambda at, v: number(at, v, minimum=0.1),
         "worker_timeout_seconds": lambda at, v: number(at, v, minimum=1),
         "max_pending": lambda at, v: integer(at, v, minimum=1),
+        "max_pending_per_user": lambda at, v: integer(at, v, minimum=1),
         "allow_root_owned": boolean,
         "allow_without_pidfd": boolean,
         "state_dir": lambda at, v: string(at, v, non_empty=True),

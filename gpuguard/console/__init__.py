@@ -152,6 +152,11 @@ def add_reap(sub: Subparsers) -> None:
                         "--start-time")
     p.add_argument("--force", action="store_true",
                    help="reap even when the classifier does not call it an orphan")
+    p.add_argument("--override-brakes", action="store_true",
+                   help="with --apply: reap even when remediate.rate_limit's window (or the "
+                        "owner's share of it) is full, or the remediator's records do not "
+                        "show the tree orphaned for remediate.min_age_seconds; the reap "
+                        "still counts in the window, and never while another reap runs")
     p.add_argument("--start-time", type=int, metavar="START_TIME",
                    help=f"refuse unless ROOT_PID still has this start_time, {START_TIME_WORDS} "
                         "(a dry run, status --json or explain shows it); required with "

@@ -71,6 +71,7 @@ from gpuguard.remediator.state.audit import (
     audit_record,
     check_private_dir,
 )
+from gpuguard.remediator.state.manual_brakes import ManualBrakes
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 
 log = logging.getLogger("gpuguard.console.reap")
@@ -243,6 +244,11 @@ class ManualReap:
         self.err: Console = make_console(stderr=True)
         self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
                                        "apply": args.apply, "force": args.force}
+        #: --override-brakes: the rate-limit window and min_age_seconds lifted (a person's
+        #: call; never MCP's). The host's reap lock is never lifted.
+        self.override_brakes = bool(getattr(args, "override_brakes", False))
+        if self.override_brakes:
+            self.manual["override_brakes"] = True
         self.mode = Mode.ENFORCE if args.apply else Mode.DRY_RUN
         self.audit = AuditLog(config.remediate.audit_log)
         self.unsafe: str | None = None  # where the remediator would refuse to start
@@ -339,16 +345,41 @@ class ManualReap:
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
                         reasons=None if args.force else tuple(self.config.remediate.reasons))
-        deadline = self.deadline = time.monotonic() + self.config.remediate.worker_timeout_seconds
-        # --force overrides the classifier (verdict and member protections), never the
-        # policy's guards: pid 1, kernel threads, root-owned, remediate.users. A signal
-        # during the reap reaches the reaper as Interrupted: it continues what it stopped.
-        result = self.result = told(platform_reaper(nvml=self.nvml, guardian=self.guardian).reap(
-            plan, policy=self.config.remediate, rules=self.config.classify,
-            protected_pids=protected_pids(), deadline=deadline,
-            journal=self.journal if args.apply else None, force=args.force,
-            confirm=self.confirm, events=events, memory=memory))
+        brakes = self.brakes() if args.apply else None
+        if brakes is not None:
+            # One reap at a time on the host, counted in the remediator's window, from
+            # here to after the last signal (a dry run signals nothing: no brake).
+            refused = brakes.engage(live)
+            if refused is not None:
+                self.decision = refused
+                return
+            if brakes.overridden:
+                self.manual["brakes_overridden"] = list(brakes.overridden)
+        try:
+            deadline = self.deadline = (time.monotonic()
+                                        + self.config.remediate.worker_timeout_seconds)
+            # --force overrides the classifier (verdict and member protections), never
+            # the policy's guards: pid 1, kernel threads, root-owned, remediate.users. A
+            # signal during the reap reaches the reaper as Interrupted: it continues what
+            # it stopped.
+            result = self.result = told(platform_reaper(
+                nvml=self.nvml, guardian=self.guardian).reap(
+                plan, policy=self.config.remediate, rules=self.config.classify,
+                protected_pids=protected_pids(), deadline=deadline,
+                journal=self.journal if args.apply else None, force=args.force,
+                confirm=self.confirm, events=events, memory=memory))
+        finally:
+            if brakes is not None:
+                brakes.release(signalled=self.result is None or self.result.signalled)
         self.decision = final_decision(self.decision, result, key)
+
+    def brakes(self) -> ManualBrakes:
+        """The host's reap lock and the policy's brakes, as this path meets them."""
+        return ManualBrakes(self.config.remediate, self.args.hostname, self.key,
+                            by=f"{self.manual['command']} by {self.manual['by']}",
+                            override=self.override_brakes,
+                            lock_hint="run it as the remediator's user (the state "
+                                      "directory's owner), as for the audit log")
 
     def refused(self) -> Decision | None:
         """refusal(), and with --apply an audit directory the remediator would refuse."""

@@ -16,7 +16,7 @@ from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
 from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
 from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey, owner_of
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
     REMEDIATE_VALUE,
@@ -63,8 +63,12 @@ class PolicyState:
     protected_pids: frozenset[int] = frozenset({1})  # pid 1, the remediator, its ancestors
     done: Mapping[TreeKey, str] = field(default_factory=dict)  # key -> mode it was reaped in
     pending: frozenset[TreeKey] = frozenset()  # accepted and not finished (other items)
+    #: Whose each pending tree is (its alert's `user` label; "" when it has none).
+    pending_owners: Mapping[TreeKey, str] = field(default_factory=dict)
     first_seen: Mapping[TreeKey, float] = field(default_factory=dict)  # boot clock
-    reap_times: tuple[float, ...] = ()  # when each reap in the current mode began (boot clock)
+    #: Each reap in the current mode (boot clock, owner): the remediator's own and those
+    #: of `gpuguard reap --apply` and MCP (remediator/state/reap_window.py).
+    reaps: tuple[ReapMark, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,20 @@ class RateBudget:
     per_seconds: float
     used: int
     next_slot_at: float | None  # when (boot clock) the oldest reap leaves the window; None if free
+    per_user: int = 0  # the most reaps of one owner's trees in the window
+    #: Reaps in the window by owner ("unrecorded" for reaps from before owners were kept).
+    owners: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def remaining(self) -> int:
         return max(0, self.max_reaps - self.used)
+
+    def whose(self, limit: int = 5) -> str:
+        """Who filled the window, most first: `alice 3, bob 1` (at most `limit` names)."""
+        ranked = sorted(self.owners.items(), key=lambda item: (-item[1], item[0]))
+        shown = ", ".join(f"{owner} {count}" for owner, count in ranked[:limit])
+        more = len(ranked) - limit
+        return shown + (f" and {more} more" if more > 0 else "")
 
 
 def _ignore(reason: str, detail: str, key: TreeKey | None = None, **kw: object) -> Decision:
@@ -169,6 +183,14 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
     if len(state.pending) >= state.policy.max_pending:
         return _ignore(DecisionReason.QUEUE_FULL, f"{len(state.pending)} trees are pending already "
                        f"(remediate.max_pending); Alertmanager's next delivery tries again", key)
+    owner = alert.label("user") or ""
+    theirs = sum(1 for k in state.pending if state.pending_owners.get(k, "") == owner)
+    if theirs >= state.policy.pending_share:
+        return _ignore(DecisionReason.QUEUE_FULL,
+                       f"{theirs} trees of user {owner[:64] or '(none)'!r} are pending already "
+                       f"(remediate.max_pending_per_user {state.policy.pending_share}); other "
+                       "users' trees are still queued, and Alertmanager's next delivery tries "
+                       "again", key)
     return Decision(Action.ACCEPT, DecisionReason.QUEUED, "queued for a live check", key)
 
 
@@ -216,14 +238,62 @@ def user_refusal(uid: int | None, user: str | None,
 
 
 def rate_budget(state: PolicyState) -> RateBudget:
-    """Sliding window over the reaps of the current mode."""
+    """Sliding window over the reaps of the current mode, with who they were for."""
     limit = state.policy.rate_limit
     window_start = state.now - limit.per_seconds
-    inside = sorted(t for t in state.reap_times if t > window_start)
+    marks = [m for m in state.reaps if m.at > window_start]
+    inside = sorted(m.at for m in marks)
     next_slot = None
     if len(inside) >= limit.max_reaps and inside:
         next_slot = inside[len(inside) - limit.max_reaps] + limit.per_seconds
-    return RateBudget(limit.max_reaps, limit.per_seconds, len(inside), next_slot)
+    owners: dict[str, int] = {}
+    for mark in marks:
+        name = mark.owner if mark.owner is not None else "unrecorded"
+        owners[name] = owners.get(name, 0) + 1
+    return RateBudget(limit.max_reaps, limit.per_seconds, len(inside), next_slot,
+                      limit.user_share, owners)
+
+
+def rate_refusal(key: TreeKey, owner: str, state: PolicyState,
+                 first_seen: float | None = None) -> Decision | None:
+    """IGNORE (`rate-limited`) when the window is full, or `owner`'s share of it is: every
+    path that may signal asks this (the worker, `gpuguard reap --apply`, MCP)."""
+    budget = rate_budget(state)
+    if budget.max_reaps <= 0:
+        return _ignore(DecisionReason.RATE_LIMITED, "remediate.rate_limit.max_reaps is 0: "
+                       "reaping is off on this host", key, first_seen=first_seen)
+    if budget.remaining <= 0:
+        filled = f": {budget.whose()}" if budget.used else ""
+        return _ignore(DecisionReason.RATE_LIMITED, f"{budget.used} reaps in the last "
+                       f"{budget.per_seconds:g}s (max {budget.max_reaps}){filled}", key,
+                       first_seen=first_seen)
+    theirs = budget.owners.get(owner, 0)
+    if theirs >= budget.per_user:
+        return _ignore(DecisionReason.RATE_LIMITED,
+                       f"{theirs} reaps of {owner}'s trees in the last {budget.per_seconds:g}s "
+                       f"(rate_limit.per_user {budget.per_user} of max {budget.max_reaps}; "
+                       f"window: {budget.whose()}); other users' trees may still be reaped",
+                       key, first_seen=first_seen)
+    return None
+
+
+def recorded_age_refusal(key: TreeKey, first_seen: float | None, now: float,
+                         min_age: float) -> Decision | None:
+    """For a path with no alert (`gpuguard reap --apply`, MCP): IGNORE (`too-young`)
+    unless the remediator's records saw the tree an orphan `min_age` seconds ago (boot
+    clock). No record is no evidence of age: refused unless min_age is 0."""
+    if min_age <= 0:
+        return None
+    if first_seen is None:
+        return _ignore(DecisionReason.TOO_YOUNG,
+                       f"the remediator has no record of this tree as an orphan, and "
+                       f"remediate.min_age_seconds is {min_age:g}s", key)
+    age = now - min(first_seen, now)
+    if age < min_age:
+        return _ignore(DecisionReason.TOO_YOUNG,
+                       f"orphan for {age:.1f}s of {min_age:g}s by the remediator's records",
+                       key, first_seen=first_seen)
+    return None
 
 
 def _describe(member: Member) -> str:
@@ -395,11 +465,10 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     if refused is not None:
         return refused
 
-    budget = rate_budget(state)
-    if budget.remaining <= 0:
-        return _ignore(DecisionReason.RATE_LIMITED, f"{budget.used} reaps in the last "
-                       f"{budget.per_seconds:g}s (max {budget.max_reaps})", key,
-                       first_seen=first_seen)
+    assert live.root is not None  # verify_live refuses a tree without one
+    refused = rate_refusal(key, owner_of(live.root), state, first_seen)
+    if refused is not None:
+        return refused
 
     action = Action.REAP if state.policy.mode == Mode.ENFORCE else Action.DRY_RUN
     return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
@@ -411,19 +480,24 @@ class ReapHistory(Protocol):
 
     def done_modes(self) -> Mapping[TreeKey, str]: ...
     def pending(self) -> Mapping[TreeKey, object]: ...
+    def pending_owners(self) -> Mapping[TreeKey, str]: ...
     def first_seen(self) -> Mapping[TreeKey, float]: ...
-    def reap_times(self, mode: str) -> tuple[float, ...]: ...
+    def reaps(self, mode: str) -> tuple[ReapMark, ...]: ...
 
 
 def policy_state(policy: Remediate, hostname: str, ledger: ReapHistory | None, now: float,
                  protected: frozenset[int], *, wall_now: float,
-                 exclude: TreeKey | None = None) -> PolicyState:
+                 exclude: TreeKey | None = None,
+                 other_reaps: tuple[ReapMark, ...] = ()) -> PolicyState:
     """What decide() needs to know about the past, from the ledger (None: a fresh start).
 
-    `now` is the boot clock (the ledger's times are on it), `wall_now` the wall clock."""
+    `now` is the boot clock (the ledger's times are on it), `wall_now` the wall clock;
+    `other_reaps` the enforce-mode reaps of the other paths (`gpuguard reap --apply`,
+    MCP), counted in an enforce-mode window."""
+    others = other_reaps if policy.mode == Mode.ENFORCE else ()
     if ledger is None:
         return PolicyState(policy=policy, hostname=hostname, now=now, wall_now=wall_now,
-                           protected_pids=protected)
+                           protected_pids=protected, reaps=others)
     return PolicyState(
         policy=policy,
         hostname=hostname,
@@ -432,6 +506,7 @@ def policy_state(policy: Remediate, hostname: str, ledger: ReapHistory | None, n
         protected_pids=protected,
         done=ledger.done_modes(),
         pending=frozenset(k for k in ledger.pending() if k != exclude),
+        pending_owners=ledger.pending_owners(),
         first_seen=ledger.first_seen(),
-        reap_times=ledger.reap_times(policy.mode),
+        reaps=ledger.reaps(policy.mode) + others,
     )

@@ -67,6 +67,9 @@ class DecisionReason(StrEnum):
     INTERRUPTED_THAWED = "interrupted-thawed"
     INTERRUPTED = "interrupted"
     AUDIT_UNSAFE = "audit-unsafe"
+    # one reap at a time on a host (remediator/state/reap_lock.py)
+    REAP_IN_PROGRESS = "reap-in-progress"
+    REAP_LOCK_UNAVAILABLE = "reap-lock-unavailable"
     #: `gpuguard reap --force` over a tree the classifier gave no orphan reason for.
     FORCED = "forced"
 

@@ -50,6 +50,21 @@ class Member:
         return self.state in EXITED_STATES
 
 
+def owner_of(member: Member) -> str:
+    """Whose tree it is, for the rate limit's per-user share: the root's user name, or
+    `uid N` when NSS could not name it (a uid is still one owner)."""
+    return member.user if member.user_known else f"uid {member.uid}"
+
+
+@dataclass(frozen=True)
+class ReapMark:
+    """One reap in the rate-limit window: when it began (boot clock) and whose tree it
+    was (`owner_of` its root; None for a reap recorded before owners were)."""
+
+    at: float
+    owner: str | None = None
+
+
 @dataclass(frozen=True)
 class HolderIdle:
     """One holder of a tree on one GPU, as the remediator's own idle watch saw it."""

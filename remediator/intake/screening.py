@@ -83,11 +83,13 @@ class Intake:
             now = work.clocks.boot()
             state = work.policy_state(now)
             pending = set(state.pending)
+            owners = dict(state.pending_owners)
             for index, alert in enumerate(notification.alerts):
-                decision = screen(alert, _with_pending(state, pending))
+                decision = screen(alert, _with_pending(state, pending, owners))
                 key = decision.key
                 if decision.action == Action.ACCEPT and key is not None:
                     pending.add(key)
+                    owners[key] = alert.label("user") or ""
                     queued.append(PendingItem(key, alert, notification.group_key, now, now))
                 elif decision.action == Action.CANCEL and key is not None:
                     self._cancel(key)
@@ -117,8 +119,10 @@ class Intake:
         self._work.ledger.remove_pending(key)
 
 
-def _with_pending(state: PolicyState, pending: set[TreeKey]) -> PolicyState:
-    """The same state with this delivery's own accepted keys counted as pending."""
+def _with_pending(state: PolicyState, pending: set[TreeKey],
+                  owners: dict[TreeKey, str]) -> PolicyState:
+    """The same state with this delivery's own accepted keys counted as pending (and as
+    their owners')."""
     if pending == state.pending:
         return state
-    return dataclasses.replace(state, pending=frozenset(pending))
+    return dataclasses.replace(state, pending=frozenset(pending), pending_owners=dict(owners))

@@ -15,6 +15,7 @@ from gpuguard.remediator.reap.reapers import TreeReaper
 from gpuguard.remediator.state.audit import Phase, audit_record
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.ledger import LedgerError, may_have_signalled
+from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
@@ -24,10 +25,16 @@ _Recorded = tuple[int, int, bool, bool]
 
 
 class InterruptedReaps:
-    def __init__(self, work: WorkState, trail: AuditTrail, reaper: TreeReaper) -> None:
+    def __init__(self, work: WorkState, trail: AuditTrail, reaper: TreeReaper,
+                 reap_lock: ReapLock | None = None) -> None:
         self._work = work
         self._trail = trail
         self._reaper = reaper
+        #: Recovery's SIGCONTs wait for the host's reap lock: another reaper may hold
+        #: those very processes stopped, and a SIGCONT would undo its freeze.
+        self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
+        #: why the last settle() could not take the reap lock (None: it could)
+        self.waiting: str | None = None
         #: reaps a crash cut short, not yet settled (/healthz: reaps-unsettled)
         self.unsettled: list[tuple[TreeKey, dict[str, Any]]] = list(work.ledger.interrupted)
         #: what this run already continued of a reap whose records are still to be written:
@@ -42,6 +49,31 @@ class InterruptedReaps:
         says so); one whose records cannot be written now stays unsettled: /healthz says
         so and the worker tries again every loop, writing them, continuing nothing twice.
         """
+        if not self.unsettled:
+            return
+        try:
+            self._reap_lock.acquire({"by": "gpuguard-remediator recovery",
+                                     "key": ", ".join(str(k) for k, _ in self.unsettled[:4])})
+        except ReapLockRefused as refused:
+            if refused.reason != DecisionReason.REAP_IN_PROGRESS:
+                # No lock can be had here at all (a read-only or broken state directory):
+                # nobody can hold it either, and every freeze thaws: go on without it.
+                log.warning("interrupted reaps are settled without the host's reap lock: %s",
+                            refused.detail)
+                self._settle_all()
+                return
+            if self.waiting != refused.detail:
+                log.warning("interrupted reaps wait for the host's reap lock: %s",
+                            refused.detail)
+            self.waiting = refused.detail  # the worker tries again every loop
+            return
+        self.waiting = None
+        try:
+            self._settle_all()
+        finally:
+            self._reap_lock.release()
+
+    def _settle_all(self) -> None:
         left: list[tuple[TreeKey, dict[str, Any]]] = []
         for key, entry in self.unsettled:
             if not self._settle_one(key, entry):

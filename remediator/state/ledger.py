@@ -25,7 +25,7 @@ from typing import Any
 from gpuguard.compat import StrEnum
 from gpuguard.host.platform import PLATFORM
 from gpuguard.host.procfs import BOOT_ID, boottime
-from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.decision.tree import ReapMark, TreeKey
 from gpuguard.remediator.reap.outcome import Outcome
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.state.pending import PendingItem
@@ -86,7 +86,9 @@ class Ledger:
         self._pending: dict[TreeKey, PendingItem] = {}
         self._first_seen: dict[TreeKey, float] = {}
         self._gpus: dict[TreeKey, tuple[str, ...]] = {}
-        self._reaps: list[tuple[float, str]] = []
+        #: (began, mode, owner) of each reap: the rate-limit window (owner None: a reap
+        #: recorded before owners were kept)
+        self._reaps: list[tuple[float, str, str | None]] = []
         try:
             self._boot = boot()
         except OSError as exc:
@@ -97,6 +99,11 @@ class Ledger:
         #: remediator then only runs crash recovery, and exits for a restart.
         self.unwritable: str | None = None
         self._load()
+
+    @property
+    def boot_id(self) -> str:
+        """The boot the ledger's keys and times belong to."""
+        return self._boot
 
     # -- persistence -----------------------------------------------------------------
 
@@ -138,7 +145,7 @@ class Ledger:
 
     def _apply(self, data: dict[str, Any]) -> None:
         """Set the in-memory state from the file's form (loading, or undoing a failed save)."""
-        self._reaps = [(float(t), str(m)) for t, m in data.get("reaps", [])]
+        self._reaps = [(float(row[0]), str(row[1]), _owner(row)) for row in data.get("reaps", [])]
         self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
         for entry in self._done.values():
             float(entry.get("at", 0))  # a time that is not a number is an unusable file
@@ -161,7 +168,7 @@ class Ledger:
             "pending": {str(k): v.to_json() for k, v in sorted(self._pending.items())},
             "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
             "gpus": {str(k): list(v) for k, v in sorted(self._gpus.items())},
-            "reaps": [[t, m] for t, m in self._reaps],
+            "reaps": [[t, m] if o is None else [t, m, o] for t, m, o in self._reaps],
         }
         payload = json.dumps(data, indent=1, sort_keys=True)
         try:
@@ -213,6 +220,11 @@ class Ledger:
         with self._lock:
             return dict(self._pending)
 
+    def pending_owners(self) -> dict[TreeKey, str]:
+        """Whose each pending tree is: its alert's `user` label ("" when it has none)."""
+        with self._lock:
+            return {k: item.alert.label("user") or "" for k, item in self._pending.items()}
+
     def first_seen(self) -> dict[TreeKey, float]:
         with self._lock:
             return dict(self._first_seen)
@@ -225,7 +237,12 @@ class Ledger:
     def reap_times(self, mode: str) -> tuple[float, ...]:
         """When each reap in `mode` began, on the boot clock (an earlier boot's: before 0)."""
         with self._lock:
-            return tuple(t for t, m in self._reaps if m == mode)
+            return tuple(t for t, m, _ in self._reaps if m == mode)
+
+    def reaps(self, mode: str) -> tuple[ReapMark, ...]:
+        """Each reap in `mode`, with whose tree it was: the rate-limit window."""
+        with self._lock:
+            return tuple(ReapMark(t, o) for t, m, o in self._reaps if m == mode)
 
     def next_due(self) -> PendingItem | None:
         with self._lock:
@@ -273,7 +290,8 @@ class Ledger:
                 self._gpus.setdefault(key, gpus)
                 self._save()
 
-    def begin_reap(self, key: TreeKey, mode: str, fingerprint: str) -> str:
+    def begin_reap(self, key: TreeKey, mode: str, fingerprint: str,
+                   owner: str | None = None) -> str:
         """Record the intent before any signal: from here on the key is never reaped again.
 
         Returns the reap's id: its audit records carry it, so crash recovery can tell
@@ -285,7 +303,7 @@ class Ledger:
             self._done[key] = {"status": ReapStatus.REAPING, "mode": mode, "at": self._clock(),
                                "at_boot": now, "fingerprint": fingerprint,
                                "reap_id": reap_id, "signalled": False}
-            self._reaps.append((now, mode))
+            self._reaps.append((now, mode, owner))
             self._pending.pop(key, None)
             self._save()
             return reap_id
@@ -341,7 +359,7 @@ class Ledger:
         del self._done[key]
         started = float(entry.get("at_boot", -1))
         for i in range(len(self._reaps) - 1, -1, -1):
-            if self._reaps[i] == (started, entry.get("mode")):
+            if self._reaps[i][:2] == (started, entry.get("mode")):
                 del self._reaps[i]
                 break
 
@@ -358,6 +376,11 @@ class Ledger:
                 else:
                     self._free(key, entry)
                 self._save()
+
+
+def _owner(row: list[Any]) -> str | None:
+    """A window row's owner: [began, mode, owner]; rows written before owners have two."""
+    return str(row[2]) if len(row) > 2 and row[2] is not None else None
 
 
 def may_have_signalled(entry: dict[str, Any]) -> bool:
@@ -385,7 +408,8 @@ def read_state(data: Any, boot: str, wall: float, boot_now: float) -> dict[str, 
         data = _from_wall_clock(data, same_boot, wall - boot_now)
     elif not same_boot:
         written = float(data["boot_clock"])
-        data["reaps"] = [[min(float(t) - written, 0.0), m] for t, m in data.get("reaps", [])]
+        data["reaps"] = [[min(float(t) - written, 0.0), *rest]
+                         for t, *rest in data.get("reaps", [])]
     if not same_boot:  # keys name processes of one boot: only the window survives
         data = {"reaps": data.get("reaps", [])}
     # A sighting from the future (a version that took a wall-clock step for an age) is now.
@@ -402,8 +426,8 @@ def _from_wall_clock(data: dict[str, Any], same_boot: bool, offset: float) -> di
     def on_boot(t: Any) -> float:
         return float(t) - offset
 
-    reaps = [[on_boot(t) if same_boot else min(on_boot(t), 0.0), m]
-             for t, m in data.get("reaps", [])]
+    reaps = [[on_boot(t) if same_boot else min(on_boot(t), 0.0), *rest]
+             for t, *rest in data.get("reaps", [])]
     done = {k: {**v, **({"at_boot": on_boot(v["at"])} if "at" in v else {})}
             for k, v in data.get("done", {}).items()}
     pending = {k: {**v, "accepted_at": on_boot(v["accepted_at"]), "due": on_boot(v["due"])}

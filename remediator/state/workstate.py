@@ -16,7 +16,7 @@ from gpuguard.remediator.clocks import Clocks
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.inspection import protected_pids
 from gpuguard.remediator.decision.policy import PolicyState, policy_state
-from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.decision.tree import ReapMark, TreeKey
 from gpuguard.remediator.metrics import RemediatorMetrics
 from gpuguard.remediator.state.ledger import Ledger
 
@@ -42,10 +42,13 @@ class WorkState:
     def policy(self) -> Remediate:
         return self.config.remediate
 
-    def policy_state(self, now: float, *, exclude: TreeKey | None = None) -> PolicyState:
-        """The policy's view at boot-clock time `now`."""
+    def policy_state(self, now: float, *, exclude: TreeKey | None = None,
+                     other_reaps: tuple[ReapMark, ...] = ()) -> PolicyState:
+        """The policy's view at boot-clock time `now` (`other_reaps`: those of `gpuguard
+        reap --apply` and MCP, read under the host's reap lock)."""
         return policy_state(self.policy, self.hostname, self.ledger, now, self.protected,
-                            wall_now=self.clocks.wall(), exclude=exclude)
+                            wall_now=self.clocks.wall(), exclude=exclude,
+                            other_reaps=other_reaps)
 
     def notify(self) -> None:
         """Wake whoever waits on `wake` (the worker; wait_idle)."""

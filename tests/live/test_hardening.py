@@ -151,7 +151,7 @@ def test_both_servers_keep_answering_with_120_half_open_connections(
 
 
 def test_the_intake_is_bounded_and_says_so_per_alert(harness: Callable[..., Harness]) -> None:
-    h = harness(mode="dry-run", max_pending=3)
+    h = harness(mode="dry-run", max_pending=3, max_pending_per_user=3)
     h.service.stop()  # nothing drains the queue: what the bound does is all that shows
     answer = h.post(payload(*(alert(3_000_000 + i, 1) for i in range(5))))
     statuses = [(a["status"], a["reason"]) for a in answer.get_json()["accounts"]]

@@ -26,10 +26,12 @@ from gpuguard.remediator.decision.policy import (
     PolicyState,
     decide,
     rate_budget,
+    rate_refusal,
+    recorded_age_refusal,
     screen,
     user_refusal,
 )
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
 from gpuguard.remediator.state.audit import AuditLog
 from gpuguard.remediator.state.ledger import Ledger, LedgerError
@@ -234,7 +236,7 @@ def test_a_wall_clock_step_forward_neither_ages_a_tree_nor_empties_the_window() 
     assert decision.recheck_at == NOW + 290
     assert decide(starts, orphan(), state(first_seen={}, wall_now=NOW + day)).action == Action.DEFER
     policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=1, per_seconds=3600))
-    full = state(policy, reap_times=(NOW - 60,), wall_now=NOW + day)
+    full = state(policy, reaps=(ReapMark(NOW - 60),), wall_now=NOW + day)
     assert decide(make_alert(), orphan(), full).reason == "rate-limited"
 
 
@@ -263,16 +265,79 @@ def test_a_backward_wall_clock_step_never_places_a_sighting_in_the_future() -> N
 
 def test_rate_limit_is_a_sliding_window_per_mode() -> None:
     policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=2, per_seconds=60))
-    full = state(policy, reap_times=(NOW - 50, NOW - 10))
+    full = state(policy, reaps=(ReapMark(NOW - 50), ReapMark(NOW - 10)))
     decision = decide(make_alert(), orphan(), full)
     assert (decision.action, decision.reason) == (Action.IGNORE, "rate-limited")
     budget = rate_budget(full)
     assert budget.remaining == 0 and budget.next_slot_at == NOW + 10
-    slid = state(policy, reap_times=(NOW - 61, NOW - 10))
+    slid = state(policy, reaps=(ReapMark(NOW - 61), ReapMark(NOW - 10)))
     assert decide(make_alert(), orphan(), slid).action == Action.REAP
     assert rate_budget(slid).remaining == 1
     off = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=0, per_seconds=60))
     assert decide(make_alert(), orphan(), state(off)).reason == "rate-limited"
+
+
+def test_one_users_orphans_never_spend_every_other_users_window() -> None:
+    """Issue 47: rate_limit was node-wide only, so one user's throw-away orphans read every
+    other user's orphan `rate-limited`, window after window. Each owner now has a share
+    (rate_limit.per_user, half of max_reaps by default) beside the node-wide brake."""
+    policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=5, per_seconds=3600))
+    assert policy.rate_limit.user_share == 3
+    mallory = tuple(ReapMark(NOW - 60 * i, "mallory") for i in range(1, 4))
+    # Mallory's fourth tree waits; the detail names whose reaps fill her share.
+    hers = orphan(member(KEY.root_pid, uid=1001, user="mallory"),
+                  member(4243, uid=1001, user="mallory", ppid=KEY.root_pid))
+    refused = decide(make_alert(), hers, state(policy, reaps=mallory))
+    assert (refused.action, refused.reason) == (Action.IGNORE, "rate-limited")
+    assert "3 reaps of mallory's trees" in refused.detail and "per_user 3" in refused.detail
+    # Alice's tree is reaped in the same window.
+    assert decide(make_alert(), orphan(), state(policy, reaps=mallory)).action == Action.REAP
+    # The node-wide brake still holds, and names who filled it, most first.
+    full = mallory + (ReapMark(NOW - 30, "alice"), ReapMark(NOW - 20, "bob"))
+    refused = decide(make_alert(), orphan(member(KEY.root_pid, uid=1002, user="carol"),
+                                          member(4243, uid=1002, user="carol",
+                                                 ppid=KEY.root_pid)), state(policy, reaps=full))
+    assert refused.reason == "rate-limited"
+    assert refused.detail.endswith("(max 5): mallory 3, alice 1, bob 1")
+    # An explicit share; a uid NSS cannot name is one owner too.
+    strict = dataclasses.replace(policy, rate_limit=RateLimit(5, 3600, per_user=1),
+                                 users=UserFilter(allow=("*",), deny=("uid:0",)))
+    nameless = orphan(member(KEY.root_pid, uid=4242, user="4242", user_known=False),
+                      member(4243, uid=4242, user="4242", user_known=False, ppid=KEY.root_pid))
+    once = state(strict, reaps=(ReapMark(NOW - 5, "uid 4242"),))
+    assert decide(make_alert(), nameless, once).reason == "rate-limited"
+    assert decide(make_alert(), orphan(), once).action == Action.REAP
+
+
+def test_max_reaps_zero_turns_reaping_off_for_every_path() -> None:
+    off = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=0, per_seconds=60))
+    refused = rate_refusal(KEY, "alice", state(off))
+    assert refused is not None and refused.reason == "rate-limited"
+    assert "reaping is off" in refused.detail
+
+
+def test_a_path_without_an_alert_needs_the_remediators_record_of_the_trees_age() -> None:
+    """gpuguard reap --apply and MCP gpu_reap have no startsAt: the age is the remediator's
+    first sighting; none is no evidence of age (refused unless min_age_seconds is 0)."""
+    none = recorded_age_refusal(KEY, None, NOW, 300)
+    assert none is not None and none.reason == "too-young" and "no record" in none.detail
+    young = recorded_age_refusal(KEY, NOW - 0.8, NOW, 300)
+    assert young is not None and young.reason == "too-young"
+    assert recorded_age_refusal(KEY, NOW - 300, NOW, 300) is None
+    assert recorded_age_refusal(KEY, None, NOW, 0) is None
+    assert recorded_age_refusal(KEY, NOW + 50, NOW, 10) is not None  # never older than now
+
+
+def test_one_user_cannot_fill_the_pending_queue() -> None:
+    policy = dataclasses.replace(ENFORCE, max_pending=4)
+    assert policy.pending_share == 2
+    keys = [TreeKey("node-a", 100 + i, 1) for i in range(2)]
+    queued = state(policy, pending=frozenset(keys),
+                   pending_owners={k: "mallory" for k in keys})
+    refused = screen(make_alert(user="mallory"), queued)
+    assert (refused.action, refused.reason) == (Action.IGNORE, "queue-full")
+    assert "mallory" in refused.detail and "max_pending_per_user 2" in refused.detail
+    assert screen(make_alert(user="alice"), queued).action == Action.ACCEPT
 
 
 #: Audit events that mean a file, process, socket or sleep (sys.addaudithook names).
@@ -339,7 +404,7 @@ PURE_CASES: dict[str, Callable[[], tuple[Alert, LiveTree | None, PolicyState]]] 
     "defer": lambda: (fixed(), orphan(), state(first_seen={})),
     "rate-limited": lambda: (fixed(), orphan(), state(
         dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=1, per_seconds=60)),
-        reap_times=(NOW - 5,))),
+        reaps=(ReapMark(NOW - 5),))),
     "root-replaced": lambda: (fixed(), LiveTree(root=member(KEY.root_pid, start=1)),
                               state()),
     "duplicate": lambda: (fixed(), orphan(), state(done={KEY: "enforce"})),

@@ -99,7 +99,8 @@ def reap_document(settings: ServeSettings, root_pid: int, root_start_time: int |
     check_reap_call(settings, confirm, root_start_time)
     config = settings.config()
     args = argparse.Namespace(root_pid=root_pid, start_time=root_start_time, apply=confirm,
-                              force=False, hostname=settings.hostname, json=True,
+                              force=False, override_brakes=False,
+                              hostname=settings.hostname, json=True,
                               config=settings.config_path,
                               allow_pid_namespace=settings.allow_pid_namespace)
     try:

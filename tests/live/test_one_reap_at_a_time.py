@@ -1,0 +1,193 @@
+"""One reap at a time on a host, whichever path starts it, and the brakes on every path
+(issue 47): the remediator's worker, `gpuguard reap --apply` and MCP `gpu_reap` share one
+reap lock (STATE_DIR/reap.lock) and one rate-limit window, and the paths without an alert
+need the remediator's record of the tree's age. Real trees, the real console, the
+in-process remediator over the fake NVML."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuguard.console.contract import EXIT_REFUSED
+from gpuguard.host.procfs import boottime
+from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.state.ledger import Ledger
+from tests.support.fakenvml import FakeGpuWorld
+from tests.support.proctree import Trees, alive, stat_fields, wait_for
+from tests.support.remediator_harness import (
+    GIB,
+    STUBBORN,
+    Harness,
+    Orphan,
+    Run,
+    payload,
+    spawn_orphan,
+    start_time_of,
+    write_config,
+)
+from tests.support.servers import REPO, child_env
+
+
+def audit(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def reap_args(orphan: Orphan, config: Path, *flags: str) -> list[str]:
+    # The fake NVML reports this namespace's pids (CI runs the suite in its own namespace).
+    return ["reap", str(orphan.root), "--config", str(config), "--json",
+            "--allow-pid-namespace", "--apply", "--start-time", str(orphan.root_start), *flags]
+
+
+def console(fake_gpu: FakeGpuWorld, fake_nvml_lib: Path, args: list[str]) -> subprocess.Popen:
+    """`gpuguard ARGS` started, not waited for."""
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env(NO_COLOR="1"))
+    return subprocess.Popen([sys.executable, "-m", "gpuguard.console", *args], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+#: An orphan whose root is its holder and ignores SIGTERM: a reap holds it for all of
+#: term_timeout_seconds between its SIGTERM and its SIGKILL.
+IGNORES_TERM = "{holder} --ignore-term --pidfile {dir}/holder & echo $! > {dir}/root; wait"
+
+
+def stubborn_root(trees: Trees, fake_gpu: FakeGpuWorld) -> Orphan:
+    tree = trees.spawn(IGNORES_TERM)
+    holder = tree.pid("holder")
+    fake_gpu.add_process(0, holder, GIB)
+    tree.kill_launcher()
+    return Orphan(tree, holder, start_time_of(holder), holder)
+
+
+def untouched(orphan: Orphan) -> bool:
+    """Alive and never stopped: nothing signalled it."""
+    return all(alive(p) and (stat_fields(p) or {}).get("state") in ("S", "R")
+               for p in orphan.members)
+
+
+def test_the_remediator_never_reaps_a_tree_a_manual_reap_holds(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path,
+        harness: Any) -> None:
+    """The review's critical finding: the daemon judged a tree on the freeze of a
+    `gpuguard reap --apply` and went on signalling it. Now the daemon's reap waits for the
+    host's reap lock (`reap-in-progress`, audited, nothing signalled) while the manual reap
+    runs: the holder ignores SIGTERM, so the console holds the tree for its whole
+    term_timeout_seconds before its SIGKILL."""
+    h: Harness = harness(term_timeout_seconds=6)
+    config = tmp_path / "gpuguard.yml"
+    orphan = stubborn_root(trees, fake_gpu)
+    manual = console(fake_gpu, fake_nvml_lib, reap_args(orphan, config))
+    try:
+        wait_for(lambda: [r for r in audit(h.audit_path)
+                          if r.get("manual") and r["phase"] == "intent"],
+                 timeout=30, what="the manual reap's intent record")
+        assert h.post(payload(orphan.alert())).status_code == 200
+        h.settle()
+        waited = [r for r in audit(h.audit_path)
+                  if not r.get("manual") and r["decision"]["reason"] == "reap-in-progress"]
+        assert len(waited) == 1, [(d.get("reason"), d.get("detail"))
+                                  for d in h.decisions(orphan.root)]
+        assert "gpuguard reap by" in waited[0]["decision"]["detail"]
+        out, err = manual.communicate(timeout=60)
+    finally:
+        if manual.poll() is None:
+            manual.kill()
+            manual.wait()
+    assert manual.returncode == 0, (out, err)
+    assert json.loads(out)["outcome"] == "reaped"
+    wait_for(orphan.none_alive, what="the tree to be gone")
+    # The daemon sent nothing: its only records are the wait (no intent, no signals).
+    own = [r for r in audit(h.audit_path) if not r.get("manual")]
+    assert [r["phase"] for r in own] == ["final"] and own[0]["signals"] == []
+
+
+def test_a_manual_reap_is_refused_while_the_remediator_reaps(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        harness: Any) -> None:
+    """The other direction, and on another tree: while the daemon's reap holds the lock
+    (its stubborn holder waits out term_timeout_seconds), `gpuguard reap --apply` is
+    refused with `reap-in-progress`, names the daemon, and signals nothing."""
+    h: Harness = harness(term_timeout_seconds=6)
+    config = tmp_path / "gpuguard.yml"
+    busy = spawn_orphan(trees, fake_gpu, STUBBORN, gpu_bytes=GIB)
+    other = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    assert h.post(payload(busy.alert())).status_code == 200
+    wait_for(lambda: [r for r in audit(h.audit_path) if r["phase"] == "intent"],
+             timeout=30, what="the remediator's intent record")
+    proc = gpuguard(*reap_args(other, config))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED, doc
+    assert doc["decision"]["reason"] == "reap-in-progress"
+    assert "gpuguard-remediator" in doc["decision"]["detail"]
+    assert untouched(other) and doc["signals"] == []
+    h.settle()
+    wait_for(busy.none_alive, what="the remediator's tree to be gone")
+
+
+def test_max_reaps_zero_holds_for_a_person_and_an_agent_alike(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """`rate_limit.max_reaps: 0` ("reaping is off") refused the remediator's reaps only:
+    `gpuguard reap --apply` (and MCP, the same ManualReap) reaped anyway. A person may
+    lift it with --override-brakes, audited; nothing else lifts it."""
+    config = write_config(tmp_path, rate_limit={"max_reaps": 0, "per_seconds": 3600})
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    proc = gpuguard(*reap_args(orphan, config))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED, doc
+    assert doc["decision"]["reason"] == "rate-limited" and "reaping is off" in (
+        doc["decision"]["detail"])
+    assert untouched(orphan) and doc["signals"] == []
+    proc = gpuguard(*reap_args(orphan, config, "--override-brakes"))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["outcome"] == "reaped", doc
+    final = [r for r in audit(Path(tmp_path / "audit.jsonl")) if r["phase"] == "final"][-1]
+    assert final["manual"]["override_brakes"] is True
+    assert final["manual"]["brakes_overridden"] == ["rate_limit"]
+
+
+def test_a_manual_reap_needs_the_remediators_record_of_the_trees_age(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """The review's agent reaped a tree orphaned 0.8 s earlier under min_age_seconds 300.
+    Without an alert, the age is the remediator's own first sighting (its state file)."""
+    config = write_config(tmp_path, min_age_seconds=300)
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    proc = gpuguard(*reap_args(orphan, config))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED and doc["decision"]["reason"] == "too-young", doc
+    assert untouched(orphan)
+    # The remediator saw it an orphan 400 s ago (its ledger, as a delivery would leave it).
+    state_dir = yaml.safe_load(config.read_text())["remediate"]["state_dir"]
+    hostname = doc["key"]["hostname"]
+    Ledger(state_dir).note_first_seen(TreeKey(hostname, orphan.root, orphan.root_start),
+                                      boottime() - 400)
+    proc = gpuguard(*reap_args(orphan, config))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["outcome"] == "reaped", doc
+
+
+def test_manual_reaps_count_in_the_remediators_window_by_owner(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        harness: Any) -> None:
+    """A manual reap takes a slot in the window the remediator counts (its owner's share
+    of it too): with max_reaps 2 (a share of 1 each), the remediator refuses the same
+    owner's next tree, and says whose reaps fill the window."""
+    h: Harness = harness(rate_limit={"max_reaps": 2, "per_seconds": 3600})
+    config = tmp_path / "gpuguard.yml"
+    first = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    proc = gpuguard(*reap_args(first, config))
+    assert proc.returncode == 0, proc.stdout
+    second = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    assert h.post(payload(second.alert())).status_code == 200
+    h.settle()
+    (decision,) = [r["decision"] for r in audit(h.audit_path) if not r.get("manual")]
+    assert decision["reason"] == "rate-limited", decision
+    owner = json.loads(proc.stdout)["members"][0]["user"]
+    assert f"1 reaps of {owner}'s trees" in decision["detail"]
+    assert untouched(second)
