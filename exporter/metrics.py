@@ -120,8 +120,9 @@ class GpuguardCollector(Collector):
         yield mem
         idle = GaugeMetricFamily(
             "gpuguard_gpu_process_idle_seconds",
-            "Seconds since one GPU process last used an SM on one GPU, counted from when "
-            "this exporter first saw it; absent when NVML cannot say (MIG, unsupported).",
+            "Seconds since one GPU process last used one GPU (SM, memory controller, encoder "
+            "or decoder), counted from when this exporter first saw it; absent when NVML "
+            "cannot say (MIG, unsupported, a wall-clock step).",
             labels=[*GPU_LABELS, "pid"])
         for tree in snap.trees:
             for hv in tree.holder_verdicts:
@@ -149,7 +150,7 @@ class GpuguardCollector(Collector):
                                    "GPU memory held by an orphan tree.", labels=TREE_LABELS)
         idle = GaugeMetricFamily("gpuguard_orphan_tree_idle_seconds",
                                  "Seconds since the least idle holder of an orphan tree last "
-                                 "used an SM; absent when any holder's is unknown.",
+                                 "used the GPU; absent when any holder's is unknown.",
                                  labels=TREE_LABELS)
         procs = GaugeMetricFamily("gpuguard_orphan_tree_processes",
                                   "Processes in an orphan tree (root and descendants).",
@@ -211,7 +212,7 @@ class GpuguardCollector(Collector):
                                   "to root).", labels=["user"])
         idle = GaugeMetricFamily("gpuguard_user_gpu_idle_memory_bytes",
                                  "Of gpuguard_user_gpu_memory_bytes, what the user's processes "
-                                 "idle (no SM use) for accounting.idle_after_seconds or more "
+                                 "idle (no GPU use) for accounting.idle_after_seconds or more "
                                  "hold.", labels=["user"])
         for usage in acc.users:
             used.add_metric([usage.user], usage.used_bytes)

@@ -111,7 +111,9 @@ class Remediator:
         if idle_nvml is None:
             from gpuguard.host.nvml import Nvml
 
-            idle_nvml = Nvml(counters=counters)
+            # On the remediator's clocks: their offset moving is a wall-clock step, which
+            # voids NVML's sample mark (gpuguard/orphans/idleness.py, SampleMark).
+            idle_nvml = Nvml(counters=counters, wall=clocks.wall, boot=clocks.boot)
         self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.require_idle_seconds,
                               boot=clocks.boot, counters=counters)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,6 +19,13 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.host.procfs import boottime
+from gpuguard.orphans.idleness import (
+    STEP_TOLERANCE_SECONDS,
+    SampleMark,
+    next_mark,
+    rebased_mark,
+)
 from gpuguard.orphans.process import Holder
 
 log = logging.getLogger(__name__)
@@ -68,9 +76,10 @@ class GpuSample:
     #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
     #: includes the driver's reserved memory: memory no process holds, of unknown size.
     used_excludes_reserved: bool = True
-    #: The pids NVML saw use an SM on this GPU since the previous read (smUtil > 0 in a
-    #: sample newer than the previous read's newest); every other holder used none. None
-    #: when NVML cannot say (MIG, NOT_SUPPORTED, an error): unknown, never "idle".
+    #: The pids NVML saw use this GPU since the previous read (SM, memory controller,
+    #: encoder or decoder above 0 in a sample newer than the previous read's mark); every
+    #: other holder used none. None when NVML cannot say (MIG, NOT_SUPPORTED, an error, a
+    #: wall-clock step since the previous read): unknown, never "idle".
     busy_pids: frozenset[int] | None = None
     #: The device node's name, "nvidia" and the minor number (dcgm-exporter's `device`).
     device: str | None = None
@@ -124,16 +133,24 @@ class _DeviceGone(Exception):
 class Nvml:
     """Reads GPUs and their GPU-holding processes; safe to call from several threads."""
 
-    def __init__(self, *, counters: Counters = COUNTERS, process_utilization: bool = True) -> None:
+    def __init__(self, *, counters: Counters = COUNTERS, process_utilization: bool = True,
+                 wall: Callable[[], float] = time.time,
+                 boot: Callable[[], float] = boottime) -> None:
         """`process_utilization` False: no per-process utilization calls (busy_pids None).
         Each call answers the samples since this instance's previous one, so only the
-        reader who keeps the idle clock (the scanner, the remediator's IdleWatch) asks."""
+        reader who keeps the idle clock (the scanner, the remediator's IdleWatch) asks.
+        `wall` is the clock NVML stamps samples with, `boot` one no step moves: their
+        offset moving is a wall-clock step (gpuguard/orphans/idleness.py, SampleMark)."""
         self._counters = counters
         self._process_utilization = process_utilization
+        self._wall = wall
+        self._boot = boot
         #: Per GPU uuid: the utilization calls it may still answer, first choice first,
-        #: and the newest sample timestamp read (the next read asks for later ones).
+        #: and the mark the next read asks from (the newest sample read, never past the
+        #: wall time of that read).
         self._use_calls: dict[str, tuple[str, ...]] = {}
-        self._last_seen: dict[str, int] = {}
+        self._marks: dict[str, SampleMark] = {}
+        self._step_warned: float | None = None  # the wall-minus-boot offset last warned of
         self._use_warned: set[tuple[str, str, int]] = set()  # (uuid, call, code)
         #: GPUs that cannot be in MIG mode (NOT_SUPPORTED, or the driver lacks the call).
         self._no_mig: set[str] = set()
@@ -197,7 +214,7 @@ class Nvml:
         self._initialised = False
         self._driver_version = None
         self._use_calls.clear()  # a driver that comes back may be another one
-        self._last_seen.clear()
+        self._marks.clear()
         self._no_mig.clear()
         self._identities.clear()
 
@@ -376,14 +393,16 @@ class Nvml:
         return _merge_holders(index, uuid, compute, graphics)
 
     def _use(self, index: int, uuid: str, handle: Any) -> frozenset[int] | None:
-        """The pids with SM use since this GPU's previous read; None when NVML cannot say.
+        """The pids that used this GPU since its previous read; None when NVML cannot say.
 
         One call per GPU per read: R550's call where the GPU answers it, else the legacy
         one (a NOT_SUPPORTED or missing call is not asked again until NVML is initialised
         anew). NVML keeps samples only for processes that used something, and the legacy
-        call answers NOT_FOUND when there are none: that is zero use, not an error.
-        Errors are logged once per GPU and code and leave the answer unknown; they are
-        not scan errors (a reap that does not ask for idleness must not be refused).
+        call answers NOT_FOUND when there are none: that is zero use, not an error, unless
+        the wall clock stepped since the mark (then the read says nothing and the mark
+        starts again at the new wall time). Errors are logged once per GPU and code and
+        leave the answer unknown; they are not scan errors (a reap that does not ask for
+        idleness must not be refused).
         """
         calls = self._use_calls.setdefault(uuid, (USE_INFO, USE_LEGACY))
         if not calls:
@@ -391,29 +410,51 @@ class Nvml:
         mig = self._mig(index, uuid, handle)
         if mig is not False:  # on, or NVML cannot say: samples would not be per process
             return None
-        since = self._last_seen.get(uuid, 0)
+        wall, boot = self._wall(), self._boot()
+        mark = self._marks.get(uuid)
+        if mark is not None and mark.stepped(wall, boot):
+            self._stepped(index, uuid, wall, boot)
+            return None
+        since = 0 if mark is None else mark.since_us
         while calls:
             fn = getattr(pynvml, calls[0])
             try:
                 samples = self._call("nvml_processes", fn, handle, since)
             except pynvml.NVMLError as err:
                 if err.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
-                    return frozenset()  # no sample newer than `since`: nobody used an SM
-                if err.value in _USE_REFUSED:
+                    samples = []  # no sample newer than `since`: nobody used anything
+                elif err.value in _USE_REFUSED:
                     calls = self._use_calls[uuid] = calls[1:]
                     continue
-                self._raise_if_gone(index, "nvml_processes", err)
-                self._warn_use(index, uuid, calls[0], err.value, str(err))
+                else:
+                    self._raise_if_gone(index, "nvml_processes", err)
+                    self._warn_use(index, uuid, calls[0], err.value, str(err))
+                    return None
+            after_wall, after_boot = self._wall(), self._boot()
+            if SampleMark(since, wall - boot).stepped(after_wall, after_boot):
+                self._stepped(index, uuid, after_wall, after_boot)  # during the call
                 return None
-            if samples:
-                self._last_seen[uuid] = max(since, *(int(s.timeStamp) for s in samples))
-            return frozenset(int(s.pid) for s in samples if int(s.smUtil) > 0)
+            self._marks[uuid] = next_mark(since, (int(s.timeStamp) for s in samples),
+                                          after_wall, after_boot)
+            return frozenset(int(s.pid) for s in samples if _used(s))
         return None  # neither call: MIG, vGPU, or a GPU too old to sample processes
+
+    def _stepped(self, index: int, uuid: str, wall: float, boot: float) -> None:
+        """A wall-clock step: this GPU's read says nothing (its holders' idleness is
+        unknown, so their clocks restart) and its mark starts again at the new wall time."""
+        self._marks[uuid] = rebased_mark(wall, boot)
+        offset = wall - boot
+        if (self._step_warned is None
+                or abs(offset - self._step_warned) > STEP_TOLERANCE_SECONDS):
+            self._step_warned = offset
+            log.warning("GPU %d: the wall clock stepped (wall minus boot clock now %.3f s): "
+                        "per-process utilization unknown for one read, idle clocks restart",
+                        index, offset)
 
     def _mig(self, index: int, uuid: str, handle: Any) -> bool | None:
         """Whether MIG is on (current or pending mode) on this GPU; None when NVML cannot
         say. Neither utilization call gives per-process samples under MIG, and what one
-        would answer there (NOT_FOUND reads as "nobody used an SM") must not make a busy
+        would answer there (NOT_FOUND reads as "nobody used the GPU") must not make a busy
         job idle, so the mode is asked on every read rather than left to the driver. A
         GPU or driver without MIG (NOT_SUPPORTED, no such call) is not asked again."""
         if uuid in self._no_mig:
@@ -445,6 +486,14 @@ class Nvml:
             raise _DriverGone(stage, f"GPU {index}: {err}") from None
         if err.value in _DEVICE_GONE:
             raise _DeviceGone(f"GPU {index}: {err}") from None
+
+
+def _used(sample: Any) -> bool:
+    """Whether one utilization sample shows use: SM, memory controller (copies), encoder
+    or decoder above 0, and R550's JPEG and optical-flow engines where the struct has
+    them. A job busy only copying or on NVENC/NVDEC is not idle."""
+    return any(int(getattr(sample, name, 0)) > 0
+               for name in ("smUtil", "memUtil", "encUtil", "decUtil", "jpgUtil", "ofaUtil"))
 
 
 def _device_node(minor: int) -> str:

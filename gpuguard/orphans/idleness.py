@@ -1,12 +1,17 @@
-"""How long each GPU holder has gone without using an SM: a pure clock over NVML's samples.
+"""How long each GPU holder has gone without using the GPU: a pure clock over NVML's samples.
 
 NVML keeps per-process utilization samples for a few seconds only, and only for
 processes that used something; so idleness is not read, it is observed: a holder is
 idle since the later of when this observer first saw it and when a read last found it
-busy. A read that cannot say (MIG, NOT_SUPPORTED, an error) makes the holder's idleness
-unknown and restarts its clock: what happened while nobody could look is not idleness.
-Keyed by process identity (pid, start time) and GPU; a holder that leaves the holder
-list leaves the book, so it is bounded by the holders of the latest read.
+busy (any of SM, memory controller, encoder or decoder use above 0). A read that cannot
+say (MIG, NOT_SUPPORTED, an error, a wall-clock step) makes the holder's idleness unknown
+and restarts its clock: what happened while nobody could look is not idleness. Keyed by
+process identity (pid, start time) and GPU; a holder that leaves the holder list leaves
+the book, so it is bounded by the holders of the latest read.
+
+NVML answers the samples newer than a mark on the wall clock it stamps them with
+(`lastSeenTimeStamp`), so a step of that clock can hide every new sample behind the mark:
+`SampleMark` ties the mark to the wall time of the read that left it, and a step voids it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,49 @@ from dataclasses import dataclass, field
 HoldingKey = tuple[int, int, str]
 
 
+#: How far the wall clock may move against the boot clock between two reads before a
+#: reader calls it a step. NTP slews at most 500 ppm (7.5 ms over a 15 s period); a step
+#: back smaller than this hides a busy holder's samples for less than one read period.
+STEP_TOLERANCE_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class SampleMark:
+    """Where one GPU's next utilization read starts: NVML's `lastSeenTimeStamp`
+    (`since_us`, microseconds on the wall clock NVML stamps samples with), and the wall
+    clock's offset from the boot clock at the read that left it."""
+
+    since_us: int
+    wall_minus_boot: float
+
+    def stepped(self, wall: float, boot: float) -> bool:
+        """Whether the wall clock stepped since this mark's read: the wall-minus-boot
+        offset moved by more than the tolerance, or the mark is ahead of the wall clock.
+        NVML's answer from such a mark means nothing: after a step back every new sample
+        is older than the mark, and NOT_FOUND would read as "no use"."""
+        return (abs((wall - boot) - self.wall_minus_boot) > STEP_TOLERANCE_SECONDS
+                or self.since_us > (wall + STEP_TOLERANCE_SECONDS) * 1_000_000)
+
+
+def rebased_mark(wall: float, boot: float) -> SampleMark:
+    """The mark after a step: the new wall time, so samples stamped after it are seen."""
+    return SampleMark(int(wall * 1_000_000), wall - boot)
+
+
+def next_mark(since_us: int, stamps: Iterable[int], wall: float, boot: float) -> SampleMark:
+    """The mark after a read that answered (`stamps`: its samples' timestamps; none for
+    NOT_FOUND): the newest stamp, never past the wall time read after the call. A sample
+    stamped in the future is asked for again (and counts as use) until the clock passes
+    it, rather than hiding every sample stamped before it."""
+    newest = max(since_us, max(stamps, default=since_us))
+    return SampleMark(min(newest, int(wall * 1_000_000)), wall - boot)
+
+
 @dataclass(frozen=True)
 class UseSighting:
-    """One holder on one GPU at one read: busy (smUtil > 0 in a sample since the previous
-    read), not busy, or None when NVML could not say."""
+    """One holder on one GPU at one read: busy (a sample since the previous read with SM,
+    memory-controller, encoder or decoder use), not busy, or None when NVML could not
+    say."""
 
     pid: int
     start_time: int

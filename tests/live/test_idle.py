@@ -6,6 +6,7 @@ calls themselves are tested in test_nvml.py."""
 from __future__ import annotations
 
 import os
+import time
 
 from prometheus_client import CollectorRegistry
 
@@ -26,12 +27,17 @@ NVML_ERROR_UNKNOWN = 999
 NEW, LEGACY = "processes_utilization", "process_utilization"
 
 
-def make(boot: list[float], **kwargs: object) -> tuple[Scanner, CollectorRegistry]:
+def make(boot: list[float], wall: list[float] | None = None,
+         **kwargs: object) -> tuple[Scanner, CollectorRegistry]:
+    """A scanner on the boot clock `boot[0]`; with `wall`, its NVML reader's wall clock is
+    `wall[0]` (and its boot clock `boot[0]`), else the real clocks."""
     counters = Counters()
     # interval: the scans these tests make are the scanner's every scan, however far
     # apart on `boot` (a longer gap than 3 intervals is a stall, which restarts the clocks).
     kwargs.setdefault("interval", 60.0)
-    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+    nvml = (Nvml(counters=counters) if wall is None else
+            Nvml(counters=counters, wall=lambda: wall[0], boot=lambda: boot[0]))
+    scanner = Scanner(rules=Rules(), nvml=nvml,
                       view=ProcessView(counters=counters), counters=counters,
                       boot_clock=lambda: boot[0], **kwargs)  # type: ignore[arg-type]
     registry = CollectorRegistry()
@@ -150,3 +156,35 @@ def test_a_scan_after_a_stall_restarts_the_idle_clock(trees: Trees,
     boot[0] = 3715.0
     scanner.scan_once()
     assert idle() == 5.0
+
+
+def test_a_wall_clock_step_leaves_idle_series_absent_then_restarts_them(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """Issue 47 at the exporter: NTP steps the clock back an hour. NVML's new samples are
+    all older than the mark, so a holder at 100% SM read "no use" and its idle time grew
+    from then on. The scan that sees the step leaves every idle series absent (unknown,
+    never idle), and the clocks count again from the next scan."""
+    busy_tree = trees.spawn("{holder} --pidfile {dir}/w")
+    idle_tree = trees.spawn("{holder} --pidfile {dir}/w")
+    worker, idler = busy_tree.pid("w"), idle_tree.pid("w")
+    fake_gpu.add_process(0, worker, GIB)
+    fake_gpu.add_process(0, idler, GIB)
+    fake_gpu.set_busy(0, worker, sm_util=100, mem_util=0)
+    boot, wall = [100.0], [time.time()]
+    fake_gpu.set_clock(wall[0])
+    scanner, registry = make(boot, wall)
+
+    def scan_after(seconds: float) -> tuple[float | None, float | None]:
+        boot[0] += seconds
+        wall[0] += seconds
+        fake_gpu.set_clock(wall[0])
+        scanner.scan_once()
+        return tuple(registry.get_sample_value(  # type: ignore[return-value]
+            "gpuguard_gpu_process_idle_seconds",
+            {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) for pid in (worker, idler))
+
+    assert scan_after(0) == (0.0, 0.0)
+    assert scan_after(30) == (0.0, 30.0)
+    wall[0] -= 3600
+    assert scan_after(30) == (None, None)
+    assert [scan_after(30) for _ in range(3)] == [(0.0, 0.0), (0.0, 30.0), (0.0, 60.0)]

@@ -5,9 +5,12 @@ samples for a busy process and none for an idle one."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from gpuguard.console.contract import EXIT_REFUSED
 from tests.support.fakenvml import FakeGpuWorld
@@ -36,14 +39,18 @@ def deliver(h: Harness, orphan: Orphan) -> dict[str, Any]:
     return decision
 
 
-def elapse(h: Harness, clock: FakeClock, seconds: float, step: float = 1.0) -> None:
+def elapse(h: Harness, clock: FakeClock, seconds: float, step: float = 1.0, *,
+           driver: FakeGpuWorld | None = None) -> None:
     """Let `seconds` pass on the remediator's clock with its watch reading along the way
     (as its thread does, every period): a jump with no read is a stall, which restarts
-    every idle clock (see test_a_stalled_watch_restarts_the_clock)."""
+    every idle clock (see test_a_stalled_watch_restarts_the_clock). With `driver`, the
+    fake NVML's clock (which stamps its busy samples) reads the same wall clock."""
     left = seconds
     while left > 0:
         clock.now += min(step, left)
         left -= step
+        if driver is not None:
+            driver.set_clock(clock.now)
         h.service.idle.read()
     h.service.wake()
 
@@ -94,6 +101,78 @@ def test_a_busy_orphan_is_refused(harness: Callable[..., Harness], trees: Trees,
     decision = deliver(h, orphan)
     assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
     assert "used an SM 0s ago" in decision["detail"]
+    assert orphan.all_alive()
+
+
+def test_a_wall_clock_step_back_never_makes_a_busy_holder_idle(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """gpuguard issue 47: NTP steps a fast clock back an hour while a holder computes at
+    100% SM. NVML stamps its samples with the wall clock, so every new one is older than
+    the newest the watch had seen; asked for samples newer than that, NVML answered
+    NOT_FOUND, which read as "no SM used", and the busy holder was reaped as idle a
+    minute later. The step makes every holder unknown and the watch starts again, asking
+    from the new wall time: the holder reads busy again, never idle."""
+    clock = FakeClock()
+    fake_gpu.set_clock(clock.now)
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_busy(0, orphan.holder, sm_util=100, mem_util=0)
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    elapse(h, clock, 10, driver=fake_gpu)
+    clock.step(-3600)
+    fake_gpu.set_clock(clock.now)
+    elapse(h, clock, REQUIRED + 1, driver=fake_gpu)
+    decision = deliver(h, orphan)
+    assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
+    assert "used an SM 0s ago" in decision["detail"], decision
+    assert orphan.all_alive()
+    elapse(h, clock, 2 * REQUIRED, driver=fake_gpu)  # and for as long as it computes
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    assert orphan.all_alive()
+    assert [r["decision"]["reason"] for r in h.audit()
+            if r["key"]["root_pid"] == orphan.root] == ["not-idle"]
+
+
+def test_the_read_that_sees_a_step_makes_every_holder_unknown(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """An idle holder watched past the requirement, then the clock steps (either way):
+    the kill-time read is the first after the step, so nothing NVML answers there can be
+    trusted (idle-unknown), and its clock starts again from the next read."""
+    required = 2 * REQUIRED
+    clock = FakeClock()
+    fake_gpu.set_clock(clock.now)
+    h = harness(clock=clock, require_idle_seconds=required)
+    orphan = spawn_orphan(trees, fake_gpu)
+    assert deliver(h, orphan)["reason"] == "not-idle"
+    elapse(h, clock, required + 1, driver=fake_gpu)
+    clock.step(+600)
+    fake_gpu.set_clock(clock.now)
+    h.service.wake()
+    assert deliver(h, orphan)["reason"] == "idle-unknown"
+    # A refusal without a time it could pass holds the tree for a minute: decide after it.
+    elapse(h, clock, REQUIRED + 1, driver=fake_gpu)
+    decision = deliver(h, orphan)
+    assert (decision["reason"], orphan.all_alive()) == ("not-idle", True), decision
+    watched = re.search(r"watched for only (\d+)s", decision["detail"])
+    assert watched is not None and int(watched.group(1)) <= REQUIRED + 1, decision
+
+
+@pytest.mark.parametrize("use", [
+    {"mem_util": 95}, {"enc_util": 60}, {"dec_util": 60}],
+    ids=["memory-controller", "encoder", "decoder"])
+def test_a_holder_busy_without_an_sm_is_not_idle(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld,
+        use: dict[str, int]) -> None:
+    """Copies (the memory controller) or NVENC/NVDEC with no kernel running are use: a
+    holder doing only that was read idle (SM only) and reaped."""
+    clock = FakeClock()
+    h = harness(clock=clock, require_idle_seconds=REQUIRED)
+    orphan = spawn_orphan(trees, fake_gpu)
+    fake_gpu.set_busy(0, orphan.holder, **{"sm_util": 0, "mem_util": 0, **use})
+    deliver(h, orphan)
+    elapse(h, clock, REQUIRED + 1)
+    decision = deliver(h, orphan)
+    assert (decision["action"], decision["reason"]) == ("ignore", "not-idle"), decision
     assert orphan.all_alive()
 
 

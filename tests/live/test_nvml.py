@@ -465,17 +465,22 @@ def use_calls(counters: Counters) -> int:
     return counters.snapshot()["nvml_processes"].calls
 
 
-def test_busy_pids_are_those_with_sm_use_since_the_last_read(
+def test_busy_pids_are_those_with_any_use_since_the_last_read(
         fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
-    fake_gpu.add_process(0, 4001, GiB)
-    fake_gpu.add_process(0, 4002, GiB)
-    fake_gpu.add_process(0, 4003, GiB)
+    """SM, memory controller (copies), encoder or decoder above 0 is use: a job busy only
+    copying or on NVENC/NVDEC read idle when only SM use counted (issue 47)."""
+    for pid in range(4001, 4008):
+        fake_gpu.add_process(0, pid, GiB)
     fake_gpu.set_busy(0, 4001)
     fake_gpu.add_sample(0, 4002, now_us() - 1_000_000, sm_util=30)
-    fake_gpu.add_sample(0, 4003, now_us() - 1_000_000, sm_util=0, mem_util=40)  # no SM use
+    fake_gpu.add_sample(0, 4003, now_us() - 1_000_000, sm_util=0, mem_util=95)
+    fake_gpu.add_sample(0, 4004, now_us() - 1_000_000, sm_util=0, enc_util=40)
+    fake_gpu.add_sample(0, 4005, now_us() - 1_000_000, sm_util=0, dec_util=40)
+    fake_gpu.add_sample(0, 4006, now_us() - 1_000_000, sm_util=0)  # a sample, all zero
+    # 4007: no sample at all
 
     (gpu,) = nvml.read().gpus
-    assert gpu.busy_pids == frozenset({4001, 4002})
+    assert gpu.busy_pids == frozenset({4001, 4002, 4003, 4004, 4005})
     # The fixed sample is not newer than the last read's newest: not seen again; the busy
     # process gives a fresh sample at every read.
     (gpu,) = nvml.read().gpus
@@ -483,6 +488,132 @@ def test_busy_pids_are_those_with_sm_use_since_the_last_read(
     fake_gpu.set_idle(0, 4001)
     (gpu,) = nvml.read().gpus
     assert gpu.busy_pids == frozenset()
+
+
+def test_the_legacy_call_counts_encoder_and_decoder_use_too(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_missing("nvmlDeviceGetProcessesUtilizationInfo")
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.add_process(0, 4002, GiB)
+    fake_gpu.set_busy(0, 4001, sm_util=0, mem_util=0, dec_util=70)
+    fake_gpu.set_busy(0, 4002, sm_util=0, mem_util=0, enc_util=70)
+    assert nvml.read().gpus[0].busy_pids == frozenset({4001, 4002})
+
+
+class SteppedClocks:
+    """A wall clock and a boot clock the test moves, the fake driver's clock on the same
+    wall: time passing moves both, a step (NTP, a restored VM) the wall clock alone."""
+
+    def __init__(self, world: FakeGpuWorld) -> None:
+        self.world = world
+        self.now = time.time()
+        self.since_boot = 1000.0
+        world.set_clock(self.now)
+
+    def wall(self) -> float:
+        return self.now
+
+    def boot(self) -> float:
+        return self.since_boot
+
+    def elapse(self, seconds: float) -> None:
+        self.now += seconds
+        self.since_boot += seconds
+        self.world.set_clock(self.now)
+
+    def step(self, seconds: float) -> None:
+        self.now += seconds
+        self.world.set_clock(self.now)
+
+
+@pytest.fixture
+def clocks(fake_gpu: FakeGpuWorld) -> SteppedClocks:
+    return SteppedClocks(fake_gpu)
+
+
+@pytest.fixture
+def stepped_nvml(clocks: SteppedClocks, counters: Counters) -> Iterator[Nvml]:
+    reader = Nvml(counters=counters, wall=clocks.wall, boot=clocks.boot)
+    yield reader
+    reader.close()
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["info", "legacy"])
+def test_a_wall_clock_step_back_reads_unknown_never_idle_then_busy_again(
+        fake_gpu: FakeGpuWorld, clocks: SteppedClocks, stepped_nvml: Nvml,
+        counters: Counters, legacy: bool) -> None:
+    """Issue 47: after NTP steps the clock back an hour, every sample NVML takes is older
+    than the mark (the newest read), so NVML answers NOT_FOUND: that must not read as "no
+    use". The read that sees the step says nothing (no call), and the next asks from the
+    new wall time, so a holder at 100% SM reads busy again."""
+    if legacy:
+        fake_gpu.set_missing("nvmlDeviceGetProcessesUtilizationInfo")
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.set_busy(0, 4001, sm_util=100, mem_util=0)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001})
+    clocks.elapse(1)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001})
+    clocks.step(-3600)
+    before = use_calls(counters)
+    assert stepped_nvml.read().gpus[0].busy_pids is None
+    assert use_calls(counters) - before == 2  # compute, graphics: NVML not asked
+    for _ in range(3):
+        clocks.elapse(1)
+        assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001})
+    fake_gpu.set_idle(0, 4001)
+    clocks.elapse(1)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset()  # idle reads idle again
+
+
+def test_a_step_forward_reads_unknown_once_and_slew_is_no_step(
+        fake_gpu: FakeGpuWorld, clocks: SteppedClocks, stepped_nvml: Nvml) -> None:
+    fake_gpu.add_process(0, 4001, GiB)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset()
+    clocks.step(+600)
+    assert stepped_nvml.read().gpus[0].busy_pids is None
+    clocks.elapse(15)
+    clocks.step(0.01)  # NTP slewing: far under the tolerance
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset()
+
+
+def test_a_step_during_the_call_reads_unknown(fake_gpu: FakeGpuWorld,
+                                             clocks: SteppedClocks, counters: Counters) -> None:
+    """The wall clock read before the call and after it disagree with the boot clock:
+    what NVML answered in between is from either side of the step."""
+    readings: list[float] = []
+
+    def wall() -> float:  # steps back an hour between the first read's two readings
+        readings.append(clocks.now)
+        if len(readings) == 2:
+            clocks.step(-3600)
+        return clocks.now
+
+    reader = Nvml(counters=counters, wall=wall, boot=clocks.boot)
+    try:
+        fake_gpu.add_process(0, 4001, GiB)
+        assert reader.read().gpus[0].busy_pids is None
+        fake_gpu.set_busy(0, 4001)
+        clocks.elapse(1)
+        assert reader.read().gpus[0].busy_pids == frozenset({4001})
+    finally:
+        reader.close()
+
+
+def test_a_sample_stamped_ahead_of_the_wall_clock_counts_until_the_clock_passes_it(
+        fake_gpu: FakeGpuWorld, clocks: SteppedClocks, stepped_nvml: Nvml) -> None:
+    """A mark never moves past the wall time of its read: a sample from ahead of it (taken
+    before a step back) would otherwise hide every sample stamped before it."""
+    fake_gpu.add_process(0, 4001, GiB)
+    fake_gpu.add_process(0, 4002, GiB)
+    fake_gpu.add_sample(0, 4001, int((clocks.now + 10) * 1e6), sm_util=50)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001})
+    fake_gpu.add_sample(0, 4002, int((clocks.now + 1) * 1e6), sm_util=50)
+    clocks.elapse(2)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001, 4002})
+    clocks.elapse(10)  # past both: asked again this once, then never
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset({4001})
+    clocks.elapse(1)
+    assert stepped_nvml.read().gpus[0].busy_pids == frozenset()
 
 
 def test_one_call_per_gpu_per_read(fake_gpu: FakeGpuWorld, nvml: Nvml,

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
+from gpuguard.orphans.idleness import (
+    STEP_TOLERANCE_SECONDS,
+    IdleBook,
+    SampleMark,
+    UseSighting,
+    next_mark,
+    observe,
+    rebased_mark,
+    sightings_of,
+)
 from gpuguard.orphans.process import Holder
 from gpuguard.remediator.decision.policy import idle_refusal
 from gpuguard.remediator.decision.tree import HolderIdle, LiveTree, Member, TreeKey
@@ -94,3 +103,59 @@ def test_a_read_after_a_stall_restarts_every_clock() -> None:
     assert book.watched_seconds(seen(1, False).key, 3700.0) == 0.0
     book = observe(book, [seen(1, False)], 3710.0, max_gap=15.0)
     assert book.idle_seconds(seen(1, False).key, 3710.0) == 10.0
+
+
+# -- the sample mark: NVML's lastSeenTimeStamp, tied to the wall time of its read ---------
+
+WALL, BOOT = 1_800_000_000.0, 5_000.0  # a wall time and a boot time read together
+US = 1_000_000
+
+
+def test_the_mark_is_the_newest_stamp_never_past_the_read() -> None:
+    mark = next_mark(0, [int((WALL - 2) * US), int((WALL - 1) * US)], WALL, BOOT)
+    assert mark == SampleMark(int((WALL - 1) * US), WALL - BOOT)
+    assert next_mark(mark.since_us, [], WALL + 1, BOOT + 1).since_us == mark.since_us
+    # A sample from ahead of the wall clock leaves the mark at the read's wall time.
+    ahead = next_mark(mark.since_us, [int((WALL + 3600) * US)], WALL + 2, BOOT + 2)
+    assert ahead.since_us == int((WALL + 2) * US)
+
+
+def test_time_passing_and_slew_are_no_step() -> None:
+    mark = next_mark(0, [int(WALL * US)], WALL, BOOT)
+    assert not mark.stepped(WALL + 15, BOOT + 15)
+    assert not mark.stepped(WALL + 15 + STEP_TOLERANCE_SECONDS / 2, BOOT + 15)
+    assert not mark.stepped(WALL + 3600 * 24, BOOT + 3600 * 24)  # a day without a read
+
+
+def test_a_step_either_way_voids_the_mark() -> None:
+    mark = next_mark(0, [int(WALL * US)], WALL, BOOT)
+    assert mark.stepped(WALL + 1 - 3600, BOOT + 1)  # NTP steps a fast clock back an hour
+    assert mark.stepped(WALL + 1 + 600, BOOT + 1)  # or forward
+    assert mark.stepped(WALL + 1 - 2 * STEP_TOLERANCE_SECONDS, BOOT + 1)
+
+
+def test_a_mark_ahead_of_the_wall_clock_is_a_step_whatever_the_offset() -> None:
+    """Both clocks moved back together (a restored VM: the offset is the same), yet the
+    mark is an hour ahead of now: every new sample would hide behind it."""
+    mark = SampleMark(int(WALL * US), WALL - BOOT)
+    assert mark.stepped(WALL - 3600, BOOT - 3600)
+    assert not mark.stepped(WALL - STEP_TOLERANCE_SECONDS / 2, BOOT - STEP_TOLERANCE_SECONDS / 2)
+
+
+def test_a_rebased_mark_asks_from_the_new_wall_time() -> None:
+    mark = rebased_mark(WALL - 3600, BOOT)
+    assert mark == SampleMark(int((WALL - 3600) * US), WALL - 3600 - BOOT)
+    assert not mark.stepped(WALL - 3599, BOOT + 1)
+
+
+def test_a_step_read_restarts_every_holder_on_every_gpu() -> None:
+    """The read that sees a step answers unknown for every GPU: no holder keeps the idle
+    time it had, and the clock counts from the next read that can say."""
+    book = observe(IdleBook(), [seen(1, False), seen(2, False, GPU1)], 100.0)
+    book = observe(book, [seen(1, False), seen(2, False, GPU1)], 200.0)
+    assert book.process_idle_seconds(1, 7, 200.0) == 100.0
+    stepped = sightings_of([(1, 7, GPU0), (2, 7, GPU1)], {GPU0: None, GPU1: None})
+    book = observe(book, stepped, 201.0)
+    assert [book.idle_seconds(k, 201.0) for k in book.entries] == [None, None]
+    book = observe(book, [seen(1, False), seen(2, False, GPU1)], 202.0)
+    assert book.idle_seconds((1, 7, GPU0), 260.0) == 58.0

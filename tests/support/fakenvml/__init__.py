@@ -117,6 +117,14 @@ class FakeSample:
     timestamp_us: int | None
     sm_util: int
     mem_util: int = 0
+    enc_util: int = 0
+    dec_util: int = 0
+
+    @property
+    def use(self) -> str:
+        """SM MEM [ENC DEC] as the state file writes them (the older form when both are 0)."""
+        tail = f" {self.enc_util} {self.dec_util}" if self.enc_util or self.dec_util else ""
+        return f"{self.sm_util} {self.mem_util}{tail}"
 
 
 class FakeGpuWorld:
@@ -136,6 +144,8 @@ class FakeGpuWorld:
         self.delay_ms = 0
         self.missing: set[str] = set()
         self.samples: list[FakeSample] = []
+        #: The driver's wall clock, seconds since the epoch (None: the real one).
+        self.clock: float | None = None
         self.save()
 
     # GPUs
@@ -232,10 +242,13 @@ class FakeGpuWorld:
 
     # Per-process utilization
 
-    def set_busy(self, gpu_index: int, pid: int, sm_util: int = 80, mem_util: int = 20) -> None:
-        """`pid` keeps GPU `gpu_index` busy: every utilization call sees a fresh sample."""
+    def set_busy(self, gpu_index: int, pid: int, sm_util: int = 80, mem_util: int = 20, *,
+                 enc_util: int = 0, dec_util: int = 0) -> None:
+        """`pid` keeps GPU `gpu_index` busy: every utilization call sees a fresh sample
+        (stamped with the driver's clock, `set_clock`)."""
         self.set_idle(gpu_index, pid, save=False)
-        self.samples.append(FakeSample(gpu_index, pid, None, sm_util, mem_util))
+        self.samples.append(FakeSample(gpu_index, pid, None, sm_util, mem_util, enc_util,
+                                       dec_util))
         self.save()
 
     def set_idle(self, gpu_index: int, pid: int, *, save: bool = True) -> None:
@@ -246,12 +259,20 @@ class FakeGpuWorld:
             self.save()
 
     def add_sample(self, gpu_index: int, pid: int, timestamp_us: int, sm_util: int,
-                   mem_util: int = 0) -> FakeSample:
+                   mem_util: int = 0, *, enc_util: int = 0, dec_util: int = 0) -> FakeSample:
         """One sample taken at `timestamp_us` (microseconds since the epoch)."""
-        sample = FakeSample(gpu_index, pid, timestamp_us, sm_util, mem_util)
+        sample = FakeSample(gpu_index, pid, timestamp_us, sm_util, mem_util, enc_util,
+                            dec_util)
         self.samples.append(sample)
         self.save()
         return sample
+
+    def set_clock(self, seconds: float | None) -> None:
+        """The driver's wall clock reads `seconds` (since the epoch) until set again: busy
+        samples are stamped with it, so a test steps the clock NVML stamps with (as NTP
+        stepping a fast clock back does). None: the real CLOCK_REALTIME."""
+        self.clock = seconds
+        self.save()
 
     # Library-wide behaviour
 
@@ -310,6 +331,8 @@ class FakeGpuWorld:
             lines.append(f"runtime_error {self.runtime_error}")
         if self.delay_ms:
             lines.append(f"delay_ms {int(self.delay_ms)}")
+        if self.clock is not None:
+            lines.append(f"clock_us {round(self.clock * 1_000_000)}")
         for function in sorted(self.missing):
             lines.append(f"missing {function}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
@@ -336,10 +359,9 @@ class FakeGpuWorld:
             lines.append(f"proc {p.gpu_index} {p.kind} {p.pid} {used}")
         for s in self.samples:
             if s.timestamp_us is None:
-                lines.append(f"busy {s.gpu_index} {s.pid} {s.sm_util} {s.mem_util}")
+                lines.append(f"busy {s.gpu_index} {s.pid} {s.use}")
             else:
-                lines.append(f"sample {s.gpu_index} {s.pid} {s.timestamp_us} {s.sm_util}"
-                             f" {s.mem_util}")
+                lines.append(f"sample {s.gpu_index} {s.pid} {s.timestamp_us} {s.use}")
         return "\n".join(lines) + "\n"
 
     def save(self) -> None:

@@ -34,11 +34,16 @@
  *                                        nvmlDeviceGetTemperatureV and
  *                                        nvmlDeviceGetProcessesUtilizationInfo (the calls
  *                                        with a fallback) and nvmlDeviceGetMigMode
- *   sample IDX PID TS SM MEM             one utilization sample of PID on GPU IDX, taken at
- *                                        TS (microseconds since the epoch, as the driver's)
- *   busy IDX PID SM MEM                  PID keeps GPU IDX busy: every call sees a fresh
+ *   sample IDX PID TS SM MEM [ENC DEC]   one utilization sample of PID on GPU IDX, taken at
+ *                                        TS (microseconds since the epoch, as the driver's);
+ *                                        ENC and DEC (encoder, decoder) default to 0
+ *   busy IDX PID SM MEM [ENC DEC]        PID keeps GPU IDX busy: every call sees a fresh
  *                                        sample taken now (the driver samples a running
  *                                        kernel every few hundred ms)
+ *   clock_us US                          the driver's wall clock reads US (microseconds
+ *                                        since the epoch): `busy` samples are stamped US
+ *                                        rather than CLOCK_REALTIME's now, so a test can
+ *                                        step the clock NVML stamps its samples with
  *   mig IDX CURRENT PENDING              GPU IDX's MIG mode (nvmlDeviceGetMigMode; default
  *                                        0 0, an H100 with MIG off). It changes nothing
  *                                        else here: the utilization calls answer as
@@ -128,7 +133,7 @@ struct sample {
     int fresh; /* busy: taken at the time of each call */
     unsigned int pid;
     unsigned long long ts; /* microseconds since the epoch */
-    unsigned int sm, mem;
+    unsigned int sm, mem, enc, dec;
 };
 
 struct state {
@@ -144,6 +149,8 @@ struct state {
     char missing[MAX_MISSING][FUNCTION_LEN];
     int sample_count;
     struct sample samples[MAX_SAMPLES];
+    int has_clock; /* a clock_us line: the time `busy` samples are stamped with */
+    unsigned long long clock_us;
 };
 
 /* Layouts match pynvml's ctypes structures. */
@@ -309,14 +316,21 @@ static void load_state(void) {
             memset(&sm, 0, sizeof sm);
             sm.fresh = word[0] == 'b';
             int got = sm.fresh
-                ? sscanf(rest, "%d %u %u %u", &idx, &sm.pid, &sm.sm, &sm.mem) + 1
-                : sscanf(rest, "%d %u %llu %u %u", &idx, &sm.pid, &sm.ts, &sm.sm, &sm.mem);
-            if (st.sample_count >= MAX_SAMPLES || got != 5 || idx < 0 || idx >= MAX_GPUS) {
+                ? sscanf(rest, "%d %u %u %u %u %u", &idx, &sm.pid, &sm.sm, &sm.mem, &sm.enc,
+                         &sm.dec) + 1
+                : sscanf(rest, "%d %u %llu %u %u %u %u", &idx, &sm.pid, &sm.ts, &sm.sm,
+                         &sm.mem, &sm.enc, &sm.dec);
+            if (got == 5) sm.enc = sm.dec = 0; /* the older form, without ENC DEC */
+            if (st.sample_count >= MAX_SAMPLES || (got != 5 && got != 7) || idx < 0 ||
+                idx >= MAX_GPUS) {
                 bad_line(lineno, line);
                 continue;
             }
             sm.gpu = idx;
             st.samples[st.sample_count++] = sm;
+        } else if (strcmp(word, "clock_us") == 0) {
+            if (sscanf(rest, "%llu", &st.clock_us) != 1) bad_line(lineno, line);
+            else st.has_clock = 1;
         } else if (strcmp(word, "proc") == 0) {
             char kind[4], bytes[32];
             struct proc p;
@@ -717,7 +731,10 @@ static unsigned int samples_since(int index, unsigned long long last_seen,
     return n;
 }
 
+/* The driver's wall clock: the state file's clock_us, else CLOCK_REALTIME. Caller holds
+ * `lock`. */
 static unsigned long long now_microseconds(void) {
+    if (st.has_clock) return st.clock_us;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
@@ -749,8 +766,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         utilization[k].timeStamp = found[k].ts;
         utilization[k].smUtil = found[k].sm;
         utilization[k].memUtil = found[k].mem;
-        utilization[k].encUtil = 0;
-        utilization[k].decUtil = 0;
+        utilization[k].encUtil = found[k].enc;
+        utilization[k].decUtil = found[k].dec;
     }
     *processSamplesCount = n;
     LEAVE(NVML_SUCCESS);
@@ -784,6 +801,8 @@ nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
         u->pid = found[k].pid;
         u->smUtil = found[k].sm;
         u->memUtil = found[k].mem;
+        u->encUtil = found[k].enc;
+        u->decUtil = found[k].dec;
     }
     info->processSamplesCount = n;
     LEAVE(NVML_SUCCESS);
