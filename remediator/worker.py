@@ -32,7 +32,6 @@ from gpuguard.remediator.reap.reapers import TreeReaper
 from gpuguard.remediator.reap.settlement import final_decision, told
 from gpuguard.remediator.state.audit import audit_record
 from gpuguard.remediator.state.audit_trail import AuditTrail
-from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import LedgerError
 from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.workstate import WorkState
@@ -51,7 +50,7 @@ class Worker:
     """The worker thread and what it does to each due item."""
 
     def __init__(self, work: WorkState, *, trail: AuditTrail, refusals: RefusalMemory,
-                 interrupted: InterruptedReaps, reaper: TreeReaper, nvml: HolderSource,
+                 reaper: TreeReaper, nvml: HolderSource,
                  counters: Counters, alertmanager: AlertmanagerClient | None,
                  events: ProcessEvents | None, launchers: LauncherMemory | None,
                  idle: IdleWatch | None = None) -> None:
@@ -59,7 +58,6 @@ class Worker:
         self._idle = idle  # remediate.require_idle_seconds' own watch
         self._trail = trail
         self._refusals = refusals
-        self._interrupted = interrupted
         self._reaper = reaper
         self._nvml = nvml
         self._counters = counters
@@ -111,8 +109,7 @@ class Worker:
     def _run(self) -> None:
         work = self._work
         while not self._stop.is_set():
-            if self._interrupted.unsettled:
-                self._interrupted.settle()
+            self._trail.pay()  # records owed to the audit log, at every wake (cheap if none)
             item = self._next_due()
             if item is None:
                 continue
@@ -201,6 +198,7 @@ class Worker:
         else:
             decision = decide(item.alert, live, work.policy_state(work.clocks.boot(),
                                                                   exclude=key))
+            decision = self._trail.bounded(decision)  # too much owed to the log: no reap
         gpus = live.gpus if live is not None else ()
         if decision.action == Action.DEFER and self._alertmanager is None:
             # No one to ask at kill time: only a delivery may lead to a reap, and a
@@ -292,11 +290,16 @@ class Worker:
             if final is not decision:
                 work.decisions.note(final, item.alert, item.group_key, source=DecisionSource.WORKER)
         # Audit first, settle second: a crash in between leaves the key "reaping", and the
-        # restart finds this record instead of writing an "interrupted" one.
-        self._trail.decision(item, final, live, result, reap_id=reap_id,
-                             confirmation=confirmation)
-        work.ledger.finish_reap(item.key, result.outcome if result else "error",
-                                signalled=result.signalled if result else True)
+        # restart finds this record instead of writing an "interrupted" one. A record the
+        # log cannot take now is owed, in the same state write that settles the reap.
+        owed = self._trail.decision(item, final, live, result, reap_id=reap_id,
+                                    confirmation=confirmation)
+        try:
+            work.ledger.finish_reap(item.key, result.outcome if result else "error",
+                                    signalled=result.signalled if result else True, owed=owed)
+        except LedgerError:
+            self._trail.keep([owed] if owed is not None else [])
+            raise
 
 
 def refusal_of(answer: Confirmation) -> tuple[str, str]:
