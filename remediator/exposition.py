@@ -73,7 +73,8 @@ class RemediatorCollector(Collector):
                                   "counted once.",
                                   value=c["audit_damaged_lines"])
         yield GaugeMetricFamily("gpuguard_remediator_audit_ok",
-                                "1 while the last audit write succeeded (0: reaps are refused).",
+                                "1 while the last audit write succeeded and no record is "
+                                "owed (0: reaps may be refused).",
                                 value=1 if c["audit_ok"] else 0)
         rejected = CounterMetricFamily("gpuguard_remediator_rejected_requests",
                                        "POST /alerts requests refused, by cause.",

@@ -117,12 +117,13 @@ class Remediator:
         self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.require_idle_seconds,
                               boot=clocks.boot, counters=counters)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
-                             interrupted=self.interrupted, reaper=self.reaper, nvml=nvml,
+                             reaper=self.reaper, nvml=nvml,
                              counters=counters, alertmanager=alertmanager, events=events,
-                             launchers=launchers, idle=self.idle, reap_lock=self.reap_lock)
+                             launchers=launchers, idle=self.idle, reap_lock=self.reap_lock,
+                             interrupted=self.interrupted)
         self._companions: list[Companion] = []
         self.status = Status(work, worker=self.worker, companions=self._companions,
-                             interrupted=self.interrupted, trail=self._trail)
+                             trail=self._trail)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -143,13 +144,14 @@ class Remediator:
         if self.guardian is not None:
             self.guardian.start()  # not waited for: it comes up while recovery runs
         self.interrupted.settle()
+        self._trail.pay()  # what an earlier run (or the recovery just now) owes the log
         if self.audit_unusable is not None:
             raise self.audit_unusable  # after recovery: what it stopped is continued anyway
         if (problem := self.ledger.unwritable) is not None:
-            left = len(self.interrupted.unsettled)
+            left = self._trail.owed_count()
             raise StateUnavailable(
                 f"{problem}; crash recovery ran on the state as read"
-                + (f" ({left} interrupted reap(s) continued but not yet audited)"
+                + (f" ({left} audit record(s) not yet written)"
                    if left else "") + "; nothing else starts until it can be written")
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once
@@ -216,7 +218,7 @@ class Remediator:
     def counts(self) -> Counts:
         """A consistent copy of the counters for one scrape (HTTP threads mutate them)."""
         with self._work.lock:
-            return self.metrics.counts(audit_ok=self._trail.error is None,
+            return self.metrics.counts(audit_ok=self._trail.problem() is None,
                                        audit_damaged_lines=self.audit.damaged_lines)
 
     def queue_depth(self) -> int:

@@ -9,7 +9,6 @@ from gpuguard.compat import StrEnum
 from gpuguard.remediator.decision.policy import rate_budget
 from gpuguard.remediator.reap.killing import KILL_CONFIRM_SECONDS
 from gpuguard.remediator.state.audit_trail import AuditTrail
-from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.workstate import WorkState
 
 
@@ -20,7 +19,6 @@ class HealthCode(StrEnum):
     WORKER_STOPPED = "worker-stopped"
     POLLER_STOPPED = "poller-stopped"
     STATE_UNWRITABLE = "state-unwritable"
-    REAPS_UNSETTLED = "reaps-unsettled"
     AUDIT_LOG_UNWRITABLE = "audit-log-unwritable"
     WORKER_STUCK = "worker-stuck"
     POLLER_STALLED = "poller-stalled"  # no poll completed for STALLED_INTERVALS intervals
@@ -58,11 +56,10 @@ class WorkerHealth(Liveness, Protocol):
 
 class Status:
     def __init__(self, work: WorkState, *, worker: WorkerHealth, companions: Sequence[Liveness],
-                 interrupted: InterruptedReaps, trail: AuditTrail) -> None:
+                 trail: AuditTrail) -> None:
         self._work = work
         self._worker = worker
         self._companions = companions
-        self._interrupted = interrupted
         self._trail = trail
 
     def health(self) -> tuple[bool, HealthCode, str]:
@@ -87,14 +84,10 @@ class Status:
         if (state_error := self._worker.state_error) is not None:
             yield HealthCode.STATE_UNWRITABLE, (f"state cannot be written "
                                                 f"({state_error}): no work proceeds")
-        if unsettled := self._interrupted.unsettled:
-            keys = ", ".join(str(k) for k, _ in unsettled)
-            yield HealthCode.REAPS_UNSETTLED, (f"interrupted reap(s) {keys} not settled "
-                                               "(audit log not writable): their trees may "
-                                               "be left stopped")
-        if (audit_error := self._trail.error) is not None:
-            yield HealthCode.AUDIT_LOG_UNWRITABLE, (f"audit log cannot be written "
-                                                    f"({audit_error}): no reap can run")
+        if (audit_problem := self._trail.problem()) is not None:
+            yield HealthCode.AUDIT_LOG_UNWRITABLE, (
+                f"audit log: {audit_problem}: no signal goes out without its record, and "
+                "a record of one already sent is written once the log can take it")
         busy, limit = self.worker_busy()
         if busy > limit:
             yield HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"

@@ -58,18 +58,20 @@ class Worker:
     """The worker thread and what it does to each due item."""
 
     def __init__(self, work: WorkState, *, trail: AuditTrail, refusals: RefusalMemory,
-                 interrupted: InterruptedReaps, reaper: TreeReaper, nvml: HolderSource,
+                 reaper: TreeReaper, nvml: HolderSource,
                  counters: Counters, alertmanager: AlertmanagerClient | None,
                  events: ProcessEvents | None, launchers: LauncherMemory | None,
-                 idle: IdleWatch | None = None, reap_lock: ReapLock | None = None) -> None:
+                 idle: IdleWatch | None = None, reap_lock: ReapLock | None = None,
+                 interrupted: InterruptedReaps | None = None) -> None:
         self._work = work
         #: One reap at a time on the host, whichever program runs it (reap_lock.py).
         self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
         self._lock_deferred: set[TreeKey] = set()  # audited once while the lock stays held
+        #: crash recovery that waits for the reap lock (another reaper held it at start)
+        self._interrupted = interrupted
         self._idle = idle  # remediate.require_idle_seconds' own watch
         self._trail = trail
         self._refusals = refusals
-        self._interrupted = interrupted
         self._reaper = reaper
         self._nvml = nvml
         self._counters = counters
@@ -121,8 +123,9 @@ class Worker:
     def _run(self) -> None:
         work = self._work
         while not self._stop.is_set():
-            if self._interrupted.unsettled:
-                self._interrupted.settle()
+            if self._interrupted is not None and self._interrupted.unsettled:
+                self._interrupted.settle()  # waited for the host's reap lock
+            self._trail.pay()  # records owed to the audit log, at every wake (cheap if none)
             item = self._next_due()
             if item is None:
                 continue
@@ -253,6 +256,7 @@ class Worker:
             if decision.action == Action.REAP and isinstance(locked, ReapLockRefused):
                 decision = Decision(Action.DEFER, locked.reason, locked.detail, key,
                                     decision.first_seen, now + LOCK_RETRY_SECONDS)
+            decision = self._trail.bounded(decision)  # too much owed to the log: no reap
         gpus = live.gpus if live is not None else ()
         if decision.action == Action.DEFER and self._alertmanager is None:
             # No one to ask at kill time: only a delivery may lead to a reap, and a
@@ -346,11 +350,16 @@ class Worker:
             if final is not decision:
                 work.decisions.note(final, item.alert, item.group_key, source=DecisionSource.WORKER)
         # Audit first, settle second: a crash in between leaves the key "reaping", and the
-        # restart finds this record instead of writing an "interrupted" one.
-        self._trail.decision(item, final, live, result, reap_id=reap_id,
-                             confirmation=confirmation)
-        work.ledger.finish_reap(item.key, result.outcome if result else "error",
-                                signalled=result.signalled if result else True)
+        # restart finds this record instead of writing an "interrupted" one. A record the
+        # log cannot take now is owed, in the same state write that settles the reap.
+        owed = self._trail.decision(item, final, live, result, reap_id=reap_id,
+                                    confirmation=confirmation)
+        try:
+            work.ledger.finish_reap(item.key, result.outcome if result else "error",
+                                    signalled=result.signalled if result else True, owed=owed)
+        except LedgerError:
+            self._trail.keep([owed] if owed is not None else [])
+            raise
 
 
 def refusal_of(answer: Confirmation) -> tuple[str, str]:

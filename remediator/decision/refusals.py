@@ -6,6 +6,10 @@ REFUSAL_RECHECK_SECONDS of a refusal a delivery for the same tree is counted wit
 new inspection (a refusal stands; a reap waits at most this long), or until the
 refusal's own recheck_at where it has one and that comes sooner (a not-idle tree may
 qualify in seconds).
+
+A refusal record the audit log cannot take is not owed (nothing was signalled): the
+refusal is forgotten instead, so the tree's next delivery is inspected and audited in
+full again rather than counted against a record that was never written.
 """
 
 from __future__ import annotations
@@ -88,5 +92,7 @@ class RefusalMemory:
         self._refusals[item.key] = _Refusal(decision, signature, now)
         while len(self._refusals) > REFUSALS_REMEMBERED:
             self._refusals.popitem(last=False)
-        self._trail.decision(item, decision, live, None,
-                             repeats_before=known.repeats if known is not None else 0)
+        unwritten = self._trail.decision(
+            item, decision, live, None, repeats_before=known.repeats if known is not None else 0)
+        if unwritten is not None:  # not owed: written again at the next delivery
+            self._refusals.pop(item.key, None)

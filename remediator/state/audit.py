@@ -70,6 +70,16 @@ class Phase(StrEnum):
 
 
 
+#: The one field a record written late gets: when it was written (it keeps its own `ts`).
+RETRIED_AT = "retried_at"
+
+
+def as_written(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` as the log holds it (plain JSON), so that one kept to write later is
+    written byte for byte as it would have been, and compares equal to its line."""
+    return dict(json.loads(json.dumps(record, sort_keys=True, default=str)))
+
+
 def iso_time(when: float) -> str:
     return datetime.fromtimestamp(when, tz=timezone.utc).isoformat(timespec="milliseconds")
 
@@ -280,6 +290,14 @@ class AuditLog:
         return any(r.get("key") == want and float(r.get("ts", 0)) >= since
                    and r.get("phase", Phase.FINAL) == Phase.FINAL
                    for r in self._read(f'"root_pid": {root_pid}'))
+
+    def has_written(self, record: dict[str, Any]) -> bool:
+        """Whether `record` (an owed one, as_written) is in the log already, retried or
+        not: a crash (or a state file that could not say it was paid) between its write
+        and the state file's note must not write it twice."""
+        needle = '"ts": ' + json.dumps(record.get("ts"))
+        return any({k: v for k, v in r.items() if k != RETRIED_AT} == record
+                   for r in self._read(needle))
 
     def has_final(self, reap_id: str) -> bool:
         """Whether the final record of reap `reap_id` was written (crash recovery)."""

@@ -1,5 +1,6 @@
-"""Reaps a crash cut short ("reaping" in the ledger), settled at start and retried by the
-worker: what they may have stopped is continued, each is audited, nothing is re-killed."""
+"""Reaps a crash cut short ("reaping" in the ledger), settled at start: what they may have
+stopped is continued, each is audited (its records owed where the log cannot take them,
+as the worker's final records are), nothing is re-killed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reapers import TreeReaper
-from gpuguard.remediator.state.audit import Phase, audit_record
+from gpuguard.remediator.state.audit import Phase, as_written, audit_record
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.ledger import LedgerError, may_have_signalled
 from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
@@ -35,19 +36,16 @@ class InterruptedReaps:
         self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
         #: why the last settle() could not take the reap lock (None: it could)
         self.waiting: str | None = None
-        #: reaps a crash cut short, not yet settled (/healthz: reaps-unsettled)
+        #: reaps a crash cut short, not yet settled (the worker retries while the lock is held)
         self.unsettled: list[tuple[TreeKey, dict[str, Any]]] = list(work.ledger.interrupted)
-        #: what this run already continued of a reap whose records are still to be written:
-        #: a retry writes them and never continues twice (its owner may have stopped it since)
-        self._continued: dict[TreeKey, tuple[SignalRecord, ...]] = {}
 
     def settle(self) -> None:
         """Reaps a crash cut short: continue what they left stopped, audit, never re-kill.
 
         What each stopped is continued even when the audit log cannot be written (a
-        SIGCONT undoes the reap's own SIGSTOP of members its intent record named; the log
-        says so); one whose records cannot be written now stays unsettled: /healthz says
-        so and the worker tries again every loop, writing them, continuing nothing twice.
+        SIGCONT undoes the reap's own SIGSTOP of members its intent record named); records
+        the log cannot take are owed, in the state write that settles the reap, and the
+        worker writes them once it can (/healthz 503 meanwhile), as it does a reap's own.
         """
         if not self.unsettled:
             return
@@ -74,14 +72,12 @@ class InterruptedReaps:
             self._reap_lock.release()
 
     def _settle_all(self) -> None:
-        left: list[tuple[TreeKey, dict[str, Any]]] = []
         for key, entry in self.unsettled:
-            if not self._settle_one(key, entry):
-                left.append((key, entry))
-        self.unsettled = left
+            self._settle_one(key, entry)
+        self.unsettled = []
 
-    def _settle_one(self, key: TreeKey, entry: dict[str, Any]) -> bool:
-        """Settle one interrupted reap; False when its records cannot be written now."""
+    def _settle_one(self, key: TreeKey, entry: dict[str, Any]) -> None:
+        """Settle one interrupted reap."""
         work = self._work
         reap_id = entry.get("reap_id")
         audit = self._trail.log
@@ -95,8 +91,8 @@ class InterruptedReaps:
                       "continuing what it stopped", key, exc.strerror or exc)
             finished = False
         if finished:  # the final record made it; only settle
-            self._settle_ledger(key, "interrupted", signalled)
-            return True
+            self._settle_ledger(key, "interrupted", signalled, [])
+            return
         recorded: list[_Recorded] = [
             (int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,
              bool(m[3]) if len(m) > 3 else True)
@@ -113,45 +109,39 @@ class InterruptedReaps:
             mode=str(entry.get("mode")), reap_id=reap_id,
             fingerprint=str(entry.get("fingerprint", "")),
             member_ids=[(pid, start) for pid, start, _, _ in recorded])
+        owed: list[dict[str, Any]] = []
         if thaw:  # the SIGCONTs are signals too: written down first, where that can be
-            try:
-                self._trail.append(record(
-                    decision=Decision(Action.IGNORE, INTERRUPTED, f"{CUT_SHORT}; the "
-                                      f"{len(thaw)} member(s) it may have stopped are "
-                                      "continued (SIGCONT) if still stopped, and left "
-                                      "alive", key),
-                    now=work.clocks.wall(), phase=Phase.INTENT))
-            except OSError as exc:
+            intent = self._trail.write_or_owe(record(
+                decision=Decision(Action.IGNORE, INTERRUPTED, f"{CUT_SHORT}; the "
+                                  f"{len(thaw)} member(s) it may have stopped are "
+                                  "continued (SIGCONT) if still stopped, and left alive",
+                                  key),
+                now=work.clocks.wall(), phase=Phase.INTENT))
+            if intent is not None:
                 # Every freeze thaws: a SIGCONT only undoes this reap's own SIGSTOP, of
                 # members its intent record already named; a full disk must not keep them
-                # stopped. The log says so; the final record follows once it can be written.
+                # stopped. This record is owed, and written (first) once the log can be.
+                owed.append(intent)
                 log.error("interrupted reap of %s: the audit log cannot be written (%s); "
                           "continuing the %d member(s) it stopped anyway", key,
-                          exc.strerror, len(thaw))
-        try:
-            signals = self._continued.get(key)
-            if signals is None:
-                signals = self._continued[key] = self._reaper.thaw_interrupted(thaw)
-                self._let_go(key, thaw)
-            decision = settled_decision(key, thaw, signals, signalled=signalled)
-            self._trail.append(record(decision=decision, now=work.clocks.wall(),
-                                      signals=signals))
-        except OSError:
-            log.error("interrupted reap of %s not settled: the audit log cannot be "
-                      "written; retried while the worker runs, or at the next start", key)
-            return False
-        self._continued.pop(key, None)
+                          self._trail.error, len(thaw))
+        signals = self._reaper.thaw_interrupted(thaw)
+        self._let_go(key, thaw)
+        decision = settled_decision(key, thaw, signals, signalled=signalled)
+        final = record(decision=decision, now=work.clocks.wall(), signals=signals)
+        if owed:  # after its owed intent record, never before it
+            owed.append(as_written(final))
+        elif (unwritten := self._trail.write_or_owe(final)) is not None:
+            owed.append(unwritten)
         work.metrics.reap_failures += 1
         log.warning("interrupted reap of %s settled: %s", key, decision.detail)
-        self._settle_ledger(key, decision.reason, signalled)
-        return True
+        self._settle_ledger(key, decision.reason, signalled, owed)
 
     def _let_go(self, key: TreeKey, members: list[tuple[int, int]]) -> None:
         """Mark what recovery continued as no longer held, so that a restart before the
-        records are written (exit 3, an audit log that cannot be written) does not
-        continue it again, perhaps after its owner stopped it. A state file that cannot
-        be written either cannot say so: then a restart continues again what is still
-        stopped (docs/remediator.md)."""
+        reap is settled (a crash in between) does not continue it again, perhaps after
+        its owner stopped it. A state file that cannot be written cannot say so: then a
+        restart continues again what is still stopped (docs/remediator.md)."""
         if not members:
             return
         try:
@@ -160,15 +150,19 @@ class InterruptedReaps:
             log.warning("interrupted reap of %s: cannot note in the state file that its "
                         "members were continued (%s)", key, exc)
 
-    def _settle_ledger(self, key: TreeKey, outcome: str, signalled: bool) -> None:
-        """The state file's side of a settled reap. One that cannot be written (a full or
-        read-only state directory) is left "reaping" there: its final record is in the
-        audit log, so the next start only settles it, continuing nothing twice."""
+    def _settle_ledger(self, key: TreeKey, outcome: str, signalled: bool,
+                       owed: list[dict[str, Any]]) -> None:
+        """The state file's side of a settled reap, with the records it owes. One that
+        cannot be written (a full or read-only state directory) is left "reaping" there:
+        its records are written from memory where the log can take them, and the next
+        start only settles it from its final record, continuing nothing twice."""
         try:
-            self._work.ledger.settle_interrupted(key, outcome, signalled=signalled)
+            self._work.ledger.settle_interrupted(key, outcome, signalled=signalled,
+                                                 owed=owed)
         except LedgerError as exc:
-            log.error("interrupted reap of %s is audited but not settled in the state file "
-                      "(%s); the next start settles it from its final record", key, exc)
+            self._trail.keep(owed)
+            log.error("interrupted reap of %s is not settled in the state file (%s); the "
+                      "next start settles it from its final record", key, exc)
 
 
 #: How every record of a settled interrupted reap begins.

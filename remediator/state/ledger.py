@@ -1,4 +1,5 @@
-"""The remediator's durable memory: dedupe keys, pending work, the rate-limit window.
+"""The remediator's durable memory: dedupe keys, pending work, the rate-limit window,
+and the audit records owed to the log (written there once it can take them).
 
 Every change is written to one JSON file under `state_dir` (temp file, fsync, rename,
 fsync the directory) before it takes effect: redeliveries, HA peers and restarts never
@@ -6,7 +7,8 @@ reap twice. A key is recorded "reaping", and its members named, before the first
 after a crash the tree counts as done and what it left stopped is continued. Keys name
 processes of one boot (the file records the boot id). Times are on the boot clock, which
 no wall-clock step moves; only the rate-limit window outlives a reboot, placed before 0
-so that downtime is never credited.
+so that downtime is never credited. Owed audit records outlive a reboot too: they are
+what happened, whatever the boot.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class Ledger:
         #: (began, mode, owner) of each reap: the rate-limit window (owner None: a reap
         #: recorded before owners were kept)
         self._reaps: list[tuple[float, str, str | None]] = []
+        #: audit records that could not be written when made, oldest first (as_written)
+        self._owed: list[dict[str, Any]] = []
         try:
             self._boot = boot()
         except OSError as exc:
@@ -156,6 +160,7 @@ class Ledger:
                             for k, v in data.get("first_seen", {}).items()}
         self._gpus = {TreeKey.parse(k): tuple(str(u) for u in v)
                       for k, v in data.get("gpus", {}).items()}
+        self._owed = [dict(r) for r in data.get("owed", [])]  # absent before issue 47
 
     def _save(self) -> None:
         """Persist everything, atomically; if that fails, the in-memory state goes back to
@@ -169,6 +174,7 @@ class Ledger:
             "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
             "gpus": {str(k): list(v) for k, v in sorted(self._gpus.items())},
             "reaps": [[t, m] if o is None else [t, m, o] for t, m, o in self._reaps],
+            "owed": self._owed,
         }
         payload = json.dumps(data, indent=1, sort_keys=True)
         try:
@@ -243,6 +249,23 @@ class Ledger:
         """Each reap in `mode`, with whose tree it was: the rate-limit window."""
         with self._lock:
             return tuple(ReapMark(t, o) for t, m, o in self._reaps if m == mode)
+
+    def owed(self) -> list[dict[str, Any]]:
+        """The audit records owed to the log, oldest first (copies)."""
+        with self._lock:
+            return copy.deepcopy(self._owed)
+
+    def owed_count(self) -> int:
+        """How many audit records are owed (cheap: health asks at every scrape)."""
+        with self._lock:
+            return len(self._owed)
+
+    def owed_load(self) -> tuple[int, int]:
+        """(records owed, their size in bytes as JSON): what the bound on them counts."""
+        with self._lock:
+            if not self._owed:
+                return 0, 0
+            return len(self._owed), sum(len(json.dumps(r)) for r in self._owed)
 
     def next_due(self) -> PendingItem | None:
         with self._lock:
@@ -341,11 +364,18 @@ class Ledger:
                 entry["signalled"] = True
             self._save()
 
-    def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool) -> None:
-        """Settle a reap. One that sent no signal (aborted early) frees its key and its slot."""
+    def finish_reap(self, key: TreeKey, outcome: str, *, signalled: bool,
+                    owed: dict[str, Any] | None = None) -> None:
+        """Settle a reap. One that sent no signal (aborted early) frees its key and its slot.
+        `owed`: its final record, which the audit log could not take: owed in the same
+        write that settles the reap, so no crash or restart can lose it."""
         with self._lock:
+            if owed is not None:
+                self._owed.append(owed)
             entry = self._done.get(key)
             if entry is None:
+                if owed is not None:
+                    self._save()
                 return
             if signalled or outcome == Outcome.DRY_RUN:
                 entry.update(status=ReapStatus.DONE, outcome=outcome)
@@ -364,17 +394,29 @@ class Ledger:
                 break
 
     def settle_interrupted(self, key: TreeKey, outcome: str = "interrupted", *,
-                           signalled: bool = True) -> None:
+                           signalled: bool = True,
+                           owed: Iterable[dict[str, Any]] = ()) -> None:
         """A reap cut short by a crash: done for good (never re-killed without a new key),
         or, when it cannot have signalled anything (`signalled` False), forgotten like
-        one that aborted early: a later delivery decides again."""
+        one that aborted early: a later delivery decides again. `owed`: its records the
+        audit log could not take, owed in the same write (as finish_reap's)."""
+        owed = list(owed)
         with self._lock:
+            self._owed.extend(owed)
             entry = self._done.get(key)
             if entry is not None:
                 if signalled:
                     entry.update(status=ReapStatus.DONE, outcome=outcome)
                 else:
                     self._free(key, entry)
+            if entry is not None or owed:
+                self._save()
+
+    def paid(self, record: dict[str, Any]) -> None:
+        """An owed record is in the log now: no longer owed."""
+        with self._lock:
+            if record in self._owed:
+                self._owed.remove(record)
                 self._save()
 
 
@@ -410,8 +452,8 @@ def read_state(data: Any, boot: str, wall: float, boot_now: float) -> dict[str, 
         written = float(data["boot_clock"])
         data["reaps"] = [[min(float(t) - written, 0.0), *rest]
                          for t, *rest in data.get("reaps", [])]
-    if not same_boot:  # keys name processes of one boot: only the window survives
-        data = {"reaps": data.get("reaps", [])}
+    if not same_boot:  # keys name processes of one boot: the window and what is owed survive
+        data = {"reaps": data.get("reaps", []), "owed": data.get("owed", [])}
     # A sighting from the future (a version that took a wall-clock step for an age) is now.
     data["first_seen"] = {k: min(float(v), boot_now)
                           for k, v in data.get("first_seen", {}).items()}

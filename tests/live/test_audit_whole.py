@@ -134,8 +134,10 @@ def test_a_full_disk_under_a_real_remediator_leaves_no_record_to_glue_onto(
     wait_for(orphan.none_alive, what="the reap once the disk has room")
     h.settle()
     phases = [(r["reap_id"] is not None, r["phase"]) for r in h.audit()[1:]]
-    assert phases == [(True, "intent"), (True, "final")]
-    intent = h.audit()[1]
+    # The refused reap's final record (owed while the disk was full), then this reap's.
+    assert phases == [(True, "final"), (True, "intent"), (True, "final")]
+    assert h.audit()[1]["decision"]["reason"] == "audit-failed"
+    intent = h.audit()[2]
     assert sorted(m["pid"] for m in intent["tree"]["members"]) == sorted(orphan.members)
     metrics = h.client.get("/metrics").get_data(as_text=True)
     assert "gpuguard_remediator_audit_damaged_lines_total 0.0" in metrics

@@ -257,7 +257,12 @@ def test_no_signal_without_an_audit_record_and_the_remediator_says_so(
     assert account(h.post(payload(orphan.alert())))["status"] == "accepted"
     wait_for(orphan.none_alive, what="the reap once the audit log is writable")
     h.settle()
-    assert [r["phase"] for r in h.audit()] == ["intent", "final"]
+    # The refused reap's final record was owed (issue 47): written first, as made.
+    refused, intent, final = h.audit()
+    assert (refused["phase"], refused["decision"]["reason"]) == ("final", "audit-failed")
+    assert refused["signals"] == [] and "retried_at" in refused
+    assert [r["phase"] for r in (intent, final)] == ["intent", "final"]
+    assert "retried_at" not in final
     assert h.client.get("/healthz").status_code == 200
 
 
@@ -446,14 +451,19 @@ def test_an_interrupted_reap_that_cannot_be_audited_is_retried_and_reported(
     freeze_and_crash(tmp_path, orphan)
     h = harness(audit_log=str(full_disk / "audit.jsonl"))
     health = h.client.get("/healthz")
-    assert health.status_code == 503 and health.get_data(as_text=True) == "reaps-unsettled\n"
+    assert (health.status_code, health.get_data(as_text=True)) == (
+        503, "audit-log-unwritable\n")
     # Every freeze thaws: continued at once, its records owed until the disk has room.
     assert not any(stopped(p) for p in orphan.members) and orphan.all_alive()
+    assert len(h.service.ledger.owed()) == 2  # settled, its records owed (issue 47)
     (full_disk / "filler").unlink()
     wait_for(lambda: h.client.get("/healthz").status_code == 200, what="health back")
     # The intent record could not precede the SIGCONTs (the disk was full; the reap's
-    # own intent named these members): the final one says what was continued.
-    (final,) = h.audit()
+    # own intent named these members): it follows them, as made, then the final one
+    # says what was continued.
+    intent, final = h.audit()
+    assert (intent["phase"], final["phase"]) == ("intent", "final")
+    assert intent["ts"] <= final["ts"] and "retried_at" in intent and "retried_at" in final
     assert final["decision"]["reason"] == "interrupted-thawed", final["decision"]
     assert {(s["pid"], s["signal"]) for s in final["signals"]} == {
         (p, "SIGCONT") for p in orphan.members}

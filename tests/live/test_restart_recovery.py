@@ -9,6 +9,7 @@ built with the ledger as the reaper writes it (freeze_and_crash).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -305,6 +306,31 @@ def test_an_unwritable_audit_log_too_still_continues_the_frozen_tree(
     assert again.returncode == 3, again.stderr
     assert stopped(orphan.holder), again.stderr
     os.kill(orphan.holder, signal.SIGCONT)
+    # The records the first start owed (issue 47): once the log can be written, the next
+    # start writes them as they were made, saying what that start really continued.
+    subprocess.run(["umount", str(logs)], check=True)
+    mounts.remove(logs)
+    owed = json.loads((tmp_path / "state" / "remediator-state.json").read_text())["owed"]
+    assert [r["phase"] for r in owed] == ["intent", "final"]
+    third = subprocess.Popen([sys.executable, "-m", "gpuguard.remediator", "--config",
+                              str(config), "--insecure-no-auth", "--listen", "127.0.0.1:0",
+                              "--allow-pid-namespace"], cwd=REPO, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        from gpuguard.remediator.state.audit import AuditLog
+
+        log = AuditLog(logs / "audit.jsonl")
+        wait_for(lambda: len(log.records()) == 2, what="the owed records written")
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.communicate(timeout=60)
+    intent, final = log.records()
+    assert [(r["phase"], r["decision"]["reason"]) for r in (intent, final)] == [
+        ("intent", "interrupted"), ("final", "interrupted-thawed")]
+    assert [r for r in (intent, final) if "retried_at" not in r] == []
+    assert {(s["pid"], s["signal"], s["result"]) for s in final["signals"]} == {
+        (p, "SIGCONT", "sent") for p in orphan.members}
+    assert {k: v for k, v in final.items() if k != "retried_at"} == owed[1]
 
 
 def test_an_audit_log_that_cannot_be_read_still_lets_recovery_continue_the_tree(

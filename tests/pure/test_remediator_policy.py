@@ -479,6 +479,28 @@ def test_ledger_forgets_keys_of_another_boot(tmp_path: Path) -> None:
     assert again.reap_times("enforce") == (-50.0,)
 
 
+def test_owed_audit_records_outlive_a_restart_and_a_reboot_until_paid(tmp_path: Path) -> None:
+    """A reap's final record the audit log could not take is owed in the write that
+    settles the reap (issue 47); it outlives a restart and a reboot (it is what
+    happened); a file from before (no "owed") owes nothing."""
+    old = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: "boot-1", boot_clock=lambda: NOW)
+    assert old.owed() == [] and old.owed_load() == (0, 0)
+    record = {"phase": "final", "reap_id": "r1", "ts": NOW, "signals": [{"pid": 5}]}
+    old.begin_reap(KEY, "enforce", "fp1")
+    old.finish_reap(KEY, "reaped", signalled=True, owed=record)
+    old.settle_interrupted(TreeKey("node-a", 5, 6), owed=[{"phase": "intent", "ts": NOW}])
+    again = Ledger(tmp_path, clock=lambda: NOW, boot=lambda: "boot-2", boot_clock=lambda: 1.0)
+    assert again.done_modes() == {}  # keys of another boot: forgotten
+    assert again.owed() == [record, {"phase": "intent", "ts": NOW}]
+    assert again.owed_load()[0] == 2
+    again.paid(record)
+    assert Ledger(tmp_path, boot=lambda: "boot-2").owed() == [{"phase": "intent", "ts": NOW}]
+    saved = json.loads((tmp_path / "remediator-state.json").read_text())
+    del saved["owed"]  # as an older version wrote it
+    (tmp_path / "remediator-state.json").write_text(json.dumps(saved))
+    assert Ledger(tmp_path, boot=lambda: "boot-2").owed() == []
+
+
 def test_a_wall_clock_step_makes_the_ledger_forget_nothing(tmp_path: Path) -> None:
     """Retention and the rate-limit window count on the boot clock: 40 days' step of the
     wall clock (past both retentions) between two runs of one boot drops nothing."""
