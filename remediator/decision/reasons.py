@@ -56,6 +56,8 @@ class DecisionReason(StrEnum):
     SIGNAL_FAILED = "signal-failed"
     TREE_TOO_LARGE = "tree-too-large"
     MEMBER_TRACED = "member-traced"
+    #: A member stopped (state T) before this reap sent it SIGSTOP: someone else's stop.
+    MEMBER_STOPPED = "member-stopped"
     WORKER_TIMEOUT = "worker-timeout"
     NVML_TIMEOUT = "nvml-timeout"
     GUARDIAN_FAILED = "guardian-failed"

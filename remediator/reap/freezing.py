@@ -15,7 +15,7 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.descriptors import Budget, descriptor_budget
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member
-from gpuguard.orphans.process import ProcInfo, ProcUnreadable, is_child_of
+from gpuguard.orphans.process import STOPPED_STATES, ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.vocabulary import Reason
 from gpuguard.remediator.decision.inspection import member_of
@@ -100,7 +100,7 @@ class Freezer:
         signaller = self.signaller
         run.mark(list(run.targets.values()), held=True)
         for target in list(run.targets.values()):
-            signaller.stop(run, target)
+            self.stop(run, target)
         self.refused_stop(run)
         while True:
             signaller.wait_stopped(run, min(deadline,
@@ -194,6 +194,52 @@ class Freezer:
                                "its tracer, not this reap, decides when it runs again, and "
                                "sees every signal but SIGKILL first")
 
+    @staticmethod
+    def stopped_elsewhere(info: ProcInfo, view: ProcSource) -> tuple[str, str] | None:
+        """A member stopped (state T) by someone other than this reap, as a refusal: read
+        before this reap sent it SIGSTOP, so its owner (Ctrl-Z), a debugger, another
+        reaper or one that died holds it, and decides when it runs again. A tree judged
+        and killed on that stop would rest on a freeze this reap does not hold: whoever
+        holds it may continue it between the last judgement and SIGTERM (to exec a
+        protected program), and a reap that gives up must leave it stopped, not running.
+        A zombie main thread (pthread_exit()) counts its live threads' states; threads
+        that cannot be read leave it unknown."""
+        stopped = info.is_stopped
+        if not stopped and info.is_zombie:
+            try:
+                states = view.thread_states(info.pid) or ()
+            except ProcUnreadable as exc:
+                return Reason.MEMBER_UNKNOWN, (f"{info.pid} ({info.comm}): its threads "
+                                               f"cannot be read ({exc}), so whether someone "
+                                               "else holds it stopped cannot be told")
+            stopped = any(state in STOPPED_STATES for state in states)
+        if not stopped:
+            return None
+        return DecisionReason.MEMBER_STOPPED, (
+            f"{info.pid} ({info.comm}) was stopped (state {info.state}) before this reap "
+            "stopped it: whoever stopped it (its owner, a debugger, another reaper) decides "
+            "when it runs again; nothing is terminated, and it is left stopped")
+
+    def stop(self, run: ReapRun, target: Target) -> None:
+        """SIGSTOP a member during the freeze, unless /proc, read right before the signal,
+        shows it stopped by someone else: then the tree is refused (`member-stopped`) with
+        nothing sent to it. Whoever catches the Abort thaws (Signaller.thaw): it continues
+        what this reap stopped and takes back the held marks of the rest, this member's
+        included (crash recovery continues only what this reap may have stopped)."""
+        pid = target.member.pid
+        try:
+            info = run.view.fresh_stat(pid)
+            refused = (None if info is None or info.start_time != target.member.start_time
+                       else self.stopped_elsewhere(info, run.view))
+        except ProcUnreadable as exc:
+            refused = (Reason.MEMBER_UNKNOWN,
+                       f"{pid} ({target.member.comm}): its state cannot be read right "
+                       f"before its SIGSTOP ({exc}), so whether someone else holds it "
+                       "stopped cannot be told")
+        if refused is not None and not target.stopped:
+            raise Abort(*refused)
+        self.signaller.stop(run, target)  # exited since (or ours already): send says so
+
     @classmethod
     def _refusal(cls, run: ReapRun, member: Member, info: ProcInfo, view: ProcSource, *,
                  threads: bool = False) -> tuple[str, str] | None:
@@ -214,9 +260,13 @@ class Freezer:
 
         The policy's refusals (pid 1, root-owned, users) and the classifier's own
         protections (protect pattern, SIGHUP ignored, keep marker, unreadable facts)
-        apply to every process a reap would signal, read now.
+        apply to every process a reap would signal, read now; so does a stop this reap did
+        not make (stopped_elsewhere): a member found stopped is never recorded, never
+        signalled, so the ledger's "stopped already" is never true of what it records.
         """
         refused = self._refusal(run, target.member, target.info, run.view)
+        if refused is None:
+            refused = self.stopped_elsewhere(target.info, run.view)
         if refused is not None:
             if target.fd is not None:
                 os.close(target.fd)
@@ -252,7 +302,10 @@ class Freezer:
                     return joined
             if stop:
                 for target in generation:
-                    self.signaller.stop(run, target)
+                    if refuse:  # the freeze: someone else's stop refuses the tree
+                        self.stop(run, target)
+                    else:  # after SIGTERM: a joiner found stopped was left alone
+                        self.signaller.stop(run, target)
             joined.extend(generation)
             frontier = generation
         return joined

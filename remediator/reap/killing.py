@@ -31,6 +31,8 @@ class Killer:
         survivors = self.wait_gone(run, run.policy.term_timeout_seconds)
         if not survivors:
             return survivors
+        # Survivors of our SIGTERM and SIGCONT: whatever stops them now is this reap's
+        # SIGSTOP (ours to continue, handed to the guardian), whatever /proc said before.
         run.mark(survivors, held=True)
         for target in survivors:
             signaller.stop(run, target)

@@ -165,14 +165,14 @@ class Signaller:
                             (self.monotonic() - run.started) * 1000)
 
     def stop(self, run: ReapRun, target: Target) -> None:
-        """SIGSTOP; a process that was stopped already (Ctrl-Z, a scheduler) stays ours
-        to kill but not ours to continue if the reap is abandoned."""
-        before = self.fresh(run, target.member.pid)
+        """SIGSTOP, and from here on the member is this reap's: flagged before the signal
+        (an exception, a signal's Interrupted, landing right after the kernel took the
+        SIGSTOP still finds the member to continue) and handed to the thaw guardian first,
+        whatever /proc said before: "ours" is what this reap did. A member someone else
+        holds stopped is refused before this is called (Freezer.stop)."""
         previous = target.stopped
-        # Flagged before the signal: an exception (a signal's Interrupted) landing right
-        # after the kernel took the SIGSTOP still finds the member to continue.
-        target.stopped = before is None or not before.is_stopped
-        if target.stopped and not previous:
+        target.stopped = True
+        if not previous:
             self._guard(run, target, previous)
         if self.send(run, target, signal.SIGSTOP) != SignalResult.SENT:
             target.stopped = previous
@@ -193,10 +193,11 @@ class Signaller:
                         "freeze nothing would continue if this process died") from None
 
     def thaw(self, run: ReapRun) -> None:
-        """Undo a partial freeze: an aborted reap must leave the tree as it found it (what
-        was stopped before it came stays stopped). Every stopped member gets its SIGCONT
-        even when one of them raises (that is raised at the end); a thaw that runs again
-        sends only what is still owed."""
+        """Undo a partial freeze: an aborted reap must leave the tree as it found it (a
+        member someone else had stopped was refused, never signalled: it stays stopped).
+        Every member this reap stopped gets its SIGCONT even when one of them raises (that
+        is raised at the end); a thaw that runs again sends only what is still owed. The
+        crash ledger then holds none it did not stop, or has continued, as held."""
         failure: BaseException | None = None
         continued: list[Target] = []
         for target in list(run.targets.values()):
@@ -208,7 +209,7 @@ class Signaller:
                         continued.append(target)
                 except BaseException as exc:  # the next member is still continued
                     failure = failure or exc
-        run.mark(continued, held=False)
+        run.mark([t for t in run.targets.values() if not t.stopped], held=False)
         self.unguard(continued)
         if failure is not None:
             raise failure

@@ -100,8 +100,10 @@ class InterruptedReaps:
         # Only what this reap may have stopped: marked held (right before its SIGSTOP,
         # cleared once the reap continued it: see Reaper.thaw_interrupted for what that
         # can and cannot tell), and not stopped already when the reap held it (Ctrl-Z,
-        # a scheduler): that one is left as its owner left it. A state file from
-        # before the marks (3 fields) counts every member as held.
+        # a scheduler): that one is left as its owner left it. A reap refuses such a
+        # member before recording it (member-stopped), so only a state file an earlier
+        # version wrote has one. A state file from before the marks (3 fields) counts
+        # every member as held.
         thaw = [(pid, start) for pid, start, was_stopped, held in recorded
                 if held and not was_stopped]
         record = functools.partial(

@@ -22,10 +22,13 @@ def thaw_interrupted(signaller: Signaller, counters: Counters,
 
     The caller audits first, and passes only members the interrupted reap may have
     stopped itself: marked held (written right before their SIGSTOP, cleared once the
-    reap continued them) and not stopped already when the reap found them. /proc never
-    says who stopped a process: a stop its owner sent after the crash cannot be told
-    from ours, and is continued too (the freeze was ours). A member the reap never
-    stopped, or had already continued, is never continued here.
+    reap continued them, or, for those it never stopped, once it gave up) and not
+    stopped already when the reap found them (a reap refuses such a member before
+    recording it: only an earlier version's state file has one; every member a reap
+    sent SIGSTOP is marked held first). /proc never says who stopped a process: a stop
+    its owner sent after the crash cannot be told from ours, and is continued too (the
+    freeze was ours). A member the reap never stopped, or had already continued, is
+    never continued here.
     """
     run = ReapRun(started=signaller.monotonic(), path=signaller.path,
                   view=ProcessView(counters=counters), policy=Remediate(), rules=Rules(),

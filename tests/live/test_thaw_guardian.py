@@ -263,26 +263,30 @@ def test_gpuguard_reap_sigkilled_mid_freeze_leaves_nothing_stopped(
 def test_a_member_stopped_before_the_reap_stays_stopped(
         tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, console_env: dict[str, str],
         gates: Callable[[Callable[[], bool]], FreezeGate]) -> None:
+    """Its owner's stop is not the reap's (issue 47): `gpuguard reap --apply` refuses the
+    tree (`member-stopped`, exit 6) before any signal, so nothing is handed to the guardian
+    and nothing is stopped; the sibling stays stopped. (It was "ours to kill": the tree was
+    frozen around it and killed, the sibling never handed to the guardian.)"""
     tree = spawn_orphan(trees, fake_gpu, STOPPED_SIBLING)
     sibling = tree.tree.pid("sibling")
     os.kill(sibling, signal.SIGSTOP)  # its owner's Ctrl-Z: not ours to continue
     wait_for(lambda: stopped(sibling), what="the sibling to stop")
-    ours = tree.members
-    gate = gates(lambda: all(stopped(p) for p in [*ours, sibling]))
-    reap = console_reap(console_env, confirming(tmp_path, gate), tree)
+    gate = gates(lambda: all(stopped(p) for p in [*tree.members, sibling]))
     try:
-        assert gate.held.wait(30), "the reap never asked Alertmanager with the tree frozen"
-        guardian = guardian_of(reap.pid)
-        assert sibling not in pidfds(guardian).values()  # never handed to the guardian
-        assert_thawed_after_sigkill(reap, ours)
-        wait_for(lambda: not alive(guardian), what="the guardian to exit once it thawed")
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuguard.console", "reap", str(tree.root), "--apply",
+             "--start-time", str(tree.root_start), "--allow-pid-namespace", "--config",
+             str(confirming(tmp_path, gate)), "--json"], cwd=REPO, env=console_env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 6, (done.stdout, done.stderr)
+        result = json.loads(done.stdout)
+        assert (result["outcome"], result["reason"]) == ("aborted", "member-stopped"), result
+        assert f"{sibling} " in result["detail"] and result["signals"] == [], result
+        assert not gate.held.is_set()  # never frozen, so never asked frozen
         assert stopped(sibling) and alive(sibling)
+        assert tree.all_alive() and not any(stopped(p) for p in tree.members)
     finally:
-        if reap.poll() is None:
-            reap.kill()
-        reap.wait(timeout=10)
-        assert reap.stderr is not None
-        reap.stderr.close()
+        os.kill(sibling, signal.SIGCONT)
 
 
 # -- the guardian alone, this test process as its reaper -----------------------------
