@@ -29,6 +29,9 @@ except ImportError:  # Windows
     import msvcrt
 
 LOCK_NAME = "reap.lock"
+#: What a lock another holder has answers with (flock: EWOULDBLOCK; msvcrt: EACCES, EDEADLOCK).
+_HELD_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, errno.EDEADLK,
+                          getattr(errno, "EDEADLOCK", errno.EDEADLK)})
 #: What a holder's note may take (it is read only to name the holder in a refusal).
 NOTE_BYTES = 4096
 
@@ -124,6 +127,8 @@ def _try_lock(fd: int) -> bool:
     except (BlockingIOError, PermissionError):
         return False
     except OSError as exc:
+        if exc.errno in _HELD_ERRNOS:  # Windows: msvcrt answers a held range so
+            return False
         raise ReapLockRefused(DecisionReason.REAP_LOCK_UNAVAILABLE,
                               f"cannot lock the host's reap lock: {exc.strerror or exc}") from None
     return True

@@ -332,6 +332,33 @@ def test_confirm_refuses_a_protected_tree(tmp_path: Path, trees: Trees, fake_gpu
     assert record["manual"]["command"] == "gpuguard mcp gpu_reap"
 
 
+def test_confirm_meets_the_brakes_a_person_meets(tmp_path: Path, trees: Trees,
+                                                fake_gpu: FakeGpuWorld, server: Server) -> None:
+    """Issue 47: an agent reaped under `rate_limit.max_reaps: 0` and a tree orphaned 0.8 s
+    earlier under min_age_seconds. Both brakes now hold for gpu_reap, which cannot lift
+    them; nothing is signalled and each refusal is audited."""
+    off = held_tree(trees, fake_gpu, ATTACHED, kill_launcher=True)
+    young = held_tree(trees, fake_gpu, ATTACHED, kill_launcher=True)
+    got: list[tuple[str, dict[str, Any]]] = []
+
+    def scenario_for(root: int) -> Scenario:
+        async def scenario(session: ClientSession) -> None:
+            got.append(error(await call(session, "gpu_reap", {
+                "root_pid": root, "root_start_time": start_time_of(root), "confirm": True})))
+        return scenario
+
+    (tmp_path / "off").mkdir()
+    (tmp_path / "young").mkdir()
+    server.run(config_file(tmp_path / "off", rate_limit={"max_reaps": 0, "per_seconds": 3600}),
+               scenario_for(off))
+    server.run(config_file(tmp_path / "young", min_age_seconds=300), scenario_for(young))
+    (off_text, off_doc), (young_text, young_doc) = got
+    assert off_doc["reason"] == "rate-limited" and "reaping is off" in off_text
+    assert young_doc["reason"] == "too-young" and "no record" in young_text
+    assert off_doc["error"]["code"] == young_doc["error"]["code"] == "refused"
+    assert untouched([off, young])
+
+
 #: The launcher leaves by itself (`exit 0`) with its job still running below it.
 LEAVES = 'sh -c "{holder} --pidfile {dir}/worker" & echo $! > {dir}/root; exit 0'
 
