@@ -18,6 +18,9 @@ from gpuguard.console.contract import EXIT_REFUSED
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.state.ledger import Ledger
+from gpuguard.remediator.state.reap_lock import ReapLock
+from tests.live.test_kill_safety import freeze_and_crash
+from tests.live.test_restart_recovery import stopped
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for
 from tests.support.remediator_harness import (
@@ -191,3 +194,25 @@ def test_manual_reaps_count_in_the_remediators_window_by_owner(
     owner = json.loads(proc.stdout)["members"][0]["user"]
     assert f"1 reaps of {owner}'s trees" in decision["detail"]
     assert untouched(second)
+
+
+def test_recovery_waits_while_another_reap_holds_the_lock(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, harness: Any) -> None:
+    """Crash recovery's SIGCONTs are signals too: while another reaper holds the host's
+    reap lock (it may hold these very processes stopped, and a SIGCONT would undo its
+    freeze), recovery waits; the worker settles it once the lock is free."""
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    freeze_and_crash(tmp_path, orphan)  # the remediator died with the tree frozen
+    other = ReapLock(tmp_path / "state")
+    other.acquire({"by": "gpuguard reap by someone", "key": "elsewhere"})
+    try:
+        h: Harness = harness()
+        assert h.service.interrupted.unsettled and h.service.interrupted.waiting
+        assert "gpuguard reap by someone" in h.service.interrupted.waiting
+        assert all(stopped(p) for p in orphan.members)  # not continued under its feet
+    finally:
+        other.release()
+    wait_for(lambda: not any(stopped(p) for p in orphan.members), what="the thaw")
+    wait_for(lambda: not h.service.interrupted.unsettled, what="recovery settled")
+    settled = [r for r in audit(h.audit_path) if r["phase"] == "final"]
+    assert settled and settled[-1]["decision"]["reason"] == "interrupted-thawed"
