@@ -1927,3 +1927,27 @@ def test_pidns_tier_a_member_marked_to_keep_outlives_the_launcher_under_the_init
         end_kept(fd)
     gone_within([kept, run.init], 1.0)  # the namespace empty, the init goes
 
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_a_launcher_dying_right_after_its_release_leaves_the_namespace_alive(
+        trees: Trees, rundir: Path, user: str) -> None:
+    """The init drops its parent-death SIGKILL only once it has read RELEASE: a launcher
+    that dies of SIGTERM right after releasing it (a teardown that kept a member) waits
+    until it has, else the init dies with it and takes the kept member along. The init
+    is held stopped past the teardown, so the launcher's exit would come first."""
+    run = InNamespace(trees, rundir, ["kept"], user)
+    kept = run.pid("kept")
+    fd = pidfd_of(kept)
+    try:
+        held_stopped(run.init)
+        os.kill(run.launcher, signal.SIGTERM)
+        wait_for(lambda: any(line.startswith(AUDIT) for line in
+                             (rundir / "stderr").read_text().splitlines()),
+                 what="the teardown's audit line")
+        os.kill(run.init, signal.SIGCONT)
+        assert run.status() == 128 + signal.SIGTERM
+        wait_for(lambda: not alive(run.launcher), what="the launcher to exit")
+        assert alive(run.init) and alive(kept)
+    finally:
+        end_kept(fd)
+    gone_within([kept, run.init], 1.0)
