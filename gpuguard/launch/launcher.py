@@ -3,7 +3,7 @@
 It becomes a child subreaper, asks for a parent-death signal, starts CMD with a
 parent-death SIGKILL, in the launcher's own process group (so that job control works as
 without it), and at the end reaps every descendant with the remediator's verified reap
-(teardown.py). README "Prevention: gpuguard run" has the user's side.
+(teardown/). README "Prevention: gpuguard run" has the user's side.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from gpuguard.launch.subreaper import (
     unsupported,
 )
 from gpuguard.launch.supervision import supervise
-from gpuguard.launch.teardown import reap_tree, teardown_line
+from gpuguard.launch.teardown.keeping import INHERITED, honoured, inherits_keep, read_ahead
+from gpuguard.launch.teardown.report import audit_line, teardown_line
+from gpuguard.launch.teardown.rounds import reap_tree
 from gpuguard.launch.tiers import Hold, choose, refusal
 
 #: Bound on the signals dropped at the end (real-time signals queue, one by one).
@@ -86,6 +88,7 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
             say(f"gpuguard run: the parent process {parent} died before the launcher could "
                 "watch it; CMD not started")
             return Exit(EXIT_PARENT_DIED)
+        read_ahead()
         # Before the subreaper: the guardian's middle process must hand it to PID 1 (or
         # the next subreaper up), never to this launcher's teardown.
         hold = choose(options, own_start_time())
@@ -96,6 +99,10 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
             say(f"gpuguard run: {hold.describe()}")
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         registered = register_launcher(options.marks_dir, hold.tier)
+        # CMD is given this environment: a keep mark in it would be every member's.
+        inherited = inherits_keep(os.environb)
+        if inherited:
+            say(INHERITED)
         try:
             cmd = spawn(argv, mask, sigint_default=sigint_default,
                         sigchld_ignored=sigchld is signal.SIG_IGN, in_pidns=hold.init is not None)
@@ -107,14 +114,7 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
         step = supervise(cmd, waited, options, parent)
         cmd.returncode = step.code  # collected by our own waitpid(); Popen must not wait
         if step.reap:
-            teardown = reap_tree(options, kept=hold.kept())
-            line = teardown_line(step.why, teardown)
-            if line is not None:
-                say(line)
-            # A member let go of and gone by the end still leaves the tier armed: what it
-            # handed over after the last listing is the guardian's (or the init's) to take.
-            clean = not (teardown.survivors or teardown.refused or teardown.exited
-                         or teardown.problems)
+            clean = tear_down(step.why, options, hold, inherited)
         else:
             clean = True  # --keep-leftovers: what is left is meant to outlive the run
         collect_zombies()
@@ -132,6 +132,22 @@ def run(argv: Sequence[str], options: Options, *, parent: int | None = None) -> 
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if sigchld is not None:
             signal.signal(signal.SIGCHLD, sigchld)
+
+
+def tear_down(why: str, options: Options, hold: Hold, inherited: bool) -> bool:
+    """Reap the tree, keeping what its user marked to keep, and say on stderr what became
+    of it; whether the tier may be released (nothing left for it to kill)."""
+    teardown = reap_tree(options, kept=hold.kept(), marks=honoured(inherited))
+    for line in (teardown_line(why, teardown),
+                 audit_line(why, teardown, (os.getpid(), own_start_time()))):
+        if line is not None:
+            say(line)
+    # A member let go of and gone by the end still leaves the tier armed: what it handed
+    # over after the last listing is the guardian's (or the init's) to take. What its
+    # user marked to keep must outlive the run, so it releases the tier, as
+    # --keep-leftovers does (what the teardown gave up on then lives on too).
+    return bool(teardown.kept) or not (teardown.survivors or teardown.refused
+                                       or teardown.exited or teardown.problems)
 
 
 def end(how: Exit) -> int:

@@ -33,6 +33,9 @@ MS_SLAVE = 1 << 19
 #: The byte the launcher writes when its run ended normally: the init then stays until
 #: the namespace is empty (what --keep-leftovers kept), instead of dying with it.
 RELEASE = b"r"
+#: The longest the launcher waits for the init to take RELEASE (it answers in
+#: milliseconds; one that is gone answers at once).
+RELEASE_ACK_SECONDS = 2.0
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -155,9 +158,16 @@ class Init:
     release_fd: int
 
     def release(self) -> None:
-        """The run ended normally: the init stays until the namespace is empty."""
+        """The run ended normally: the init stays until the namespace is empty. Waits
+        (RELEASE_ACK_SECONDS at most) until the init has dropped its parent-death SIGKILL
+        and closed its end of the pipe: a launcher that dies of a signal right after (a
+        teardown that kept a member, then SIGTERM's own death) would otherwise kill the
+        namespace, what was kept in it included, before the init read RELEASE."""
         try:
             os.write(self.release_fd, RELEASE)
+            acked = select.poll()
+            acked.register(self.release_fd, 0)  # POLLERR: no reader left
+            acked.poll(int(RELEASE_ACK_SECONDS * 1000))
         except OSError:
             pass
         os.close(self.release_fd)
@@ -257,3 +267,4 @@ def init(release_fd: int) -> None:  # pragma: no cover - the init's side
             released = True
             prctl(PR_SET_PDEATHSIG, 0)
             poller.unregister(release_fd)
+            os.close(release_fd)  # the launcher's Init.release waits for this

@@ -22,7 +22,7 @@ from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.policy import member_refusal
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
-from gpuguard.remediator.reap.outcome import KillPath
+from gpuguard.remediator.reap.outcome import Kept, KillPath
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
 from gpuguard.remediator.reap.signalling import OUT_OF_DESCRIPTORS, Signaller
@@ -146,12 +146,16 @@ class Freezer:
         view = ProcessView(counters=self.counters)
         kept: list[Target] = []
         for target in targets:
-            if target.exited:
-                continue
+            if target.exited or run.targets.get(target.member.pid) is not target:
+                continue  # exited, or let go of with a kept member above it
             info = view.fresh_stat(target.member.pid)
             if (info is None or info.start_time != target.member.start_time
                     or not info.is_live(view.thread_states)):
                 target.exited = True
+                continue
+            why = run.spare(info, view) if run.spare is not None else None
+            if why is not None:
+                self.let_go_kept(run, target, why)
                 continue
             member = member_of(info, view)
             refused = self._refusal(run, member, info, view, threads=True)
@@ -167,6 +171,21 @@ class Freezer:
                 signaller.release(target)
                 run.notes.append(f"left {target.member.pid} alone: {refused[1]}")
         return kept
+
+    def let_go_kept(self, run: ReapRun, target: Target, why: str) -> None:
+        """Let go of a held member that `spare` keeps, and of every held member below it:
+        continued if this reap stopped them, never signalled again, reported in `kept`."""
+        below = {target.member.pid}
+        for other in list(run.targets.values()):  # parents were held before their children
+            if other.info.ppid in below:
+                below.add(other.member.pid)
+        group = [run.targets.pop(pid) for pid in sorted(below) if pid in run.targets]
+        self.signaller.resume(run, [t for t in group if t.stopped])
+        for held in group:
+            self.signaller.release(held)
+        run.kept.append(Kept(target.member, why))
+        run.notes.append(f"kept {target.member.pid} ({target.member.comm}) and "
+                         f"{len(group) - 1} held below it: {why}")
 
     @staticmethod
     def traced(info: ProcInfo, view: ProcSource, *, threads: bool) -> tuple[str, str] | None:
@@ -256,7 +275,8 @@ class Freezer:
         return refused
 
     def _admit(self, run: ReapRun, target: Target, *, refuse: bool = True) -> bool:
-        """Add a held process to the reap unless a rule refuses it (then abort or skip).
+        """Add a held process to the reap unless `spare` keeps it (then it is let go of)
+        or a rule refuses it (then abort or skip).
 
         The policy's refusals (pid 1, root-owned, users) and the classifier's own
         protections (protect pattern, SIGHUP ignored, keep marker, unreadable facts)
@@ -264,6 +284,11 @@ class Freezer:
         not make (stopped_elsewhere): a member found stopped is never recorded, never
         signalled, so the ledger's "stopped already" is never true of what it records.
         """
+        why = run.spare(target.info, run.view) if run.spare is not None else None
+        if why is not None:  # kept: neither held nor walked below (hold_planned, collect)
+            self.signaller.release(target)
+            run.kept.append(Kept(target.member, why))
+            return False
         refused = self._refusal(run, target.member, target.info, run.view)
         if refused is None:
             refused = self.stopped_elsewhere(target.info, run.view)
@@ -329,7 +354,8 @@ class Freezer:
         generation: list[Target] = []
         for parent in frontier:
             for child in run.view.children(parent.member.pid) or ():
-                if child in run.targets or any(m.pid == child for m in run.released):
+                if (child in run.targets or any(m.pid == child for m in run.released)
+                        or any(k.member.pid == child for k in run.kept)):
                     continue
                 full = self._full(run)
                 target, why = ((None, OUT_OF_DESCRIPTORS) if full else

@@ -58,6 +58,16 @@ class SignalRecord:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A member a reap let go of, with everything below it, because its user marked it to
+    keep (only with the reap's `spare`: `gpuguard run`'s teardown); never signalled but to
+    continue what the reap had stopped."""
+
+    member: Member
+    why: str  # the protection's words: "is marked to keep (GPUGUARD_KEEP=1)"
+
+
+@dataclass(frozen=True)
 class ReapResult:
     outcome: Outcome
     reason: str = ""  # why an abort happened (a policy-style reason code)
@@ -74,6 +84,8 @@ class ReapResult:
     #: Members let go of because the kernel refused their SIGSTOP (only with
     #: refused_stop="release"; never signalled again, never in `members`).
     released: tuple[Member, ...] = ()
+    #: Members let go of, with what is below them, because `spare` named a keep mark.
+    kept: tuple[Kept, ...] = ()
 
     @property
     def signalled(self) -> bool:

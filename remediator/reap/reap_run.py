@@ -16,7 +16,7 @@ from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
-from gpuguard.remediator.reap.outcome import KillPath, SignalRecord
+from gpuguard.remediator.reap.outcome import Kept, KillPath, SignalRecord
 from gpuguard.remediator.state.audit import Phase
 
 log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts
@@ -42,6 +42,12 @@ Holding = Callable[[tuple[tuple[int, int], ...], bool], None]
 #: was), or "release" that member (`gpuguard run`: its own tree must go even when one
 #: member, a setuid-root helper, is beyond an unprivileged launcher's reach).
 RefusedStop = Literal["abort", "release"]
+
+
+#: What a reap keeps although a person or a launcher forced it: (the member as read, the
+#: reap's view) -> why it is kept (it and everything below it are let go of, never
+#: signalled), or None. `gpuguard run`'s teardown keeps what its user marked to keep.
+Spare = Callable[[ProcInfo, ProcSource], "str | None"]
 
 
 class Abort(Exception):
@@ -117,6 +123,7 @@ class Run(Generic[T]):
     notes: list[str] = field(default_factory=list)
     confirmed_ms: float | None = None
     released: list[Member] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)  # let go of, with what is below them
     holding: Holding | None = None  # the crash ledger's marks (the worker's reaps)
     events: ExitSource | None = None  # as the inspection had them: the verdict re-derived
     memory: LauncherMemory | None = None  # with the tree frozen rests on the same facts
@@ -152,9 +159,11 @@ class ReapRun(Run[Target]):
     """Linux's run: its kill path can change (pidfds, or the pid path), over a view."""
 
     view: ProcSource  # fresh for this reap: nothing read before it is trusted
+    spare: Spare | None = None  # what is kept, asked of every member before anything else
 
     def restart(self, path: KillPath, view: ProcSource) -> None:
         """Begin again on another kill path, with a new view: nothing held, nothing sent."""
         self.path, self.view = path, view
         self.targets, self.signals, self.notes, self.released = {}, [], [], []
+        self.kept = []
         self.confirmed_ms = None

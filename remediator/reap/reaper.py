@@ -36,6 +36,7 @@ from gpuguard.remediator.reap.reap_run import (
     NoPidfd,
     ReapRun,
     RefusedStop,
+    Spare,
     check_wanted,
 )
 from gpuguard.remediator.reap.recheck import recheck_frozen
@@ -97,6 +98,7 @@ class Reaper(ReaperCore):
         holding: Holding | None = None,
         events: ExitSource | None = None,
         memory: LauncherMemory | None = None,
+        spare: Spare | None = None,
     ) -> ReapResult:
         """Run one reap (or dry run) of `plan`; never raises for process-level trouble.
 
@@ -107,7 +109,10 @@ class Reaper(ReaperCore):
         `confirm` is asked after the intent record right before the first SIGSTOP, and
         again with the tree frozen right before the first SIGTERM (in a dry run, once,
         before it reports). `holding` (the worker's ledger) is told which members the
-        reap may hold stopped; `events` and `memory` are the inspection's.
+        reap may hold stopped; `events` and `memory` are the inspection's. `spare` (the
+        launcher's keep marks) is asked of every member before any other rule, at its
+        hold and again once frozen: a member it names is let go of with everything below
+        it (continued if the reap had stopped them) and reported in `kept`.
 
         Every way out continues (SIGCONT) what the reap stopped and has not killed: an
         abort, an exception, a deadline, and an Interrupted raised into it (then it
@@ -119,7 +124,7 @@ class Reaper(ReaperCore):
                       view=ProcessView(counters=self.counters), policy=policy, rules=rules,
                       protected=protected_pids, journal=None if plan.dry_run else journal,
                       force=force, holding=None if plan.dry_run else holding, events=events,
-                      memory=memory)
+                      memory=memory, spare=spare)
         if run.path == KillPath.PID and not policy.allow_without_pidfd:
             return self._result(run, plan, Outcome.ABORTED, NO_PIDFD,
                                 "pidfd_open is unavailable and remediate.allow_without_pidfd "

@@ -72,8 +72,8 @@ class ReaperCore:
                 after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)
                 reclaimed = max(0, plan.gpu_bytes - after)
         members = tuple(t.member for t in run.targets.values())
-        if not members and not run.released:  # refused before any target was opened
-            members = plan.members
+        if not members and not run.released and not run.kept:  # refused before any target
+            members = plan.members  # was opened
         return ReapResult(
             outcome=outcome,
             reason=reason,
@@ -88,6 +88,7 @@ class ReaperCore:
             duration_seconds=self._monotonic() - run.started,
             confirmed_ms=run.confirmed_ms,
             released=tuple(run.released),
+            kept=tuple(run.kept),
         )
 
     def _interrupted_result(self, run: Run[Any], plan: ReapPlan,

@@ -14,9 +14,13 @@ import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.host.counters import Counters
+from gpuguard.host.marks import Marks
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.rules_config import Rules
+from gpuguard.launch.teardown.keeping import spare_for
+from gpuguard.orphans.process import walk_members
+from gpuguard.orphans.protections import KEEP_REGISTRATION
+from gpuguard.orphans.rules_config import KEEP_MARK, Rules
 from gpuguard.remediator.decision.inspection import inspect_tree, member_of
 from gpuguard.remediator.decision.tree import Member, TreeKey
 from gpuguard.remediator.reap.outcome import KillPath, ReapResult
@@ -25,7 +29,14 @@ from gpuguard.remediator.reap.reap_run import Journal
 from gpuguard.remediator.reap.reaper import Reaper
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, live_threads, stat_fields, wait_for, zombie_leader
-from tests.support.remediator_harness import GIB, HOST, STUBBORN, Orphan, spawn_orphan
+from tests.support.remediator_harness import (
+    GIB,
+    HOST,
+    STUBBORN,
+    Orphan,
+    spawn_orphan,
+    start_time_of,
+)
 
 #: Lets the tests' own processes through whoever runs them (CI runs as root).
 RULES = Rules()
@@ -392,3 +403,45 @@ def test_crash_recovery_continues_a_stopped_process_whose_main_thread_exited(
     assert [(s.pid, s.signal, s.result) for s in signals] == [(pid, "SIGCONT", "sent")]
     wait_for(lambda: not threads_stopped(), what="its threads to run again")
     assert zombie_leader(pid)
+
+
+def test_a_member_marked_to_keep_once_frozen_is_continued_and_let_go_of_with_its_children(
+        trees: Trees, nvml: DriverLikeNvml, tmp_path: Path) -> None:
+    """`spare` (gpuguard run's keep marks, gpuguard/launch/teardown/keeping.py) is asked
+    again of the frozen tree: a member registered to keep after it was held is continued
+    and let go of with what is below it, never sent SIGTERM; the rest is reaped."""
+    tree = trees.spawn("sleep 3600 & echo $! > {dir}/other; "
+                       "bash -c 'sleep 3600 & echo $! > {dir}/below; wait' & "
+                       "echo $! > {dir}/kept; wait")
+    other, kept, below = tree.pid("other"), tree.pid("kept"), tree.pid("below")
+    root = tree.launcher.pid
+    marks = tmp_path / "marks"
+    marks.mkdir(mode=0o755)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    view = ProcessView(counters=Counters())
+    info = view.fresh_stat(root)
+    assert info is not None
+    members = walk_members(info, view.children, view.stat, view.fresh_stat, view.thread_states)
+    plan = ReapPlan(TreeKey(HOST, root, info.start_time),
+                    tuple(member_of(m, view) for m in members), (), 0, False, classified=False)
+    assert {m.pid for m in plan.members} >= {root, other, kept, below}
+    asked: list[None] = []
+
+    def confirm() -> None:
+        """Asked after every member was held and judged, right before the first SIGSTOP."""
+        if not asked:
+            Marks(str(marks), boot).register(KEEP_MARK, kept, start_time_of(kept))
+        asked.append(None)
+
+    result = Reaper(nvml=nvml, counters=Counters()).reap(
+        plan, policy=POLICY, rules=RULES, protected_pids=frozenset({1, os.getpid()}),
+        deadline=time.monotonic() + 30, journal=Written(), confirm=confirm, force=True,
+        spare=spare_for((KEEP_REGISTRATION,), Rules(marks_dir=str(marks))))
+    assert result.outcome == "reaped", result
+    assert [(k.member.pid, k.why) for k in result.kept] == [
+        (kept, "is registered to keep (`gpuguard keep`)")]
+    assert not alive(root) and not alive(other)
+    for pid in (kept, below):  # running again, never terminated
+        assert alive(pid) and (stat_fields(pid) or {}).get("state") != "T", pid
+        assert [s for p, s in sent(result) if p == pid] == ["SIGSTOP", "SIGCONT"]
+    assert {m.pid for m in result.members} == {root, other}

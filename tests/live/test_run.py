@@ -191,6 +191,16 @@ for action in actions:
         os.waitpid(middle, 0)
     elif action == "stray":  # double fork, same session: adopted by the launcher
         double_fork("stray", setsid=False)
+    elif action == "kept":  # a child with GPUGUARD_KEEP=1 in its own environment only
+        note("kept", subprocess.Popen(["sleep", "3600"],
+                                      env={**os.environ, "GPUGUARD_KEEP": "1"}).pid)
+    elif action == "tokeep":  # a shell and its child: the test registers the shell (keep)
+        below = f"sleep 3600 & echo $! > {d}/b.tmp; mv {d}/b.tmp {d}/tokeep-child; wait"
+        note("tokeep", subprocess.Popen(["bash", "-c", below]).pid)
+    elif action == "nohup":  # a child that ignores SIGHUP, as nohup leaves it
+        note("nohup", subprocess.Popen(["nohup", "sleep", "3600"]).pid)
+    elif action == "setsid":  # a child in a session of its own (setsid(1) execs in place)
+        note("setsid", subprocess.Popen(["setsid", "sleep", "3600"]).pid)
     elif action == "stubborn":  # a background child that ignores SIGTERM
         note("stubborn", subprocess.Popen(["sleep", "3600"], preexec_fn=ignore_sigterm).pid)
     elif action.startswith("setuid="):  # a setuid-root program: DIR/setuid once it is root
@@ -263,7 +273,8 @@ class Launch:
     """One `gpuguard run` under an intermediate parent (a `bash -c` session leader)."""
 
     def __init__(self, trees: Trees, d: Path, actions: list[str], *, options: tuple[str, ...] = (),
-                 prefix: tuple[str, ...] = (), background: bool = False) -> None:
+                 prefix: tuple[str, ...] = (), background: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.trees, self.d = trees, d
         argv = [*prefix, *LAUNCHER, *options, "--", sys.executable, str(d / "cmd.py"), str(d),
                 *actions]
@@ -271,7 +282,7 @@ class Launch:
         status = f"echo $? > {shlex.quote(str(d / 'status'))}"
         # In the foreground: a non-interactive bash starts `cmd &` with SIGINT ignored.
         script = f"{run} & wait $!; {status}" if background else f"{run}; {status}"
-        self.tree = trees.spawn(script, env=child_env())
+        self.tree = trees.spawn(script, env={**child_env(), **(env or {})})
         self.parent = self.tree.launcher.pid
         self.launcher = self.pid("launcher")
         self.cmd = self.pid("cmd")
@@ -295,9 +306,25 @@ class Launch:
         return path.read_text().split() if path.exists() else []
 
     def stderr(self) -> list[str]:
-        """The launcher's lines (CMD's tree shares the stream: bash reports its killed jobs)."""
+        """The launcher's lines (CMD's tree shares the stream: bash reports its killed jobs),
+        but its audit line (`audit()`)."""
         return [line for line in (self.d / "stderr").read_text().splitlines()
-                if line.startswith("gpuguard")]
+                if line.startswith("gpuguard") and not line.startswith(AUDIT)]
+
+    def audit(self) -> dict:
+        """The teardown's one audit line, parsed."""
+        (line,) = [line for line in (self.d / "stderr").read_text().splitlines()
+                   if line.startswith(AUDIT)]
+        return json.loads(line[len(AUDIT):])
+
+
+#: How the teardown's audit line begins (a JSON object follows).
+AUDIT = "gpuguard run: audit "
+
+
+def outcomes(audit: dict) -> dict[int, str]:
+    """pid -> outcome, from a teardown's audit line."""
+    return {p["pid"]: p["outcome"] for p in audit["processes"]}
 
 
 def launcher_status(d: Path) -> int:
@@ -447,8 +474,9 @@ while True:
     assert alive(launcher) and alive(run_cmd)
     os.kill(launcher, signal.SIGTERM)
     gone_within([launcher, run_cmd], 10.0)
-    (line,) = (rundir / "stderr").read_text().splitlines()
+    line, audit = (rundir / "stderr").read_text().splitlines()
     assert line.startswith("gpuguard run: SIGTERM: reaped 1 process(es)"), line
+    assert audit.startswith(AUDIT), audit
     assert (rundir / "signals").read_text().split() == ["SIGTERM"]
 
 
@@ -1495,9 +1523,10 @@ class InNamespace:
         return launcher_status(self.d)
 
     def stderr(self) -> list[str]:
+        """The launcher's lines, but its audit line (as Launch.stderr)."""
         path = self.d / "stderr"
         return [line for line in (path.read_text().splitlines() if path.exists() else ())
-                if line.startswith("gpuguard")]
+                if line.startswith("gpuguard") and not line.startswith(AUDIT)]
 
 
 @pytest.mark.parametrize("how", ["launcher", "group", "session"])
@@ -1755,3 +1784,170 @@ def test_a_teardown_that_gives_up_leaves_the_tier_to_kill_what_is_left(tmp_path:
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait()
+
+
+# -- what its user marked to keep: kept by the teardown, named on stderr ----------------------
+# (docs/run.md, What the teardown keeps): GPUGUARD_KEEP=1 in a member's own environment and
+# a `gpuguard keep` registration keep that member with everything below it; nohup, setsid
+# and protect patterns do not (escaping that way is what the launcher exists to catch).
+
+
+def pidfd_of(pid: int) -> int:
+    """A pidfd on `pid`, opened while it is known to be the tree's: the test's own way to
+    end a process the launcher kept, whatever its pid comes to name later."""
+    return os.pidfd_open(pid)
+
+
+def end_kept(*pidfds: int) -> None:
+    """SIGKILL what the launcher kept, through the pidfds opened while it was ours."""
+    for fd in pidfds:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("tier", ["cgroup", "subreaper"])
+def test_a_member_marked_to_keep_outlives_the_teardown_and_is_named(
+        trees: Trees, rundir: Path, tier: str) -> None:
+    """GPUGUARD_KEEP=1 in one member's environment (the launcher's has none): the teardown
+    leaves it, and the launcher releases its tier so that the guardian does not kill it
+    either. A `nohup`'d and a `setsid`'d member are still torn down: the launcher's
+    contract. One audit line names what was killed and what was kept, and why."""
+    if tier == "cgroup":
+        need_cgroup_tier()
+    run = Launch(trees, rundir, ["child", "kept", "nohup", "setsid"],
+                 options=("--verbose", "--tier", tier))
+    child, kept, nohup, setsid = (run.pid(n) for n in ("child", "kept", "nohup", "setsid"))
+    fd = pidfd_of(kept)
+    try:
+        wait_for(lambda: has(status_mask(nohup, "SigIgn"), signal.SIGHUP),
+                 what="the nohup'd member to ignore SIGHUP")
+        assert (stat_fields(setsid) or {}).get("sid") == setsid
+        assert b"GPUGUARD_KEEP=1" not in Path(f"/proc/{run.launcher}/environ").read_bytes()
+        run.tree.kill_launcher()  # SIGKILL the parent: the launcher tears its tree down
+        status = wait_status(run.launcher)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 128 + signal.SIGHUP, status
+        gone_within([run.cmd, child, nohup, setsid], 1.0)
+        assert alive(kept)
+        if tier == "cgroup":  # released: the guardian sleeps until the leaf is empty
+            guarded = Guarded(run)
+            assert alive(guarded.guardian) and guarded.members() == {kept}
+        reaped = run.stderr()[-1]
+        killed, _, kept_part = reaped.partition("; kept ")
+        assert killed.startswith("gpuguard run: the parent process died: reaped 4 process")
+        assert reaped_pids(killed) == {run.cmd, child, nohup, setsid}, reaped
+        assert kept_part == (f"1 with what it started: {kept} (sleep) is marked to keep "
+                             "(GPUGUARD_KEEP=1)"), reaped
+        audit = run.audit()
+        assert audit["event"] == "teardown" and audit["why"] == "the parent process died"
+        assert audit["launcher"]["pid"] == run.launcher
+        assert outcomes(audit) == {run.cmd: "killed", child: "killed", nohup: "killed",
+                                   setsid: "killed", kept: "kept"}, audit
+        (entry,) = [p for p in audit["processes"] if p["pid"] == kept]
+        assert entry["why"] == "is marked to keep (GPUGUARD_KEEP=1)", entry
+        assert entry["start_time"] == (stat_fields(kept) or {}).get("start_time")
+        assert (entry["comm"], entry["uid"]) == ("sleep", os.geteuid()) and entry["user"]
+        assert "SIGTERM" not in entry["signals"] and "SIGKILL" not in entry["signals"]
+        for victim in (p for p in audit["processes"] if p["outcome"] == "killed"):
+            assert "SIGTERM" in victim["signals"], victim
+    finally:
+        end_kept(fd)
+    gone_within([kept], 1.0)
+    if tier == "cgroup":
+        guarded.wait_done()
+
+
+def test_a_member_registered_with_gpuguard_keep_outlives_the_teardown_with_its_children(
+        trees: Trees, rundir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """`gpuguard keep PID` (a registration the process cannot erase) keeps the member and
+    what it started, which has no registration of its own; the rest is torn down."""
+    marks = registrar_serving(tmp_path, request)
+    run = Launch(trees, rundir, ["child", "tokeep"], options=("--marks-dir", str(marks)))
+    child, shell, below = (run.pid(n) for n in ("child", "tokeep", "tokeep-child"))
+    fds = [pidfd_of(shell), pidfd_of(below)]
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpuguard.console", "keep",
+                               "--marks-dir", str(marks), str(shell)], env=child_env(),
+                              capture_output=True, text=True, timeout=60, check=False, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        os.kill(run.launcher, signal.SIGTERM)
+        assert run.status() == 128 + signal.SIGTERM
+        gone_within([run.cmd, child], 1.0)
+        assert alive(shell) and alive(below)
+        (reaped,) = run.stderr()
+        assert reaped.endswith(f"; kept 1 with what it started: {shell} (bash) "
+                               "is registered to keep (`gpuguard keep`)"), reaped
+        assert reaped_pids(reaped.partition("; kept ")[0]) == {run.cmd, child}, reaped
+        assert outcomes(run.audit()) == {run.cmd: "killed", child: "killed", shell: "kept"}
+    finally:
+        end_kept(*fds)
+    gone_within([shell, below], 1.0)
+
+
+def test_a_keep_mark_the_launcher_itself_carries_is_no_keep_mark(
+        trees: Trees, rundir: Path) -> None:
+    """`GPUGUARD_KEEP=1 gpuguard run -- CMD`: every member inherits the mark, so it says
+    nothing about any one of them; the launcher says so when it starts, and its teardown
+    takes the whole tree as ever."""
+    run = Launch(trees, rundir, ["child", "kept"], env={"GPUGUARD_KEEP": "1"})
+    child, kept = run.pid("child"), run.pid("kept")
+    assert b"GPUGUARD_KEEP=1" in Path(f"/proc/{run.cmd}/environ").read_bytes()
+    os.kill(run.launcher, signal.SIGTERM)
+    assert run.status() == 128 + signal.SIGTERM
+    gone_within([run.cmd, child, kept], 1.0)
+    warning, reaped = run.stderr()
+    assert warning.startswith("gpuguard run: GPUGUARD_KEEP=1 is in the launcher's "
+                              "environment"), warning
+    assert reaped_pids(reaped) == {run.cmd, child, kept} and "kept" not in reaped, reaped
+    assert set(outcomes(run.audit()).values()) == {"killed"}
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_a_member_marked_to_keep_outlives_the_launcher_under_the_init(
+        trees: Trees, rundir: Path, user: str) -> None:
+    """In a PID namespace a kept member cannot leave it: the launcher releases the init,
+    which stays (no parent-death SIGKILL) until the kept member ends."""
+    run = InNamespace(trees, rundir, ["child", "kept"], user)
+    child, kept = run.pid("child"), run.pid("kept")
+    fd = pidfd_of(kept)
+    try:
+        os.kill(run.launcher, signal.SIGTERM)
+        assert run.status() == 128 + signal.SIGTERM
+        wait_for(lambda: not alive(run.launcher), what="the launcher to exit")
+        gone_within([child], 1.0)
+        assert alive(kept) and alive(run.init)
+        assert (stat_fields(kept) or {}).get("ppid") == run.init
+        (_tier, reaped) = run.stderr()
+        assert reaped.endswith(f"; kept 1 with what it started: {kept} (sleep) is marked "
+                               "to keep (GPUGUARD_KEEP=1)"), reaped
+    finally:
+        end_kept(fd)
+    gone_within([kept, run.init], 1.0)  # the namespace empty, the init goes
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_pidns_tier_a_launcher_dying_right_after_its_release_leaves_the_namespace_alive(
+        trees: Trees, rundir: Path, user: str) -> None:
+    """The init drops its parent-death SIGKILL only once it has read RELEASE: a launcher
+    that dies of SIGTERM right after releasing it (a teardown that kept a member) waits
+    until it has, else the init dies with it and takes the kept member along. The init
+    is held stopped past the teardown, so the launcher's exit would come first."""
+    run = InNamespace(trees, rundir, ["kept"], user)
+    kept = run.pid("kept")
+    fd = pidfd_of(kept)
+    try:
+        held_stopped(run.init)
+        os.kill(run.launcher, signal.SIGTERM)
+        wait_for(lambda: any(line.startswith(AUDIT) for line in
+                             (rundir / "stderr").read_text().splitlines()),
+                 what="the teardown's audit line")
+        os.kill(run.init, signal.SIGCONT)
+        assert run.status() == 128 + signal.SIGTERM
+        wait_for(lambda: not alive(run.launcher), what="the launcher to exit")
+        assert alive(run.init) and alive(kept)
+    finally:
+        end_kept(fd)
+    gone_within([kept, run.init], 1.0)
