@@ -39,7 +39,7 @@ from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import Ledger, StateUnavailable
-from gpuguard.remediator.state.reap_lock import ReapLock
+from gpuguard.remediator.state.reap_lock import host_reap_lock
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 from gpuguard.remediator.state.workstate import WorkState
 from gpuguard.remediator.status import HealthCode, Liveness, Status
@@ -105,7 +105,7 @@ class Remediator:
         self._trail = AuditTrail(work, audit)
         #: One reap at a time on this host: the worker's, recovery's, and those of
         #: `gpuguard reap --apply` and MCP in other processes (state/reap_lock.py).
-        self.reap_lock = ReapLock(ledger.dir)
+        self.reap_lock = host_reap_lock(work)
         self.interrupted = InterruptedReaps(work, self._trail, self.reaper, self.reap_lock)
         self.intake = Intake(work)
         if idle_nvml is None:

@@ -9,6 +9,7 @@ from gpuguard.compat import StrEnum
 from gpuguard.remediator.decision.policy import rate_budget
 from gpuguard.remediator.reap.killing import KILL_CONFIRM_SECONDS
 from gpuguard.remediator.state.audit_trail import AuditTrail
+from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
 from gpuguard.remediator.state.workstate import WorkState
 
 
@@ -116,9 +117,13 @@ class Status:
         """The JSON behind GET /state."""
         work = self._work
         on_wall = work.clocks.on_wall
+        try:  # the other paths' reaps count in the same window (reap_window.py)
+            others = read_manual_reaps(work.ledger.dir, boot=work.ledger.boot_id)
+        except WindowUnreadable:
+            others = ()
         with work.lock:
             now = work.clocks.boot()
-            budget = rate_budget(work.policy_state(now))
+            budget = rate_budget(work.policy_state(now, other_reaps=others))
             recent = work.decisions.recent()
             current = work.current
         pending = sorted(work.ledger.pending().values(), key=lambda i: i.due)
@@ -132,6 +137,7 @@ class Status:
                         for i in pending if i.key != current],
             "rate_limit": {"max_reaps": budget.max_reaps, "per_seconds": budget.per_seconds,
                            "used": budget.used, "remaining": budget.remaining,
+                           "per_user": budget.per_user, "by_owner": dict(budget.owners),
                            "next_slot_at": None if budget.next_slot_at is None
                            else on_wall(budget.next_slot_at)},
             "recent_decisions": recent[::-1],

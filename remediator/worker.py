@@ -24,7 +24,7 @@ from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, 
 from gpuguard.remediator.decision.policy import Action, Decision, decide
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.refusals import RefusalMemory
-from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey, owner_of
+from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
 from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
@@ -36,7 +36,7 @@ from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import LedgerError
 from gpuguard.remediator.state.pending import PendingItem
-from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
+from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
 from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
 from gpuguard.remediator.state.workstate import WorkState
 
@@ -65,7 +65,7 @@ class Worker:
                  interrupted: InterruptedReaps | None = None) -> None:
         self._work = work
         #: One reap at a time on the host, whichever program runs it (reap_lock.py).
-        self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
+        self._reap_lock = reap_lock if reap_lock is not None else host_reap_lock(work)
         self._lock_deferred: set[TreeKey] = set()  # audited once while the lock stays held
         #: crash recovery that waits for the reap lock (another reaper held it at start)
         self._interrupted = interrupted
@@ -272,7 +272,7 @@ class Worker:
         elif decision.action in (Action.REAP, Action.DRY_RUN):
             assert live is not None and live.root is not None
             reap_id = work.ledger.begin_reap(key, work.policy.mode, item.alert.fingerprint,
-                                             owner_of(live.root))
+                                             live.root.uid, live.root.user_name)
         else:
             if decision.first_seen is not None:
                 work.ledger.note_first_seen(key, decision.first_seen, gpus)

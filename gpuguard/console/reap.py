@@ -72,6 +72,7 @@ from gpuguard.remediator.state.audit import (
     check_private_dir,
 )
 from gpuguard.remediator.state.manual_brakes import ManualBrakes
+from gpuguard.remediator.state.reap_lock import runtime_dir_of
 from gpuguard.remediator.state.thaw_guardian import ThawGuardian
 
 log = logging.getLogger("gpuguard.console.reap")
@@ -378,6 +379,7 @@ class ManualReap:
         return ManualBrakes(self.config.remediate, self.args.hostname, self.key,
                             by=f"{self.manual['command']} by {self.manual['by']}",
                             override=self.override_brakes,
+                            runtime_dir=runtime_dir_of(self.config.classify.marks_dir),
                             lock_hint="run it as the remediator's user (the state "
                                       "directory's owner), as for the audit log")
 

@@ -16,7 +16,7 @@ from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
 from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
 from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
-from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey, owner_of
+from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
     REMEDIATE_VALUE,
@@ -98,8 +98,12 @@ class RateBudget:
     used: int
     next_slot_at: float | None  # when (boot clock) the oldest reap leaves the window; None if free
     per_user: int = 0  # the most reaps of one owner's trees in the window
-    #: Reaps in the window by owner ("unrecorded" for reaps from before owners were kept).
+    #: Reaps in the window by owner, for people: the name (or `uid N`; "unrecorded" for
+    #: reaps from before owners were kept).
     owners: Mapping[str, int] = field(default_factory=dict)
+    #: The same by uid, which the per-user share counts (a name NSS gives one moment and
+    #: not the next is still one owner).
+    by_uid: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def remaining(self) -> int:
@@ -184,8 +188,10 @@ def screen(alert: Alert, state: PolicyState) -> Decision:
         return _ignore(DecisionReason.QUEUE_FULL, f"{len(state.pending)} trees are pending already "
                        f"(remediate.max_pending); Alertmanager's next delivery tries again", key)
     owner = alert.label("user") or ""
+    # An alert without a `user` label (a rule of the operator's own) has no share to
+    # count against: the node-wide bound holds it.
     theirs = sum(1 for k in state.pending if state.pending_owners.get(k, "") == owner)
-    if theirs >= state.policy.pending_share:
+    if owner and theirs >= state.policy.pending_share:
         return _ignore(DecisionReason.QUEUE_FULL,
                        f"{theirs} trees of user {owner[:64] or '(none)'!r} are pending already "
                        f"(remediate.max_pending_per_user {state.policy.pending_share}); other "
@@ -246,18 +252,25 @@ def rate_budget(state: PolicyState) -> RateBudget:
     next_slot = None
     if len(inside) >= limit.max_reaps and inside:
         next_slot = inside[len(inside) - limit.max_reaps] + limit.per_seconds
+    by_uid: dict[int, int] = {}
+    names: dict[int | None, str] = {}
+    for mark in sorted(marks, key=lambda m: m.at):  # the newest name of a uid stands
+        names[mark.uid] = mark.owner
+        if mark.uid is not None:
+            by_uid[mark.uid] = by_uid.get(mark.uid, 0) + 1
     owners: dict[str, int] = {}
     for mark in marks:
-        name = mark.owner if mark.owner is not None else "unrecorded"
+        name = names[mark.uid]
         owners[name] = owners.get(name, 0) + 1
     return RateBudget(limit.max_reaps, limit.per_seconds, len(inside), next_slot,
-                      limit.user_share, owners)
+                      limit.user_share, owners, by_uid)
 
 
-def rate_refusal(key: TreeKey, owner: str, state: PolicyState,
+def rate_refusal(key: TreeKey, root: Member, state: PolicyState,
                  first_seen: float | None = None) -> Decision | None:
-    """IGNORE (`rate-limited`) when the window is full, or `owner`'s share of it is: every
-    path that may signal asks this (the worker, `gpuguard reap --apply`, MCP)."""
+    """IGNORE (`rate-limited`) when the window is full, or the share of `root`'s owner
+    (by uid) is: every path that may signal asks this (the worker, `gpuguard reap
+    --apply`, MCP)."""
     budget = rate_budget(state)
     if budget.max_reaps <= 0:
         return _ignore(DecisionReason.RATE_LIMITED, "remediate.rate_limit.max_reaps is 0: "
@@ -267,7 +280,8 @@ def rate_refusal(key: TreeKey, owner: str, state: PolicyState,
         return _ignore(DecisionReason.RATE_LIMITED, f"{budget.used} reaps in the last "
                        f"{budget.per_seconds:g}s (max {budget.max_reaps}){filled}", key,
                        first_seen=first_seen)
-    theirs = budget.owners.get(owner, 0)
+    theirs = budget.by_uid.get(root.uid, 0)
+    owner = root.user_name or f"uid {root.uid}"
     if theirs >= budget.per_user:
         return _ignore(DecisionReason.RATE_LIMITED,
                        f"{theirs} reaps of {owner}'s trees in the last {budget.per_seconds:g}s "
@@ -466,7 +480,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         return refused
 
     assert live.root is not None  # verify_live refuses a tree without one
-    refused = rate_refusal(key, owner_of(live.root), state, first_seen)
+    refused = rate_refusal(key, live.root, state, first_seen)
     if refused is not None:
         return refused
 

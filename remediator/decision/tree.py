@@ -50,19 +50,27 @@ class Member:
         return self.state in EXITED_STATES
 
 
-def owner_of(member: Member) -> str:
-    """Whose tree it is, for the rate limit's per-user share: the root's user name, or
-    `uid N` when NSS could not name it (a uid is still one owner)."""
-    return member.user if member.user_known else f"uid {member.uid}"
-
-
 @dataclass(frozen=True)
 class ReapMark:
     """One reap in the rate-limit window: when it began (boot clock) and whose tree it
-    was (`owner_of` its root; None for a reap recorded before owners were)."""
+    was: its root's uid, which the per-user share counts (None for a reap recorded before
+    owners were), and the user's name then, for people (None: NSS could not name it)."""
 
     at: float
-    owner: str | None = None
+    uid: int | None = None
+    name: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """Who, for people: the name, else `uid N`."""
+        if self.uid is None:
+            return "unrecorded"
+        return self.name if self.name is not None else f"uid {self.uid}"
+
+
+def mark_for(at: float, root: Member) -> ReapMark:
+    """The window's mark of a reap of `root`'s tree, begun at `at` (boot clock)."""
+    return ReapMark(at, root.uid, root.user_name)
 
 
 @dataclass(frozen=True)

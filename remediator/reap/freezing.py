@@ -246,18 +246,21 @@ class Freezer:
         what this reap stopped and takes back the held marks of the rest, this member's
         included (crash recovery continues only what this reap may have stopped)."""
         pid = target.member.pid
-        try:
-            info = run.view.fresh_stat(pid)
-            refused = (None if info is None or info.start_time != target.member.start_time
-                       else self.stopped_elsewhere(info, run.view))
-        except ProcUnreadable as exc:
-            refused = (Reason.MEMBER_UNKNOWN,
-                       f"{pid} ({target.member.comm}): its state cannot be read right "
-                       f"before its SIGSTOP ({exc}), so whether someone else holds it "
-                       "stopped cannot be told")
-        if refused is not None and not target.stopped:
-            raise Abort(*refused)
-        self.signaller.stop(run, target)  # exited since (or ours already): send says so
+
+        def check() -> None:  # read after the guardian took it, right before the signal
+            try:
+                info = run.view.fresh_stat(pid)
+                refused = (None if info is None or info.start_time != target.member.start_time
+                           else self.stopped_elsewhere(info, run.view))
+            except ProcUnreadable as exc:
+                refused = (Reason.MEMBER_UNKNOWN,
+                           f"{pid} ({target.member.comm}): its state cannot be read right "
+                           f"before its SIGSTOP ({exc}), so whether someone else holds it "
+                           "stopped cannot be told")
+            if refused is not None:
+                raise Abort(*refused)
+
+        self.signaller.stop(run, target, check)  # exited since (or ours already): send says so
 
     @classmethod
     def _refusal(cls, run: ReapRun, member: Member, info: ProcInfo, view: ProcSource, *,

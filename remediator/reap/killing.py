@@ -35,7 +35,10 @@ class Killer:
         # SIGSTOP (ours to continue, handed to the guardian), whatever /proc said before.
         run.mark(survivors, held=True)
         for target in survivors:
-            signaller.stop(run, target)
+            # Continued after SIGTERM, so found stopped now means someone else stopped it
+            # (another reaper that does not share this lock, a debugger): no SIGKILL on a
+            # freeze this reap did not make (member-stopped; the caller thaws the rest).
+            freezer.stop(run, target)
         joined: list[Target] = []
         for _ in range(MAX_FREEZE_ROUNDS):  # each round stops what it finds: it converges
             found = freezer.collect(run, stop=True, refuse=False)

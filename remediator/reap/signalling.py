@@ -164,16 +164,26 @@ class Signaller:
         return SignalRecord(pid, signal.Signals(sig).name, result,
                             (self.monotonic() - run.started) * 1000)
 
-    def stop(self, run: ReapRun, target: Target) -> None:
+    def stop(self, run: ReapRun, target: Target,
+             check: Callable[[], None] | None = None) -> None:
         """SIGSTOP, and from here on the member is this reap's: flagged before the signal
         (an exception, a signal's Interrupted, landing right after the kernel took the
         SIGSTOP still finds the member to continue) and handed to the thaw guardian first,
-        whatever /proc said before: "ours" is what this reap did. A member someone else
-        holds stopped is refused before this is called (Freezer.stop)."""
+        whatever /proc said before: "ours" is what this reap did. `check` (Freezer.stop:
+        is it stopped by someone else?) runs after the hand-over, which may wait for the
+        guardian, right before the signal; when it raises, the member was never this
+        reap's: the flag goes back and the guardian lets go of it."""
         previous = target.stopped
         target.stopped = True
         if not previous:
             self._guard(run, target, previous)
+            if check is not None:
+                try:
+                    check()
+                except BaseException:
+                    target.stopped = previous
+                    self.unguard([target])
+                    raise
         if self.send(run, target, signal.SIGSTOP) != SignalResult.SENT:
             target.stopped = previous
 

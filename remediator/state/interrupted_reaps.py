@@ -16,7 +16,7 @@ from gpuguard.remediator.reap.reapers import TreeReaper
 from gpuguard.remediator.state.audit import Phase, as_written, audit_record
 from gpuguard.remediator.state.audit_trail import AuditTrail
 from gpuguard.remediator.state.ledger import LedgerError, may_have_signalled
-from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
+from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
@@ -33,7 +33,7 @@ class InterruptedReaps:
         self._reaper = reaper
         #: Recovery's SIGCONTs wait for the host's reap lock: another reaper may hold
         #: those very processes stopped, and a SIGCONT would undo its freeze.
-        self._reap_lock = reap_lock if reap_lock is not None else ReapLock(work.ledger.dir)
+        self._reap_lock = reap_lock if reap_lock is not None else host_reap_lock(work)
         #: why the last settle() could not take the reap lock (None: it could)
         self.waiting: str | None = None
         #: reaps a crash cut short, not yet settled (the worker retries while the lock is held)

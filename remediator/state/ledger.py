@@ -88,9 +88,9 @@ class Ledger:
         self._pending: dict[TreeKey, PendingItem] = {}
         self._first_seen: dict[TreeKey, float] = {}
         self._gpus: dict[TreeKey, tuple[str, ...]] = {}
-        #: (began, mode, owner) of each reap: the rate-limit window (owner None: a reap
-        #: recorded before owners were kept)
-        self._reaps: list[tuple[float, str, str | None]] = []
+        #: (began, mode, root uid, its name) of each reap: the rate-limit window (uid None:
+        #: a reap recorded before owners were kept)
+        self._reaps: list[tuple[float, str, int | None, str | None]] = []
         #: audit records that could not be written when made, oldest first (as_written)
         self._owed: list[dict[str, Any]] = []
         try:
@@ -149,7 +149,8 @@ class Ledger:
 
     def _apply(self, data: dict[str, Any]) -> None:
         """Set the in-memory state from the file's form (loading, or undoing a failed save)."""
-        self._reaps = [(float(row[0]), str(row[1]), _owner(row)) for row in data.get("reaps", [])]
+        self._reaps = [(float(row[0]), str(row[1]), *window_owner(row))
+                       for row in data.get("reaps", [])]
         self._done = {TreeKey.parse(k): dict(v) for k, v in data.get("done", {}).items()}
         for entry in self._done.values():
             float(entry.get("at", 0))  # a time that is not a number is an unusable file
@@ -173,7 +174,7 @@ class Ledger:
             "pending": {str(k): v.to_json() for k, v in sorted(self._pending.items())},
             "first_seen": {str(k): v for k, v in sorted(self._first_seen.items())},
             "gpus": {str(k): list(v) for k, v in sorted(self._gpus.items())},
-            "reaps": [[t, m] if o is None else [t, m, o] for t, m, o in self._reaps],
+            "reaps": [[t, m] if u is None else [t, m, u, n] for t, m, u, n in self._reaps],
             "owed": self._owed,
         }
         payload = json.dumps(data, indent=1, sort_keys=True)
@@ -243,12 +244,12 @@ class Ledger:
     def reap_times(self, mode: str) -> tuple[float, ...]:
         """When each reap in `mode` began, on the boot clock (an earlier boot's: before 0)."""
         with self._lock:
-            return tuple(t for t, m, _ in self._reaps if m == mode)
+            return tuple(t for t, m, _, _ in self._reaps if m == mode)
 
     def reaps(self, mode: str) -> tuple[ReapMark, ...]:
         """Each reap in `mode`, with whose tree it was: the rate-limit window."""
         with self._lock:
-            return tuple(ReapMark(t, o) for t, m, o in self._reaps if m == mode)
+            return tuple(ReapMark(t, u, n) for t, m, u, n in self._reaps if m == mode)
 
     def owed(self) -> list[dict[str, Any]]:
         """The audit records owed to the log, oldest first (copies)."""
@@ -314,7 +315,7 @@ class Ledger:
                 self._save()
 
     def begin_reap(self, key: TreeKey, mode: str, fingerprint: str,
-                   owner: str | None = None) -> str:
+                   uid: int | None = None, name: str | None = None) -> str:
         """Record the intent before any signal: from here on the key is never reaped again.
 
         Returns the reap's id: its audit records carry it, so crash recovery can tell
@@ -326,7 +327,7 @@ class Ledger:
             self._done[key] = {"status": ReapStatus.REAPING, "mode": mode, "at": self._clock(),
                                "at_boot": now, "fingerprint": fingerprint,
                                "reap_id": reap_id, "signalled": False}
-            self._reaps.append((now, mode, owner))
+            self._reaps.append((now, mode, uid, name))
             self._pending.pop(key, None)
             self._save()
             return reap_id
@@ -420,9 +421,11 @@ class Ledger:
                 self._save()
 
 
-def _owner(row: list[Any]) -> str | None:
-    """A window row's owner: [began, mode, owner]; rows written before owners have two."""
-    return str(row[2]) if len(row) > 2 and row[2] is not None else None
+def window_owner(row: list[Any]) -> tuple[int | None, str | None]:
+    """A window row's owner: [began, mode, uid, name]; rows written before owners have two."""
+    if len(row) < 3 or row[2] is None:
+        return None, None
+    return int(row[2]), (str(row[3]) if len(row) > 3 and row[3] is not None else None)
 
 
 def may_have_signalled(entry: dict[str, Any]) -> bool:

@@ -21,7 +21,7 @@ from gpuguard.remediator.decision.policy import (
     recorded_age_refusal,
 )
 from gpuguard.remediator.decision.reasons import DecisionReason
-from gpuguard.remediator.decision.tree import LiveTree, ReapMark, TreeKey, owner_of
+from gpuguard.remediator.decision.tree import LiveTree, ReapMark, TreeKey, mark_for
 from gpuguard.remediator.state.ledger import this_boot_id
 from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
 from gpuguard.remediator.state.reap_window import (
@@ -45,6 +45,7 @@ class ManualBrakes:
     by: str  # who holds the lock, for another reaper's refusal
     override: bool = False  # --override-brakes
     lock_hint: str = ""  # what a person can do when the lock cannot be opened
+    runtime_dir: str | None = None  # the daemons' runtime directory (reap_lock.py)
     overridden: list[str] = field(default_factory=list)
     _lock: ReapLock | None = None
     _mark: ReapMark | None = None
@@ -54,7 +55,7 @@ class ManualBrakes:
         """Take the lock, check the brakes, and take a slot in the window: None when the
         reap may go on (call release() after its last signal), else the refusal (the
         lock is let go already)."""
-        lock = ReapLock(self.policy.state_dir, create=True)
+        lock = ReapLock(self.policy.state_dir, runtime_dir=self.runtime_dir, create=True)
         try:
             lock.acquire({"by": self.by, "key": str(self.key)})
         except ReapLockRefused as refused:
@@ -80,7 +81,6 @@ class ManualBrakes:
                                 f"the boot id cannot be read ({exc.strerror}): the rate-limit "
                                 "window cannot be placed")
         now = boottime()
-        owner = owner_of(live.root)
         try:
             history = read_history(self.policy.state_dir, boot=self._boot, boot_now=now,
                                    wall=time.time())
@@ -94,7 +94,7 @@ class ManualBrakes:
             state = PolicyState(policy=self.policy, hostname=self.hostname, now=now,
                                 wall_now=time.time(), reaps=history.reaps)
             for brake, refused in (
-                    (RATE_BRAKE, rate_refusal(self.key, owner, state)),
+                    (RATE_BRAKE, rate_refusal(self.key, live.root, state)),
                     (AGE_BRAKE, recorded_age_refusal(self.key, history.first_seen.get(self.key),
                                                      now, self.policy.min_age_seconds))):
                 if refused is None:
@@ -102,7 +102,7 @@ class ManualBrakes:
                 if not self.override:
                     return refused
                 self.overridden.append(brake)
-        mark = ReapMark(now, owner)
+        mark = mark_for(now, live.root)
         try:
             record_manual_reap(self.policy.state_dir, mark, boot=self._boot, boot_now=now)
         except (OSError, WindowUnreadable) as exc:

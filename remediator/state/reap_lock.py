@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
+from gpuguard.remediator.state.workstate import WorkState
 
 try:
     import fcntl
@@ -47,39 +48,56 @@ class ReapLockRefused(Exception):
 
 
 class ReapLock:
-    """The host's reap lock under one state directory; one holder per instance at a time."""
+    """The host's reap lock: one in the daemons' runtime directory (the parent of
+    `classify.marks_dir`, /run/gpuguard by default) where that exists, and one in
+    `remediate.state_dir`; a holder holds both. The first does not depend on which
+    state directory a reaper's config names (a person's copy of the config with its own
+    `state_dir` still meets the remediator there); the second serves a host without the
+    runtime directory (no unit made it). One holder per instance at a time."""
 
-    def __init__(self, state_dir: str | Path, *, create: bool = False) -> None:
+    def __init__(self, state_dir: str | Path, *, runtime_dir: str | Path | None = None,
+                 create: bool = False) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / LOCK_NAME
+        self.runtime_dir = Path(runtime_dir) if runtime_dir is not None else None
         self._create = create  # make the state directory (0700) if it is missing
-        self._fd: int | None = None
+        self._fds: list[int] = []
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return bool(self._fds)
+
+    def places(self) -> list[tuple[Path, str, bool]]:
+        """(directory, what it is, create it) of each lock to take, in order."""
+        places = []
+        if self.runtime_dir is not None and os.path.isdir(self.runtime_dir):
+            places.append((self.runtime_dir, "the daemons' runtime directory", False))
+        places.append((self.dir, "state_dir", self._create))
+        return places
 
     def acquire(self, who: dict[str, Any]) -> None:
-        """Take the lock without waiting, and note `who` holds it; ReapLockRefused if
-        another reaper holds it or the state directory cannot be used."""
-        if self._fd is not None:
+        """Take the locks without waiting, and note `who` holds them; ReapLockRefused if
+        another reaper holds one or a directory cannot be used (nothing is held then)."""
+        if self._fds:
             raise RuntimeError("the reap lock is held already")
-        fd = self._open()
         try:
-            if not _try_lock(fd):
-                raise ReapLockRefused(DecisionReason.REAP_IN_PROGRESS,
-                                      f"another reap holds this host's reap lock ({self.path}): "
-                                      f"{_describe(_read_note(fd))}; one reap at a time")
-            _write_note(fd, {**who, "pid": os.getpid(), "since": time.time()})
+            for directory, what, create in self.places():
+                path = directory / LOCK_NAME
+                fd = _open(directory, path, what, create)
+                self._fds.append(fd)
+                if not _try_lock(fd):
+                    raise ReapLockRefused(DecisionReason.REAP_IN_PROGRESS,
+                                          f"another reap holds this host's reap lock ({path}): "
+                                          f"{_describe(_read_note(fd))}; one reap at a time")
+                _write_note(fd, {**who, "pid": os.getpid(), "since": time.time()})
         except BaseException:
-            os.close(fd)
+            self.release()
             raise
-        self._fd = fd
 
     def release(self) -> None:
-        """Let go (closing the descriptor drops the lock); a no-op when not held."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
+        """Let go (closing a descriptor drops its lock); a no-op when not held."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
             os.close(fd)
 
     @contextlib.contextmanager
@@ -90,31 +108,42 @@ class ReapLock:
         finally:
             self.release()
 
-    def _open(self) -> int:
-        unavailable = DecisionReason.REAP_LOCK_UNAVAILABLE
+
+def host_reap_lock(work: WorkState) -> ReapLock:
+    """The remediator's reap lock: its state directory and the runtime directory."""
+    return ReapLock(work.ledger.dir, runtime_dir=runtime_dir_of(work.config.classify.marks_dir))
+
+
+def runtime_dir_of(marks_dir: str) -> str:
+    """The daemons' runtime directory: the parent of `classify.marks_dir` (register.sock
+    lives there too; systemd's RuntimeDirectory=gpuguard, a hostPath in Kubernetes)."""
+    return os.path.dirname(marks_dir.rstrip("/\\")) or marks_dir
+
+
+def _open(directory: Path, path: Path, what: str, create: bool) -> int:
+    unavailable = DecisionReason.REAP_LOCK_UNAVAILABLE
+    try:
+        if create:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Owned by this uid, as the remediator requires: a lock in a directory another
+        # user can write could be swapped under its holder.
+        check_private_dir(directory, what)
+        flags = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            if self._create:
-                self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # Owned by this uid, as the remediator requires: a lock in a directory
-            # another user can write could be swapped under its holder.
-            check_private_dir(self.dir, "state_dir")
-            flags = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | flags, 0o600)
-            except OSError as exc:
-                if exc.errno not in (errno.EROFS, errno.EACCES):
-                    raise
-                # A read-only state directory: an existing lock still locks (flock needs
-                # no write access); only the holder's note is not written.
-                fd = os.open(self.path, os.O_RDONLY | flags)
-        except UnsafePathError as exc:
-            raise ReapLockRefused(unavailable, f"{exc}: the reap lock there cannot be "
-                                  "trusted") from None
+            return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
         except OSError as exc:
-            raise ReapLockRefused(unavailable, f"{self.path}: cannot open the host's reap "
-                                  f"lock ({exc.strerror or exc}): whether another reap holds "
-                                  "this tree cannot be told") from None
-        return fd
+            if exc.errno not in (errno.EROFS, errno.EACCES):
+                raise
+            # A read-only directory: an existing lock still locks (flock needs no write
+            # access); only the holder's note is not written.
+            return os.open(path, os.O_RDONLY | flags)
+    except UnsafePathError as exc:
+        raise ReapLockRefused(unavailable, f"{exc}: the reap lock there cannot be "
+                              "trusted") from None
+    except OSError as exc:
+        raise ReapLockRefused(unavailable, f"{path}: cannot open the host's reap lock "
+                              f"({exc.strerror or exc}): whether another reap holds this "
+                              "tree cannot be told") from None
 
 
 def _try_lock(fd: int) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuguard.config.remediate import Mode
 from gpuguard.remediator.decision.tree import ReapMark, TreeKey
-from gpuguard.remediator.state.ledger import FILE_NAME, read_state
+from gpuguard.remediator.state.ledger import FILE_NAME, read_state, window_owner
 
 WINDOW_NAME = "manual-reaps.json"
 WINDOW_VERSION = 1
@@ -58,8 +58,9 @@ def read_manual_reaps(state_dir: str | Path, *, boot: str) -> tuple[ReapMark, ..
         marks = []
         for row in data.get("reaps", []):
             at = float(row[0])
-            owner = str(row[1]) if row[1] is not None else None
-            marks.append(ReapMark(at if same_boot else min(at - written, 0.0), owner))
+            uid = int(row[1]) if row[1] is not None else None
+            name = str(row[2]) if len(row) > 2 and row[2] is not None else None
+            marks.append(ReapMark(at if same_boot else min(at - written, 0.0), uid, name))
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise WindowUnreadable(f"{path}: unusable ({exc})") from None
     return tuple(marks)
@@ -78,7 +79,7 @@ def record_manual_reap(state_dir: str | Path, mark: ReapMark, *, boot: str,
         marks.append(mark)
     marks = marks[-MAX_MANUAL_REAPS:]
     payload = json.dumps({"version": WINDOW_VERSION, "boot_id": boot, "boot_clock": boot_now,
-                          "reaps": [[m.at, m.owner] for m in marks]}, sort_keys=True)
+                          "reaps": [[m.at, m.uid, m.name] for m in marks]}, sort_keys=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WINDOW_NAME}.")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -111,8 +112,7 @@ def read_history(state_dir: str | Path, *, boot: str, boot_now: float,
             data: dict[str, Any] = read_state(json.loads(text), boot, wall, boot_now)
             for row in data.get("reaps", []):
                 if str(row[1]) == Mode.ENFORCE:
-                    owner = str(row[2]) if len(row) > 2 and row[2] is not None else None
-                    reaps.append(ReapMark(float(row[0]), owner))
+                    reaps.append(ReapMark(float(row[0]), *window_owner(row)))
             first_seen = {TreeKey.parse(k): float(v)
                           for k, v in data.get("first_seen", {}).items()}
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:

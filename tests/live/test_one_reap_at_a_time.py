@@ -194,6 +194,8 @@ def test_manual_reaps_count_in_the_remediators_window_by_owner(
     owner = json.loads(proc.stdout)["members"][0]["user"]
     assert f"1 reaps of {owner}'s trees" in decision["detail"]
     assert untouched(second)
+    window = h.service.snapshot()["rate_limit"]  # GET /state counts it too
+    assert (window["used"], window["per_user"], window["by_owner"]) == (1, 1, {owner: 1})
 
 
 def test_recovery_waits_while_another_reap_holds_the_lock(
@@ -216,3 +218,32 @@ def test_recovery_waits_while_another_reap_holds_the_lock(
     wait_for(lambda: not h.service.interrupted.unsettled, what="recovery settled")
     settled = [r for r in audit(h.audit_path) if r["phase"] == "final"]
     assert settled and settled[-1]["decision"]["reason"] == "interrupted-thawed"
+
+
+def test_a_reaper_with_a_config_of_its_own_still_meets_the_remediators_lock(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        harness: Any) -> None:
+    """The review's bypass: `gpuguard reap --apply --config` with a copy of the config
+    whose state_dir (and audit log) lie elsewhere took a lock of its own and reaped while
+    the remediator held the tree. The lock is also taken in the daemons' runtime
+    directory (the parent of classify.marks_dir, /run/gpuguard by default), which does
+    not depend on the state directory."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    classify = {"marks_dir": str(run_dir / "marks")}
+    h: Harness = harness(term_timeout_seconds=6, classify=classify)
+    busy = spawn_orphan(trees, fake_gpu, STUBBORN, gpu_bytes=GIB)
+    other = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    config = write_config(mine, classify=classify)  # its own state_dir and audit log
+    assert h.post(payload(busy.alert())).status_code == 200
+    wait_for(lambda: [r for r in audit(h.audit_path) if r["phase"] == "intent"],
+             timeout=30, what="the remediator's intent record")
+    proc = gpuguard(*reap_args(other, config))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_REFUSED, doc
+    assert doc["decision"]["reason"] == "reap-in-progress"
+    assert str(run_dir / "reap.lock") in doc["decision"]["detail"]
+    assert untouched(other)
+    h.settle()

@@ -52,6 +52,10 @@ WITH_SIBLING = ('sh -c "{holder} --pidfile {dir}/holder & {holder} --pidfile {di
 FAILS_AFTER_TERM = ('sh -c "{holder} --hup-on-term --pidfile {dir}/holder & {holder} '
                     '--ignore-term --pidfile {dir}/sibling & wait" & echo $! > {dir}/root; wait')
 
+#: The sibling ignores SIGTERM (it outlives the grace); the rest die of it.
+SIBLING_IGNORES_TERM = ('sh -c "{holder} --pidfile {dir}/holder & {holder} --ignore-term '
+                        '--pidfile {dir}/sibling & wait" & echo $! > {dir}/root; wait')
+
 Marks = list[tuple[tuple[int, ...], bool]]
 
 
@@ -275,3 +279,37 @@ def test_a_stopper_racing_the_reap_leaves_no_member_stopped(
         outcome = race(trees, fake_gpu, nvml, trial)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     print(f"\n{TRIALS} trials: {outcomes}")
+
+
+def test_a_survivor_someone_else_stopped_during_the_term_grace_is_not_killed(
+        trees: Trees, fake_gpu: FakeGpuWorld, nvml: DriverLikeNvml) -> None:
+    """The review's second-reaper case: a reaper that does not share this one's lock (a
+    console with a config of its own) freezes the tree while this reap waits out its
+    SIGTERM grace (the members run then: SIGTERM and SIGCONT went out). Before: the
+    survivors were SIGSTOPped again and SIGKILLed on the other's freeze. Now the re-stop
+    reads each survivor first: stopped by someone else, nobody is SIGKILLed
+    (member-stopped) and the other's stop stays."""
+    orphan = spawn_orphan(trees, fake_gpu, SIBLING_IGNORES_TERM)
+    sibling = orphan.tree.pid("sibling")  # ignores SIGTERM: a survivor of the grace
+    plan = plan_for(orphan, nvml, extra=(sibling,))
+    fds: dict[int, int] = {}
+
+    def pidfd_open(pid: int) -> int:
+        fd = os.pidfd_open(pid)
+        fds[fd] = pid
+        return fd
+
+    def pidfd_send(fd: int, sig: int) -> None:
+        signal.pidfd_send_signal(fd, sig)
+        if sig == signal.SIGCONT and fds.get(fd) == sibling and not stopped(sibling):
+            stop(sibling)  # the other reaper's freeze, during this one's grace
+
+    try:
+        result = reap(plan, nvml, pidfd_open=pidfd_open, pidfd_send=pidfd_send)
+        assert (result.outcome, result.reason) == ("failed", "member-stopped"), result
+        assert not any(sig == "SIGKILL" for _, sig in sent(result)), result.signals
+        assert stopped(sibling), "the other's stop was lifted"
+    finally:
+        for pid in (sibling, orphan.holder, orphan.root):
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)

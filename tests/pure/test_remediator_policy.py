@@ -283,7 +283,7 @@ def test_one_users_orphans_never_spend_every_other_users_window() -> None:
     (rate_limit.per_user, half of max_reaps by default) beside the node-wide brake."""
     policy = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=5, per_seconds=3600))
     assert policy.rate_limit.user_share == 3
-    mallory = tuple(ReapMark(NOW - 60 * i, "mallory") for i in range(1, 4))
+    mallory = tuple(ReapMark(NOW - 60 * i, 1001, "mallory") for i in range(1, 4))
     # Mallory's fourth tree waits; the detail names whose reaps fill her share.
     hers = orphan(member(KEY.root_pid, uid=1001, user="mallory"),
                   member(4243, uid=1001, user="mallory", ppid=KEY.root_pid))
@@ -293,7 +293,7 @@ def test_one_users_orphans_never_spend_every_other_users_window() -> None:
     # Alice's tree is reaped in the same window.
     assert decide(make_alert(), orphan(), state(policy, reaps=mallory)).action == Action.REAP
     # The node-wide brake still holds, and names who filled it, most first.
-    full = mallory + (ReapMark(NOW - 30, "alice"), ReapMark(NOW - 20, "bob"))
+    full = mallory + (ReapMark(NOW - 30, 1000, "alice"), ReapMark(NOW - 20, 1003, "bob"))
     refused = decide(make_alert(), orphan(member(KEY.root_pid, uid=1002, user="carol"),
                                           member(4243, uid=1002, user="carol",
                                                  ppid=KEY.root_pid)), state(policy, reaps=full))
@@ -304,14 +304,18 @@ def test_one_users_orphans_never_spend_every_other_users_window() -> None:
                                  users=UserFilter(allow=("*",), deny=("uid:0",)))
     nameless = orphan(member(KEY.root_pid, uid=4242, user="4242", user_known=False),
                       member(4243, uid=4242, user="4242", user_known=False, ppid=KEY.root_pid))
-    once = state(strict, reaps=(ReapMark(NOW - 5, "uid 4242"),))
+    once = state(strict, reaps=(ReapMark(NOW - 5, 4242),))
     assert decide(make_alert(), nameless, once).reason == "rate-limited"
     assert decide(make_alert(), orphan(), once).action == Action.REAP
+    # The share is the uid's, whatever name NSS gave it then or gives it now.
+    named_then = state(strict, reaps=(ReapMark(NOW - 5, 4242, "dave"),))
+    refused = decide(make_alert(), nameless, named_then)
+    assert refused.reason == "rate-limited" and "dave 1" in refused.detail
 
 
 def test_max_reaps_zero_turns_reaping_off_for_every_path() -> None:
     off = dataclasses.replace(ENFORCE, rate_limit=RateLimit(max_reaps=0, per_seconds=60))
-    refused = rate_refusal(KEY, "alice", state(off))
+    refused = rate_refusal(KEY, member(KEY.root_pid), state(off))
     assert refused is not None and refused.reason == "rate-limited"
     assert "reaping is off" in refused.detail
 
@@ -338,6 +342,9 @@ def test_one_user_cannot_fill_the_pending_queue() -> None:
     assert (refused.action, refused.reason) == (Action.IGNORE, "queue-full")
     assert "mallory" in refused.detail and "max_pending_per_user 2" in refused.detail
     assert screen(make_alert(user="alice"), queued).action == Action.ACCEPT
+    # Alerts with no `user` label share no bucket: only max_pending holds them.
+    unlabelled = state(policy, pending=frozenset(keys), pending_owners={k: "" for k in keys})
+    assert screen(make_alert(user=""), unlabelled).action == Action.ACCEPT
 
 
 #: Audit events that mean a file, process, socket or sleep (sys.addaudithook names).

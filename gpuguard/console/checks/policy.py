@@ -31,10 +31,11 @@ from gpuguard.host.procfs import boottime
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, PolicyState, decide, policy_state, screen
-from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.remediator.decision.tree import ReapMark, TreeKey
 from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_notification
 from gpuguard.remediator.state.ledger import FILE_NAME as LEDGER_FILE
-from gpuguard.remediator.state.ledger import Ledger, LedgerError
+from gpuguard.remediator.state.ledger import Ledger, LedgerError, this_boot_id
+from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
 
 
 def read_payload(path: str) -> Notification:
@@ -115,6 +116,15 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     return out
 
 
+def manual_reaps(state_dir: str) -> tuple[ReapMark, ...]:
+    """`gpuguard reap --apply`'s and MCP's reaps, which the remediator counts in its window
+    too; none where they cannot be read (this check signals nothing)."""
+    try:
+        return read_manual_reaps(state_dir, boot=this_boot_id())
+    except (WindowUnreadable, OSError):
+        return ()
+
+
 def cmd_policy_check(args: argparse.Namespace) -> int:
     """What the remediator would do with a payload, without doing it: no signal, no ledger write."""
     config = load(args.config)
@@ -124,7 +134,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
             ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)
             state = policy_state(config.remediate, args.hostname, ledger, boottime(),
-                                 protected_pids(), wall_now=time.time())
+                                 protected_pids(), wall_now=time.time(),
+                                 other_reaps=manual_reaps(config.remediate.state_dir))
             pending = set(state.pending)
             results = [check_alert(i, alert, state, config, nvml, pending)
                        for i, alert in enumerate(notification.alerts)]
