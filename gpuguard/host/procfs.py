@@ -28,6 +28,7 @@ from gpuguard.orphans.process import (
     ProcStatus,
     ProcUnreadable,
     Truncated,
+    failure,
 )
 
 PROC = "/proc"
@@ -74,6 +75,27 @@ class EnvironMarkers:
 
 
 _ENV_ENTRY = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*=")
+#: The most digits a number in a marker may have: a 64-bit count (a start time in clock
+#: ticks) has 20. Any user writes the environment; a longer run of digits is no marker,
+#: and never reaches int() (which refuses 4,300 digits and up, and is quadratic below).
+MARKER_DIGITS = 20
+
+
+#: The most digits a pid has (PID_MAX_LIMIT is 2**22: 7).
+PID_DIGITS = 10
+
+
+def pid_number(text: bytes) -> int:
+    """A pid as the kernel writes it: ASCII digits, PID_DIGITS at most; ValueError else."""
+    if not 0 < len(text) <= PID_DIGITS or not text.isdigit():
+        raise ValueError(f"not a pid: {text[:PID_DIGITS + 1]!r}")
+    return int(text)
+
+
+def marker_number(text: bytes) -> int | None:
+    """A marker's decimal number, ASCII digits only (bytes.isdigit() knows no others), at
+    most MARKER_DIGITS of them; None for anything else."""
+    return int(text) if 0 < len(text) <= MARKER_DIGITS and text.isdigit() else None
 
 
 def parse_environ_markers(raw: bytes, *, complete: bool = True) -> EnvironMarkers | None:
@@ -99,8 +121,9 @@ def parse_environ_markers(raw: bytes, *, complete: bool = True) -> EnvironMarker
     if not complete:
         run = None  # a later, different GPUGUARD_RUN cannot be ruled out either way
     pid, sep, start = (run or b"").partition(b":")
-    ok = sep and pid.isdigit() and start.isdigit()
-    return EnvironMarkers(keep=keep, run=(int(pid), int(start)) if ok else None)
+    pid_n, start_n = marker_number(pid), marker_number(start)
+    named = (pid_n, start_n) if sep and pid_n is not None and start_n is not None else None
+    return EnvironMarkers(keep=keep, run=named)
 
 
 def parse_stat(text: str, *, uid: int) -> ProcInfo:
@@ -184,6 +207,11 @@ CMDLINE_CAP = 64 * 1024
 #: The same for the environment (read for the markers): a cut one answers only with a
 #: keep marker found in what was read.
 ENVIRON_CAP = 256 * 1024
+
+
+def unparsable(pid: int, name: str, exc: Exception) -> ProcUnreadable:
+    """/proc/PID/NAME read but not understood: the process that wrote it cannot be judged."""
+    return ProcUnreadable(f"/proc/{pid}/{name}: could not be parsed ({failure(exc)})")
 
 
 def _vanished(exc: OSError) -> bool:
@@ -275,12 +303,17 @@ class ProcessView:
 
     def _extra(self, info: ProcInfo, key: str, callsite: str, read,
                settled: Callable[[Any], bool] | None = None) -> object:
+        """A cached fact of `info`; None when gone or not ours to read (the caller decides
+        what None means). What the process wrote that a parser could not take (any other
+        exception) is ProcUnreadable, never the scan's: that one process reads unknown."""
         def counted() -> object:
             with self._counters.track(callsite, proc_reads=1):
                 try:
                     return read()
                 except OSError:
-                    return None  # gone or not ours to read: the caller decides what None means
+                    return None
+                except Exception as exc:
+                    raise unparsable(info.pid, key, exc) from exc
 
         return self._extras.get(info, key, counted, settled)
 
@@ -462,7 +495,10 @@ class ProcessView:
         files = self._per_thread(pid, "children", "proc_children")
         if files is None:
             return None
-        return tuple(dict.fromkeys(int(k) for _, data in files for k in data.split()))
+        try:
+            return tuple(dict.fromkeys(pid_number(k) for _, data in files for k in data.split()))
+        except ValueError as exc:
+            raise unparsable(pid, "task/*/children", exc) from exc
 
     def _thread_states(self, pid: int) -> list[tuple[str, str]] | None:
         """(TID, state letter) of every thread of `pid`; None when the process is gone;
