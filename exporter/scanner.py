@@ -42,7 +42,7 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
-from gpuguard.host.procfs import ProcessView
+from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
 from gpuguard.host.users import (
     DEFAULT_MAX_ENTRIES,
     FAILURE_TTL_SECONDS,
@@ -310,7 +310,8 @@ class Scanner:
         self.nvml = nvml
         self.counters = counters
         self.table = table
-        self.view: ScanSource = view if view is not None else ProcessView(counters=counters)
+        self.view: ScanSource = view if view is not None else ProcessView(
+            counters=counters, thread_turns=SCAN_THREAD_TURNS)
         self.interval = interval
         self._clock = clock
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
-from gpuguard.host.identity_cache import IdentityCache
+from gpuguard.host.identity_cache import IdentityCache, ThreadTurns
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.marks import Marks
 from gpuguard.orphans.process import (
@@ -201,6 +201,10 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+#: Threads of one process whose children files an exporter scan reads afresh (the rest
+#: in turns: ThreadTurns); a process of up to this many threads has every one read.
+SCAN_THREAD_TURNS = 256
+
 #: The most of a command line read: any user may make one as large as the kernel allows
 #: (and share one across many forked processes), and each read is cached per process.
 CMDLINE_CAP = 64 * 1024
@@ -212,6 +216,11 @@ ENVIRON_CAP = 256 * 1024
 def unparsable(pid: int, name: str, exc: Exception) -> ProcUnreadable:
     """/proc/PID/NAME read but not understood: the process that wrote it cannot be judged."""
     return ProcUnreadable(f"/proc/{pid}/{name}: could not be parsed ({failure(exc)})")
+
+
+def _tid_order(name: str) -> tuple[int, str]:
+    """Thread ids in numeric order (the main thread, the lowest, first)."""
+    return (len(name), name)
 
 
 def _vanished(exc: OSError) -> bool:
@@ -230,12 +239,15 @@ class ProcessView:
 
     `begin_scan()` starts a new scan: within one scan each pid's stat is read at
     most once; across scans the extras (cmdline, cgroup, status, ...) are reused
-    while (pid, start_time) and comm are unchanged.
+    while (pid, start_time) and comm are unchanged. `thread_turns` (the exporter's
+    scans): a thread-heavy process's children files are read in turns (ThreadTurns),
+    not every thread's every scan.
     """
 
     def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS,
                  events: ExitSource | None = None,
-                 memory: LauncherMemory | None = None) -> None:
+                 memory: LauncherMemory | None = None,
+                 thread_turns: int | None = None) -> None:
         self._root = proc_root
         self._counters = counters
         self._events = events
@@ -246,6 +258,7 @@ class ProcessView:
         self._extras = IdentityCache(self._lock)
         self._own_nspid_depth: int | None = None
         self._marks: dict[str, Marks] = {}
+        self._turns = ThreadTurns(thread_turns) if thread_turns is not None else None
 
     # -- scan lifecycle -------------------------------------------------------------
 
@@ -254,6 +267,8 @@ class ProcessView:
         with self._lock:
             seen = {info.identity for info in self._scan_stat.values() if info is not None}
             self._extras.keep_only(seen)
+            if self._turns is not None:
+                self._turns.keep_only(seen)
             self._scan_stat = {}
 
     # -- stat: one read per pid per scan ---------------------------------------------
@@ -461,22 +476,26 @@ class ProcessView:
 
     # -- descendants: walked downward, never by scanning the table -------------------
 
-    def _per_thread(self, pid: int, name: str, callsite: str, *,
-                    strict: bool = False) -> list[tuple[str, bytes]] | None:
+    def _per_thread(self, pid: int, name: str, callsite: str, *, strict: bool = False,
+                    turns: tuple[int, int] | None = None) -> list[tuple[str, bytes]] | None:
         """(TID, /proc/PID/task/TID/NAME) for every thread; None when the process is gone.
         `strict`: what exists but cannot be read raises ProcUnreadable instead of reading
-        as gone (a thread that exits between listdir and open is skipped either way)."""
+        as gone (a thread that exits between listdir and open is skipped either way).
+        `turns`: the process's identity, whose threads are read in turns (ThreadTurns)."""
         start = time.perf_counter()
         reads = 1
         contents: list[tuple[str, bytes]] = []
         try:
             try:
-                tids = os.listdir(f"{self._root}/{pid}/task")
+                tids = sorted(os.listdir(f"{self._root}/{pid}/task"), key=_tid_order)
             except OSError as exc:
                 if strict and not _vanished(exc):
                     raise ProcUnreadable(f"/proc/{pid}/task: {exc.strerror}") from exc
                 tids = None
-            for tid in tids or ():
+            wanted = tids or []
+            if turns is not None and self._turns is not None and tids:
+                wanted = self._turns.pick(turns, tids)
+            for tid in wanted:
                 reads += 1
                 try:
                     with open(f"{self._root}/{pid}/task/{tid}/{name}", "rb") as fh:
@@ -486,13 +505,20 @@ class ProcessView:
                         raise ProcUnreadable(f"/proc/{pid}/task/{tid}/{name}: "
                                              f"{exc.strerror}") from exc
                     continue  # the thread exited between listdir and open
+            if turns is not None and self._turns is not None and tids:
+                contents = self._turns.merge(turns, tids, contents)
         finally:
             self._counters.add(callsite, seconds=time.perf_counter() - start, proc_reads=reads)
         return None if tids is None else contents
 
     def children(self, pid: int) -> tuple[int, ...] | None:
-        """Children of every thread of `pid`, or None when the process is gone."""
-        files = self._per_thread(pid, "children", "proc_children")
+        """Children of every thread of `pid`, or None when the process is gone. With
+        `thread_turns`, a thread-heavy process read this scan has its threads' children
+        files read in turns (ThreadTurns); the member walk still checks every child's
+        stat, so a child that exited or a pid reused since is never taken."""
+        info = self._scan_stat.get(pid)
+        files = self._per_thread(pid, "children", "proc_children",
+                                 turns=info.identity if info is not None else None)
         if files is None:
             return None
         try:
