@@ -74,6 +74,11 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                       "0 and 5,000 unrelated processes, side by side. Targets: nothing "
                       "unattributed costs 0 search reads and scan time within 1.25x of 0 "
                       "unrelated; the search adds at most its 50 ms budget (+10 ms) a scan."),
+    "thread_heavy": (180.0,
+                     "A warm scan of one orphan whose holder has 2,000 and 5,000 threads: "
+                     "every thread's children file read every scan against the exporter's "
+                     "reads in turns (SCAN_THREAD_TURNS a scan), side by side. Target: >= 5x "
+                     "faster at 5,000 threads (issue 48: 20,000 threads cost 530 ms a scan)."),
     "nvitop_footprint": (420.0,
                          "gpuguard-exporter beside nvitop-exporter (installed from the "
                          "registry into .venv-nvitop/, skipped where it cannot be) over the "

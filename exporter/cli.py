@@ -22,7 +22,7 @@ from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
-from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
+from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView, boot_id, identity_alive
 from gpuguard.host.registrar import Registrar, start_registrar
 from gpuguard.reload import EarlyHangups, Reloader
 from gpuguard.validation import ConfigError
@@ -264,4 +264,5 @@ def _scanner(args: argparse.Namespace, config: Config,
     return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
                                     audit=config.audit, accounting=config.accounting,
                                     interval=args.scan_interval,
-                                    view=lambda: ProcessView(events=events, memory=memory))
+                                    view=lambda: ProcessView(events=events, memory=memory,
+                                                             thread_turns=SCAN_THREAD_TURNS))

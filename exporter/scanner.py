@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gpuguard.config.accounting import (
     AccountingSection,
@@ -42,7 +42,7 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
-from gpuguard.host.procfs import ProcessView
+from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
 from gpuguard.host.users import (
     DEFAULT_MAX_ENTRIES,
     FAILURE_TTL_SECONDS,
@@ -53,7 +53,7 @@ from gpuguard.host.users import (
 )
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
-from gpuguard.orphans.process import ProcInfo
+from gpuguard.orphans.process import ProcInfo, ProcUnreadable
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
@@ -217,8 +217,21 @@ def holder_facts(trees: Sequence[Tree], view: ProcSource,
             if me is None or me.pid in facts:
                 continue
             facts[me.pid] = HolderFacts(me.pid, me.start_time, owner(me, names), me.comm,
-                                        view.cmdline(me), attribute(view.cgroup(me)))
+                                        _or_none(view.cmdline, me),
+                                        attribute(_or_none(view.cgroup, me)))
     return facts
+
+
+T = TypeVar("T")
+
+
+def _or_none(read: Callable[[ProcInfo], T | None], info: ProcInfo) -> T | None:
+    """One holder's fact for its series, None when it cannot be read or parsed: one
+    process's text never costs the scan (its tree already reads unknown if it mattered)."""
+    try:
+        return read(info)
+    except ProcUnreadable:
+        return None
 
 
 def holding_sightings(trees: Sequence[Tree], reading: NvmlReading) -> list[UseSighting]:
@@ -297,7 +310,8 @@ class Scanner:
         self.nvml = nvml
         self.counters = counters
         self.table = table
-        self.view: ScanSource = view if view is not None else ProcessView(counters=counters)
+        self.view: ScanSource = view if view is not None else ProcessView(
+            counters=counters, thread_turns=SCAN_THREAD_TURNS)
         self.interval = interval
         self._clock = clock
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree

@@ -57,7 +57,7 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def pid_arg(value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
+    if not (0 < len(value) <= 10 and value.isascii() and value.isdigit()) or int(value) <= 0:
         raise argparse.ArgumentTypeError(f"expected a process id, got {value!r}")
     return int(value)
 

@@ -164,7 +164,7 @@ class FdSearch:
                 names = os.listdir(self._root)
             except OSError:
                 return []
-        return sorted(int(name) for name in names if name.isdigit())
+        return sorted(int(name) for name in names if _number(name))
 
     def _examine(self, pid: int, keys: dict[tuple[int, ...], str], offset: int,
                  start: float, max_seconds: float) -> int | None:
@@ -176,7 +176,7 @@ class FdSearch:
         t0 = self._clock()
         try:
             try:
-                fds = sorted(int(n) for n in os.listdir(f"{self._root}/{pid}/fd") if n.isdigit())
+                fds = sorted(int(n) for n in os.listdir(f"{self._root}/{pid}/fd") if _number(n))
             except (FileNotFoundError, ProcessLookupError):
                 self._found.pop(pid, None)  # gone between the listing and now
                 return None
@@ -215,3 +215,9 @@ class FdSearch:
             return None
         finally:
             self._counters.add("proc_fd_search", seconds=self._clock() - t0, proc_reads=reads)
+
+
+def _number(name: str) -> bool:
+    """Whether a /proc entry's name is a pid or a descriptor number: ASCII digits, ten at
+    most (str.isdigit() alone takes '²', which int() refuses)."""
+    return 0 < len(name) <= 10 and name.isascii() and name.isdigit()

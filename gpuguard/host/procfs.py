@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
-from gpuguard.host.identity_cache import IdentityCache
+from gpuguard.host.identity_cache import IdentityCache, ThreadTurns
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.marks import Marks
 from gpuguard.orphans.process import (
@@ -28,6 +28,7 @@ from gpuguard.orphans.process import (
     ProcStatus,
     ProcUnreadable,
     Truncated,
+    failure,
 )
 
 PROC = "/proc"
@@ -74,6 +75,27 @@ class EnvironMarkers:
 
 
 _ENV_ENTRY = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*=")
+#: The most digits a number in a marker may have: a 64-bit count (a start time in clock
+#: ticks) has 20. Any user writes the environment; a longer run of digits is no marker,
+#: and never reaches int() (which refuses 4,300 digits and up, and is quadratic below).
+MARKER_DIGITS = 20
+
+
+#: The most digits a pid has (PID_MAX_LIMIT is 2**22: 7).
+PID_DIGITS = 10
+
+
+def pid_number(text: bytes) -> int:
+    """A pid as the kernel writes it: ASCII digits, PID_DIGITS at most; ValueError else."""
+    if not 0 < len(text) <= PID_DIGITS or not text.isdigit():
+        raise ValueError(f"not a pid: {text[:PID_DIGITS + 1]!r}")
+    return int(text)
+
+
+def marker_number(text: bytes) -> int | None:
+    """A marker's decimal number, ASCII digits only (bytes.isdigit() knows no others), at
+    most MARKER_DIGITS of them; None for anything else."""
+    return int(text) if 0 < len(text) <= MARKER_DIGITS and text.isdigit() else None
 
 
 def parse_environ_markers(raw: bytes, *, complete: bool = True) -> EnvironMarkers | None:
@@ -99,8 +121,9 @@ def parse_environ_markers(raw: bytes, *, complete: bool = True) -> EnvironMarker
     if not complete:
         run = None  # a later, different GPUGUARD_RUN cannot be ruled out either way
     pid, sep, start = (run or b"").partition(b":")
-    ok = sep and pid.isdigit() and start.isdigit()
-    return EnvironMarkers(keep=keep, run=(int(pid), int(start)) if ok else None)
+    pid_n, start_n = marker_number(pid), marker_number(start)
+    named = (pid_n, start_n) if sep and pid_n is not None and start_n is not None else None
+    return EnvironMarkers(keep=keep, run=named)
 
 
 def parse_stat(text: str, *, uid: int) -> ProcInfo:
@@ -178,12 +201,26 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+#: Threads of one process whose children files an exporter scan reads afresh (the rest
+#: in turns: ThreadTurns); a process of up to this many threads has every one read.
+SCAN_THREAD_TURNS = 256
+
 #: The most of a command line read: any user may make one as large as the kernel allows
 #: (and share one across many forked processes), and each read is cached per process.
 CMDLINE_CAP = 64 * 1024
 #: The same for the environment (read for the markers): a cut one answers only with a
 #: keep marker found in what was read.
 ENVIRON_CAP = 256 * 1024
+
+
+def unparsable(pid: int, name: str, exc: Exception) -> ProcUnreadable:
+    """/proc/PID/NAME read but not understood: the process that wrote it cannot be judged."""
+    return ProcUnreadable(f"/proc/{pid}/{name}: could not be parsed ({failure(exc)})")
+
+
+def _tid_order(name: str) -> tuple[int, str]:
+    """Thread ids in numeric order (the main thread, the lowest, first)."""
+    return (len(name), name)
 
 
 def _vanished(exc: OSError) -> bool:
@@ -202,12 +239,15 @@ class ProcessView:
 
     `begin_scan()` starts a new scan: within one scan each pid's stat is read at
     most once; across scans the extras (cmdline, cgroup, status, ...) are reused
-    while (pid, start_time) and comm are unchanged.
+    while (pid, start_time) and comm are unchanged. `thread_turns` (the exporter's
+    scans): a thread-heavy process's children files are read in turns (ThreadTurns),
+    not every thread's every scan.
     """
 
     def __init__(self, *, proc_root: str = PROC, counters: Counters = COUNTERS,
                  events: ExitSource | None = None,
-                 memory: LauncherMemory | None = None) -> None:
+                 memory: LauncherMemory | None = None,
+                 thread_turns: int | None = None) -> None:
         self._root = proc_root
         self._counters = counters
         self._events = events
@@ -218,6 +258,7 @@ class ProcessView:
         self._extras = IdentityCache(self._lock)
         self._own_nspid_depth: int | None = None
         self._marks: dict[str, Marks] = {}
+        self._turns = ThreadTurns(thread_turns) if thread_turns is not None else None
 
     # -- scan lifecycle -------------------------------------------------------------
 
@@ -226,6 +267,8 @@ class ProcessView:
         with self._lock:
             seen = {info.identity for info in self._scan_stat.values() if info is not None}
             self._extras.keep_only(seen)
+            if self._turns is not None:
+                self._turns.keep_only(seen)
             self._scan_stat = {}
 
     # -- stat: one read per pid per scan ---------------------------------------------
@@ -275,12 +318,17 @@ class ProcessView:
 
     def _extra(self, info: ProcInfo, key: str, callsite: str, read,
                settled: Callable[[Any], bool] | None = None) -> object:
+        """A cached fact of `info`; None when gone or not ours to read (the caller decides
+        what None means). What the process wrote that a parser could not take (any other
+        exception) is ProcUnreadable, never the scan's: that one process reads unknown."""
         def counted() -> object:
             with self._counters.track(callsite, proc_reads=1):
                 try:
                     return read()
                 except OSError:
-                    return None  # gone or not ours to read: the caller decides what None means
+                    return None
+                except Exception as exc:
+                    raise unparsable(info.pid, key, exc) from exc
 
         return self._extras.get(info, key, counted, settled)
 
@@ -428,22 +476,26 @@ class ProcessView:
 
     # -- descendants: walked downward, never by scanning the table -------------------
 
-    def _per_thread(self, pid: int, name: str, callsite: str, *,
-                    strict: bool = False) -> list[tuple[str, bytes]] | None:
+    def _per_thread(self, pid: int, name: str, callsite: str, *, strict: bool = False,
+                    turns: tuple[int, int] | None = None) -> list[tuple[str, bytes]] | None:
         """(TID, /proc/PID/task/TID/NAME) for every thread; None when the process is gone.
         `strict`: what exists but cannot be read raises ProcUnreadable instead of reading
-        as gone (a thread that exits between listdir and open is skipped either way)."""
+        as gone (a thread that exits between listdir and open is skipped either way).
+        `turns`: the process's identity, whose threads are read in turns (ThreadTurns)."""
         start = time.perf_counter()
         reads = 1
         contents: list[tuple[str, bytes]] = []
         try:
             try:
-                tids = os.listdir(f"{self._root}/{pid}/task")
+                tids = sorted(os.listdir(f"{self._root}/{pid}/task"), key=_tid_order)
             except OSError as exc:
                 if strict and not _vanished(exc):
                     raise ProcUnreadable(f"/proc/{pid}/task: {exc.strerror}") from exc
                 tids = None
-            for tid in tids or ():
+            wanted = tids or []
+            if turns is not None and self._turns is not None and tids:
+                wanted = self._turns.pick(turns, tids)
+            for tid in wanted:
                 reads += 1
                 try:
                     with open(f"{self._root}/{pid}/task/{tid}/{name}", "rb") as fh:
@@ -453,16 +505,26 @@ class ProcessView:
                         raise ProcUnreadable(f"/proc/{pid}/task/{tid}/{name}: "
                                              f"{exc.strerror}") from exc
                     continue  # the thread exited between listdir and open
+            if turns is not None and self._turns is not None and tids:
+                contents = self._turns.merge(turns, tids, contents)
         finally:
             self._counters.add(callsite, seconds=time.perf_counter() - start, proc_reads=reads)
         return None if tids is None else contents
 
     def children(self, pid: int) -> tuple[int, ...] | None:
-        """Children of every thread of `pid`, or None when the process is gone."""
-        files = self._per_thread(pid, "children", "proc_children")
+        """Children of every thread of `pid`, or None when the process is gone. With
+        `thread_turns`, a thread-heavy process read this scan has its threads' children
+        files read in turns (ThreadTurns); the member walk still checks every child's
+        stat, so a child that exited or a pid reused since is never taken."""
+        info = self._scan_stat.get(pid)
+        files = self._per_thread(pid, "children", "proc_children",
+                                 turns=info.identity if info is not None else None)
         if files is None:
             return None
-        return tuple(dict.fromkeys(int(k) for _, data in files for k in data.split()))
+        try:
+            return tuple(dict.fromkeys(pid_number(k) for _, data in files for k in data.split()))
+        except ValueError as exc:
+            raise unparsable(pid, "task/*/children", exc) from exc
 
     def _thread_states(self, pid: int) -> list[tuple[str, str]] | None:
         """(TID, state letter) of every thread of `pid`; None when the process is gone;

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from gpuguard.orphans.chain import Chain, find_adopted, leader_gone, run_launcher_of, walk
 from gpuguard.orphans.members import judge_tree_members
-from gpuguard.orphans.process import Holder, ProcInfo, ProcUnreadable
+from gpuguard.orphans.process import Holder, ProcInfo, ProcUnreadable, failure
 from gpuguard.orphans.protections import (
     BY_CMDLINE,
     BY_COMM,
@@ -267,7 +267,9 @@ RULES: tuple[ChainRule, ...] = (
 
 
 def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVerdict:
-    """Apply rules 1-7 (docs/design.md, Orphan rules), in order, to one GPU holder."""
+    """Apply rules 1-7 (docs/design.md, Orphan rules), in order, to one GPU holder.
+    Whatever goes wrong while reading or judging it makes this holder `unknown`
+    (unreadable, never reaped), never the other holders' verdicts."""
     try:
         chain = read_chain(holder, view, rules)
         if isinstance(chain, HolderVerdict):
@@ -278,6 +280,10 @@ def classify_holder(holder: Holder, view: ProcSource, rules: Rules) -> HolderVer
                 return verdict
     except ProcUnreadable as exc:
         return unknown(holder, Rule.CHAIN, Reason.UNREADABLE, str(exc), (), [holder.pid])
+    except Exception as exc:  # one holder's facts defeated a rule: that holder, not the scan
+        return unknown(holder, Rule.CHAIN, Reason.UNREADABLE,
+                       f"pid {holder.pid} could not be judged ({failure(exc)})", (),
+                       [holder.pid])
     raise AssertionError("rule 7 decides every chain that reaches it")
 
 

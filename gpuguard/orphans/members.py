@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuguard.orphans.process import ProcInfo, still_same, walk_members
+from gpuguard.orphans.process import ProcInfo, failure, still_same, walk_members
 from gpuguard.orphans.protections import ProcSource, protection
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Evidence, HolderVerdict, Tree
@@ -85,11 +85,35 @@ def settle_members(tree: Tree, members: tuple[ProcInfo, ...],
                                evidence=found.evidence, members=members)
 
 
+def not_judged(member: ProcInfo, exc: Exception) -> MemberJudgement:
+    """A member whose facts could not be read or judged (ProcUnreadable, or anything a
+    rule met in what it read): unknown, never signalled, and never the other trees'."""
+    return MemberJudgement(Verdict.UNKNOWN, Reason.MEMBER_UNKNOWN,
+                           Evidence(Rule.CHAIN, f"member {member.pid} ({member.comm}) could "
+                                    f"not be judged ({failure(exc)})", (member.pid,)))
+
+
+def judge_or_unknown(member: ProcInfo, view: ProcSource, rules: Rules) -> MemberJudgement | None:
+    """judge_member, with whatever goes wrong in it making this member unknown."""
+    try:
+        return judge_member(member, view, rules)
+    except Exception as exc:
+        return not_judged(member, exc)
+
+
 def judge_tree_members(tree: Tree, view: ProcSource, rules: Rules,
                        by_pid: Mapping[int, list[HolderVerdict]]) -> Tree:
-    """Linux's member judgement: the root's subtree walked down through /proc."""
+    """Linux's member judgement: the root's subtree walked down through /proc. A walk
+    that fails (a member's threads or children that cannot be read) makes the tree
+    `member-unknown` at its root: what a reap would signal is not known."""
     assert tree.root is not None
     # Children may come from this scan's stat reads; the parent is re-read after its
     # children file, which is what catches a reused pid.
-    members = walk_members(tree.root, view.children, view.stat, view.fresh_stat, view.thread_states)
-    return settle_members(tree, members, by_pid, lambda m: judge_member(m, view, rules))
+    try:
+        members = walk_members(tree.root, view.children, view.stat, view.fresh_stat,
+                               view.thread_states)
+    except Exception as exc:
+        found = not_judged(tree.root, exc)
+        return dataclasses.replace(tree, verdict=found.verdict, reason=found.reason,
+                                   evidence=found.evidence, members=(tree.root,))
+    return settle_members(tree, members, by_pid, lambda m: judge_or_unknown(m, view, rules))

@@ -12,6 +12,15 @@ class ProcUnreadable(Exception):
     """/proc/PID exists but could not be read (permissions, a malformed file)."""
 
 
+#: The most of an exception's message a reason carries: what a process wrote may be in it.
+FAILURE_CAP = 200
+
+
+def failure(exc: BaseException) -> str:
+    """An exception as a verdict's detail says it: its type and the start of its message."""
+    return f"{type(exc).__name__}: {str(exc)[:FAILURE_CAP]}"
+
+
 #: State letters of a task that has exited: zombie, dead.
 EXITED_STATES = frozenset({"Z", "X", "x"})
 #: State letters of a stopped task: by a signal (SIGSTOP, a freeze), by a tracer.

@@ -149,8 +149,9 @@ def get(url: str, headers: Mapping[str, str], *, deadline: float, max_body: int,
             if resp.status != 200:
                 return Answer(resp.status, resp.headers, b"")
             length = resp.getheader("Content-Length")
-            if length is not None and length.isdigit() and int(length) > max_body:
-                raise TooLarge(f"answer of {length} bytes is larger than {max_body} bytes")
+            if length is not None and length.isascii() and length.isdigit() \
+                    and (len(length) > 19 or int(length) > max_body):
+                raise TooLarge(f"answer of {length[:20]} bytes is larger than {max_body} bytes")
             return Answer(resp.status, resp.headers, _body(resp, max_body))
     finally:
         conn.close()

@@ -96,9 +96,10 @@ def delay_after(result: PollResult, failures: int, interval: float, rng: random.
 def retry_after_seconds(value: str | None) -> float | None:
     """A Retry-After header's delay-seconds; None for absent, a date, or nonsense (an
     HTTP-date would need the wall clock, and Alertmanager sends none)."""
-    if value is None or not value.strip().isdigit():
+    seconds = (value or "").strip()
+    if not (seconds.isascii() and seconds.isdigit()):  # str.isdigit() alone takes '²'
         return None
-    return float(value.strip())
+    return float(seconds)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ deltas from a fresh registry, so they hold on a loaded CI machine too.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,43 @@ def test_a_burst_of_process_exits_changes_no_scan_read(trees: Trees,
         assert warm_scan_reads(scanner, registry) == before
     finally:
         events.stop()
+
+
+THREADS = 2000
+
+
+def test_a_thread_heavy_orphan_is_read_in_turns_not_every_thread_every_scan(
+        trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """An orphan holder of 2,000 threads (issue 48: 20,000 made every scan 530 ms): a warm
+    scan reads the children files of its main thread, of its new threads and of
+    SCAN_THREAD_TURNS others in turn, not all 2,001; and a child forked by one of its
+    other threads after the first scan still joins the tree within a round of turns."""
+    import math
+    import signal
+
+    from gpuguard.host.procfs import SCAN_THREAD_TURNS
+    from tests.support.remediator_harness import spawn_orphan
+
+    script = (f'sh -c "{{holder}} --threads {THREADS} --thread-fork-on-usr1 '
+              '--pidfile {dir}/holder" & echo $! > {dir}/root; wait')
+    orphan = spawn_orphan(trees, fake_gpu, script)
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="test"))
+    (tree,) = scanner.scan_once().trees
+    assert (tree.verdict, len(tree.members)) == ("orphan", 2), tree.evidence
+    quiet = warm_scan_reads(scanner, registry)
+    # the root's one thread, the holder's listing, its main thread and one turn
+    assert quiet["proc_children"] <= 2 + 2 + SCAN_THREAD_TURNS, quiet
+
+    os.kill(orphan.holder, signal.SIGUSR1)  # a thread other than the main one forks
+    child_file = orphan.tree.dir / "holder.child"
+    child = int(wait_for(lambda: child_file.exists() and child_file.read_text(),
+                         what="the thread's child"))
+    rounds = math.ceil((THREADS + 1) / SCAN_THREAD_TURNS) + 1
+    for _ in range(rounds):
+        (tree,) = scanner.scan_once().trees
+        if child in {m.pid for m in tree.members}:
+            break
+    assert child in {m.pid for m in tree.members}, (child, [m.pid for m in tree.members])

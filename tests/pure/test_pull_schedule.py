@@ -60,7 +60,9 @@ def test_retry_after_is_honoured_up_to_the_interval() -> None:
     assert backoff_delay(1, 60.0, rng, retry_after=600.0) == 60.0
     assert backoff_delay(6, 60.0, rng, retry_after=0.0) >= 32 * (1 - JITTER)  # never sooner
     assert retry_after_seconds("7") == 7.0 and retry_after_seconds(" 0 ") == 0.0
-    for nonsense in (None, "", "-1", "1.5", "Wed, 21 Oct 2026 07:28:00 GMT", "soon"):
+    for nonsense in (None, "", "-1", "1.5", "Wed, 21 Oct 2026 07:28:00 GMT", "soon",
+                     "\u00b2", "\u0663"):  # str.isdigit() takes both; float() refuses '²'
+
         assert retry_after_seconds(nonsense) is None
 
 

@@ -48,6 +48,10 @@ def main() -> None:
                         "asked to stop)")
     p.add_argument("--setsid-on-usr2", action="store_true",
                    help="on SIGUSR2 call setsid() (also while waiting as a --depth level)")
+    p.add_argument("--thread-fork-on-usr1", action="store_true",
+                   help="on SIGUSR1 a thread other than the main one (started after the "
+                        "--threads ones) forks a sleeping child (pid in PIDFILE.child): "
+                        "the child is listed in that thread's children file only")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
     if args.setsid_on_usr2:
@@ -85,6 +89,10 @@ def main() -> None:
         erase_environ()
     for _ in range(args.threads):
         threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+    if args.thread_fork_on_usr1:
+        asked = threading.Event()
+        signal.signal(signal.SIGUSR1, lambda *_: asked.set())
+        threading.Thread(target=fork_when, args=(asked, args.pidfile), daemon=True).start()
     for _ in range(args.children):
         if os.fork() == 0:
             while True:
@@ -97,6 +105,19 @@ def main() -> None:
     write_pidfile(args.pidfile)
     while True:
         time.sleep(3600)
+
+
+def fork_when(asked: threading.Event, pidfile: str) -> None:
+    """Fork a sleeping child from this (non-main) thread once asked."""
+    asked.wait()
+    child = os.fork()
+    if child == 0:
+        while True:
+            time.sleep(3600)
+    tmp = f"{pidfile}.child.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(child))
+    os.replace(tmp, f"{pidfile}.child")
 
 
 def write_pidfile(path: str) -> None:

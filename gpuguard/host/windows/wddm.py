@@ -45,9 +45,9 @@ PDH_CSTATUS_NEW_DATA = 0x00000001
 #: query and the read.
 MORE_DATA_RETRIES = 4
 
-_INSTANCE = re.compile(
-    r"^pid_(?P<pid>\d+)_luid_(?P<high>0x[0-9A-Fa-f]{1,8})_(?P<low>0x[0-9A-Fa-f]{1,8})"
-    r"_phys_(?P<phys>\d+)(?:_|$)")
+_INSTANCE = re.compile(  # ASCII digits, bounded: `\d` alone takes any script's, unbounded
+    r"^pid_(?P<pid>[0-9]{1,10})_luid_(?P<high>0x[0-9A-Fa-f]{1,8})_(?P<low>0x[0-9A-Fa-f]{1,8})"
+    r"_phys_(?P<phys>[0-9]{1,10})(?:_|$)")
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,10 @@ def test_an_instance_name_gives_pid_and_luid() -> None:
     "_Total", "", "pid_x_luid_0x0_0x1_phys_0", "pid_12_luid_0x00000000_phys_0",
     "luid_0x00000000_0x0000D1A5_phys_0", "pid_12_luid_0x00000000_0x0000D1A5_phys_0x",
     "pid_12_luid_0x00000000_0x0000D1A5_physical_0",
+    # numbers no parser should take: past int()'s digit limit, another script's digits
+    "pid_" + "9" * 5000 + "_luid_0x00000000_0x0000D1A5_phys_0",
+    "pid_\u0663_luid_0x00000000_0x0000D1A5_phys_0",
+    "pid_12_luid_0x00000000_0x0000D1A5_phys_" + "1" * 5000,
 ])
 def test_other_shapes_name_nobody(other: str) -> None:
     assert parse_instance(other) is None
