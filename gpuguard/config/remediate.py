@@ -169,11 +169,16 @@ def _users(at: At, value: Any) -> UserFilter:
     return UserFilter(**mapping(at, value, {"allow": _user_entries, "deny": _user_entries}))
 
 
+def _share(at: At, value: Any) -> int | None:
+    """A per-user share: a count, or null for the default (half, rounded up)."""
+    return None if value is None else integer(at, value, minimum=1)
+
+
 def _rate_limit(at: At, value: Any) -> RateLimit:
     return RateLimit(**mapping(at, value, {
         "max_reaps": lambda at, v: integer(at, v, minimum=0),
         "per_seconds": lambda at, v: number(at, v, minimum=1),
-        "per_user": lambda at, v: integer(at, v, minimum=1),
+        "per_user": _share,
     }))
 
 
@@ -231,7 +236,7 @@ def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
         "term_timeout_seconds": lambda at, v: number(at, v, minimum=0.1),
         "worker_timeout_seconds": lambda at, v: number(at, v, minimum=1),
         "max_pending": lambda at, v: integer(at, v, minimum=1),
-        "max_pending_per_user": lambda at, v: integer(at, v, minimum=1),
+        "max_pending_per_user": _share,
         "allow_root_owned": boolean,
         "allow_without_pidfd": boolean,
         "state_dir": lambda at, v: string(at, v, non_empty=True),
