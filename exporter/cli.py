@@ -19,6 +19,7 @@ from gpuguard.exporter.scanner import Scanner, platform_scanner
 from gpuguard.flags import add_common, served_url
 from gpuguard.host.allocator import one_malloc_arena
 from gpuguard.host.events.listener import ProcessEvents
+from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
@@ -179,6 +180,10 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         return 2
 
     events, scanner = _scanner(args, config, platform)
+    if events is not None:
+        # First, before any other thread: the subscription needs CAP_NET_ADMIN, dropped
+        # right after it, and a thread started earlier would keep its own copy.
+        events.start(after_subscribe=release_net_admin)
     if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
         log.info("%s", problem)
     registry = CollectorRegistry()
@@ -197,6 +202,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
                                ident="gpuguard-exporter", web=web,
                                open_paths=lambda path: path in OPEN_PATHS)
     except OSError as exc:
+        if events is not None:
+            events.stop()
         print(logformat.failure("gpuguard-exporter",
                                 f"cannot listen on {host}:{port}: {exc.strerror}"),
               file=sys.stderr)
@@ -205,8 +212,6 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     hangups.hand_to(reloader)
     registrar = _registrar(config) if platform.registrations else None
-    if events is not None:
-        events.start()
     scanner.start()
     tls = web is not None and web.current()[0].tls is not None
     log.info("serving %s on %s (scan every %gs)", args.telemetry_path, served_url(

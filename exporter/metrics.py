@@ -303,7 +303,8 @@ class GpuguardCollector(Collector):
 
 
 def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
-    """The process-event listener's own counts (every kind from 0; all 0 without one)."""
+    """The process-event listener's own counts (every kind from 0; all 0 without one) and
+    whether it runs (absent without one)."""
     family = CounterMetricFamily("gpuguard_process_events",
                                  "Kernel process events read (exit, other) or dropped by an "
                                  "overrun socket (dropped).", labels=["kind"])
@@ -320,9 +321,11 @@ def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
     for cause in EVICTION_CAUSES:
         evicted.add_metric([cause], gone.get(cause, 0))
     yield evicted
+    if events is None:
+        return  # a platform without a listener (Windows): absent, not down (the alert's 0)
     yield GaugeMetricFamily("gpuguard_process_events_up",
                             "1 while the process-event listener runs (launcher evidence).",
-                            value=1 if events is not None and events.alive() else 0)
+                            value=1 if events.alive() else 0)
 
 
 def foreign_marks_metric() -> Metric:

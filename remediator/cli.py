@@ -28,6 +28,7 @@ from prometheus_client import ProcessCollector
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.flags import add_common
+from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
@@ -220,14 +221,20 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
     if (problem := other_users_problem(signal=True)) is not None:
         log.warning("%s", problem)  # a non-root remediator without its capabilities
 
+    # Windows has no process-events connector (and no launcher evidence to hear). The
+    # subscription comes before any other thread: it needs CAP_NET_ADMIN, dropped right
+    # after it, and a thread started earlier would keep its own copy. It acts on nothing.
+    events = platform.process_events() if platform.process_events is not None else None
+    if events is not None:
+        events.start(after_subscribe=release_net_admin)
     try:
         # Nothing runs (no recovery, no worker, no poller) before the port is ours: a
         # second instance that cannot bind must not act on the same state.
-        # Windows has no process-events connector (and no launcher evidence to hear).
         service = build_remediator(config, hostname=args.hostname, platform=platform,
-                                   events=(platform.process_events()
-                                           if platform.process_events is not None else None))
+                                   events=events)
     except (LedgerError, UnsafePathError, OSError) as exc:
+        if events is not None:
+            events.stop()
         return _state_failure(exc)
     reloader = Reloader(PROG, reload_config(args.config, config, web), log=log)
     app = with_lifecycle(create_app(service, token=token, collectors=(

@@ -122,6 +122,19 @@
             description: 'The last config reload of the gpuguard daemon at {{ $labels.instance }} (the exporter or the remediator: see the job label) failed, for more than %(configReloadFailedFor)s: it still runs the config it had before, not the edited file. Check the file with `gpuguard config check FILE` and read the daemon\'s log for the error, then reload again (SIGHUP).' % t,
           },
         },
+        // Both daemons hear launchers die through their own listener: without it a killed
+        // launcher's tree reads session-ended, which the default policy does not reap.
+        // Absent (not 0) where a platform has none (Windows).
+        {
+          alert: 'GPUGuardProcessEventsDown',
+          expr: 'gpuguard_process_events_up{%(exporterSelector)s} == 0 or gpuguard_process_events_up{%(remediatorSelector)s} == 0' % c,
+          'for': c.processEventsDownFor,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'gpuguard on {{ $labels.instance }} does not hear processes exit',
+            description: 'The gpuguard daemon at {{ $labels.instance }} (the exporter or the remediator: see the job label) has had no process-event listener for more than %(processEventsDownFor)s: it cannot tell a killed launcher from one that exited, so orphaned trees read session-ended, which the default policy does not reap. Its start-up warning "process events unavailable" says why: EPERM is a missing CAP_NET_ADMIN (the shipped units and DaemonSet grant it), a child PID namespace or ECONNREFUSED a container without hostPID or hostNetwork.' % t,
+          },
+        },
       ]),
 
       group('gpuguard-remediation', [

@@ -54,6 +54,7 @@ EXPECTED_SEVERITY = {
     "GPUSuspectProcess": "critical",
     "GPUSuspectProcessSustained": "warning",
     "GPUMemoryUnattributed": "warning",
+    "GPUGuardProcessEventsDown": "warning",
 }
 
 # docs/design.md, Contracts (the exporter's metrics) + the remediator's metrics + `up`.
@@ -108,8 +109,10 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_alertmanager_poller_stalled",
     }
 )
-# Both daemons export the reload gauge (gpuguard/reload.py).
-DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful"})
+# Both daemons export the reload gauge (gpuguard/reload.py) and their listener's gauge
+# (exporter/metrics.py event_metrics).
+DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful",
+                            "gpuguard_process_events_up"})
 CONTRACT_METRICS = EXPORTER_METRICS | REMEDIATOR_METRICS | DAEMON_METRICS | {"up"}
 
 

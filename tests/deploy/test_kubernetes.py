@@ -51,8 +51,8 @@ K8S_VERSIONS = ("1.30.0", "1.37.0")
 CRD_GROUP = "monitoring.coreos.com/v1"
 #: What each container may do beyond uid 0 without capabilities (daemonset.yaml's comment).
 EXPECTED_ADD = {
-    "exporter": {"SYS_PTRACE", "DAC_READ_SEARCH"},
-    "remediator": {"KILL", "SYS_PTRACE", "DAC_READ_SEARCH"},
+    "exporter": {"SYS_PTRACE", "DAC_READ_SEARCH", "NET_ADMIN"},
+    "remediator": {"KILL", "SYS_PTRACE", "DAC_READ_SEARCH", "NET_ADMIN"},
 }
 
 
@@ -483,6 +483,30 @@ def test_either_capability_alone_leaves_the_keep_marker_unreadable(other_users_p
     assert got["keep"] is None and got["detached"] is None
     got = _as_uid0_with({"DAC_READ_SEARCH"}, staged, PROBE, other_users_process)
     assert got["keep"] is None
+
+
+#: Bind a process-events socket (NETLINK_CONNECTOR to CN_IDX_PROC), as each program does.
+SUBSCRIBE = """
+import errno, json, socket
+sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 11)
+try:
+    sock.bind((0, 1))
+    print(json.dumps({"bind": "ok"}))
+except OSError as e:
+    print(json.dumps({"bind": errno.errorcode[e.errno]}))
+"""
+
+
+@pytest.mark.parametrize("container", sorted(EXPECTED_ADD))
+def test_granted_capabilities_subscribe_to_process_events(container, staged):
+    """uid 0 with exactly the container's set subscribes; without NET_ADMIN the same uid
+    gets EPERM on this kernel (6.18 here), so the listener would be down and killed
+    launchers' trees would read session-ended (daemonset.yaml's comment)."""
+    assert _as_uid0_with(_declared(container), staged, SUBSCRIBE) == {"bind": "ok"}
+    without = _as_uid0_with(_declared(container) - {"NET_ADMIN"}, staged, SUBSCRIBE)
+    if without == {"bind": "ok"}:
+        pytest.skip("this kernel lets uid 0 without NET_ADMIN subscribe")
+    assert without == {"bind": "EPERM"}
 
 
 #: Append to a file through another process's root, open its memory for writing.

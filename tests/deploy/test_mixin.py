@@ -107,7 +107,7 @@ def test_every_query_selects_the_configured_jobs() -> None:
                 continue
             wanted = (OTHER_JOBS["remediatorSelector"] if name.startswith("gpuguard_remediator_")
                       else OTHER_JOBS["exporterSelector"])
-            if name == "gpuguard_config_last_reload_successful":
+            if name in ("gpuguard_config_last_reload_successful", "gpuguard_process_events_up"):
                 assert braces.startswith("{job="), query
                 continue
             if name == "up":

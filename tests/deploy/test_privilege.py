@@ -32,7 +32,6 @@ import ctypes.util
 import functools
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -68,6 +67,13 @@ TOKEN = "privilege-test-token"
 GIB = 2**30
 #: The reasons of a job whose launcher lives.
 LAUNCHER_ALIVE = {"attached", "detached"}
+#: The policy's reasons where a launcher may die unheard: session-ended where no listener
+#: may run (the suite's PID namespace), launcher-unrecorded where one started after the
+#: launcher died; the policy of such a host opts in to both. The default is the first alone.
+LATE_REASONS = ("launcher-killed", "session-ended", "launcher-unrecorded")
+#: What the kernel's process-events subscription needs (gpuguard/host/events/privilege.py):
+#: its absence shows in the listener, not in /proc reads or signals.
+NET_ADMIN = "CAP_NET_ADMIN"
 #: What each capability's absence shows, in the remediator's audit record.
 REFUSAL = {"CAP_KILL": "signal-failed", "CAP_SYS_PTRACE": "member-unknown",
            "CAP_DAC_READ_SEARCH": "member-unknown"}
@@ -134,16 +140,16 @@ def syscall_set(group: str, seen: set[str] | None = None) -> set[str]:
 
 @functools.cache
 def seccomp_spec(unit: Path) -> dict[str, Any]:
-    """The unit's filter: an allow list, minus what later `~` lines remove."""
+    """The unit's filter: an allow list, minus what later `~` lines remove, plus what
+    later plain lines add back (systemd.exec(5): in allow-list mode, in order)."""
     lines = settings(unit)["SystemCallFilter"]
     assert not lines[0].startswith("~"), "the first SystemCallFilter= is an allow list"
     allow: set[str] = set()
-    for group in lines[0].split():
-        allow |= syscall_set(group)
-    for line in lines[1:]:
-        assert line.startswith("~")
-        for group in line[1:].split():
-            allow -= syscall_set(group) if group.startswith("@") else {group}
+    for line in lines:
+        deny = line.startswith("~")
+        for group in line.removeprefix("~").split():
+            names = syscall_set(group) if group.startswith("@") else {group}
+            allow = allow - names if deny else allow | names
     errno_name = settings(unit)["SystemCallErrorNumber"][0]
     families = settings(unit)["RestrictAddressFamilies"][0].split()
     return {"allow": sorted(allow), "errno": {"EPERM": 1}[errno_name],
@@ -211,10 +217,11 @@ class Job:
     def members(self) -> tuple[int, int]:
         return (self.root, self.holder)
 
-    def alert(self) -> dict[str, Any]:
+    def alert(self, reason: str = "session-ended") -> dict[str, Any]:
+        """The exporter's alert for this job, its `reason` label as the exporter read it."""
         start = stat_fields(self.root)
         assert start is not None, f"root {self.root} is gone"
-        return alert(self.root, str(start["start_time"]), user=str(OWNER_UID))
+        return alert(self.root, str(start["start_time"]), user=str(OWNER_UID), reason=reason)
 
     def untouched(self) -> bool:
         """Every member alive and running (an aborted reap must not leave it stopped)."""
@@ -264,7 +271,8 @@ class Rig:
                              command=self.box.command(EXPORTER, caps, "gpuguard.exporter"),
                              cwd=Path("/"))
 
-    def remediator(self, caps: frozenset[str]) -> tuple[ServerProcess, Path]:
+    def remediator(self, caps: frozenset[str], reasons: tuple[str, ...] = LATE_REASONS
+                   ) -> tuple[ServerProcess, Path]:
         """The remediator in enforce mode; its state, audit log and token owned by its uid."""
         home = self.base / "remediator"
         for path, mode in ((home, 0o700), (home / "state", 0o700), (home / "log", 0o750)):
@@ -277,10 +285,7 @@ class Rig:
         config = self.base / "gpuguard.yml"
         config.write_text(yaml.safe_dump({"remediate": {
             "mode": "enforce", "min_age_seconds": 0, "term_timeout_seconds": 2,
-            # The launchers die before the remediator starts: session-ended where no
-            # listener may run (the suite's PID namespace), launcher-unrecorded where one
-            # does; the policy of such a host opts in to both.
-            "reasons": ["launcher-killed", "session-ended", "launcher-unrecorded"],
+            "reasons": list(reasons),
             "state_dir": str(home / "state"), "audit_log": str(home / "log" / "audit.jsonl"),
             # The owner has no passwd entry: deny [root] alone would refuse it (unresolved).
             "users": {"allow": [f"uid:{OWNER_UID}"], "deny": ["uid:0"]},
@@ -309,8 +314,9 @@ def rig(sandbox: Sandbox) -> Iterator[Rig]:
 
 
 def without(unit: Path) -> list[Any]:
-    """One case per capability of `unit`: the unit's set minus that one."""
-    return [pytest.param(cap, id=cap) for cap in sorted(capabilities(unit))]
+    """One case per capability of `unit` that /proc reads or signals need: the unit's set
+    minus that one. CAP_NET_ADMIN, the listener's, has tests of its own (below)."""
+    return [pytest.param(cap, id=cap) for cap in sorted(capabilities(unit) - {NET_ADMIN})]
 
 
 def missing_named(server: ServerProcess, cap: str) -> bool:
@@ -346,9 +352,49 @@ def metric(server: ServerProcess, name: str) -> float:
     return value
 
 
-def kernel_at_least(major: int, minor: int) -> bool:
-    found = re.match(r"(\d+)\.(\d+)", platform.release())
-    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+#: Binds a process-events socket (NETLINK_CONNECTOR to CN_IDX_PROC): "ok", or the errno.
+SUBSCRIBE = """
+import errno, socket
+sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 11)
+try:
+    sock.bind((0, 1))
+    print("ok")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+@functools.cache
+def _subscribes_without_capabilities(python: str) -> str:
+    done = subprocess.run([*setpriv(SERVICE_UID, frozenset()), python, "-c", SUBSCRIBE],
+                          cwd="/", capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def subscription_needs_net_admin(box: Sandbox) -> bool:
+    """Whether this kernel refuses the subscription to the service uid without CAP_NET_ADMIN
+    (EPERM on 6.18; docs/deployment.md)."""
+    return _subscribes_without_capabilities(box.python) == "EPERM"
+
+
+CAP_NET_ADMIN_BIT = 1 << 12
+
+
+def net_admin_holders(pid: int) -> dict[int, dict[str, str]]:
+    """The threads of `pid` holding CAP_NET_ADMIN in any set but the bounding one, with
+    those sets (CapInh, CapPrm, CapEff, CapAmb) as /proc/PID/task/TID/status shows them."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # a thread that has just ended
+        sets = dict(re.findall(r"^(Cap(?:Inh|Prm|Eff|Amb)):\s+([0-9a-f]+)$", status, re.M))
+        assert len(sets) == 4, status
+        if any(int(value, 16) & CAP_NET_ADMIN_BIT for value in sets.values()):
+            found[int(task.name)] = sets
+    return found
 
 
 def test_seccomp_loader_enforces_the_units_filter(sandbox: Sandbox) -> None:
@@ -489,9 +535,10 @@ def test_exporter_with_its_unit_classifies_another_users_trees(rig: Rig) -> None
     holders = tuple(job.holder for job in jobs)
     exporter = rig.exporter(capabilities(EXPORTER))
     try:
-        # The connector needs no CAP_NET_ADMIN since Linux 6.6; in a child PID namespace
-        # (CI) the listener stays off by design and launchers' exits read session-ended.
-        events = in_host_pid_namespace() is True and kernel_at_least(6, 6)
+        # The unit grants CAP_NET_ADMIN for the subscription; in a child PID namespace
+        # (CI's) the listener stays off by design and launchers' exits read session-ended
+        # (test_units_hear_a_killed_launcher runs outside it).
+        events = in_host_pid_namespace() is True
         wait_for(lambda: metric(exporter, "gpuguard_process_events_up") == float(events),
                  what=f"gpuguard_process_events_up {int(events)}")
         before = process_info(exporter, holders)
@@ -581,15 +628,8 @@ def docs_table() -> dict[str, dict[str, str]]:
     return table
 
 
-def as_documented(verdict: str, reason: str, *, events: bool) -> str:
-    """A verdict as the table writes it: for a host where the exporter hears the kernel's
-    process events (without them a killed launcher reads session-ended) and where the
-    tests do not run as PID 1 (under unshare a live launcher's job reads detached: its
-    launcher tops the chain and leads its session)."""
-    if not events and reason == "session-ended":
-        reason = "launcher-killed"
-    if reason == "detached" and os.getpid() == 1:
-        reason = "attached"
+def as_documented(verdict: str, reason: str) -> str:
+    """A verdict as the table writes it (its cells without backticks and parentheses)."""
     return f"{verdict} {reason}"
 
 
@@ -598,24 +638,31 @@ def total(server: ServerProcess, name: str) -> float:
     return sum(value for _, value in find(samples, name))
 
 
+@pytest.mark.initial_pidns
 @pytest.mark.parametrize("profile", list(EXPORTER_PROFILES))
 def test_exporter_verdicts_per_profile_are_the_docs_table(rig: Rig, profile: str) -> None:
     """The table of docs/deployment.md, measured: each profile's exporter watches another
     user's jobs while their launchers die (one lives). Without a capability the jobs whose
     verdict needs /proc/PID/environ, cwd or fd/0 read unknown at every scrape, never
     orphan, and no orphan tree is ever counted; what world-readable files decide (nohup's
-    status, a live launcher) reads as with them."""
+    status, a live launcher) reads as with them. Without CAP_NET_ADMIN the listener is
+    down: a killed launcher reads session-ended. Run where a deployment runs, outside any
+    PID namespace of the tests' own, every cell compared as measured."""
     table = docs_table()
     assert set(table) == {*SCENARIOS, "gpuguard_orphan_trees",
-                          "gpuguard_orphan_tree_memory_bytes"}, sorted(table)
+                          "gpuguard_orphan_tree_memory_bytes",
+                          "gpuguard_process_events_up"}, sorted(table)
     assert all(set(row) == set(EXPORTER_PROFILES) for row in table.values()), table
     caps = EXPORTER_PROFILES[profile]
     lacking = capabilities(EXPORTER) - caps
+    if NET_ADMIN in lacking and not subscription_needs_net_admin(rig.box):
+        pytest.skip("this kernel lets a process without CAP_NET_ADMIN subscribe: the "
+                    "table's columns without it are measured where it does not")
     exporter = rig.exporter(caps)
     try:
-        events = in_host_pid_namespace() is True and kernel_at_least(6, 6)
-        wait_for(lambda: metric(exporter, "gpuguard_process_events_up") == float(events),
-                 what=f"gpuguard_process_events_up {int(events)}")
+        up = float(table["gpuguard_process_events_up"][profile])
+        wait_for(lambda: metric(exporter, "gpuguard_process_events_up") == up,
+                 what=f"gpuguard_process_events_up {up:g}")
         jobs = {name: rig.job(**options) for name, options in SCENARIOS.items()}
         holders = tuple(job.holder for job in jobs.values())
         seen: list[dict[str, str]] = []
@@ -623,8 +670,8 @@ def test_exporter_verdicts_per_profile_are_the_docs_table(rig: Rig, profile: str
 
         def observe() -> dict[str, str]:
             now = process_info(exporter, holders)
-            got = {name: as_documented(now[job.holder]["verdict"], now[job.holder]["reason"],
-                                       events=events) for name, job in jobs.items()}
+            got = {name: as_documented(now[job.holder]["verdict"], now[job.holder]["reason"])
+                   for name, job in jobs.items()}
             seen.append(got)
             orphan_counts.append(metric(exporter, "gpuguard_orphan_trees"))
             return got
@@ -643,10 +690,11 @@ def test_exporter_verdicts_per_profile_are_the_docs_table(rig: Rig, profile: str
             float(table["gpuguard_orphan_trees"][profile])
         gib = total(exporter, "gpuguard_orphan_tree_memory_bytes") / GIB
         assert f"{gib:g} GiB" == table["gpuguard_orphan_tree_memory_bytes"][profile]
-        if lacking:
+        if lacking - {NET_ADMIN}:
             # Never orphan, at any scrape on the way: not one verdict, not one count.
             assert not any(v.startswith("orphan") for got in seen for v in got.values()), seen
             assert set(orphan_counts) == {0.0}, orphan_counts
+        if lacking:
             for cap in sorted(lacking):
                 named_missing(exporter, cap)
         else:
@@ -655,18 +703,92 @@ def test_exporter_verdicts_per_profile_are_the_docs_table(rig: Rig, profile: str
         exporter.stop()
 
 
+@pytest.mark.initial_pidns
+def test_exporter_with_its_unit_hears_a_killed_launcher(rig: Rig) -> None:
+    """The shipped unit's exact uid, groups, capabilities and filter, outside any PID
+    namespace of the tests' own (as a host runs it): the listener is up, another user's
+    job whose launcher is SIGKILLed reads launcher-killed (what the default policy reaps),
+    and no thread of the exporter still holds CAP_NET_ADMIN once it has subscribed."""
+    exporter = rig.exporter(capabilities(EXPORTER))
+    try:
+        wait_for(lambda: metric(exporter, "gpuguard_process_events_up") == 1.0,
+                 what="gpuguard_process_events_up 1")
+        job = rig.job()
+        assert process_info(exporter, (job.holder,))[job.holder]["reason"] in LAUNCHER_ALIVE
+        job.tree.kill_launcher()
+
+        def verdict() -> tuple[str, str]:
+            labels = process_info(exporter, (job.holder,))[job.holder]
+            return labels["verdict"], labels["reason"]
+
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: verdict() == ("orphan", "launcher-killed"), timeout=15,
+                     what="launcher-killed")
+        assert verdict() == ("orphan", "launcher-killed"), exporter.stderr()
+        assert net_admin_holders(exporter.proc.pid) == {}
+        assert NET_ADMIN not in exporter.stderr()  # neither missing nor still held
+    finally:
+        exporter.stop()
+
+
+@pytest.mark.initial_pidns
+def test_remediator_with_its_unit_reaps_a_killed_launchers_tree_by_default(rig: Rig) -> None:
+    """The same for the remediator, under the default policy (launcher-killed alone): its
+    own listener hears the launcher's SIGKILL, so the tree is reaped as launcher-killed;
+    without it the tree would read session-ended and be refused."""
+    orphan = rig.job()
+    remediator, audit = rig.remediator(capabilities(REMEDIATOR), reasons=("launcher-killed",))
+    try:
+        wait_for(lambda: metric(remediator, "gpuguard_process_events_up") == 1.0,
+                 what="gpuguard_process_events_up 1")
+        orphan.tree.kill_launcher()  # while it listens
+        # As an exporter that heard it too alerts; the remediator judges on its own evidence.
+        deliver(remediator, orphan, reason="launcher-killed")
+        (reaped,) = audit_finals(audit, orphan.root)
+        assert reaped["outcome"] == "reaped", json.dumps(reaped)
+        wait_for(lambda: not any(alive(pid) for pid in orphan.members), what="the orphan reaped")
+        assert reaped["decision"]["reason"] == "launcher-killed", reaped["decision"]
+        assert net_admin_holders(remediator.proc.pid) == {}
+        assert NET_ADMIN not in remediator.stderr()
+    finally:
+        remediator.stop()
+
+
+@pytest.mark.initial_pidns
+@pytest.mark.parametrize("unit", [EXPORTER, REMEDIATOR], ids=lambda u: u.stem)
+def test_unit_without_cap_net_admin_says_the_listener_is_down_and_why(
+        rig: Rig, unit: Path) -> None:
+    """Why the units grant CAP_NET_ADMIN, on this kernel: without it the subscription is
+    refused, gpuguard_process_events_up reads 0 (what GPUGuardProcessEventsDown fires on), and
+    the start-up warning names the missing capability and who grants it."""
+    assert NET_ADMIN in capabilities(unit)
+    if not subscription_needs_net_admin(rig.box):
+        pytest.skip("this kernel lets a process without CAP_NET_ADMIN subscribe")
+    caps = capabilities(unit) - {NET_ADMIN}
+    server = rig.exporter(caps) if unit == EXPORTER else rig.remediator(caps)[0]
+    try:
+        assert metric(server, "gpuguard_process_events_up") == 0.0
+        named_missing(server, NET_ADMIN)
+        assert "cannot subscribe to process events (EPERM: missing CAP_NET_ADMIN, which " \
+            "this kernel requires" in server.stderr(), server.stderr()
+        assert "AmbientCapabilities=" in server.stderr()  # where to look
+    finally:
+        server.stop()
+
+
 def audit_finals(path: Path, root: int) -> list[dict[str, Any]]:
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
         else []
     return [r for r in records if r["phase"] == "final" and r["key"]["root_pid"] == root]
 
 
-def deliver(server: ServerProcess, *jobs: Job) -> None:
-    """POST one firing alert per job, as Alertmanager would, and wait until all is done."""
+def deliver(server: ServerProcess, *jobs: Job, reason: str = "session-ended") -> None:
+    """POST one firing alert per job (its `reason` label: `reason`), as Alertmanager would,
+    and wait until all is done."""
     auth = {"Authorization": f"Bearer {TOKEN}"}
     for job in jobs:
-        resp = requests.post(f"{server.url}/alerts", json=payload(job.alert()), headers=auth,
-                             timeout=10)
+        resp = requests.post(f"{server.url}/alerts", json=payload(job.alert(reason)),
+                             headers=auth, timeout=10)
         assert resp.status_code == 200, resp.text
         assert [a["status"] for a in resp.json()["accounts"]] == ["accepted"], resp.text
 

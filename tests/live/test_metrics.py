@@ -385,3 +385,11 @@ def test_ready_waits_for_the_first_scan_and_ends_with_the_scan_thread(
     finally:
         scanner.stop()
     assert ready() == (False, "gpuguard-exporter is not ready: the scan thread stopped.")
+
+
+def test_process_events_up_is_absent_without_a_listener(fake_gpu: FakeGpuWorld) -> None:
+    """A platform without a process-event listener (Windows: events=None) has no such
+    gauge, rather than a 0 that GPUGuardProcessEventsDown would page for on every host."""
+    _, registry = make()
+    assert registry.get_sample_value("gpuguard_process_events_total", {"kind": "exit"}) == 0
+    assert registry.get_sample_value("gpuguard_process_events_up") is None

@@ -37,6 +37,7 @@ from gpuguard.host.events.connector import (
     request,
 )
 from gpuguard.host.events.exit_store import EvictionCause, Exit, ExitStore, Row
+from gpuguard.host.events.privilege import subscription_refused
 from gpuguard.host.procfs import in_host_pid_namespace
 
 log = logging.getLogger("gpuguard.host.procevents")  # its name before the move
@@ -159,18 +160,27 @@ class ProcessEvents:
         self._wake_r, self._wake_w = -1, -1
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = False
         self._buf = bytearray(RECV_SIZE)
         self._pace = MAX_PACE_S
 
     # -- life ----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Subscribe and start the reader thread; on failure, warn once and stay unavailable."""
-        if self._thread is not None or self._sock is not None:
+    def start(self, *, after_subscribe: Callable[[], object] | None = None) -> None:
+        """Subscribe and start the reader thread; on failure, warn once and stay unavailable.
+
+        Once: a later call does nothing. `after_subscribe` runs in this thread right after
+        the attempt, whatever came of it, before the reader thread starts (the daemons drop
+        CAP_NET_ADMIN there: privilege.py).
+        """
+        if self._started:
             return
+        self._started = True
         try:
             self._subscribe()
         except Exception as exc:  # whatever the kernel says, the exporter runs on without
+            if after_subscribe is not None:
+                after_subscribe()
             self._close()
             self.available = False
             self.unavailable_reason = (str(exc) if isinstance(exc, _Unavailable)
@@ -178,6 +188,8 @@ class ProcessEvents:
             log.warning("process events unavailable (orphans whose launcher is gone "
                         "will read session-ended): %s", self.unavailable_reason)
             return
+        if after_subscribe is not None:
+            after_subscribe()
         self.available = True
         self.unavailable_reason = ""
         self._wake_r, self._wake_w = os.pipe()
@@ -416,10 +428,9 @@ def _why(exc: OSError) -> str:
     hints = {
         errno.EPROTONOSUPPORT: "the kernel has no connector (CONFIG_CONNECTOR/PROC_EVENTS)",
         errno.ECONNREFUSED: "no connector in this network namespace",
-        errno.EPERM: "needs CAP_NET_ADMIN on kernels before 6.6",
         errno.EACCES: "denied by a security policy",
     }
-    hint = hints.get(exc.errno or 0)
+    hint = subscription_refused() if exc.errno == errno.EPERM else hints.get(exc.errno or 0)
     return f"{name}: {hint}" if hint else f"{name}: {exc.strerror}"
 
 
