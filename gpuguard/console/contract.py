@@ -255,7 +255,7 @@ client (an agent's host, Claude Desktop) starts it as a subprocess. Tools (argum
                          --apply` (the same checks, guards and audit log; no --force)
 Refusals and bad arguments are tool errors (isError) whose text is the one-line reason.
 Every call is logged on stderr, one line each (tool, arguments, outcome). Needs the
-optional extra: pip install 'gpuguard[mcp]' (without it: one line, exit {EXIT_USAGE}).
+mcp extra: pip install 'mcp>=2.3,<3' 'anyio>=4' (without it: one line, exit {EXIT_USAGE}).
 Run it as the remediator's user (with CAP_KILL), not as root: see docs/mcp.md.
 exit codes: {EXIT_OK} when the client closes stdin; {EXIT_USAGE} usage error, invalid config or
 no SDK; {EXIT_INTERRUPTED} Ctrl-C; 128+N when SIGTERM or SIGHUP ends it (during a confirmed
