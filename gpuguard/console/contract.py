@@ -14,6 +14,8 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 #: node-check: the node is not clean, or could not be shown clean (fails closed).
 EXIT_NOT_CLEAN = 1
+#: assets --diff: a file under DIR differs from what this version ships (as diff(1)).
+EXIT_DIFFERS = 1
 EXIT_USAGE = 2
 EXIT_NVML_DOWN = 3
 EXIT_NO_PROCESS = 4
