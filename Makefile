@@ -28,7 +28,7 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/gpuguard-exporter $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check gpuguard/*.py gpuguard/host gpuguard/orphans gpuguard/web gpuguard/launch gpuguard/console gpuguard/config exporter remediator alerts grafana tests benchmarks deploy
+	$(VENV)/bin/ruff check build_backend gpuguard/*.py gpuguard/host gpuguard/orphans gpuguard/web gpuguard/launch gpuguard/console gpuguard/config exporter remediator alerts grafana tests benchmarks deploy
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -65,9 +65,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 # The release files: sdist, wheel (built from the sdist) and SHA256SUMS, in dist/. The
-# version is git's (setuptools-scm): on a tag vX.Y.Z, X.Y.Z; elsewhere a dev version naming
-# the commit. No build isolation: the venv has the backend and its plugin, at the tested
-# versions (constraints.txt).
+# version is CHANGELOG.md's newest release (build_backend/gpuguard_release.py): X.Y.Z on the
+# commit that wrote its heading, X.Y.Z.post1.devN+gHASH after it; tags not needed. No
+# build isolation: the venv has the backend and its plugin, at the tested versions
+# (constraints.txt).
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --no-isolation --outdir dist .

@@ -279,6 +279,41 @@ def render(name: str, *, runbook_url_base: str | None = None, job: str | None = 
     return data
 
 
+def _planned(dest: Path, **rendering: str | None) -> list[tuple[Path, bytes]]:
+    """(path under dest, content) of every asset rendered with the settings; an existing
+    path that is not a file stops it."""
+    planned = [(dest / name, render(name, **rendering)) for name in ASSETS]
+    blocked = [path for path, _ in planned if path.exists() and not path.is_file()]
+    if blocked:
+        raise AssetError(f"{blocked[0]} exists and is not a file")
+    return planned
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One asset whose file under a folder is not what would be written: `old` is the
+    file's content (None: there is no such file), `new` the asset's."""
+
+    name: str
+    old: bytes | None
+    new: bytes
+
+
+def differences(dest: Path, *, runbook_url_base: str | None = None, job: str | None = None,
+                remediator_job: str | None = None,
+                bin_dir: str | None = None) -> list[Difference]:
+    """What `write_all` with force would change under dest, in ASSETS order (after an
+    upgrade: what the new version ships that the installed copies lack). Reads only."""
+    planned = _planned(dest, runbook_url_base=runbook_url_base, job=job,
+                       remediator_job=remediator_job, bin_dir=bin_dir)
+    out = []
+    for name, (path, data) in zip(ASSETS, planned, strict=True):
+        old = path.read_bytes() if path.is_file() else None
+        if old != data:
+            out.append(Difference(name, old, data))
+    return out
+
+
 def write_all(dest: Path, *, force: bool = False, runbook_url_base: str | None = None,
               job: str | None = None, remediator_job: str | None = None,
               bin_dir: str | None = None) -> list[Path]:
@@ -289,17 +324,14 @@ def write_all(dest: Path, *, force: bool = False, runbook_url_base: str | None =
     before anything is written (an identical one is left as it is). Bad settings raise
     ValueError before anything is written.
     """
-    planned = [(dest / name, render(name, runbook_url_base=runbook_url_base, job=job,
-                                    remediator_job=remediator_job, bin_dir=bin_dir))
-               for name in ASSETS]
-    blocked = [path for path, _ in planned if path.exists() and not path.is_file()]
-    if blocked:
-        raise AssetError(f"{blocked[0]} exists and is not a file")
+    planned = _planned(dest, runbook_url_base=runbook_url_base, job=job,
+                       remediator_job=remediator_job, bin_dir=bin_dir)
     clash = [path for path, data in planned
              if path.is_file() and path.read_bytes() != data]
     if clash and not force:
         raise AssetError(f"{clash[0]} exists with other content ({len(clash)} such file(s)); "
-                         "choose an empty folder or pass --force to overwrite")
+                         "see how with --diff, then choose an empty folder or pass --force "
+                         "to overwrite")
     written = []
     for path, data in planned:
         if path.is_file() and path.read_bytes() == data:

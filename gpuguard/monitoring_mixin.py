@@ -39,7 +39,7 @@ SOURCES: tuple[str, ...] = (
     "mixin/dashboards/dashboards.libsonnet",
     "mixin/jsonnetfile.json",
 )
-EXTRA_HINT = "pip install 'gpuguard[mixin]' (the jsonnet package)"
+EXTRA_HINT = "the jsonnet package (gpuguard[mixin]): pip install 'jsonnet>=0.20'"
 
 _RULES_HEADER = """\
 # gpuguard alerting rules (Prometheus 2.42+), rendered from gpuguard's monitoring mixin

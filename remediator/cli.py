@@ -145,8 +145,9 @@ def reload_config(path: str, running: Config,
         # audit: in a shared file is not a change here.
         if (config.classify, config.remediate) != (running.classify, running.remediate):
             raise ReloadRefused(f"{path}: the classify: or remediate: section changed; the "
-                                "remediator takes a new policy only at a restart (the web "
-                                "config was not reloaded either)")
+                                "remediator takes a new policy only at a restart "
+                                "(`systemctl reload` or `restart gpuguard-remediator`; the "
+                                "web config was not reloaded either)")
         if web is not None:
             web.reload()
 

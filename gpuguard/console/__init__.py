@@ -196,13 +196,18 @@ def add_assets(sub: Subparsers) -> None:
                        description="Without arguments, list the shipped files. With DIR, write "
                                    "them all under DIR (alerts/..., grafana/..., mixin/..., "
                                    "deploy/systemd/...); an existing file with other content "
-                                   "stops the write unless --force. --runbook-url-base, --job "
+                                   "stops the write unless --force; --diff shows how each "
+                                   "differs and writes nothing. --runbook-url-base, --job "
                                    "and --remediator-job render the rules and dashboard from "
                                    "the monitoring mixin: they need gpuguard[mixin].")
     p.add_argument("dir", nargs="?", metavar="DIR", help="folder to write into")
     p.add_argument("--print", dest="print_name", metavar="NAME",
                    help="write one file (a listed name) to stdout")
     p.add_argument("--force", action="store_true", help="overwrite files that differ")
+    p.add_argument("--diff", action="store_true",
+                   help="write nothing: a unified diff of each file under DIR that differs "
+                        "from this version's (missing ones against /dev/null); exit 1 when "
+                        "any differs, 0 when none")
     p.add_argument("--runbook-url-base", metavar="URL",
                    help="give every alert rule runbook_url URL/<alertname in lower case> "
                         "(where you publish docs/runbooks/); without it the rules have none")

@@ -14,6 +14,8 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 #: node-check: the node is not clean, or could not be shown clean (fails closed).
 EXIT_NOT_CLEAN = 1
+#: assets --diff: a file under DIR differs from what this version ships (as diff(1)).
+EXIT_DIFFERS = 1
 EXIT_USAGE = 2
 EXIT_NVML_DOWN = 3
 EXIT_NO_PROCESS = 4
@@ -255,7 +257,7 @@ client (an agent's host, Claude Desktop) starts it as a subprocess. Tools (argum
                          --apply` (the same checks, guards and audit log; no --force)
 Refusals and bad arguments are tool errors (isError) whose text is the one-line reason.
 Every call is logged on stderr, one line each (tool, arguments, outcome). Needs the
-optional extra: pip install 'gpuguard[mcp]' (without it: one line, exit {EXIT_USAGE}).
+mcp extra: pip install 'mcp>=2.3,<3' 'anyio>=4' (without it: one line, exit {EXIT_USAGE}).
 Run it as the remediator's user (with CAP_KILL), not as root: see docs/mcp.md.
 exit codes: {EXIT_OK} when the client closes stdin; {EXIT_USAGE} usage error, invalid config or
 no SDK; {EXIT_INTERRUPTED} Ctrl-C; 128+N when SIGTERM or SIGHUP ends it (during a confirmed

@@ -516,3 +516,40 @@ def test_host_label_is_hostname_in_one_spelling() -> None:
     shipped = [RULES, REPO / "alerts" / "joins.yml", REPO / "grafana" / "dashboard.json"]
     for path in shipped:
         assert "Hostname" not in path.read_text(), path
+
+
+# ------------------------------------------------------ the fleet recipe (docs/fleet.md)
+
+FLEET_ALERTMANAGER = REPO / "docs" / "assets" / "alertmanager-fleet.yml"
+
+
+def _fleet_receivers(amtool: str, **labels: str) -> set[str]:
+    result = _run(amtool, "config", "routes", "test", f"--config.file={FLEET_ALERTMANAGER}",
+                  *[f"{k}={v}" for k, v in sorted(labels.items())])
+    assert result.returncode == 0, result.stdout + result.stderr
+    return set(result.stdout.strip().splitlines()[-1].split(","))
+
+
+def test_fleet_recipe_is_valid_and_tells_the_trees_owner():
+    """The Alertmanager recipe docs/fleet.md shows passes amtool; a GPUOrphanTree alert
+    reaches its owner (route on `user`) and people, root's only people; nothing routes to
+    a remediator (pull mode); the owner hears the firing (before the reap) and the
+    resolution (after it)."""
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    result = _run(amtool, "check-config", str(FLEET_ALERTMANAGER))
+    assert result.returncode == 0, result.stdout + result.stderr
+    orphan = {k: v for k, v in _orphan_alert_labels().items() if k != "remediate"}
+    orphan["remediate"] = "true"
+    assert _fleet_receivers(amtool, **orphan) == {"tree-owner", "team"}
+    assert _fleet_receivers(amtool, **{**orphan, "user": "root"}) == {"team"}
+    assert _fleet_receivers(amtool, **{**orphan, "user": "1001"}) == {"team"}  # no name
+    assert _fleet_receivers(amtool, alertname="GPUGuardExporterDown",
+                            severity="critical", instance="n1:9877") == {"pager"}
+    config = yaml.safe_load(FLEET_ALERTMANAGER.read_text())
+    (owner_route,) = [r for r in config["route"]["routes"] if r["receiver"] == "tree-owner"]
+    assert "user" in owner_route["group_by"] and owner_route["continue"] is True
+    (owner,) = [r for r in config["receivers"] if r["name"] == "tree-owner"]
+    (mail,) = owner["email_configs"]
+    assert "{{ .GroupLabels.user }}" in mail["to"] and mail["send_resolved"] is True
+    assert all("webhook_configs" not in r or "9878" not in str(r) for r in config["receivers"])
+    assert FLEET_ALERTMANAGER.name in (REPO / "docs" / "fleet.md").read_text()

@@ -54,6 +54,36 @@ def test_an_edited_file_is_not_overwritten_without_force(tmp_path: Path) -> None
     assert edited.read_bytes() == (REPO / "alerts/rules.yml").read_bytes()
 
 
+def test_diff_shows_what_an_upgrade_would_change_and_writes_nothing(tmp_path: Path) -> None:
+    """After an upgrade: `--diff DIR` prints a unified diff per file that differs from
+    this version's (a missing one against /dev/null), exits 1, and writes nothing; once
+    they agree, exit 0 and no diff."""
+    out = tmp_path / "out"
+    assert run(str(out)).returncode == 0
+    same = run(str(out), "--diff")
+    assert (same.returncode, same.stdout) == (0, ""), same.stderr
+    assert f"0 of {len(assets.ASSETS)} differ under {out}" in same.stderr
+    rules = out / "alerts/rules.yml"
+    shipped = rules.read_text()
+    edited = shipped.replace("for: 1m", "for: 2m", 1)
+    assert edited != shipped
+    rules.write_text(edited)
+    (out / "deploy/systemd/gpuguard.yml").unlink()
+    shown = run(str(out), "--diff")
+    assert shown.returncode == 1, shown.stderr
+    assert f"--- {rules}\n+++ alerts/rules.yml (gpuguard " in shown.stdout
+    assert "\n-    for: 2m\n+    for: 1m\n" in shown.stdout
+    assert "--- /dev/null\n+++ deploy/systemd/gpuguard.yml (gpuguard " in shown.stdout
+    assert f"2 of {len(assets.ASSETS)} differ under {out} (1 missing)" in shown.stderr
+    assert rules.read_text() == edited and not (out / "deploy/systemd/gpuguard.yml").exists()
+    # The refusal without --force points at it.
+    refused = run(str(out))
+    assert refused.returncode == 2 and "see how with --diff" in refused.stderr
+    for bad in (("--diff",), (str(out), "--diff", "--force")):
+        wrong = run(*bad)
+        assert wrong.returncode == 2 and "--diff needs DIR" in wrong.stderr
+
+
 def test_unknown_name_and_blocked_path_are_one_line_errors(tmp_path: Path) -> None:
     unknown = run("--print", "alerts/nope.yml")
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1

@@ -348,7 +348,7 @@ def test_config_is_accepted_by_the_programs_loader_and_puts_state_on_the_node(tm
 
 def latest_release() -> str:
     """The newest released version: the CHANGELOG's first `## [X.Y.Z]` section (the
-    version itself comes from the git tag at build time; there is none in pyproject.toml)."""
+    version itself comes from it at build time; there is none in pyproject.toml)."""
     text = (REPO / "CHANGELOG.md").read_text()
     return re.findall(r"^## \[(\d+\.\d+\.\d+)\]", text, re.M)[0]
 
@@ -358,9 +358,9 @@ def test_image_is_this_version_and_runs_the_console_scripts():
     assert project["dynamic"] == ["version"] and "version" not in project
     release = latest_release()
     images = {c["image"] for c in _pod()["containers"]}
-    assert images == {f"ghcr.io/gpuguard/gpuguard:{release}"}
+    assert images == {f"registry.example/gpuguard:{release}"}  # no image is published
     kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    assert kustomization["images"] == [{"name": "ghcr.io/gpuguard/gpuguard",
+    assert kustomization["images"] == [{"name": "registry.example/gpuguard",
                                         "newTag": release}]
     for container in _pod()["containers"]:
         assert container["command"][0] in project["scripts"]

@@ -74,9 +74,13 @@ def exec_words(unit: Path) -> list[str]:
     return [w for w in shlex.split(one(unit, "ExecStart")) if not w.startswith("$")]
 
 
-def test_units_reload_on_sighup_and_take_flags_from_an_environment_file() -> None:
+def test_units_reload_and_take_flags_from_an_environment_file() -> None:
+    """The exporter reloads on SIGHUP; the remediator's reload is a restart (issue 50): it
+    takes a new policy only at a start and refuses one on SIGHUP, so a reload that sent
+    SIGHUP fired GPUGuardConfigReloadFailed after every policy edit."""
+    assert one(EXPORTER, "ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert one(REMEDIATOR, "ExecReload") == "+/bin/systemctl --no-block restart %n"
     for unit, program in ((EXPORTER, "gpuguard-exporter"), (REMEDIATOR, "gpuguard-remediator")):
-        assert one(unit, "ExecReload") == "/bin/kill -HUP $MAINPID"
         assert one(unit, "EnvironmentFile") == f"-/etc/default/{program}"
         variable = one(unit, "ExecStart").split()[-1]
         assert re.fullmatch(r"\$GPUGUARD_[A-Z]+_ARGS", variable), variable

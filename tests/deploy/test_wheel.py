@@ -1,7 +1,9 @@
 """The distribution as a user gets it: build the sdist and the wheel (once) from a git clone
-tagged as a release, install the wheel into fresh virtual environments outside the
-checkout, on this Python and on each other one supported (3.10, 3.12, 3.13), and run it
-there. The version is the tag's, and every program names the commit it was built from.
+whose last commit is a release (CHANGELOG.md's heading; no tag), install the wheel into
+fresh virtual environments outside the checkout, on this Python and on each other one
+supported (3.10, 3.12, 3.13), and run it there. The version is the CHANGELOG's release,
+with or without tags (a clone without them names its release too), and every program
+names the commit it was built from.
 
 The wheel must install exactly one top-level package, `gpuguard`: two generic names
 (`exporter`, `remediator`) in site-packages would collide with any other distribution's.
@@ -54,17 +56,17 @@ print(json.dumps({"file": gpuguard.__file__, "failed": failed}))
 """
 
 
-#: The release tag of the clone the distribution is built from, and the version it builds.
-TAG, VERSION = "v9.9.9", "9.9.9"
+#: The release the clone's last commit writes into CHANGELOG.md (no tag): the version built.
+VERSION = "9.9.9"
 DIST_INFO = f"gpuguard-{VERSION}.dist-info"
 
 
 @pytest.fixture(scope="session")
 def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(clone, commit): a git clone of this repository, the working tree committed on top
-    and tagged TAG."""
+    as release VERSION (its CHANGELOG heading; no tag)."""
     clone = tmp_path_factory.mktemp("release") / "gpuguard"
-    return clone, committed_clone(clone, tag=TAG)
+    return clone, committed_clone(clone, release=VERSION)
 
 
 def build(source: Path, out: Path, *flags: str) -> Path:
@@ -227,7 +229,7 @@ def built_commit(archive: Path, member: str) -> dict[str, str]:
     return out
 
 
-def test_the_sdist_and_the_wheel_carry_the_tag_and_the_commit(dist: Path, commit: str) -> None:
+def test_the_sdist_and_the_wheel_carry_the_release_and_the_commit(dist: Path, commit: str) -> None:
     """The revision is written at build time into both: the wheel (built from the sdist,
     where there is no .git) names the same commit as the sdist."""
     sdist = next(dist.glob("gpuguard-*.tar.gz"))
@@ -239,19 +241,10 @@ def test_the_sdist_and_the_wheel_carry_the_tag_and_the_commit(dist: Path, commit
         assert built_commit(archive, member) == {"version": VERSION, "node": f"g{commit}"}
 
 
-def test_an_untagged_commit_builds_a_dev_version_naming_it(
-        release: tuple[Path, str], tmp_path: Path) -> None:
-    """A commit after the tag: the next patch release's dev version, with the commit's short
-    hash, and --version and gpuguard_build_info name the commit in full."""
-    clone = tmp_path / "clone"
-    done = subprocess.run(["git", "clone", "--quiet", str(release[0]), str(clone)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    git(clone, "commit", "--quiet", "--allow-empty", "-m", "after the release")
-    later = git(clone, "rev-parse", "HEAD")
-    wheel = next(build(clone, tmp_path / "dist", "--wheel").glob("gpuguard-*.whl"))
-    version = wheel.name.split("-")[1]
-    assert re.fullmatch(rf"9\.9\.10\.dev1\+g{later[:9]}", version), version
+def names(wheel: Path, version: str, commit: str, tmp_path: Path) -> None:
+    """The wheel's file name, every program's --version and gpuguard_build_info say
+    `version` and the full `commit`, run from the unpacked wheel outside the checkout."""
+    assert wheel.name == f"gpuguard-{version}-py3-none-any.whl"
     unpacked = tmp_path / "unpacked"
     zipfile.ZipFile(wheel).extractall(unpacked)
     for module, program in (("gpuguard", "gpuguard"), ("gpuguard.exporter", "gpuguard-exporter"),
@@ -261,7 +254,7 @@ def test_an_untagged_commit_builds_a_dev_version_naming_it(
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[0] == \
-            f"{program}, version {version} (revision: {later})", done.stdout
+            f"{program}, version {version} (revision: {commit})", done.stdout
     probe = subprocess.run(
         [sys.executable, "-c", "import gpuguard.build as b; from prometheus_client import "
          "CollectorRegistry, generate_latest as g; r = CollectorRegistry(); "
@@ -269,7 +262,69 @@ def test_an_untagged_commit_builds_a_dev_version_naming_it(
         env=outside_env(PYTHONPATH=str(unpacked)), capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     (info,) = find(parse_samples(probe.stdout), "gpuguard_build_info")
-    assert (info[0]["version"], info[0]["revision"]) == (version, later)
+    assert (info[0]["version"], info[0]["revision"]) == (version, commit)
+
+
+def clone_of(source: Path, dest: Path) -> Path:
+    done = subprocess.run(["git", "clone", "--quiet", str(source), str(dest)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dest
+
+
+def test_an_untagged_commit_builds_a_dev_version_naming_it(
+        release: tuple[Path, str], tmp_path: Path) -> None:
+    """A commit after the release: a dev release of its post release (sorts after it,
+    guesses no next version), counting the commits since, with the commit's short hash;
+    --version and gpuguard_build_info name the commit in full."""
+    clone = clone_of(release[0], tmp_path / "clone")
+    git(clone, "commit", "--quiet", "--allow-empty", "-m", "after the release")
+    git(clone, "commit", "--quiet", "--allow-empty", "-m", "and one more")
+    later = git(clone, "rev-parse", "HEAD")
+    wheel = next(build(clone, tmp_path / "dist", "--wheel").glob("gpuguard-*.whl"))
+    names(wheel, f"{VERSION}.post1.dev2+g{later[:9]}", later, tmp_path)
+
+
+#: A release heading of CHANGELOG.md, read here on its own (not by the build's code).
+RELEASE_HEADING = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", re.MULTILINE)
+
+
+def test_a_clone_without_tags_names_the_changelogs_newest_release(tmp_path: Path) -> None:
+    """The repository cloned without any tag (tags need not travel): the wheel, --version
+    and gpuguard_build_info name CHANGELOG.md's newest release, as a dev release after it
+    counting the commits since the commit that wrote its heading."""
+    clone = tmp_path / "gpuguard"
+    head = committed_clone(clone)
+    for tag in git(clone, "tag", "--list").split():
+        git(clone, "tag", "--delete", tag)
+    assert git(clone, "tag", "--list") == ""
+    heading = RELEASE_HEADING.search((clone / "CHANGELOG.md").read_text())
+    assert heading is not None, "CHANGELOG.md names no release"
+    wrote = git(clone, "log", "--format=%H", f"-S{heading.group(0)}", "--", "CHANGELOG.md")
+    since = int(git(clone, "rev-list", "--count", f"{wrote.split()[0]}..HEAD"))
+    assert since >= 1  # the working tree's own commit at least
+    wheel = next(build(clone, tmp_path / "dist", "--wheel").glob("gpuguard-*.whl"))
+    names(wheel, f"{heading.group(1)}.post1.dev{since}+g{head[:9]}", head, tmp_path)
+
+
+def test_a_tag_names_the_release_only_when_the_changelog_agrees(
+        release: tuple[Path, str], tmp_path: Path) -> None:
+    """A tag vX.Y.Z that agrees with the CHANGELOG makes its commit the release; one that
+    does not stops the build (no wheel with a version the CHANGELOG does not record)."""
+    clone = clone_of(release[0], tmp_path / "clone")
+    git(clone, "commit", "--quiet", "--allow-empty", "-m", "the commit tagged")
+    tagged = git(clone, "rev-parse", "HEAD")
+    git(clone, "tag", f"v{VERSION}")
+    wheel = next(build(clone, tmp_path / "dist", "--wheel").glob("gpuguard-*.whl"))
+    names(wheel, VERSION, tagged, tmp_path)
+    git(clone, "tag", "v9.10.0")
+    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel",
+                           "--outdir", str(tmp_path / "refused"), str(clone)], cwd=clone,
+                          env=outside_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"tag v9.10.0 is on the commit built, but CHANGELOG.md's newest release is " \
+           f"{VERSION}" in done.stdout + done.stderr
+    assert not list((tmp_path / "refused").glob("*.whl"))
 
 
 def test_console_scripts_run_from_the_fresh_venv(installed: Path, tmp_path: Path,

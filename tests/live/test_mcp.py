@@ -607,7 +607,7 @@ def test_without_the_sdk_one_line_and_exit_2_and_the_console_still_works(
     assert (proc.returncode, proc.stdout) == (2, "")
     (line,) = proc.stderr.splitlines()
     assert line.startswith("gpuguard: mcp needs the MCP Python SDK 2.x (")
-    assert line.endswith(": pip install 'gpuguard[mcp]'")
+    assert line.endswith(": pip install 'mcp>=2.3,<3' 'anyio>=4' (gpuguard's mcp extra)")
     proc = gpuguard("status", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["schema"] == "gpuguard.status/v1"
 

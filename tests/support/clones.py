@@ -50,9 +50,16 @@ def checkout_copy(dest: Path) -> Path:
     return dest
 
 
-def committed_clone(dest: Path, *, tag: str | None = None) -> str:
+#: What a release commit writes under CHANGELOG.md's `## [Unreleased]`.
+UNRELEASED = "## [Unreleased]\n"
+
+
+def committed_clone(dest: Path, *, tag: str | None = None, release: str | None = None) -> str:
     """A `git clone` of this repository at `dest` whose HEAD is the working tree as it is
-    (its edits committed in the clone), tagged `tag` if given; the HEAD commit's hash."""
+    (its edits committed in the clone), tagged `tag` if given; with `release`, that commit
+    is the release as a maintainer makes it: CHANGELOG.md's Unreleased section becomes
+    `## [release] - DATE` (the build's version: build_backend/gpuguard_release.py). The
+    HEAD commit's hash."""
     done = subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(dest)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -60,6 +67,12 @@ def committed_clone(dest: Path, *, tag: str | None = None) -> str:
         if name:  # the working tree's files replace the committed ones (deletions included)
             (dest / name).unlink(missing_ok=True)
     checkout_copy(dest)
+    if release is not None:
+        changelog = dest / "CHANGELOG.md"
+        text = changelog.read_text()
+        assert UNRELEASED in text
+        changelog.write_text(text.replace(UNRELEASED, f"{UNRELEASED}\n## [{release}] - "
+                                          "2099-01-01\n", 1))
     git(dest, "add", "--all")
     git(dest, "commit", "--quiet", "--allow-empty", "--no-verify",
         "-m", "the working tree under test")

@@ -20,7 +20,7 @@ from gpuguard.console.mcp.tools import ServeSettings
 from gpuguard.host.platform import PLATFORM
 
 #: What `pip install` needs for this subcommand (pyproject.toml's extra).
-INSTALL_HINT = "pip install 'gpuguard[mcp]'"
+INSTALL_HINT = "pip install 'mcp>=2.3,<3' 'anyio>=4' (gpuguard's mcp extra)"
 
 
 def require_sdk() -> None:
