@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
 from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.exporter.orphan_clock import ORPHAN_CLOCK_FILE, OrphanClock
 from gpuguard.exporter.scanner import Scanner, platform_scanner
 from gpuguard.flags import add_common, served_url
 from gpuguard.host.allocator import one_malloc_arena
@@ -78,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", metavar="DIR",
                    help="keep the launcher memory (the first reason established for each "
                         "orphan root) in DIR/launchers.json, so that a restart cannot make a "
-                        "tree more reapable (default: in memory only)")
+                        "tree more reapable, and each orphan root's first sighting in "
+                        "DIR/orphans.json, so that a restart does not set "
+                        "gpuguard_orphan_tree_age_seconds back to 0 (default: in memory only)")
     return p
 
 
@@ -266,8 +269,13 @@ def _scanner(args: argparse.Namespace, config: Config,
     memory = LauncherMemory(
         os.path.join(args.state_dir, LAUNCHER_MEMORY_FILE) if args.state_dir else None,
         boot=boot_id(), alive=identity_alive)
+    # Orphan ages that outlive a restart: no firing GPUOrphanTree resolves and re-fires.
+    clock = OrphanClock(
+        os.path.join(args.state_dir, ORPHAN_CLOCK_FILE) if args.state_dir else None,
+        boot=boot_id())
     return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
                                     audit=config.audit, accounting=config.accounting,
                                     interval=args.scan_interval,
                                     view=lambda: ProcessView(events=events, memory=memory,
-                                                             thread_turns=SCAN_THREAD_TURNS))
+                                                             thread_turns=SCAN_THREAD_TURNS),
+                                    orphan_clock=clock)

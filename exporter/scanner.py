@@ -30,6 +30,7 @@ from gpuguard.config.accounting import (
 )
 from gpuguard.exporter.accounting import Accounting, HolderFacts, account, balance
 from gpuguard.exporter.attribution import attribute
+from gpuguard.exporter.orphan_clock import OrphanClock
 from gpuguard.exporter.unlisted import (
     SearchProgress,
     UnlistedHolder,
@@ -294,6 +295,7 @@ class Scanner:
         accounting: IdleAccounting | None = None,
         unlisted: UnlistedSettings | None = None,
         search: FdSearch | None = None,
+        orphan_clock: OrphanClock | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): platform_scanner() gives it where the platform has one. `users`
@@ -317,7 +319,8 @@ class Scanner:
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree
         #: (and fire its alert early).
         self._boot_clock = boot_clock
-        self._first_seen: dict[tuple[int, int], float] = {}  # boot clock
+        #: Each orphan root's first sighting (boot clock), on disk with --state-dir.
+        self._orphan_clock = orphan_clock if orphan_clock is not None else OrphanClock()
         self._idle = IdleBook()  # each holding's idle clock, on the boot clock
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
@@ -369,15 +372,13 @@ class Scanner:
                 hidden = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
                 if tree.verdict == Verdict.UNKNOWN and hidden:
                     errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
-            seen: set[tuple[int, int]] = set()
-            for tree in trees:
-                if tree.verdict != Verdict.ORPHAN or tree.root is None:
-                    continue
-                key = tree.root.identity
-                seen.add(key)
-                age = max(0.0, boot_now - self._first_seen.setdefault(key, boot_now))
-                orphans[key] = OrphanInfo(now - age, age, len(tree.members))
-            self._first_seen = {k: v for k, v in self._first_seen.items() if k in seen}
+            orphaned = [(t.root.identity, t) for t in trees
+                        if t.verdict == Verdict.ORPHAN and t.root is not None]
+            # Kept across restarts (--state-dir); a scan NVML could not finish forgets no one.
+            ages = self._orphan_clock.ages([key for key, _ in orphaned], boot_now,
+                                           complete=reading.up and not reading.errors)
+            for key, tree in orphaned:
+                orphans[key] = OrphanInfo(now - ages[key], ages[key], len(tree.members))
             # A scan after a stall restarts every idle clock (orphans/idleness.observe).
             self._idle = observe(self._idle, holding_sightings(trees, reading), boot_now,
                                  max_gap=3 * self.interval)
@@ -479,7 +480,8 @@ class Scanner:
 
 def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit: Audit,
                      accounting: AccountingSection | None = None, interval: float = 5.0,
-                     view: Callable[[], ScanSource] | None = None) -> Scanner:
+                     view: Callable[[], ScanSource] | None = None,
+                     orphan_clock: OrphanClock | None = None) -> Scanner:
     """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
     table where it has one (Windows: psutil's, judged by the Windows rules), else over
     the /proc view `view` builds (called only then). The exporter and `gpuguard status`
@@ -489,4 +491,5 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                    table=platform.process_table, boot_clock=platform.boot_clock,
                    groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
-                   unlisted=accounting.unlisted if accounting is not None else None)
+                   unlisted=accounting.unlisted if accounting is not None else None,
+                   orphan_clock=orphan_clock)

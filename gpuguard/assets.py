@@ -44,6 +44,7 @@ ASSETS: tuple[str, ...] = (
     "deploy/systemd/gpuguard-remediator.service",
     "deploy/systemd/gpuguard.sysusers.conf",
     "deploy/systemd/gpuguard.yml",
+    "deploy/systemd/gpuguard-lab.yml",
     *monitoring_mixin.SOURCES,
 )
 RULES = "alerts/rules.yml"

@@ -8,6 +8,7 @@ where the value sits and what is wrong: `FILE: KEY: PROBLEM` for the config file
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -151,6 +152,28 @@ def number(at: At, value: Any, *, minimum: float = 0.0, above: float | None = No
     if value < minimum:
         raise at.error(f"must be >= {minimum:g}, got {value}")
     return float(value)
+
+
+#: A duration's units, in seconds: `90s`, `30m`, `1h`, `2d` (one number, one unit).
+DURATION_UNITS: Mapping[str, float] = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*\Z")
+
+
+def duration(at: At, value: Any, *, above: float = 0.0) -> float:
+    """Seconds, from a number (seconds, as every `*_seconds` key) or a string of one
+    number and one unit (`90s`, `30m`, `1h`, `1.5h`, `2d`): the form a person writes an
+    hour in. Anything else (`1h30m`, `"60"`, `1 hour`, `-1h`) is an error naming both forms."""
+    if not isinstance(value, str):
+        return number(at, value, above=above)
+    match = _DURATION.match(value)
+    if match is None:
+        raise at.error(f"must be seconds (a number) or a number and one unit of "
+                       f"{', '.join(DURATION_UNITS)} (such as '90s', '30m', '1h', '2d'), "
+                       f"got {at.format.show(value)}")
+    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)]
+    if seconds <= above:
+        raise at.error(f"must be longer than {above:g}s, got {value!r}")
+    return seconds
 
 
 def integer(at: At, value: Any, *, minimum: int | None = 0) -> int:

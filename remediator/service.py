@@ -114,7 +114,7 @@ class Remediator:
             # On the remediator's clocks: their offset moving is a wall-clock step, which
             # voids NVML's sample mark (gpuguard/orphans/idleness.py, SampleMark).
             idle_nvml = Nvml(counters=counters, wall=clocks.wall, boot=clocks.boot)
-        self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.require_idle_seconds,
+        self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.idle_watch_seconds,
                               boot=clocks.boot, counters=counters)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
                              reaper=self.reaper, nvml=nvml,

@@ -69,7 +69,7 @@ class Worker:
         self._lock_deferred: set[TreeKey] = set()  # audited once while the lock stays held
         #: crash recovery that waits for the reap lock (another reaper held it at start)
         self._interrupted = interrupted
-        self._idle = idle  # remediate.require_idle_seconds' own watch
+        self._idle = idle  # the idle requirements' own watch (Remediate.idle_watch_seconds)
         self._trail = trail
         self._refusals = refusals
         self._reaper = reaper
@@ -165,9 +165,10 @@ class Worker:
     # -- one item --------------------------------------------------------------------
 
     def _inspect(self, key: TreeKey) -> LiveTree | None:
-        """The live tree; with remediate.require_idle_seconds set, NVML is read through the
-        idle watch (this read is the kill-time observation) and its facts join the tree."""
-        watch = self._idle if self._work.policy.require_idle_seconds > 0 else None
+        """The live tree; with an idle requirement in force (remediate.require_idle_seconds
+        or an idle_reasons entry), NVML is read through the idle watch (this read is the
+        kill-time observation) and its facts join the tree."""
+        watch = self._idle if self._work.policy.idle_watch_seconds > 0 else None
         try:
             return watched_inspection(watch, lambda reading: inspect_tree(
                 key, nvml=self._nvml, rules=self._config.classify, counters=self._counters,
@@ -290,7 +291,7 @@ class Worker:
         policy = work.policy
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=decision.action == Action.DRY_RUN,
-                        gpus=live.gpus, reasons=tuple(policy.reasons))
+                        gpus=live.gpus, reasons=policy.allowed_reasons)
         result: ReapResult | None = None
 
         def journal(phase: str, members: tuple[Member, ...]) -> None:

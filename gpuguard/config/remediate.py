@@ -19,9 +19,11 @@ from gpuguard.validation import (
     boolean,
     choice,
     choice_list,
+    duration,
     integer,
     mapping,
     number,
+    of_type,
     string,
     string_list,
 )
@@ -104,6 +106,10 @@ class Remediate:
     #: Every holder idle (no SM use, as the remediator's own IdleWatch saw) this long, or
     #: no reap; 0 is off. Off by default: docs/configuration.md says why.
     require_idle_seconds: float = 0.0
+    #: Orphan reasons allowed only for a tree idle this long (seconds, > 0), each its own:
+    #: `launcher-exited` may be a job left on purpose, and a job still computing is one
+    #: someone may want finished; an idle one is memory nobody uses (the "lab" preset).
+    idle_reasons: tuple[tuple[Reason, float], ...] = ()
     users: UserFilter = field(default_factory=UserFilter)
     rate_limit: RateLimit = field(default_factory=RateLimit)
     term_timeout_seconds: float = 10.0
@@ -117,6 +123,28 @@ class Remediate:
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
     alertmanager: AlertmanagerConfig | None = None
+
+    @property
+    def allowed_reasons(self) -> tuple[Reason, ...]:
+        """Every reason a reap may rest on: `reasons`, then those `idle_reasons` adds."""
+        return self.reasons + tuple(r for r, _ in self.idle_reasons if r not in self.reasons)
+
+    def idle_requirement(self, reason: str) -> tuple[float, str]:
+        """How long a tree of this reason must be idle, and the key that says so: the
+        longer of `require_idle_seconds` and the reason's `idle_reasons` entry (0: none).
+        A reason named in both `reasons` and `idle_reasons` keeps its idle requirement."""
+        own = next((seconds for r, seconds in self.idle_reasons if r == reason), 0.0)
+        if own > self.require_idle_seconds:
+            return own, f"remediate.idle_reasons.{reason}"
+        return self.require_idle_seconds, "remediate.require_idle_seconds"
+
+    @property
+    def idle_watch_seconds(self) -> float:
+        """The shortest idle requirement in force (0: none, and no watch is kept): the
+        remediator's IdleWatch reads often enough for it."""
+        asked = [s for s in (self.require_idle_seconds, *(s for _, s in self.idle_reasons))
+                 if s > 0]
+        return min(asked, default=0.0)
 
     @property
     def pending_share(self) -> int:
@@ -182,6 +210,19 @@ def _rate_limit(at: At, value: Any) -> RateLimit:
     }))
 
 
+def _idle_reasons(at: At, value: Any) -> tuple[tuple[Reason, float], ...]:
+    """`{reason: duration}`: each an orphan reason, each a time above 0 (seconds or `1h`)."""
+    if value is None:
+        return ()
+    out = []
+    for name, raw in of_type(at, value, dict).items():
+        if name not in ORPHAN_REASONS:
+            raise at.child(name).error(f"not an orphan reason (orphan reasons: "
+                                       f"{', '.join(ORPHAN_REASONS)})")
+        out.append((choice(at, name, ORPHAN_REASONS), duration(at.child(name), raw)))
+    return tuple(out)
+
+
 def _alertmanager_url(at: At, value: Any) -> str:
     text = string(at, value, non_empty=True)
     try:
@@ -231,6 +272,7 @@ def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
         "reasons": lambda at, v: choice_list(at, v, ORPHAN_REASONS),
         "min_age_seconds": number,
         "require_idle_seconds": lambda at, v: number(at, v, minimum=0),
+        "idle_reasons": _idle_reasons,
         "users": _users,
         "rate_limit": _rate_limit,
         "term_timeout_seconds": lambda at, v: number(at, v, minimum=0.1),

@@ -144,7 +144,10 @@ when it exists, so dedupe, first-seen ages and the rate-limit window count as th
 A decision that defers (too young) also shows what the re-check would decide.
 --json prints {POLICY_SCHEMA}:
   {{"schema", "config", "hostname", "ledger": str,
-   "remediate": {{"mode", "alerts", "reasons", "min_age_seconds"}},
+   "remediate": {{"mode", "alerts", "reasons", "idle_reasons": {{reason: seconds}},
+                 "require_idle_seconds", "min_age_seconds"}},
+   "policy": str (the policy in force, one line, as config check prints it),
+   "warnings": [str] (risky combinations, one line each; the exit status ignores them),
    "alerts": [{{"index", "fingerprint", "alertname", "status", "key": str|null,
                "intake": {{"action", "reason", "detail"?}},
                "decision": {{"action", "reason", "detail"?, "recheck_at"?}}|null,

@@ -175,7 +175,8 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
     """Why the manual path will not even plan this reap (None: go on to the reaper).
 
     decide()'s own live verification, its `remediate.reasons` and
-    `remediate.require_idle_seconds` (no one-read path can meet it); --force
+    idle requirement (`require_idle_seconds`, the reason's `idle_reasons` entry: no
+    one-read path can meet it); --force
     lifts the orphan-verdict, the reason and the idleness checks. With `hints` the
     detail says what a person can do about it (an MCP client has no --force to pass).
     """
@@ -183,7 +184,7 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
     if refused is None and not force and live.verdict == Verdict.ORPHAN:
         refused = reason_refusal(key, live.reason, policy)
     if refused is None and not force:
-        refused = unwatched_refusal(key, policy.require_idle_seconds)
+        refused = unwatched_refusal(key, *policy.idle_requirement(live.reason))
     if refused is None or not hints:
         return refused
     hint = ("pass --force to reap it anyway" if live.tree_found  # only the verdict is left
@@ -345,7 +346,8 @@ class ManualReap:
                                     if live.verdict != Verdict.ORPHAN else ""), key)
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
-                        reasons=None if args.force else tuple(self.config.remediate.reasons))
+                        reasons=None if args.force
+                        else self.config.remediate.allowed_reasons)
         brakes = self.brakes() if args.apply else None
         if brakes is not None:
             # One reap at a time on the host, counted in the remediator's window, from

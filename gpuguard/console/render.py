@@ -330,10 +330,10 @@ def explain_renderable(ex: Explanation) -> RenderableType:
 
 
 def policy_renderable(doc: dict[str, Any]) -> RenderableType:
-    r = doc["remediate"]
     parts: list[RenderableType] = [
-        Text(f"config {doc['config']}: ok (mode {r['mode']}, alerts {', '.join(r['alerts'])}, "
-             f"reasons {', '.join(r['reasons'])}, min age {r['min_age_seconds']:g}s)"),
+        Text(f"config {doc['config']}: ok"),
+        Text(doc["policy"]),
+        *(Text(f"warning: {w}", style="bold yellow") for w in doc["warnings"]),
         Text(f"host {doc['hostname']}; ledger: {doc['ledger']}"),
     ]
     if not doc["alerts"]:

@@ -1,4 +1,5 @@
-"""The remediator's own idle clock for GPU holders (remediate.require_idle_seconds).
+"""The remediator's own idle clock for GPU holders (remediate.require_idle_seconds and
+remediate.idle_reasons: Remediate.idle_watch_seconds, the shortest requirement).
 
 NVML keeps per-process utilization samples for seconds, so a reap cannot ask at kill time
 whether a holder has been idle for an hour: it has to have watched. While the key is set,
@@ -46,7 +47,7 @@ def watched_inspection(watch: IdleWatch | None,
                        inspect: Callable[[NvmlReading | None], LiveTree]) -> LiveTree:
     """`inspect(reading)` with NVML read through `watch` (that read is one more
     observation, the kill-time one) and the watch's idle facts on the tree; without a
-    watch (remediate.require_idle_seconds 0) `inspect(None)`, which reads NVML itself.
+    watch (no idle requirement in force) `inspect(None)`, which reads NVML itself.
     The worker and `gpuguard policy check` both inspect this way."""
     if watch is None:
         return inspect(None)
@@ -55,7 +56,8 @@ def watched_inspection(watch: IdleWatch | None,
 
 
 class IdleWatch:
-    """Reads NVML for utilization while remediate.require_idle_seconds is set; bounded by
+    """Reads NVML for utilization while an idle requirement is in force (`required`: the
+    shortest, Remediate.idle_watch_seconds; 0: none); bounded by
     the holders of its latest read (the clock drops the rest)."""
 
     def __init__(self, nvml: HolderSource, *, required: Callable[[], float],

@@ -365,28 +365,34 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
 
 
 def reason_refusal(key: TreeKey, reason: str, policy: Remediate) -> Decision | None:
-    """IGNORE when `remediate.reasons` does not name the orphan's reason: the alert path's
-    rule, and a person's or an agent's without --force (one rule for every path)."""
-    if reason in policy.reasons:
+    """IGNORE when neither `remediate.reasons` nor `remediate.idle_reasons` names the
+    orphan's reason: the alert path's rule, and a person's or an agent's without --force
+    (one rule for every path). An `idle_reasons` reason passes here and meets its idle
+    requirement in idle_refusal (or unwatched_refusal, on a path that keeps no watch)."""
+    if reason in policy.allowed_reasons:
         return None
     return _ignore(DecisionReason.REASON_NOT_ALLOWED, f"orphan reason {reason} is not in "
-                   "remediate.reasons", key)
+                   "remediate.reasons" + (" or remediate.idle_reasons"
+                                          if policy.idle_reasons else ""), key)
 
 
-def unwatched_refusal(key: TreeKey, required: float) -> Decision | None:
+def unwatched_refusal(key: TreeKey, required: float,
+                      source: str = "remediate.require_idle_seconds") -> Decision | None:
     """IGNORE for a reap by a path that keeps no utilization watch (`gpuguard reap`,
-    MCP's gpu_reap) while remediate.require_idle_seconds is set: one read cannot show a
-    holder idle for that long, and missing evidence never kills (0: off, None)."""
+    MCP's gpu_reap) while an idle requirement applies (`source`: the key that sets it,
+    Remediate.idle_requirement): one read cannot show a holder idle for that long, and
+    missing evidence never kills (0: off, None)."""
     if required <= 0:
         return None
     return _ignore(DecisionReason.IDLE_UNKNOWN,
-                   f"remediate.require_idle_seconds is {required:g}s and only the remediator's "
+                   f"{source} is {required:g}s and only the remediator's "
                    "own watch can show a holder idle that long: this path reads NVML once",
                    key)
 
 
 def idle_refusal(key: TreeKey, live: LiveTree, required: float,
-                 now: float = 0.0) -> Decision | None:
+                 now: float = 0.0,
+                 source: str = "remediate.require_idle_seconds") -> Decision | None:
     """IGNORE unless every holder of the tree has been idle `required` seconds (0: off).
 
     The facts are the remediator's own watch, read at this inspection (live.idle): a
@@ -394,6 +400,7 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float,
     `idle-unknown` (missing evidence never kills); one that used an SM too recently, or
     that the watch has not yet seen for `required` seconds, with `not-idle` and the
     earliest (boot clock, from `now`) the least idle of them could qualify (recheck_at).
+    `source` names the key that asks (`remediate.idle_reasons.launcher-exited`).
     """
     if required <= 0:
         return None
@@ -408,7 +415,7 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float,
             return _ignore(DecisionReason.IDLE_UNKNOWN,
                            f"holder {holder.pid} on GPU {holder.gpu_index}: "
                            "NVML gives no per-process utilization here, so its idleness is "
-                           f"unknown and remediate.require_idle_seconds ({required:g}s) "
+                           f"unknown and {source} ({required:g}s) "
                            "cannot be met", key)
         if fact.idle_seconds < required:
             watched = fact.watched_seconds or 0.0
@@ -420,7 +427,7 @@ def idle_refusal(key: TreeKey, live: LiveTree, required: float,
         return None
     least, why = min(short)
     return _ignore(DecisionReason.NOT_IDLE,
-                   f"{why}; remediate.require_idle_seconds is {required:g}s", key,
+                   f"{why}; {source} is {required:g}s", key,
                    recheck_at=now + required - least)
 
 
@@ -475,7 +482,9 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
                         f"orphan for {max(age, 0.0):.1f}s of "
                         f"{state.policy.min_age_seconds:g}s", key, first_seen, recheck)
 
-    refused = idle_refusal(key, live, state.policy.require_idle_seconds, state.now)
+    # The reason's own idle requirement (remediate.idle_reasons), or the global one.
+    required, source = state.policy.idle_requirement(reason)
+    refused = idle_refusal(key, live, required, state.now, source)
     if refused is not None:
         return refused
 

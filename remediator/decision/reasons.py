@@ -41,8 +41,8 @@ class DecisionReason(StrEnum):
     USER_UNRESOLVED = "user-unresolved"
     RATE_LIMITED = "rate-limited"
     TOO_YOUNG = "too-young"
-    #: remediate.require_idle_seconds: a holder used an SM too recently (or was watched
-    #: too briefly), or its utilization cannot be read.
+    #: remediate.require_idle_seconds or idle_reasons: a holder used the GPU too recently
+    #: (or was watched too briefly), or its utilization cannot be read.
     NOT_IDLE = "not-idle"
     IDLE_UNKNOWN = "idle-unknown"
     # Alertmanager at kill time, and withdrawn reaps

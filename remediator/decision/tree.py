@@ -99,5 +99,5 @@ class LiveTree:
     nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
     gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
     #: Each holder's idleness from the remediator's IdleWatch, read at this inspection;
-    #: empty when remediate.require_idle_seconds is 0 (nobody asked).
+    #: empty when no idle requirement is in force (nobody asked).
     idle: tuple[HolderIdle, ...] = ()

@@ -108,4 +108,5 @@ def _rederive(run: FrozenRun, plan: ReapPlan, reading: NvmlReading, gpus: set[st
                     f"{refused.detail}")
     if not run.force and plan.reasons is not None and live.reason not in plan.reasons:
         raise Abort(DecisionReason.REASON_NOT_ALLOWED, "classified again with the tree frozen: "
-                    f"orphan reason {live.reason} is not in remediate.reasons")
+                    f"orphan reason {live.reason} is not in remediate.reasons "
+                    "or remediate.idle_reasons")

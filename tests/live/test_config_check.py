@@ -53,10 +53,52 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+#: The lab preset the package ships next to it (docs/configuration.md, The lab preset).
+LAB = REPO / "deploy/systemd/gpuguard-lab.yml"
+
+
 def test_the_shipped_example_config_is_valid_offline() -> None:
     done = console("config", "check", EXAMPLE, offline=True)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    assert done.stdout == f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)\n"
+    valid, policy = done.stdout.splitlines()  # no warning for the defaults
+    assert valid == f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)"
+    assert policy == ("policy: dry-run; alerts GPUOrphanTree; reaps launcher-killed; "
+                      "min age 5m; users allow * deny root; root-owned never; "
+                      "at most 5 reaps per 1h (3 per user)"), policy
+
+
+def test_the_shipped_lab_preset_is_valid_and_says_what_it_reaps_when_idle() -> None:
+    done = console("config", "check", LAB, offline=True)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    valid, policy = done.stdout.splitlines()  # no warning for the preset either
+    assert valid.startswith(f"{LAB}: valid ")
+    assert "reaps launcher-killed; when idle: launcher-exited 1h, session-orphaned 1h, " \
+        "launcher-unrecorded 1h;" in policy, policy
+
+
+def test_risky_combinations_are_warned_on_one_line_each(tmp_path: Path) -> None:
+    """Valid, so exit 0, but each combination that reaps more than its author may think
+    is said (issue 50: `valid` for enforce, allow_root_owned and allow "*" said nothing)."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  mode: enforce\n  allow_root_owned: true\n"
+                      "  users: {allow: ['*'], deny: []}\n"
+                      "  reasons: [launcher-killed, launcher-exited]\n"
+                      "  idle_reasons: {session-orphaned: 2h}\n"
+                      "  min_age_seconds: 30\n"
+                      "  rate_limit: {max_reaps: 50, per_seconds: 3600}\n")
+    done = console("config", "check", config, offline=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("policy: enforce; alerts GPUOrphanTree; reaps "
+                               "launcher-killed, launcher-exited; when idle: "
+                               "session-orphaned 2h; min age 30s;"), lines[1]
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    expected = ["mode is enforce with allow_root_owned: true", 'allows "*" and denies nobody',
+                "allows launcher-exited with no idle requirement", "min_age_seconds is 30",
+                "allows 50 reaps per 1h"]
+    assert len(warnings) == len(expected) == len(lines) - 2, lines
+    for warning, words in zip(warnings, expected, strict=True):
+        assert words in warning, (words, warning)
 
 
 @pytest.mark.parametrize(("body", "where"), [
@@ -107,9 +149,10 @@ def test_the_web_config_is_checked_with_its_certificates(tmp_path: Path, certs: 
                    f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     done = console("config", "check", EXAMPLE, "--web.config.file", web, offline=True)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
-    assert done.stdout.splitlines() == [
-        f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)",
-        f"{web}: valid (tls, basic auth)"]
+    valid, web_valid, policy = done.stdout.splitlines()
+    assert valid == f"{EXAMPLE}: valid (classify, remediate, quotas, audit, accounting)"
+    assert (web_valid, policy.split(";")[0]) == (f"{web}: valid (tls, basic auth)",
+                                                 "policy: dry-run")
 
     (tmp_path / "server.key").write_text("not a key\n")
     line = one_line(console("config", "check", EXAMPLE, "--web.config.file", web))

@@ -301,6 +301,32 @@ def test_policy_check_with_require_idle_decides_as_a_fresh_remediator(
     assert alive(sh) and alive(worker)
 
 
+def test_policy_check_says_the_policy_and_watches_for_an_idle_reason(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+    """remediate.idle_reasons alone (no require_idle_seconds) starts the watch a fresh
+    remediator would keep: not-idle, naming the reason's key, never a reap; and the
+    policy in force and its risky combinations are said, as config check says them."""
+    sh, worker = orphan_tree(trees, fake_gpu)
+    delivery = body(alert(sh, start_time_of(sh), reason="launcher-unrecorded"))
+    config = dry_run_config(tmp_path, mode="enforce", reasons=["launcher-killed"],
+                            idle_reasons={"launcher-unrecorded": "10m"})
+    doc = policy_check(gpuguard, config, delivery)
+    checked, = doc["alerts"]
+    assert (checked["decision"]["action"], checked["decision"]["reason"]) == ("ignore",
+                                                                              "not-idle")
+    assert "remediate.idle_reasons.launcher-unrecorded is 600s" in \
+        checked["decision"]["detail"], checked["decision"]
+    assert "when idle: launcher-unrecorded 10m" in doc["policy"], doc["policy"]
+    assert doc["remediate"]["idle_reasons"] == {"launcher-unrecorded": 600.0}
+    assert any("min_age_seconds is 0" in w for w in doc["warnings"]), doc["warnings"]
+    text = gpuguard("policy", "check", "--config", str(config), "--hostname", HOST, "-",
+                    stdin=delivery).stdout
+    # (rich wraps long lines at the terminal's width: the lines' beginnings)
+    assert "policy: enforce; alerts GPUOrphanTree;" in text, text
+    assert "warning: remediate.min_age_seconds" in text, text
+    assert alive(sh) and alive(worker)
+
+
 def test_policy_check_ignores_what_the_remediator_ignores(tmp_path: Path, trees: Trees,
                                                           fake_gpu: FakeGpuWorld,
                                                           gpuguard: Run) -> None:

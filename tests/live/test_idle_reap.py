@@ -219,19 +219,26 @@ def test_a_stalled_watch_restarts_the_clock(harness: Callable[..., Harness], tre
     assert orphan.all_alive()
 
 
+@pytest.mark.parametrize(("policy", "key"), [
+    ({"require_idle_seconds": REQUIRED}, "require_idle_seconds"),
+    # issue 50: the reason's own requirement (remediate.idle_reasons), the same refusal
+    ({"reasons": ["launcher-killed"], "idle_reasons": {
+        "session-ended": REQUIRED, "launcher-unrecorded": REQUIRED}}, "idle_reasons."),
+], ids=["require_idle_seconds", "idle_reasons"])
 def test_gpuguard_reap_refuses_while_idleness_is_required(
-        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run) -> None:
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, gpuguard: Run,
+        policy: dict[str, Any], key: str) -> None:
     """`gpuguard reap --apply` (and MCP's gpu_reap, through the same refusal) reads NVML
-    once and keeps no watch: with remediate.require_idle_seconds set it cannot show a
-    holder idle that long, so it refuses (idle-unknown) unless a person passes --force."""
+    once and keeps no watch: with an idle requirement for the tree's reason it cannot show
+    a holder idle that long, so it refuses (idle-unknown) unless a person passes --force."""
     orphan = spawn_orphan(trees, fake_gpu)
-    config = write_config(tmp_path, require_idle_seconds=REQUIRED)
+    config = write_config(tmp_path, **policy)
     argv = ["reap", str(orphan.root), "--config", str(config), "--json",
             "--allow-pid-namespace", "--apply", "--start-time", str(orphan.root_start)]
     proc = gpuguard(*argv)
     doc = json.loads(proc.stdout)
     assert proc.returncode == EXIT_REFUSED, doc
-    assert doc["reason"] == "idle-unknown" and "require_idle_seconds" in doc["detail"], doc
+    assert doc["reason"] == "idle-unknown" and key in doc["detail"], doc
     assert orphan.all_alive()
     forced = gpuguard(*argv, "--force")
     assert forced.returncode == 0, forced.stdout + forced.stderr

@@ -5,8 +5,9 @@ Offline: the config file is parsed and validated whole, every section the export
 the remediator read (classify:, remediate:, quotas:, audit:, accounting:), and the web
 config as both load it (its certificates and keys included), with no NVML and no /proc,
 so that an edit can be checked on any machine, a CI runner or a laptop, before the units
-restart. Exit 0,
-or 2 with the daemons' own one line (`gpuguard: config error: FILE: KEY: PROBLEM`).
+restart. A valid file is followed by the kill policy in force in one line, and a
+`warning:` line for each risky combination in it (checks/risks.py). Exit 0 (warnings
+too), or 2 with the daemons' own one line (`gpuguard: config error: FILE: KEY: PROBLEM`).
 What only the running host can tell (the token and credentials files, the state
 directory's owner) is still checked by the daemons at start.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpuguard.console.checks.risks import policy_line, risks
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
 from gpuguard.validation import ConfigError
@@ -36,5 +38,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
                                             ("rate limit", web.rate_limit is not None))
                  if present]
         lines.append(f"{args.web_config_file}: valid ({', '.join(parts) or 'empty: plain HTTP'})")
+    lines += [policy_line(config.remediate),
+              *(f"warning: {risk}" for risk in risks(config.remediate))]
     print("\n".join(lines))
     return EXIT_OK

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.config import Config
+from gpuguard.console.checks.risks import policy_line, risks
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import (
     EXIT_BAD_PAYLOAD,
@@ -93,8 +94,8 @@ def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nv
     key = intake.key
     pending.add(key)
     events, memory = launcher_evidence(config)
-    # With require_idle_seconds, as a freshly started remediator: its watch's first read.
-    required = config.remediate.require_idle_seconds
+    # With an idle requirement, as a freshly started remediator: its watch's first read.
+    required = config.remediate.idle_watch_seconds
     watch = (IdleWatch(nvml, required=lambda: required, boot=boottime, counters=COUNTERS)
              if required > 0 else None)
     live = watched_inspection(watch, lambda reading: inspect_tree(
@@ -148,7 +149,11 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         "hostname": args.hostname,
         "ledger": ledger_note,
         "remediate": {"mode": rem.mode, "alerts": list(rem.alerts), "reasons": list(rem.reasons),
+                      "idle_reasons": {str(r): s for r, s in rem.idle_reasons},
+                      "require_idle_seconds": rem.require_idle_seconds,
                       "min_age_seconds": rem.min_age_seconds},
+        "policy": policy_line(rem),
+        "warnings": risks(rem),
         "alerts": results,
     }
     if args.json:
