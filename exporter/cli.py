@@ -264,4 +264,5 @@ def _scanner(args: argparse.Namespace, config: Config,
     return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
                                     audit=config.audit, accounting=config.accounting,
                                     interval=args.scan_interval,
-                                    view=lambda: ProcessView(events=events, memory=memory))
+                                    view=lambda: ProcessView(events=events, memory=memory),
+                                    watch=events.watch)
