@@ -33,6 +33,7 @@
     scanSlowWindow: '10m',
     scanSlowFor: '15m',
     configReloadFailedFor: '5m',
+    launcherEvidenceEvictedWindow: '15m',
 
     remediatorDownFor: '5m',
     remediatorAbsentFor: '10m',

@@ -201,17 +201,19 @@ class Chain:
                              self.members, self.candidate)
 
 
-def holder_chain(holder: Holder, view: ProcSource, rules: Rules) -> tuple[ProcInfo, ...]:
+def holder_chain(holder: Holder, view: ProcSource,
+                 rules: Rules) -> tuple[tuple[ProcInfo, ...], bool]:
     """Rule 2's walk for `holder` alone (stat reads only, no judgement), as far as it could
-    be read: the remediator's chain watch, which classifies nothing between deliveries."""
+    be read, and whether that is the whole chain: the remediator's chain watch, which
+    classifies nothing between deliveries."""
     info = view.stat(holder.pid)
     if info is None:
-        return ()
+        return (), False
     full, failed = walk(holder, info, view, rules)
     if full is not None:
-        return tuple(full)
+        return tuple(full), True
     assert failed is not None
-    return failed.chain
+    return failed.chain, False
 
 
 def chain_set(chains: Iterable[Sequence[ProcInfo]]) -> frozenset[int]:

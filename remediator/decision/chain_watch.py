@@ -5,14 +5,18 @@ The remediator hears exits on its own listener but looks at a tree only when an 
 delivered, minutes after the launcher died: by then other users' short-lived processes
 may have pushed the launcher's record out of the listener's general ring, and the tree
 would read launcher-unrecorded, which the default reasons do not reap. So this thread
-reads NVML's holders every WATCH_PERIOD_SECONDS, walks each holder's parent chain (stat
-reads only, no judgement) and hands the listener the chain set (the chains and their
-session leaders): their exits are then kept apart (gpuguard/host/events/watched.py).
+reads NVML's holders every WATCH_PERIOD_SECONDS, walks the parent chain of each holder
+it has not seen yet (stat reads only, no judgement) and hands the listener the chain set
+(the chains and their session leaders): their exits are then kept apart
+(gpuguard/host/events/watched.py).
 
 A launcher alive at one of these reads is watched when it dies; one that dies before the
 first read that sees its tree is taken from the ring at that read, which a storm must
-outrun (the ring's 65,536 records within one period). Cost per read: one NVML process
-listing and one /proc/PID/stat read per chain member (~13 us each); see docs/remediator.md.
+outrun (the ring's 65,536 records within one period). A holder's chain is walked once, while
+NVML lists its pid: what can change on it later is an ancestor dying (its exit is then
+already kept) and an adoption, which changes no member's session. Cost per read: one NVML
+reading; per new holder, one /proc/PID/stat read per chain member. Measured in
+benchmarks/procevents_cost.py; see docs/remediator.md.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from gpuguard.remediator.decision.inspection import HolderSource, read_within
 
 log = logging.getLogger("gpuguard.remediator")
 
-WATCH_PERIOD_SECONDS = 2.0
+#: The exporter's default scan interval: the same window for a launcher that dies unseen.
+WATCH_PERIOD_SECONDS = 5.0
 #: The first read runs in start(): bounded, so a hung driver cannot hold the start up.
 FIRST_READ_SECONDS = 5.0
 
@@ -49,7 +54,9 @@ class ChainWatch:
         self.period = period
         self._loop: Periodic | None = None
         self._failing = False
+        self._chains: dict[int, frozenset[int]] = {}  # holder pid -> its whole chain's set
         self.reads = 0  # complete readings published
+        self.walks = 0  # holders' chains walked
 
     def start(self) -> None:
         """Publish once now (the trees already there are watched before any delivery),
@@ -87,6 +94,22 @@ class ChainWatch:
             return
         view = ProcessView(counters=self._counters)
         rules = self._rules()
-        self._events.watch(chain_set(holder_chain(h, view, rules) for h in reading.holders))
+        now: dict[int, frozenset[int]] = {}  # this reading's holders' sets
+        whole: dict[int, frozenset[int]] = {}  # of those, the whole chains: kept
+        for holder in reading.holders:
+            pid = holder.pid
+            if pid in now:
+                continue  # the same process on another GPU
+            known = self._chains.get(pid)
+            if known is None:
+                chain, complete = holder_chain(holder, view, rules)
+                self.walks += 1
+                known = chain_set([chain])
+                if not complete:  # walked again next time: it may read whole then
+                    now[pid] = known
+                    continue
+            now[pid] = whole[pid] = known
+        self._chains = whole
+        self._events.watch(frozenset().union(*now.values()))
         self.reads += 1
         self._failing = False
