@@ -8,7 +8,14 @@ run. Where it can (root, util-linux), a second listener runs in a child PID
 namespace at the same time: there the kernel cannot filter the stream to exits
 (it ignores that listener's request), so forks and execs arrive too.
 
-    .venv/bin/python benchmarks/procevents_cost.py
+The listener in this namespace watches a chain set of WATCHED pids (issue 48: one set
+lookup per exit). With `--baseline REF` the listener as of git commit REF (e.g. the one
+before a change to the hot path) runs beside it over the same windows, from an export of
+that commit: the ratio of the two is the change's cost, measured side by side. Last, the
+remediator's chain watch (the same set kept fresh from NVML between deliveries) is timed
+over 8 fake GPUs and 64 holders.
+
+    .venv/bin/python benchmarks/procevents_cost.py [--baseline REF]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +47,23 @@ WINDOW_S = 10.0
 RATE = 1000  # exits per second in the loaded window
 TICK_S = 0.01
 TRUE = shutil.which("true") or "/bin/true"
+#: Pids the listener in this namespace watches: a chain set well above a busy host's
+#: (64 holders with chains of ~6 and their session leaders are a few hundred). Above
+#: pid_max (4,194,304): none of them exits, so every exit takes the miss path.
+WATCHED = 1024
+WATCHED_BASE = 5_000_000
+#: The chain watch: its fake host, and how many refreshes are timed.
+CHAIN_GPUS, CHAIN_TREES, CHAIN_PER_TREE, CHAIN_REFRESHES = 8, 16, 4, 50
+BASELINE: str | None = None  # --baseline REF, taken off argv before run_benchmark
 
 
-def listen(allow_pid_namespace: bool) -> int:
+def listen(allow_pid_namespace: bool, watched: int = 0) -> int:
     """The measured child: a listener, answering "counts" lines on stdin until EOF."""
     from gpuguard.host.events.listener import ProcessEvents
 
     events = ProcessEvents(allow_pid_namespace=allow_pid_namespace)
+    if watched:
+        events.watch(range(WATCHED_BASE, WATCHED_BASE + watched))
     events.start()
     print(json.dumps({"available": events.available, "reason": events.unavailable_reason,
                       "filtered": events.filtered}), flush=True)
@@ -77,11 +95,13 @@ class Listener:
     filtered: bool
 
     @classmethod
-    def start(cls, where: str, wrapper: list[str]) -> Listener | str:
-        """A listener in `where` (allowed in a child PID namespace: nothing queries it)."""
-        cmd = [*wrapper, sys.executable, str(Path(__file__).resolve()), "--listener",
-               "--allow-pid-namespace"]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdin=subprocess.PIPE,
+    def start(cls, where: str, wrapper: list[str], *, tree: Path = REPO,
+              extra: tuple[str, ...] = ()) -> Listener | str:
+        """A listener in `where` (allowed in a child PID namespace: nothing queries it),
+        run from the source tree `tree` (this checkout, or a baseline's export)."""
+        cmd = [*wrapper, sys.executable, str(tree / "benchmarks" / "procevents_cost.py"),
+               "--listener", "--allow-pid-namespace", *extra]
+        proc = subprocess.Popen(cmd, cwd=tree, env=child_env(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -141,17 +161,36 @@ def spawn_load(seconds: float, rate: int) -> int:
             time.sleep(delay)  # pacing the load, not synchronising with anything
 
 
+def export(ref: str, dest: Path) -> Path:
+    """The tree of commit `ref` of this checkout, written under `dest`."""
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=REPO, check=True,
+                             capture_output=True).stdout
+    dest.mkdir(parents=True)
+    tar = dest / "tree.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as fh:
+        fh.extractall(dest / "tree")  # our own repository's commit
+    return dest / "tree"
+
+
 def body(result: Result, tmp: Path) -> None:
     listeners: list[Listener] = []
     skipped: list[str] = []
+    chain_watch_cost(result, tmp)
+    starts: list[tuple[str, list[str], Path, tuple[str, ...]]] = [
+        (f"this PID namespace, {WATCHED:,} pids watched", [], REPO,
+         ("--watch", str(WATCHED)))]
+    if BASELINE is not None:
+        starts.append((f"this PID namespace, baseline {BASELINE}", [],
+                       export(BASELINE, tmp / "baseline"), ()))
+    starts.append(("a child PID namespace", ["unshare", "--pid", "--fork", "--mount-proc"],
+                   REPO, ()))
     try:
-        for where, wrapper in (
-                ("this PID namespace", []),
-                ("a child PID namespace", ["unshare", "--pid", "--fork", "--mount-proc"])):
+        for where, wrapper, tree, extra in starts:
             if wrapper and shutil.which(wrapper[0]) is None:
                 skipped.append(f"{where}: {wrapper[0]} not installed")
                 continue
-            started = Listener.start(where, wrapper)
+            started = Listener.start(where, wrapper, tree=tree, extra=extra)
             if isinstance(started, str):
                 skipped.append(started)
             else:
@@ -199,10 +238,17 @@ def body(result: Result, tmp: Path) -> None:
         result.tables.append(table)
         loaded = f"~{RATE:,} exits/s"
         filtered = next((lst for lst in listeners if lst.filtered), None)
+        baseline = next((lst for lst in listeners if "baseline" in lst.name), None)
         for lst in listeners:
             busy, idle = share[(lst.name, loaded)], share[(lst.name, "none")]
             measured = f"{busy:.3f}% of one core (idle {idle:.3f}%)"
-            if lst is filtered:
+            if lst is baseline:
+                assert filtered is not None
+                ratio = share[(filtered.name, loaded)] / busy if busy > 0 else float("nan")
+                result.target(f"listener CPU at {loaded}, {filtered.name} / {lst.name}",
+                              f"{ratio:.2f}x", "informational: within noise of 1.0x",
+                              ratio <= 1.25, informational=True)
+            elif lst is filtered:
                 result.target(f"listener CPU at {loaded}, {lst.name}", measured,
                               "<= 1% of one core", busy <= 1.0)
             else:
@@ -216,7 +262,67 @@ def body(result: Result, tmp: Path) -> None:
             lst.stop()
 
 
+def chain_watch_cost(result: Result, tmp: Path) -> None:
+    """The remediator's chain watch over 8 fake GPUs and 64 holders (16 trees of 4, 6 of
+    them orphaned): CPU per refresh, and its share of one core at its period."""
+    from benchmarks.harness import FakeNvml, spawn_gpu_trees
+    from gpuguard.host.counters import Counters
+    from gpuguard.host.events.listener import ProcessEvents
+    from gpuguard.host.nvml import Nvml
+    from gpuguard.orphans.rules_config import Rules
+    from gpuguard.remediator.decision.chain_watch import WATCH_PERIOD_SECONDS, ChainWatch
+    from tests.support.proctree import Trees
+
+    fake = FakeNvml(tmp)
+    for index in range(CHAIN_GPUS):
+        fake.world.add_gpu(index)
+    fake.load_here()
+    trees = Trees(tmp / "trees")
+    try:
+        spawn_gpu_trees(trees, fake.world, count=CHAIN_TREES, per_tree=CHAIN_PER_TREE,
+                        orphaned=6, gpus=CHAIN_GPUS)
+        counters = Counters()
+        events = ProcessEvents()  # not started: the set is all the watch touches
+        nvml = Nvml(counters=counters, process_utilization=False)
+        nvml.read()  # NVML's initialisation is not part of the cost
+        watch = ChainWatch(nvml, events, rules=Rules, counters=counters)
+        table = Table(f"Remediator chain watch: {CHAIN_GPUS} fake GPUs, "
+                      f"{CHAIN_TREES * CHAIN_PER_TREE} holders",
+                      ["refresh", "pids watched", "chains walked", "/proc reads",
+                       "CPU ms per refresh", "wall ms per refresh",
+                       f"% of one core at one per {WATCH_PERIOD_SECONDS:.0f} s"])
+        share = 0.0
+        for name, times in (("first (every holder new)", 1),
+                            (f"steady (mean of {CHAIN_REFRESHES})", CHAIN_REFRESHES)):
+            reads0, walks0 = counters.proc_reads(), watch.walks
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            for _ in range(times):
+                watch.refresh()
+            cpu = (time.thread_time() - cpu0) / times
+            wall = (time.perf_counter() - wall0) / times
+            share = cpu / WATCH_PERIOD_SECONDS * 100
+            table.add(name, len(events.watched()), (watch.walks - walks0) / times,
+                      (counters.proc_reads() - reads0) / times, cpu * 1000, wall * 1000,
+                      f"{share:.3f}%")
+        assert watch.reads == CHAIN_REFRESHES + 1, "a refresh did not publish"
+        table.notes.append("most of a steady refresh is the NVML reading; the fake library "
+                           "re-reads its state file on every call, a real driver has its "
+                           "own cost per GPU")
+        result.tables.append(table)
+        result.target("chain watch CPU, 64 holders, steady", f"{share:.3f}% of one core",
+                      "<= 0.25% of one core", share <= 0.25)
+        nvml.close()
+    finally:
+        trees.cleanup()
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--listener":
-        sys.exit(listen("--allow-pid-namespace" in sys.argv[2:]))
+        args = sys.argv[2:]
+        watched = int(args[args.index("--watch") + 1]) if "--watch" in args else 0
+        sys.exit(listen("--allow-pid-namespace" in args, watched))
+    if "--baseline" in sys.argv:
+        at = sys.argv.index("--baseline")
+        BASELINE = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
     sys.exit(run_benchmark("procevents_cost", body))

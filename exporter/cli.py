@@ -278,4 +278,4 @@ def _scanner(args: argparse.Namespace, config: Config,
                                     interval=args.scan_interval,
                                     view=lambda: ProcessView(events=events, memory=memory,
                                                              thread_turns=SCAN_THREAD_TURNS),
-                                    orphan_clock=clock)
+                                    orphan_clock=clock, watch=events.watch)

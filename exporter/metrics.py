@@ -314,13 +314,21 @@ def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:
     yield family
     evicted = CounterMetricFamily(
         "gpuguard_process_events_evicted",
-        "Exit records dropped from the listener's bounded store, to make room (count) or "
-        "for their age (age): launchers whose exit is then answered from the launcher "
-        "memory, or read launcher-unrecorded.", labels=["cause"])
+        "Exit records dropped by the listener: from its general ring (store=general) to "
+        "make room (count) or for their age (age); from the store of its holders' chains "
+        "(store=watched) to make room, which loses launcher evidence and should never "
+        "happen.", labels=["store", "cause"])
     gone = events.evictions() if events is not None else {}
     for cause in EVICTION_CAUSES:
-        evicted.add_metric([cause], gone.get(cause, 0))
+        evicted.add_metric(["general", cause], gone.get(cause, 0))
+    evicted.add_metric(["watched", "count"],
+                       events.watched_evictions() if events is not None else 0)
     yield evicted
+    yield GaugeMetricFamily(
+        "gpuguard_process_events_watched_pids",
+        "Pids whose exits the listener keeps apart from its general ring: the GPU "
+        "holders, their ancestors and their session leaders, as last published.",
+        value=len(events.watched()) if events is not None else 0)
     if events is None:
         return  # a platform without a listener (Windows): absent, not down (the alert's 0)
     yield GaugeMetricFamily("gpuguard_process_events_up",

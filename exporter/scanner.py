@@ -52,6 +52,7 @@ from gpuguard.host.users import (
     label_groups,
     label_names,
 )
+from gpuguard.orphans.chain import chain_set
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
 from gpuguard.orphans.process import ProcInfo, ProcUnreadable
@@ -296,11 +297,13 @@ class Scanner:
         unlisted: UnlistedSettings | None = None,
         search: FdSearch | None = None,
         orphan_clock: OrphanClock | None = None,
+        watch: Callable[[frozenset[int]], None] | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): platform_scanner() gives it where the platform has one. `users`
         names uids for labels (default: label_names(), bounded lookups; never a
-        decision's resolver)."""
+        decision's resolver). `watch` is given each complete scan's chain set (the
+        process-event listener's `watch`: those exits outlast its general ring)."""
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
@@ -315,6 +318,7 @@ class Scanner:
         self.view: ScanSource = view if view is not None else ProcessView(
             counters=counters, thread_turns=SCAN_THREAD_TURNS)
         self.interval = interval
+        self.watch = watch
         self._clock = clock
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree
         #: (and fire its alert early).
@@ -368,6 +372,7 @@ class Scanner:
         boot_now = self._boot_clock()
         try:
             trees = self._classify(reading, rules)
+            self._publish_chains(reading, trees)
             for tree in trees:
                 hidden = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
                 if tree.verdict == Verdict.UNKNOWN and hidden:
@@ -426,6 +431,13 @@ class Scanner:
             return classify(reading.holders, self.view, rules)
         return classify_windows(self.table(), reading.holders, rules)
 
+    def _publish_chains(self, reading: NvmlReading, trees: Sequence[Tree]) -> None:
+        """Hand `watch` the pids on this scan's holders' chains and their session leaders;
+        only from a complete reading (one that missed a GPU would stop watching its
+        launchers), so an incomplete one keeps the last set."""
+        if self.watch is not None and reading.up and not reading.errors:
+            self.watch(chain_set(hv.chain for tree in trees for hv in tree.holder_verdicts))
+
     def _search_unlisted(self, reading: NvmlReading, settings: UnlistedSettings,
                          rules: Rules) -> tuple[list[Tree], dict[int, str], SearchProgress]:
         """One bounded step of the search for holders NVML does not list, judged by the
@@ -481,15 +493,16 @@ class Scanner:
 def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit: Audit,
                      accounting: AccountingSection | None = None, interval: float = 5.0,
                      view: Callable[[], ScanSource] | None = None,
-                     orphan_clock: OrphanClock | None = None) -> Scanner:
+                     orphan_clock: OrphanClock | None = None,
+                     watch: Callable[[frozenset[int]], None] | None = None) -> Scanner:
     """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
     table where it has one (Windows: psutil's, judged by the Windows rules), else over
-    the /proc view `view` builds (called only then). The exporter and `gpuguard status`
-    both build theirs here."""
+    the /proc view `view` builds (called only then); `watch`: see Scanner. The exporter and
+    `gpuguard status` both build theirs here."""
     return Scanner(rules=rules, nvml=platform.nvml(COUNTERS), interval=interval,
                    view=view() if view is not None and platform.process_table is None else None,
                    table=platform.process_table, boot_clock=platform.boot_clock,
                    groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
                    unlisted=accounting.unlisted if accounting is not None else None,
-                   orphan_clock=orphan_clock)
+                   orphan_clock=orphan_clock, watch=watch)

@@ -34,6 +34,7 @@
     scanSlowFor: '15m',
     configReloadFailedFor: '5m',
     processEventsDownFor: '5m',
+    launcherEvidenceEvictedWindow: '15m',
 
     remediatorDownFor: '5m',
     remediatorAbsentFor: '10m',

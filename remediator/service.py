@@ -26,6 +26,7 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
 from gpuguard.remediator.clocks import Clocks
+from gpuguard.remediator.decision.chain_watch import ChainWatch
 from gpuguard.remediator.decision.decision_log import DecisionLog
 from gpuguard.remediator.decision.idle_watch import IdleWatch
 from gpuguard.remediator.decision.inspection import HolderSource
@@ -116,6 +117,10 @@ class Remediator:
             idle_nvml = Nvml(counters=counters, wall=clocks.wall, boot=clocks.boot)
         self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.idle_watch_seconds,
                               boot=clocks.boot, counters=counters)
+        #: Keeps the exits of its holders' chains apart from the listener's general ring,
+        #: so that a fork storm before the first delivery cannot erase a launcher's death.
+        self.chain_watch = (ChainWatch(nvml, events, rules=lambda: work.config.classify,
+                                       counters=counters) if events is not None else None)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
                              reaper=self.reaper, nvml=nvml,
                              counters=counters, alertmanager=alertmanager, events=events,
@@ -155,6 +160,8 @@ class Remediator:
                    if left else "") + "; nothing else starts until it can be written")
         if self.events is not None:
             self.events.start()  # never raises; without the connector it says so once
+        if self.chain_watch is not None:
+            self.chain_watch.start()  # its first read before any delivery is worked on
         self.worker.start()
         self.idle.start()
         for companion in self._companions:
@@ -184,6 +191,8 @@ class Remediator:
     def stop(self, timeout: float = 30.0) -> None:
         self.worker.request_stop()
         self.idle.stop()
+        if self.chain_watch is not None:
+            self.chain_watch.stop()
         for companion in self._companions:
             companion.stop()
         if self.events is not None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuguard.orphans.process import Holder, ProcInfo
@@ -199,3 +199,33 @@ class Chain:
         """A verdict for the holder, rooted at the root candidate."""
         return HolderVerdict(self.holder, verdict, reason, Evidence(rule, detail, tuple(pids)),
                              self.members, self.candidate)
+
+
+def holder_chain(holder: Holder, view: ProcSource,
+                 rules: Rules) -> tuple[tuple[ProcInfo, ...], bool]:
+    """Rule 2's walk for `holder` alone (stat reads only, no judgement), as far as it could
+    be read, and whether that is the whole chain: the remediator's chain watch, which
+    classifies nothing between deliveries."""
+    info = view.stat(holder.pid)
+    if info is None:
+        return (), False
+    full, failed = walk(holder, info, view, rules)
+    if full is not None:
+        return tuple(full), True
+    assert failed is not None
+    return failed.chain, False
+
+
+def chain_set(chains: Iterable[Sequence[ProcInfo]]) -> frozenset[int]:
+    """The pids whose exit matters to these holders: each chain member (the holder and its
+    ancestors) and its session leader, whose exit names a launcher-* reason (rule 6) and
+    whose pid stays the session id once it is gone. What the process-event listener keeps
+    apart from its general ring (gpuguard/host/events/watched.py) and what an early rescan
+    tests an exit against; never PID 0 or 1. Bounded by holders x (max_depth + 1) x 2."""
+    pids: set[int] = set()
+    for chain in chains:
+        for member in chain:
+            pids.add(member.pid)
+            pids.add(member.sid)
+    pids.difference_update((0, 1))
+    return frozenset(pids)

@@ -135,6 +135,19 @@
             description: 'The gpuguard daemon at {{ $labels.instance }} (the exporter or the remediator: see the job label) has had no process-event listener for more than %(processEventsDownFor)s: it cannot tell a killed launcher from one that exited, so orphaned trees read session-ended, which the default policy does not reap. Its start-up warning "process events unavailable" says why: EPERM is a missing CAP_NET_ADMIN (the shipped units and DaemonSet grant it), a child PID namespace or ECONNREFUSED a container without hostPID or hostNetwork.' % t,
           },
         },
+        // Both daemons keep the exits of their GPU holders' chains apart from the general
+        // ring (issue 48), bounded by a store no other exit takes room in: a record lost
+        // from it is launcher evidence lost (the tree then reads launcher-unrecorded, which
+        // the default reasons do not reap). Impossible by design; counted, and said here.
+        {
+          alert: 'GPUGuardLauncherEvidenceEvicted',
+          expr: 'increase(gpuguard_process_events_evicted_total{%(exporterSelector)s, store="watched"}[%(launcherEvidenceEvictedWindow)s]) > 0 or increase(gpuguard_process_events_evicted_total{%(remediatorSelector)s, store="watched"}[%(launcherEvidenceEvictedWindow)s]) > 0' % c,
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'gpuguard on {{ $labels.instance }} lost exit records of GPU holders\' chains',
+            description: 'The gpuguard daemon at {{ $labels.instance }} (the exporter or the remediator: see the job label) dropped {{ $value | printf "%%.0f" }} exit record(s) of its GPU holders\' chains and session leaders in the last %(launcherEvidenceEvictedWindow)s to make room: more such processes than its watched store holds. Trees whose launcher died then read launcher-unrecorded (not reaped by default) instead of how it died. Read the runbook: count the holders and their chains, and the daemon\'s gpuguard_process_events_watched_pids.' % t,
+          },
+        },
       ]),
 
       group('gpuguard-remediation', [

@@ -41,6 +41,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardScanErrors": "warning",
     "GPUGuardScanSlow": "warning",
     "GPUGuardConfigReloadFailed": "warning",
+    "GPUGuardLauncherEvidenceEvicted": "warning",
     "GPUGuardRemediatorDown": "warning",
     # warning like RemediatorDown: a fleet that only reports has no remediator at all
     "GPUGuardRemediatorAbsent": "warning",
@@ -109,10 +110,12 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_alertmanager_poller_stalled",
     }
 )
-# Both daemons export the reload gauge (gpuguard/reload.py) and their listener's gauge
-# (exporter/metrics.py event_metrics).
+# Both daemons export the reload gauge (gpuguard/reload.py) and the process-event
+# listener's families (exporter/metrics.py event_metrics).
 DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful",
-                            "gpuguard_process_events_up"})
+                            "gpuguard_process_events_up",
+                            "gpuguard_process_events_evicted_total",
+                            "gpuguard_process_events_watched_pids"})
 CONTRACT_METRICS = EXPORTER_METRICS | REMEDIATOR_METRICS | DAEMON_METRICS | {"up"}
 
 

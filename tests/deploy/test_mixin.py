@@ -107,7 +107,9 @@ def test_every_query_selects_the_configured_jobs() -> None:
                 continue
             wanted = (OTHER_JOBS["remediatorSelector"] if name.startswith("gpuguard_remediator_")
                       else OTHER_JOBS["exporterSelector"])
-            if name in ("gpuguard_config_last_reload_successful", "gpuguard_process_events_up"):
+            # Both daemons export these: a rule names each daemon's selector.
+            if (name == "gpuguard_config_last_reload_successful"
+                    or name.startswith("gpuguard_process_events_")):
                 assert braces.startswith("{job="), query
                 continue
             if name == "up":

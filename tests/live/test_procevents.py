@@ -30,6 +30,7 @@ from gpuguard.host.events import listener as procevents
 from gpuguard.host.events.connector import PROC_EVENT_EXIT, PROC_EVENT_NONE, decode
 from gpuguard.host.events.exit_store import Exit, ExitStore, split_exit_code
 from gpuguard.host.events.listener import KINDS, EventCounts, ProcessEvents
+from gpuguard.host.events.watched import WatchedExits
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.proctree import Trees, children_of, wait_for
 
@@ -181,8 +182,91 @@ def test_evictions_reach_the_metrics() -> None:
 
     registry.register(Events())
     value = registry.get_sample_value
-    assert value("gpuguard_process_events_evicted_total", {"cause": "count"}) == 1
-    assert value("gpuguard_process_events_evicted_total", {"cause": "age"}) == 0
+    evicted = "gpuguard_process_events_evicted_total"
+    assert value(evicted, {"store": "general", "cause": "count"}) == 1
+    assert value(evicted, {"store": "general", "cause": "age"}) == 0
+    assert value(evicted, {"store": "watched", "cause": "count"}) == 0
+    assert value("gpuguard_process_events_watched_pids") == 0
+    events._watched.max_records = 1
+    events.watch({7, 8})
+    events._record([(7, 9, 1, time.time()), (8, 9, 1, time.time())])
+    assert value(evicted, {"store": "watched", "cause": "count"}) == 1
+    assert value("gpuguard_process_events_watched_pids") == 2
+
+
+# -- the watched store: exits of the holders' chains, kept apart (issue 48) -----------------
+
+
+def test_watched_exits_outlast_a_storm_of_other_exits_in_the_ring() -> None:
+    """The issue's storm in miniature: the ring holds 8 records, the launcher (pid 50) is
+    watched; 1,000 other exits later the ring has lost it, the listener has not."""
+    clock = FakeClock(1000.0)
+    events = ProcessEvents(max_records=8, clock=clock)
+    events.available = True  # the store alone: no socket needed
+    events.watch({50, 51})
+    events._record([(50, 9, 1, 1000.0)])  # SIGKILLed
+    events._record([(pid, 0, 1, 1000.0) for pid in range(1000, 2000)])
+    assert 50 not in {e.pid for e in events.records()} and events.evictions()["count"] > 0
+    kept = events.exit_of(50, after=999.0)
+    assert kept is not None and kept.signal == 9 and kept.parent_pid == 1
+    assert events.exit_of(50, after=1001.0) is None  # a process started after it died
+    assert events.exit_of(1500, after=0) is None  # not watched: the ring's to keep, and gone
+    assert events.watched_evictions() == 0
+
+
+def test_watched_exits_do_not_age_out_while_watched_and_do_after() -> None:
+    """While a live process's session id names the pid, its exit is the leader's whatever
+    its age; once no chain names it, it ages out with the ring's retention."""
+    clock = FakeClock(1000.0)
+    store = WatchedExits(retention=10, clock=clock)
+    store.publish({60})
+    store.add_rows([(60, 9, 1, 1000.0)])
+    clock.now = 5000.0
+    assert store.exit_of(60, after=0) is not None  # watched: kept past the retention
+    store.publish({61})  # the tree is gone: 60 is released
+    assert store.exit_of(60, after=0) is None and len(store) == 0  # and it was old
+    store.publish({62})
+    store.add_rows([(62, 0, 1, 5000.0)])
+    store.publish(set())
+    clock.now = 5005.0
+    assert store.exit_of(62, after=0) is not None  # released, within the retention
+    clock.now = 5011.0
+    assert store.exit_of(62, after=0) is None
+
+
+def test_publishing_takes_in_what_the_ring_still_holds_of_newly_watched_pids() -> None:
+    """A launcher that died before the scan that first saw its tree: its record, still in
+    the ring, is kept from that publish on."""
+    clock = FakeClock(1000.0)
+    ring = ExitStore(max_records=4, retention=600, clock=clock)
+    ring.add(record(70, 990.0))
+    store = WatchedExits(retention=600, clock=clock)
+    store.publish({70, 71}, ring)
+    ring.add(*(record(pid, 995.0) for pid in range(100, 110)))  # the ring forgets 70
+    kept = store.exit_of(70, after=0)
+    assert kept is not None and kept.at == 990.0 and store.exit_of(71, after=0) is None
+    store.add_rows([(70, 9, 1, 998.0)])  # a later exit of the same pid replaces it
+    assert (found := store.exit_of(70, after=0)) is not None and found.at == 998.0
+    store.add_rows([(70, 0, 1, 990.0)])  # never an older one
+    assert (found := store.exit_of(70, after=0)) is not None and found.at == 998.0
+
+
+def test_watched_store_is_bounded_and_counts_only_the_loss_of_watched_records() -> None:
+    clock = FakeClock(1000.0)
+    store = WatchedExits(retention=600, clock=clock, max_records=3)
+    store.publish({1, 80, 81})
+    assert store.pids == frozenset({80, 81})  # never PID 1 (nor 0)
+    store.add_rows([(80, 9, 1, 1000.0), (81, 9, 1, 1000.0)])
+    store.publish({82, 83, 84})  # 80 and 81 released
+    store.add_rows([(82, 9, 1, 1001.0), (83, 9, 1, 1001.0)])
+    assert len(store) == 3 and store.evicted == 0  # released ones made room, uncounted
+    assert store.exit_of(80, after=0) is None and store.exit_of(81, after=0) is not None
+    store.add_rows([(84, 9, 1, 1002.0)])  # the last released one makes room
+    assert len(store) == 3 and store.evicted == 0 and store.exit_of(81, after=0) is None
+    store.add_rows([(82, 9, 1, 1003.0)])  # a later exit of a held pid takes no room
+    store.publish({82, 83, 84, 85})
+    store.add_rows([(85, 9, 1, 1004.0)])  # a set larger than the store: evidence lost
+    assert len(store) == 3 and store.evicted == 1 and store.exit_of(83, after=0) is None
 
 
 def test_event_counts_are_a_fixed_set() -> None:

@@ -4,8 +4,9 @@ An orphan's launcher is gone by the time a scan sees the orphan, and /proc keeps
 of a reaped process: whether a signal killed it or it exited on purpose (what tells an
 abandoned job from a detached one) only the kernel saw. One netlink socket listens to the
 process-events connector (connector.py) and keeps a bounded memory of exits
-(exit_store.py). Exits before `start()` are unknown; what an overrun socket lost is
-counted as `dropped`.
+(exit_store.py), and apart from it the exits of the pids a daemon said matter (watched.py:
+its GPU holders' chains and their session leaders), which other exits cannot evict.
+Exits before `start()` are unknown; what an overrun socket lost is counted as `dropped`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gpuguard.compat import StrEnum
 from gpuguard.host.events.connector import (
@@ -38,6 +39,7 @@ from gpuguard.host.events.connector import (
 )
 from gpuguard.host.events.exit_store import EvictionCause, Exit, ExitStore, Row
 from gpuguard.host.events.privilege import subscription_refused
+from gpuguard.host.events.watched import WatchedExits
 from gpuguard.host.procfs import in_host_pid_namespace
 
 log = logging.getLogger("gpuguard.host.procevents")  # its name before the move
@@ -142,6 +144,7 @@ class ProcessEvents:
         self.counters = counters if counters is not None else EventCounts()
         self._clock = clock
         self._store = ExitStore(max_records=max_records, retention=retention, clock=clock)
+        self._watched = WatchedExits(retention=retention, clock=clock)
         self._receive_buffer = receive_buffer
         self._handshake_timeout = handshake_timeout
         self._allow_pid_namespace = allow_pid_namespace
@@ -226,7 +229,22 @@ class ProcessEvents:
         """
         if not self.available:
             return None
-        return self._store.exit_of(pid, after=after)
+        general = self._store.exit_of(pid, after=after)
+        kept = self._watched.exit_of(pid, after=after)
+        if general is None or (kept is not None and kept.at > general.at):
+            return kept
+        return general
+
+    def watch(self, pids: Iterable[int]) -> None:
+        """The pids whose exits must outlast the general ring from now on: a scan's (or
+        the remediator's chain watch's) chain set, gpuguard/orphans/chain.py `chain_set`.
+        Replaces the last set whole; a newly watched pid's exit the ring still holds is
+        kept too. Callable before start() and from any one thread."""
+        self._watched.publish(pids, self._store)
+
+    def watched(self) -> frozenset[int]:
+        """The pids watched now: what an exit is tested against (one set lookup)."""
+        return self._watched.pids
 
     def records(self) -> list[Exit]:
         """Every exit held now, oldest first (debugging, tests)."""
@@ -238,8 +256,13 @@ class ProcessEvents:
         return self.counters.snapshot()
 
     def evictions(self) -> dict[EvictionCause, int]:
-        """Exit records dropped from the store since start, by cause (count, age)."""
+        """Exit records dropped from the general ring since start, by cause (count, age)."""
         return self._store.evictions()
+
+    def watched_evictions(self) -> int:
+        """Records of still-watched pids dropped for room: 0 unless a published set
+        outgrew the watched store (watched.MAX_RECORDS)."""
+        return self._watched.evicted
 
     # -- subscribing ---------------------------------------------------------------------
 
@@ -373,7 +396,7 @@ class ProcessEvents:
                     else:
                         n_other += 1  # a thread's exit
                     if len(rows) >= BATCH:
-                        self._store.add_rows(rows)
+                        self._record(rows)
                         rows = []
                     continue
             for ev in decode(view, size):
@@ -387,7 +410,7 @@ class ProcessEvents:
                 else:
                     n_other += 1
         if rows:
-            self._store.add_rows(rows)
+            self._record(rows)
         if n_exit:
             self.counters.add(EventKind.EXIT, n_exit)
         if n_other:
@@ -395,6 +418,17 @@ class ProcessEvents:
         if overrun:
             self._overrun()
         return found
+
+    def _record(self, rows: list[Row]) -> None:
+        """Into the ring, then the watched pids' into the watched store: one set lookup
+        an exit (none while nothing is watched). The ring first, the set read after:
+        WatchedExits.publish relies on that order."""
+        self._store.add_rows(rows)
+        watched = self._watched.pids
+        if watched:
+            kept = [row for row in rows if row[0] in watched]
+            if kept:
+                self._watched.add_rows(kept)
 
     def _overrun(self) -> None:
         """The socket overflowed: count what the kernel dropped and say so."""
