@@ -225,9 +225,14 @@ class TlsFront:
 
     async def _first_byte_of(self, sock: socket.socket) -> bool:
         """Whether a byte came within the deadline (peeked: it stays for the handshake)."""
-        ready = self._loop.create_future()
+        ready: asyncio.Future[None] = self._loop.create_future()
         fd = sock.fileno()
-        self._loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+        def readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_reader(fd, readable)
         try:
             await asyncio.wait_for(ready, self._first_byte)
         except asyncio.TimeoutError:
