@@ -85,6 +85,12 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                          "same 4 fake GPUs, both refreshing every second: scrape time, body "
                          "size, /proc opens (strace), RSS and threads as ratios. Target: RSS "
                          "<= nvitop-exporter's."),
+    "hostile_fronts": (420.0,
+                       "The exporter behind TLS, this checkout and b573558 (before issue 48) "
+                       "side by side: RSS over 2,000 connect-and-close (no byte) and 1,000 "
+                       "one-byte connections, and scrapes answered while one address holds "
+                       "512 silent TLS connections. Targets: RSS back within 5 MiB; peak "
+                       "under half the DaemonSet's 256 MiB; every scrape answered."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "

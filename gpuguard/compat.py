@@ -6,21 +6,11 @@ import re
 import sys
 from datetime import datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import asyncio
-    import ssl
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
 
     fromisoformat = datetime.fromisoformat
-
-    async def start_tls(writer: asyncio.StreamWriter, context: ssl.SSLContext, *,
-                        ssl_handshake_timeout: float) -> None:
-        """Upgrade a server-side stream to TLS (StreamWriter.start_tls)."""
-        await writer.start_tls(context, ssl_handshake_timeout=ssl_handshake_timeout)
 else:
 
     class StrEnum(str, Enum):
@@ -50,18 +40,5 @@ else:
                             "+00:00" if zone == "Z" else zone))
         return datetime.fromisoformat(text)
 
-    async def start_tls(writer: asyncio.StreamWriter, context: ssl.SSLContext, *,
-                        ssl_handshake_timeout: float) -> None:
-        """3.11's StreamWriter.start_tls for a server-side stream: the same steps, on the
-        same (3.10's, frozen) private attributes."""
-        protocol: Any = writer._protocol  # type: ignore[attr-defined]
-        await writer.drain()
-        loop = protocol._loop
-        transport = await loop.start_tls(writer.transport, protocol, context, server_side=True,
-                                         ssl_handshake_timeout=ssl_handshake_timeout)
-        writer._transport = transport  # type: ignore[attr-defined]
-        protocol._stream_writer = writer
-        protocol._transport = transport
-        protocol._over_ssl = transport.get_extra_info("sslcontext") is not None
 
-__all__ = ["StrEnum", "fromisoformat", "start_tls"]
+__all__ = ["StrEnum", "fromisoformat"]

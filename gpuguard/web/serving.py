@@ -7,9 +7,9 @@ Incomplete requests never reach a worker thread (waitress buffers them in its
 event loop), so the remedy is room and a short fuse: many more connections than a
 scraper and an Alertmanager HA pair ever need, and idle ones closed after
 IDLE_TIMEOUT_SECONDS; a request that trickles in counts as idle from its first byte.
-A flood beyond CONNECTION_LIMIT inside that time still waits in the kernel's accept
-queue: an attacker who keeps 512 connections open and renews them every 10 s can
-delay answers by up to that long; put such a host behind a firewall rule.
+One client address holds at most a quarter of CONNECTION_LIMIT, and a newcomer over
+a bound takes the slot of the quietest connection not being served; pipelined
+requests and unfinished request heads are bounded too (channels.py).
 
 Two more things a client could make large are bounded here. Request bodies: waitress
 reads a body whole (spooling it to a temporary file past 512 KiB) before any
@@ -136,9 +136,14 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
         return not auth.known(web.current()[0], request.headers.get("AUTHORIZATION"))
 
     def bounded(wsgi: Any, **where: Any) -> Any:
+        from gpuguard.web.channels import ACCEPT_SLACK, bounded_channel
+        from gpuguard.web.freed import FreedMemory
+
         server = waitress_server(
             answer_head_as_get(wsgi), ident=ident, channel_timeout=idle_timeout,
-            connection_limit=CONNECTION_LIMIT,
+            # The slots (channels.py) hold CONNECTION_LIMIT; waitress accepts a little
+            # beyond, so that a newcomer can still take the slot of a quiet connection.
+            connection_limit=CONNECTION_LIMIT + ACCEPT_SLACK,
             cleanup_interval=min(CLEANUP_INTERVAL_SECONDS, idle_timeout),
             # Backstops behind the policy's own checks: waitress counts a chunked body's
             # framing too. Bodies stay in memory up to the policy's ceiling.
@@ -146,7 +151,16 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
             inbuf_overflow=policy.ceiling + 65536,
             _dispatcher=Dispatcher(threads, needs_login if web is not None else None),
             **where, **options)
-        server.channel_class = _bounded_channel(_admitting_parser(policy, extra_headers))
+        freed = FreedMemory()
+        server.channel_class = bounded_channel(_admitting_parser(policy, extra_headers),
+                                               connection_limit=CONNECTION_LIMIT, freed=freed)
+        maintain = server.maintenance
+
+        def maintenance(now: float) -> None:  # every CLEANUP_INTERVAL_SECONDS
+            maintain(now)
+            freed.settle()  # what large unfinished heads held, once they are gone
+
+        server.maintenance = maintenance
         return server
 
     if web is None:
@@ -273,35 +287,6 @@ class TlsServer:
         self.front.close()
         self.inner.close()
         shutil.rmtree(self.private, ignore_errors=True)
-
-
-def _bounded_channel(parser: type) -> type:
-    """waitress's channel, where an incomplete request does not count as activity, and
-    requests are read with `parser` (_admitting_parser).
-
-    waitress closes a connection idle for channel_timeout, and any byte received is
-    activity: a client trickling one header line every few seconds would hold its
-    connection (and with enough of them, every connection) forever. Here a request
-    must arrive whole within the idle timeout of its first byte.
-    """
-    from waitress.channel import HTTPChannel
-
-    class BoundedChannel(HTTPChannel):  # type: ignore[misc]
-        _partial_since: float | None = None
-        last_activity: float  # waitress's, seconds since the epoch
-        parser_class = parser
-
-        def received(self, data: bytes) -> bool:
-            result = super().received(data)
-            if self.request is not None:  # part of a request is in, the rest is not
-                if self._partial_since is None:
-                    self._partial_since = self.last_activity
-                self.last_activity = self._partial_since
-            else:
-                self._partial_since = None
-            return bool(result)
-
-    return BoundedChannel
 
 
 def _admitting_parser(policy: BodyPolicy,

@@ -227,12 +227,8 @@ def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
         path = environ.get("PATH_INFO", "")
         if exempt(path):
             return app(environ, start)
-        if bucket is not None and not bucket.allow():
-            body = json.dumps({"error": "too many requests (the web config's rate_limit)"}
-                              ).encode()
-            start("429 Too Many Requests", [("Content-Type", "application/json"),
-                                            ("Content-Length", str(len(body)))])
-            return [body]
+        # Authentication first: anonymous requests must not spend the bucket of those
+        # who authenticate (issue 48); failed logins have their own budget per address.
         verdict = auth.check(config, environ.get("HTTP_AUTHORIZATION"),
                              environ.get("REMOTE_ADDR") or "")
         if verdict.outcome == THROTTLE:
@@ -247,6 +243,12 @@ def protect(app: WSGIApp, current: Callable[[], WebConfig], *,
             start("401 Unauthorized", [("Content-Type", "application/json"),
                                        ("Content-Length", str(len(body))),
                                        ("WWW-Authenticate", 'Basic realm="gpuguard"')])
+            return [body]
+        if bucket is not None and not bucket.allow():
+            body = json.dumps({"error": "too many requests (the web config's rate_limit)"}
+                              ).encode()
+            start("429 Too Many Requests", [("Content-Type", "application/json"),
+                                            ("Content-Length", str(len(body)))])
             return [body]
         return app(environ, start)
 
