@@ -246,7 +246,7 @@ def _web_config(path: str) -> WebConfigSource:
 def _start_registrar(registrar: Registrar) -> None:
     """The exporter serves `gpuguard keep` and `gpuguard run` registrations (it runs on
     every host); what keeps it from serving is logged and on /healthz."""
-    problem = start_registrar(registrar)
+    _, problem = start_registrar(registrar.directory, registrar)
     if problem is not None:
         log.warning("%s: gpuguard keep and gpuguard run cannot register", problem)
     elif registrar.health() is None:

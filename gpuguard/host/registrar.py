@@ -687,16 +687,20 @@ class Registrar:
         return None
 
 
-def start_registrar(registrar: Registrar) -> str | None:
-    """Start `registrar` (serving, or standing by while another serves), or a one-line
-    problem (the daemon runs on: `gpuguard keep` then says no registrar listens, and
-    the registrar's health says registrar-down)."""
+def start_registrar(directory: str, registrar: Registrar | None = None
+                    ) -> tuple[Registrar | None, str | None]:
+    """The running registrar for `directory` (`registrar`, where the caller made it
+    first: the exporter's health reads it before it starts), serving or standing by
+    while another serves; or a one-line problem (the daemon runs on: `gpuguard keep` then
+    says no registrar listens, and the registrar's health says registrar-down)."""
+    if registrar is None:
+        registrar = Registrar(directory)
     problem = registrar.directory_problem()
     if problem is not None:
-        return f"registrar not started: {problem}"
+        return None, f"registrar not started: {problem}"
     try:
         registrar.start()
     except OSError as exc:
-        return (f"registrar not started: cannot listen at {registrar.socket_path}: "
-                f"{exc.strerror}")
-    return None
+        return None, (f"registrar not started: cannot listen at {registrar.socket_path}: "
+                      f"{exc.strerror}")
+    return registrar, None

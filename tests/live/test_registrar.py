@@ -44,8 +44,9 @@ from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules
 from tests.live import test_mark_squatting as squatting
 from tests.live.test_mark_squatting import ALICE, BOB, Site, as_user
+from tests.live.test_missing_evidence import one_tree
 from tests.support.fakenvml import FakeGpuWorld
-from tests.support.proctree import stat_fields, wait_for
+from tests.support.proctree import Trees, stat_fields, wait_for
 from tests.support.servers import REPO, Exporter, find, parse_samples
 
 # The fixtures of the registrar's first tests: a host's /run/gpuguard, its exporters.
@@ -200,6 +201,51 @@ def test_a_neighbours_re_registrations_leave_a_registration_whose_main_thread_ex
         again = site.gpuguard(ALICE, "keep", str(job.pid))
         assert again.returncode == 0, again.stderr
         assert "kept:" in again.stdout
+
+
+#: A GPU job whose main thread calls pthread_exit() on SIGUSR1 (blocked in every thread,
+#: awaited by the main one) while its second thread runs on.
+JOB_ON_SIGNAL = (
+    "import ctypes, signal, threading\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+    "stop = threading.Event()\n"
+    "threading.Thread(target=lambda: stop.wait(3600)).start()\n"
+    "signal.sigwait({signal.SIGUSR1})\n"
+    "ctypes.CDLL(None).pthread_exit(None)\n"
+)
+
+
+def test_a_kept_orphan_whose_main_thread_exited_stays_protected(
+        site: Site, registrar: Callable[..., Registrar], trees: Trees,
+        fake_gpu: FakeGpuWorld) -> None:
+    """What the lost registration cost: Alice's orphaned job, kept with `gpuguard keep`,
+    read `orphan` (GPUOrphanTree fired, and a policy that may signal it reaped it) once a
+    neighbour's re-registrations swept her registration away."""
+    registrar()
+    job = site.base / "job.py"
+    job.write_text(JOB_ON_SIGNAL)
+    job.chmod(0o644)
+    python = " ".join([*as_user(ALICE), sys.executable, str(job)])
+    tree = trees.spawn(f"sh -c '{python} & echo $! >&3; wait' 3>{{dir}}/holder & "
+                       "echo $! > {dir}/root; wait")
+    holder, root = tree.pid("holder"), tree.pid("root")
+    wait_for(lambda: os.stat(f"/proc/{holder}").st_uid == ALICE
+             and len(os.listdir(f"/proc/{holder}/task")) == 2, what="the job's two threads")
+    fake_gpu.add_process(0, holder, 2 * GIB)
+    tree.kill_launcher()
+    kept = site.gpuguard(ALICE, "keep", str(holder))
+    assert kept.returncode == 0, kept.stderr
+    os.kill(holder, signal.SIGUSR1)
+    wait_for(lambda: (stat_fields(holder) or {}).get("state") == "Z",
+             what="the job's main thread to exit")
+    protected = one_tree(root, rules=site.rules())
+    assert protected.verdict == "protected", protected.evidence
+
+    assert run_as(BOB, REREGISTER, str(site.run / "register.sock"),
+                  str(PRUNE_EVERY)) == [f"done {PRUNE_EVERY}"]
+    after = one_tree(root, rules=site.rules())
+    assert (after.verdict, after.reason) == (protected.verdict, protected.reason), \
+        after.evidence
 
 
 def test_a_sweep_keeps_a_registration_whose_main_thread_exited(
