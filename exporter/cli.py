@@ -94,9 +94,11 @@ def _telemetry_path(value: str) -> str:
 
 
 def make_app(scanner: Scanner, registry: CollectorRegistry,
-             telemetry_path: str = "/metrics") -> Callable:
-    """WSGI app: the metrics from the registry, /healthz from the scanner's liveness, and
-    a landing page at / linking to the metrics (as exporter-toolkit's)."""
+             telemetry_path: str = "/metrics",
+             registrar: Callable[[], str | None] | None = None) -> Callable:
+    """WSGI app: the metrics from the registry, /healthz from the scanner's liveness and
+    the registrar's health (`registrar`: None, or a code when it does not serve), and a
+    landing page at / linking to the metrics (as exporter-toolkit's)."""
     metrics_app = make_wsgi_app(registry)
     landing = landing_page("gpuguard-exporter", "GPU gauges and orphaned GPU process trees "
                            "for Prometheus.", build.version(),
@@ -108,10 +110,13 @@ def make_app(scanner: Scanner, registry: CollectorRegistry,
             # Liveness is the scan thread: /metrics would keep serving a frozen snapshot.
             # Open to anyone: a status and a reason code, nothing else (the last scan's
             # time is gpuguard_last_scan_timestamp_seconds, behind /metrics' auth).
-            ok = scanner.alive()
-            status = "200 OK" if ok else "503 Service Unavailable"
+            # The registrar's too: while it does not serve, `gpuguard keep` and `gpuguard
+            # run` fail for every user on the host.
+            problem = ("scan-thread-stopped" if not scanner.alive()
+                       else registrar() if registrar is not None else None)
+            status = "200 OK" if problem is None else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else b"scan-thread-stopped\n"]
+            return [f"{problem or 'ok'}\n".encode()]
         if path == telemetry_path:
             return metrics_app(environ, start_response)
         if path == "/":
@@ -189,16 +194,22 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         events.start(after_subscribe=release_net_admin)
     if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
         log.info("%s", problem)
+    # A new classify.marks_dir takes a restart here; where its directory could not be
+    # made, ensure_marks_dir has said why registrations are off (and none is expected).
+    registrar = (Registrar(config.classify.marks_dir) if platform.registrations
+                 and os.path.isdir(config.classify.marks_dir) else None)
+    registrar_health = registrar.health if registrar is not None else None
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,
                                         gpu=args.collector_gpu,
-                                        processes=args.collector_processes))
+                                        processes=args.collector_processes,
+                                        registrar=registrar_health))
     reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web, platform),
                         log=log)
     for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
         registry.register(collector)
     host, port = args.listen
-    app = with_lifecycle(make_app(scanner, registry, args.telemetry_path),
+    app = with_lifecycle(make_app(scanner, registry, args.telemetry_path, registrar_health),
                          exporter_lifecycle(scanner, reloader, args.enable_lifecycle))
     try:
         server = create_server(app, host=host, port=port, threads=4,
@@ -214,7 +225,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
     if (problem := platform.other_users_problem()) is not None:
         log.warning("%s", problem)  # a non-root exporter without its capabilities
     hangups.hand_to(reloader)
-    registrar = _registrar(config) if platform.registrations else None
+    if registrar is not None:
+        _start_registrar(registrar)
     scanner.start()
     tls = web is not None and web.current()[0].tls is not None
     log.info("serving %s on %s (scan every %gs)", args.telemetry_path, served_url(
@@ -239,18 +251,14 @@ def _web_config(path: str) -> WebConfigSource:
     return WebConfigSource(path)
 
 
-def _registrar(config: Config) -> Registrar | None:
+def _start_registrar(registrar: Registrar) -> None:
     """The exporter serves `gpuguard keep` and `gpuguard run` registrations (it runs on
-    every host); a new classify.marks_dir takes a restart here."""
-    if not os.path.isdir(config.classify.marks_dir):
-        return None  # ensure_marks_dir has said why registrations are off
-    registrar, problem = start_registrar(config.classify.marks_dir)
+    every host); what keeps it from serving is logged and on /healthz."""
+    _, problem = start_registrar(registrar.directory, registrar)
     if problem is not None:
         log.warning("%s: gpuguard keep and gpuguard run cannot register", problem)
-    else:
-        assert registrar is not None
+    elif registrar.health() is None:
         log.info("registrations served at %s", registrar.socket_path)
-    return registrar
 
 
 def _scanner(args: argparse.Namespace, config: Config,

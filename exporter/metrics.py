@@ -7,7 +7,7 @@ series behind. No label carries a full command line (secrets live there).
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -32,8 +32,11 @@ TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
 class GpuguardCollector(Collector):
     def __init__(self, scanner: Scanner, *, hostname: str | None = None,
                  counters: Counters | None = None, events: ProcessEvents | None = None,
-                 gpu: bool = True, processes: bool = True) -> None:
+                 gpu: bool = True, processes: bool = True,
+                 registrar: Callable[[], str | None] | None = None) -> None:
         self.scanner = scanner
+        #: The registrar's health (Registrar.health), where this exporter serves one.
+        self.registrar = registrar
         #: node_exporter-style switches: the GPU gauges (which dcgm-exporter also exports)
         #: and the per-process series (pid and start_time labels: one series per process).
         self.gpu = gpu
@@ -300,6 +303,12 @@ class GpuguardCollector(Collector):
         yield from inspector_metrics(self.counters)
         yield from event_metrics(self.events)
         yield foreign_marks_metric()
+        if self.registrar is not None:
+            yield GaugeMetricFamily(
+                "gpuguard_registrar_up",
+                "1 while this exporter's registrar serves `gpuguard keep` and `gpuguard run` "
+                "registrations at its socket; 0 while it stands by for another or lost it.",
+                value=1 if self.registrar() is None else 0)
 
 
 def event_metrics(events: ProcessEvents | None) -> Iterator[Metric]:

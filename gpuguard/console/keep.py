@@ -23,13 +23,19 @@ from gpuguard.console.contract import (
 from gpuguard.host.marks import MarkError, registrar_socket
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.registrar import NO_PROCESS, Refused, RegistrarUnavailable, request
+from gpuguard.orphans.process import ProcUnreadable
 from gpuguard.orphans.rules_config import KEEP_MARK
 
 
 def cmd_keep(args: argparse.Namespace) -> int:
     directory = args.marks_dir or load(args.config).classify.marks_dir
-    info = ProcessView().fresh_stat(args.pid)
-    if info is None or info.is_zombie:
+    view = ProcessView()
+    try:
+        info = view.fresh_stat(args.pid)
+        live = info is not None and info.is_live(view.thread_states)
+    except ProcUnreadable as exc:
+        raise Failure(EXIT_REFUSED, f"keep: cannot read pid {args.pid}: {exc}") from None
+    if info is None or not live:  # a main thread's pthread_exit() leaves a live process
         raise Failure(EXIT_NO_PROCESS, f"keep: no such process: {args.pid}")
     if args.start_time is not None and info.start_time != args.start_time:
         raise Failure(EXIT_NO_PROCESS, f"keep: pid {args.pid} now names another process "

@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpuguard.host.counters import COUNTERS, Counters
@@ -29,6 +29,7 @@ from gpuguard.orphans.process import (
     ProcUnreadable,
     Truncated,
     failure,
+    owner_uid,
 )
 
 PROC = "/proc"
@@ -150,6 +151,8 @@ def parse_status(text: str) -> ProcStatus:
     sig_ign = 0
     nspid: tuple[int, ...] = ()
     kthread = False
+    owner: int | None = None
+    tgid: int | None = None
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key == "SigIgn":
@@ -158,7 +161,14 @@ def parse_status(text: str) -> ProcStatus:
             nspid = tuple(int(v) for v in value.split())
         elif key == "Kthread":
             kthread = value.strip() == "1"
-    return ProcStatus(sighup_ignored=bool(sig_ign & (1 << 0)), nspid=nspid, kernel_thread=kthread)
+        elif key == "Uid":
+            ids = value.split()  # real, effective, saved, filesystem
+            if len(ids) >= 2 and ids[0].isdigit() and ids[1].isdigit():
+                owner = owner_uid(int(ids[0]), int(ids[1]))
+        elif key == "Tgid" and value.strip().isdigit():
+            tgid = int(value.strip())
+    return ProcStatus(sighup_ignored=bool(sig_ign & (1 << 0)), nspid=nspid, kernel_thread=kthread,
+                      owner=owner, tgid=tgid)
 
 
 def cgroup_paths(text: str) -> tuple[str, ...]:
@@ -279,10 +289,24 @@ class ProcessView:
             if pid in self._scan_stat:
                 return self._scan_stat[pid]
             info = self._read_stat(pid)
-            self._scan_stat[pid] = info
             if info is not None:
                 self._extras.saw(info)
+                info = self._owned(info)
+            self._scan_stat[pid] = info
             return info
+
+    def _owned(self, info: ProcInfo) -> ProcInfo:
+        """`info` with its owner right. The inode of /proc/PID/stat (read with it, free) is
+        the effective uid of a dumpable process, but root's for any non-dumpable one and
+        for a main thread that called pthread_exit(), whoever runs them: where it says
+        root, the owner is /proc/PID/status' (orphans.process.owner_uid), read once per
+        process identity with the rest of status. Unreadable: root, as read."""
+        if info.uid != 0:
+            return info
+        status = self.status(info)
+        if status is None or status.owner is None or status.owner == info.uid:
+            return info
+        return replace(info, uid=status.owner)
 
     def _read_stat(self, pid: int) -> ProcInfo | None:
         with self._counters.track("proc_stat", proc_reads=1):

@@ -15,6 +15,11 @@ holds takes the slot of that uid's oldest connection. A line already sent when i
 connection is accepted (the client sends it right after connecting) is answered then,
 before any other connection can take its slot.
 
+One registrar per host: it holds a lock beside its socket while it lives, and another
+(a second exporter started by hand, a new one while the old one stops) neither removes
+the socket a live one answers on nor, at its exit, one it did not bind: it stands by
+and serves once the first is gone (docs/exporter.md, The registrar).
+
 Protocol (one line each way, ASCII):
     register KIND PID START_TIME | unregister KIND PID START_TIME
     ok registered | ok removed | ok absent | no CODE MESSAGE
@@ -32,6 +37,7 @@ import stat
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,12 +67,33 @@ REQUEST_DEADLINE = 2.0
 #: Open connections one uid may hold, and all together.
 PER_UID = 4
 MAX_CONNECTIONS = 256
+#: Connections the kernel queues before the registrar accepts them. A neighbour's
+#: connect() loop keeps it full whatever its size; a client waits in the kernel for room
+#: (request()), and a short queue is what keeps that wait short: measured, a user's
+#: registration under four connect() loops of another took 92 ms (p50) with 64 and
+#: 3.3 s with 4,096, each connection ahead being accepted and closed in turn.
+BACKLOG = 64
+#: Connections accepted in one turn of the loop before lines already sent are read.
+ACCEPT_TURN = 1024
 #: The most often an eviction (all slots held) is logged.
 EVICTION_LOG_SECONDS = 60.0
-#: Registrations written between two sweeps of those whose process is gone.
+#: A refusal is logged at most once this often per uid, and REFUSAL_LOG_LINES times in
+#: all (a neighbour's subordinate uids are many), with a count of those left unsaid.
+REFUSAL_LOG_SECONDS = 60.0
+REFUSAL_LOG_LINES = 60
+#: Uids whose last refusal line is remembered (the oldest forgotten first).
+REFUSAL_LOG_UIDS = 4096
+#: Registrations written (files added, less those removed) between two sweeps of those
+#: whose process is gone: re-registering a name already there adds nothing.
 PRUNE_EVERY = 256
 #: A client waits this long for the answer (the launcher waits before CMD starts).
 CLIENT_TIMEOUT = 5.0
+#: A registrar standing by (another answers at its socket) tries again this often.
+STANDBY_SECONDS = 1.0
+#: Health codes (/healthz): another registrar serves this socket and this one waits;
+#: this one should serve and does not (its socket was removed or replaced, its thread
+#: stopped, or it could not start).
+STANDBY, DOWN = "registrar-standby", "registrar-down"
 #: Refusal codes (the second word of a `no` answer).
 NO_PROCESS, NOT_OWNER, NOT_SELF, BAD_REQUEST, UNAVAILABLE = (
     "no-process", "not-owner", "not-self", "bad-request", "unavailable")
@@ -75,6 +102,10 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 class RegistrarUnavailable(MarkError):
     """Nothing answers at the socket (no exporter on this host, or not yet started)."""
+
+
+class RegistrarBusy(OSError):
+    """Another registrar holds this socket (its lock, or it answers there)."""
 
 
 class Refused(MarkError):
@@ -96,10 +127,11 @@ def request(socket_path: str, verb: str, kind: str, pid: int, start_time: int,
     Refused, or MarkError."""
     extra = f" tier={tier}" if tier else ""
     line = f"{verb} {kind} {int(pid)} {int(start_time)}{extra}\n".encode()
+    deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
-            sock.connect(socket_path)
+            _connect(sock, socket_path, deadline)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise RegistrarUnavailable(
                 f"no gpuguard registrar listens at {socket_path} ({exc.strerror}): the "
@@ -108,6 +140,7 @@ def request(socket_path: str, verb: str, kind: str, pid: int, start_time: int,
             raise RegistrarUnavailable(
                 f"cannot reach the gpuguard registrar at {socket_path}: {exc.strerror}"
             ) from None
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             sock.sendall(line)
             answer = b""
@@ -130,6 +163,19 @@ def request(socket_path: str, verb: str, kind: str, pid: int, start_time: int,
     raise MarkError(f"the gpuguard registrar at {socket_path} gave no answer")
 
 
+def _connect(sock: socket.socket, path: str, deadline: float) -> None:
+    """connect(), waiting in the kernel for room while the registrar's backlog is full,
+    until `deadline`. A Unix socket's connect() with Python's timeout (non-blocking)
+    fails at once with EAGAIN there, so a neighbour's connect() loop, which keeps the
+    backlog full, would turn every other user away; a blocking one with SO_SNDTIMEO
+    sleeps until the registrar accepts and is woken then."""
+    left = max(0.001, deadline - time.monotonic())
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", int(left), int(left % 1 * 1_000_000)))
+    sock.connect(path)  # EAGAIN once SO_SNDTIMEO has passed without room
+
+
 # -- the server (the exporter) ----------------------------------------------------------
 
 
@@ -148,18 +194,27 @@ def peer_of(sock: socket.socket) -> Caller:
 def decide(caller: Caller, verb: str, kind: str, pid: int, start_time: int,
            view: ProcessView) -> tuple[str, str] | None:
     """Why the caller may not (un)register this process (code, message); None: it may.
-    Only the process's owner or root; a `run` registration only by the launcher itself,
-    the one process a subreaper's adoptions are about."""
+    Only a process (not one of its threads' ids) that runs (ProcInfo.is_live: a main
+    thread that called pthread_exit() with a thread still running is alive); only its
+    owner (ProcessView's, from /proc/PID/status where the inode says root) or root; a
+    `run` registration only by the launcher itself, the one process a subreaper's
+    adoptions are about."""
     view.begin_scan()  # one request is one look: nothing kept from the last
     try:
         info = view.fresh_stat(pid)
+        if info is None or not info.is_live(view.thread_states):
+            return NO_PROCESS, f"no such process: {pid}"
     except ProcUnreadable as exc:
         return UNAVAILABLE, f"cannot read the process: {exc}"
-    if info is None or info.is_zombie:
-        return NO_PROCESS, f"no such process: {pid}"
     if info.start_time != start_time:
         return NO_PROCESS, (f"pid {pid} now names another process (start time "
                             f"{info.start_time}, not {start_time})")
+    status = view.status(info)
+    if status is None or status.tgid is None:
+        return UNAVAILABLE, f"cannot read /proc/{pid}/status"
+    if status.tgid != pid:
+        return NO_PROCESS, (f"pid {pid} is a thread of process {status.tgid}, not a "
+                            f"process: register {status.tgid}")
     if caller.uid != 0 and caller.uid != info.uid:
         return NOT_OWNER, (f"pid {pid} belongs to uid {info.uid}, not to the caller (uid "
                            f"{caller.uid}): only its owner or root may register it")
@@ -176,19 +231,153 @@ class _Pending:
     data: bytes = b""
 
 
+class RefusalLog:
+    """Whether a refusal gets a log line: one per uid per REFUSAL_LOG_SECONDS and
+    REFUSAL_LOG_LINES in all per REFUSAL_LOG_SECONDS; a line says how many of that uid's
+    went unsaid before it. The answer itself and `served` count every one."""
+
+    def __init__(self, clock: Callable[[], float], every: float = REFUSAL_LOG_SECONDS,
+                 lines: int = REFUSAL_LOG_LINES, uids: int = REFUSAL_LOG_UIDS) -> None:
+        self._clock = clock
+        self._every = every
+        self._lines = lines
+        self._uids = uids
+        self._last: OrderedDict[int, tuple[float, int]] = OrderedDict()  # uid: at, unsaid
+        self._window = -every
+        self._said = 0
+
+    def admit(self, uid: int) -> int | None:
+        """None: say nothing (counted); else how many of `uid`'s went unsaid before."""
+        now = self._clock()
+        at, unsaid = self._last.pop(uid, (-self._every, 0))
+        if now >= self._window + self._every:
+            self._window, self._said = now, 0
+        if now < at + self._every or self._said >= self._lines:
+            self._remember(uid, at, unsaid + 1)
+            return None
+        self._said += 1
+        self._remember(uid, now, 0)
+        return unsaid
+
+    def _remember(self, uid: int, at: float, unsaid: int) -> None:
+        self._last[uid] = (at, unsaid)
+        while len(self._last) > self._uids:
+            self._last.popitem(last=False)
+
+
+class OwnSocket:
+    """The registrar's socket path, held as its own: a lock beside it (flock, let go by
+    the kernel however the holder ends) says a registrar lives; a socket a live one
+    answers on is never removed (a registrar of a version without the lock answers
+    too); at the end only the inode this one bound is removed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_path = path + ".lock"
+        self._lock_fd: int | None = None
+        self._bound: tuple[int, int] | None = None  # (st_dev, st_ino) of what we bound
+
+    def take(self, backlog: int) -> socket.socket:
+        """Lock, remove a stale socket, bind and listen (mode 0666: any local user may
+        ask). Raises RegistrarBusy while another registrar holds the path, OSError when
+        the socket cannot be made."""
+        import fcntl  # Linux's registrar; this module is imported on Windows too
+
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)  # only the daemons may open it, and so hold it
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RegistrarBusy(errno.EBUSY, f"another registrar holds {self.lock_path}"
+                                    ) from None
+            listener = self._bind(backlog)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        return listener
+
+    def _bind(self, backlog: int) -> socket.socket:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(st.st_mode):
+                raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket")
+            if answers(self.path):
+                raise RegistrarBusy(errno.EBUSY, f"another registrar answers at {self.path}")
+            os.unlink(self.path)  # a previous registrar's, which nothing answers on
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(self.path)
+            st = os.lstat(self.path)
+            self._bound = (st.st_dev, st.st_ino)
+            os.chmod(self.path, 0o666)
+            listener.listen(backlog)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            self.release()
+            raise
+        return listener
+
+    def intact(self) -> bool:
+        """Whether the socket at the path is still the one bound here."""
+        if self._bound is None:
+            return False
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._bound
+
+    def release(self) -> None:
+        """Remove the socket if it is still the one bound here, then let go of the lock."""
+        if self.intact():
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self._bound = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def answers(path: str, timeout: float = 1.0) -> bool:
+    """Whether a listener is behind the socket at `path` (connect() is taken, or waits
+    in a full backlog); False only when the kernel says nobody listens."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # a full backlog (EAGAIN), a timeout: someone listens
+    finally:
+        probe.close()
+    return True
+
+
 class Registrar:
     """Serves registrations for `directory` at registrar_socket(directory)."""
 
     def __init__(self, directory: str, socket_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  prune_every: int = PRUNE_EVERY,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 standby_seconds: float = STANDBY_SECONDS) -> None:
         self.directory = directory
         self._max_connections = max(1, max_connections)
         self._prune_every = prune_every
-        self._written = 0
+        self._added = 0  # files added, less those removed, since the last sweep
         self.socket_path = socket_path or registrar_socket(directory)
+        self._own = OwnSocket(self.socket_path)
         self._clock = clock
+        self._standby_seconds = standby_seconds
         self._marks = Marks(directory, boot_id())
         self._view = ProcessView(counters=Counters())
         self._selector = selectors.DefaultSelector()
@@ -201,36 +390,44 @@ class Registrar:
         self.served: dict[str, int] = {}
         #: Silent connections closed to give their slot to a uid that held fewer.
         self.evicted = 0
+        #: Sweeps of registrations whose process is gone.
+        self.sweeps = 0
         self._evictions_logged_at = -EVICTION_LOG_SECONDS
+        self._refusals = RefusalLog(clock)
 
     def start(self) -> None:
-        """Bind the socket (mode 0666: any local user may ask) and serve in a thread.
-        Raises OSError when the socket cannot be made."""
-        try:
-            st = os.lstat(self.socket_path)
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                raise OSError(errno.EEXIST, f"{self.socket_path} exists and is not a socket")
-            os.unlink(self.socket_path)  # a previous run's: only the daemons may write here
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(self.socket_path)
-            os.chmod(self.socket_path, 0o666)
-            listener.listen(64)
-            listener.setblocking(False)
-        except OSError:
-            listener.close()
-            raise
-        self._listener = listener
+        """Take the socket and serve in a thread; where another registrar holds it, stand
+        by in that thread and serve once it is gone (health() says which). Raises
+        OSError when the socket cannot be made."""
         self._wake = socket.socketpair()
         self._wake[0].setblocking(False)
-        self._selector.register(listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake[0], selectors.EVENT_READ, "wake")
+        try:
+            self._take()
+        except RegistrarBusy as exc:
+            log.warning("registrar standing by: %s (another gpuguard-exporter on this "
+                        "host?); this one serves once it is gone", exc.strerror)
+        except OSError:
+            self._close_wake()
+            raise
         self._thread = threading.Thread(target=self._serve, name="gpuguard-registrar",
                                         daemon=True)
         self._thread.start()
+
+    def _take(self) -> None:
+        listener = self._own.take(BACKLOG)
+        self._listener = listener
+        self._selector.register(listener, selectors.EVENT_READ, "accept")
+
+    def health(self) -> str | None:
+        """None while this registrar serves its socket; else STANDBY (another serves it)
+        or DOWN (nobody here does: the socket was removed or replaced, or the thread
+        stopped)."""
+        if self._thread is None or not self._thread.is_alive():
+            return DOWN
+        if self._listener is None:
+            return STANDBY
+        return None if self._own.intact() else DOWN
 
     def stop(self) -> None:
         self._stop.set()
@@ -246,14 +443,15 @@ class Registrar:
         self._pending.clear()
         if self._listener is not None:
             self._listener.close()
-            try:
-                os.unlink(self.socket_path)
-            except OSError:
-                pass
+            self._own.release()  # only the socket bound here, never another's
+        self._close_wake()
+        self._selector.close()
+
+    def _close_wake(self) -> None:
         if self._wake is not None:
             for end in self._wake:
                 end.close()
-        self._selector.close()
+            self._wake = None
 
     @property
     def connections(self) -> int:
@@ -266,9 +464,26 @@ class Registrar:
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                self._once()
+                if self._listener is None:
+                    self._stand_by()
+                else:
+                    self._once()
             except Exception:  # one bad connection must not stop registrations
                 log.exception("registrar: unexpected error; serving on")
+
+    def _stand_by(self) -> None:
+        """Wait a turn, then try to take the socket again."""
+        if self._selector.select(self._standby_seconds):
+            return  # woken: stopping
+        try:
+            self._take()
+        except RegistrarBusy:
+            return
+        except OSError as exc:
+            log.warning("registrar: cannot listen at %s: %s", self.socket_path, exc.strerror)
+            return
+        log.info("registrar: the other registrar is gone; registrations served at %s",
+                 self.socket_path)
 
     def _once(self) -> None:
         timeout = min((p.deadline for p in self._pending.values()), default=None)
@@ -288,8 +503,10 @@ class Registrar:
                 self._close(fd)
 
     def _accept(self) -> None:
+        """Accept what waits, up to ACCEPT_TURN: a uid over its share is closed at once,
+        so one uid's connect() loop keeps the backlog moving, not full."""
         assert self._listener is not None
-        for _ in range(64):
+        for _ in range(ACCEPT_TURN):
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -389,20 +606,28 @@ class Registrar:
         refusal = decide(caller, verb, kind, pid, start_time, self._view)
         if refusal is not None:
             code, message = refusal
-            log.info("registrar: refused %s %s for uid %d (pid %d): %s", verb,
-                     mark_name(kind, pid, start_time), caller.uid, caller.pid, message)
+            unsaid = self._refusals.admit(caller.uid)
+            if unsaid is not None:
+                log.info("registrar: refused %s %s for uid %d (pid %d): %s%s", verb,
+                         mark_name(kind, pid, start_time), caller.uid, caller.pid, message,
+                         f" ({unsaid} more of this uid's refused, unlogged, before)"
+                         if unsaid else "")
             return self._count(code, f"no {code} {message}\n")
         try:
             if verb == "register":
+                new = not os.path.lexists(os.path.join(self.directory,
+                                                       mark_name(kind, pid, start_time)))
                 self._marks.register(kind, pid, start_time, detail)
-                self._written += 1
-                if self._written >= self._prune_every:
-                    self._written = 0
+                if new:
+                    self._added += 1
+                if self._added >= self._prune_every:
                     self.prune()
                 return self._count("registered", "ok registered\n")
             removed = self._marks.unregister(kind, pid, start_time)
         except MarkError as exc:
             return self._count(UNAVAILABLE, f"no {UNAVAILABLE} {exc}\n")
+        if removed:
+            self._added = max(0, self._added - 1)
         return self._count("removed", "ok removed\n" if removed else "ok absent\n")
 
     def _count(self, result: str, answer: str) -> str:
@@ -411,11 +636,16 @@ class Registrar:
 
     def prune(self) -> int:
         """Remove the registrations whose process is gone (a `gpuguard keep` job that
-        ended, a SIGKILLed launcher); how many. Every PRUNE_EVERY registrations, so the
+        ended, a SIGKILLed launcher); how many. Every PRUNE_EVERY files added, so the
         directory holds what lives plus at most that many: a user who registers many
-        short-lived processes cannot fill /run. Only the daemons write here, so listing
-        it costs what they wrote (and what the old layout left, once)."""
+        short-lived processes cannot fill /run, and re-registering one adds nothing.
+        Gone is what the classifier calls gone (ProcInfo.is_live): a main thread that
+        called pthread_exit() with a thread still running holds its registration, and
+        one that cannot be read is kept. Only the daemons write here, so listing it
+        costs what they wrote (and what the old layout left, once)."""
         removed = 0
+        self._added = 0
+        self.sweeps += 1
         self._view.begin_scan()
         try:
             entries = list(os.scandir(self.directory))
@@ -429,10 +659,11 @@ class Registrar:
                 continue
             try:
                 info = self._view.fresh_stat(int(parts[1]))
+                if (info is not None and info.start_time == int(parts[2])
+                        and info.is_live(self._view.thread_states)):
+                    continue
             except ProcUnreadable:
                 continue  # cannot tell: kept
-            if info is not None and not info.is_zombie and info.start_time == int(parts[2]):
-                continue
             try:
                 os.unlink(entry.path)
                 removed += 1
@@ -456,10 +687,14 @@ class Registrar:
         return None
 
 
-def start_registrar(directory: str) -> tuple[Registrar | None, str | None]:
-    """The running registrar for `directory`, or a one-line problem (the daemon runs on:
-    `gpuguard keep` then says no registrar listens)."""
-    registrar = Registrar(directory)
+def start_registrar(directory: str, registrar: Registrar | None = None
+                    ) -> tuple[Registrar | None, str | None]:
+    """The running registrar for `directory` (`registrar`, where the caller made it
+    first: the exporter's health reads it before it starts), serving or standing by
+    while another serves; or a one-line problem (the daemon runs on: `gpuguard keep` then
+    says no registrar listens, and the registrar's health says registrar-down)."""
+    if registrar is None:
+        registrar = Registrar(directory)
     problem = registrar.directory_problem()
     if problem is not None:
         return None, f"registrar not started: {problem}"

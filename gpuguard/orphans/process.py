@@ -77,11 +77,29 @@ class ProcInfo:
 
 @dataclass(frozen=True)
 class ProcStatus:
-    """The parts of /proc/PID/status the classifier uses."""
+    """The parts of /proc/PID/status gpuguard uses."""
 
     sighup_ignored: bool
     nspid: tuple[int, ...]  # this pid in each PID namespace, outermost first
     kernel_thread: bool
+    owner: int | None = None  # owner_uid() of its Uid line; None when it had none
+    tgid: int | None = None  # the process a thread id belongs to (itself for a process)
+
+
+_ROOT = 0
+
+
+def owner_uid(real: int, effective: int) -> int:
+    """Whose process this is, from /proc/PID/status' Uid line (real, effective, ...).
+
+    The effective uid, as /proc/PID's own inode, `ps` and SO_PEERCRED say (the registrar
+    compares the two), except that a process with root in either id is root's: a
+    setuid-root program its user started, or a root daemon acting as a user for a while,
+    keeps the root-owned guard it had. Never the inode of /proc/PID/stat: the kernel
+    gives it to root for any non-dumpable process (prctl(PR_SET_DUMPABLE, 0), as
+    ssh-agent does) and for a main thread that called pthread_exit(), whoever runs them.
+    """
+    return _ROOT if _ROOT in (real, effective) else effective
 
 
 class Truncated(str):
