@@ -88,6 +88,15 @@ def test_the_line_is_the_one_the_daemons_print(tmp_path: Path) -> None:
         started.stderr.strip().removeprefix("gpuguard-exporter: ")
 
 
+def test_a_merge_list_that_gives_mode_twice_is_refused(tmp_path: Path) -> None:
+    """The review's: `<<: [{mode: dry-run}, {mode: enforce}]` loaded as enforce, "valid"."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  <<: [{mode: dry-run}, {mode: enforce}]\n")
+    line = one_line(console("config", "check", config, offline=True))
+    assert line.startswith(f"gpuguard: config error: {config}: remediate.mode: duplicate key "), \
+        line
+
+
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     line = one_line(console("config", "check", tmp_path / "missing.yml"))
     assert line == f"gpuguard: config error: {tmp_path / 'missing.yml'}: (file): no such file"

@@ -203,10 +203,42 @@ def test_non_finite_numbers_are_errors(key: str, value: str) -> None:
 
 
 def test_a_key_a_merge_brings_in_and_the_mapping_sets_again_is_a_duplicate() -> None:
+    """YAML says the mapping's own key wins, but a reader sees `mode` twice: refused."""
     with pytest.raises(ConfigError) as err:
         parse_config("base: &b {mode: dry-run}\nremediate:\n  <<: *b\n  mode: enforce\n",
                      source="t.yml")
-    assert err.value.key == "remediate.mode" and "lines 3 and 4" in err.value.problem
+    assert err.value.key == "remediate.mode" and "lines 1 and 4" in err.value.problem
+    assert "<< merge on line 3" in err.value.problem
+
+
+@pytest.mark.parametrize("text", [
+    # The review's: PyYAML loads the last source's (the YAML spec says the first's).
+    "remediate:\n  <<: [{mode: dry-run}, {mode: enforce}]\n",
+    "remediate:\n  <<: {mode: dry-run}\n  <<: {mode: enforce}\n",
+    # A merge source that merges the key in turn, set again by the mapping.
+    "a: &a {mode: dry-run}\nb: &b {<<: *a, min_age_seconds: 60}\n"
+    "remediate: {<<: *b, mode: enforce}\n",
+    # Two sources, one of which brings the key through its own merge.
+    "a: &a {mode: dry-run}\nb: &b {<<: *a}\nremediate: {<<: [*b, {mode: enforce}]}\n",
+    # A duplicate inside a merge source written in place.
+    "remediate:\n  <<: {mode: dry-run, mode: enforce}\n",
+])
+def test_a_merge_that_gives_a_key_twice_is_a_duplicate(text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert err.value.key == "remediate.mode" and "duplicate key" in err.value.problem, \
+        str(err.value)
+    assert str(err.value).startswith("/etc/gpuguard.yml: remediate.mode: duplicate key")
+
+
+def test_merges_that_give_each_key_once_still_load() -> None:
+    """The same key node reached by two paths (one anchor merged twice) is one key."""
+    cfg = parse_config("remediate:\n  <<: [{mode: enforce}, {min_age_seconds: 60}]\n")
+    assert (cfg.remediate.mode, cfg.remediate.min_age_seconds) == ("enforce", 60)
+    twice = ("remediate:\n  users: &u {allow: [alice]}\n  rate_limit: {max_reaps: 2}\n"
+             "  alertmanager: {url: 'http://a', <<: {}}\n"
+             "classify: {<<: [&p {protect: [x]}, *p]}\n")
+    assert parse_config(twice).classify.protect == ("x",)
 
 
 def test_aliases_are_walked_once() -> None:
