@@ -115,18 +115,43 @@ def test_alertmanager_section_full(tmp_path) -> None:
     path.write_text("""
 remediate:
   alertmanager:
-    url: ['http://am-0.example:9093/', 'https://[::1]:9443/alertmanager']
+    url: ['https://am-0.example:9093/', 'https://[::1]:9443/alertmanager']
     credentials_file: /etc/gpuguard/am-token
+    ca_file: /etc/gpuguard/alertmanager-ca.crt
     timeout_seconds: 0.5
     pull: true
     pull_interval_seconds: 1
 """)
     am = load_config(path).remediate.alertmanager
     assert am == AlertmanagerConfig(
-        url=("http://am-0.example:9093/", "https://[::1]:9443/alertmanager"),
+        url=("https://am-0.example:9093/", "https://[::1]:9443/alertmanager"),
         credentials_file="/etc/gpuguard/am-token", timeout_seconds=0.5, pull=True,
-        pull_interval_seconds=1.0)
+        pull_interval_seconds=1.0, ca_file="/etc/gpuguard/alertmanager-ca.crt")
     assert isinstance(am.url, tuple) and isinstance(am.pull_interval_seconds, float)
+    assert am.insecure_credentials_over_http is False
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9093",  # the old shipped example
+                                 "['https://am-0.example:9093', 'HTTP://am-1.example:9093']"])
+def test_a_token_over_plain_http_is_refused(url: str) -> None:
+    """Issue 48: while Alertmanager is not listening, any local user who binds 9093 got
+    `Authorization: Bearer ...` on every poll, and could answer the confirmation."""
+    text = f"remediate:\n  alertmanager:\n    url: {url}\n    credentials_file: /t\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert str(err.value).startswith(
+        f"/etc/gpuguard.yml: {AM}.credentials_file: would be sent in clear to ")
+    assert "insecure_credentials_over_http" in err.value.problem
+
+
+def test_a_token_over_plain_http_needs_the_explicit_opt_out() -> None:
+    am = parse_config("remediate:\n  alertmanager:\n    url: http://127.0.0.1:9093\n"
+                      "    credentials_file: /t\n    insecure_credentials_over_http: true\n"
+                      ).remediate.alertmanager
+    assert am is not None and am.insecure_credentials_over_http and am.credentials_file == "/t"
+    # Plain http without a token is not a token in clear (the remediator warns at start).
+    assert parse_config("remediate:\n  alertmanager: {url: 'http://127.0.0.1:9093'}\n"
+                        ).remediate.alertmanager is not None
 
 
 AM = "remediate.alertmanager"
@@ -157,6 +182,11 @@ AM = "remediate.alertmanager"
         ("{url: 'http://a b:9093'}", f"{AM}.url", "must not contain spaces"),
         ("{url: http://a, credentials_file: ''}", f"{AM}.credentials_file",
          "must be a non-empty string"),
+        ("{url: http://a, ca_file: /ca.crt}", f"{AM}.ca_file",
+         "only https:// URLs use it"),
+        ("{url: https://a, ca_file: ''}", f"{AM}.ca_file", "must be a non-empty string"),
+        ("{url: http://a, insecure_credentials_over_http: yes please}",
+         f"{AM}.insecure_credentials_over_http", "must be true or false"),
         ("{url: http://a, credentials_file: [a]}", f"{AM}.credentials_file",
          "must be a non-empty string, got a list"),
         ("{url: http://a, timeout_seconds: 0}", f"{AM}.timeout_seconds", "must be > 0"),

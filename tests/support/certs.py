@@ -1,5 +1,6 @@
 """Test certificates made with the `openssl` binary: a private CA, a server certificate for
-127.0.0.1/localhost, client certificates (good, expired, signed by another CA)."""
+127.0.0.1/localhost, client certificates (good, expired, signed by another CA, with a
+directoryName SAN), a server certificate from another CA."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def make_certs(d: Path) -> Certs:
     DNS:prometheus.example and email:ops@example.com), dirname.* (good, one directoryName
     SAN, CN=prometheus.example: no string SAN), dirname-named.* (good, that directoryName
     SAN first, then DNS:prometheus.example), expired.* (expired), other-ca.* and
-    stranger.* (a client certificate from another CA)."""
+    stranger.* (a client certificate from another CA), other-server.* (a server certificate
+    for 127.0.0.1/localhost from that other CA)."""
     if shutil.which("openssl") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("openssl not installed: apt-get install openssl")
@@ -83,4 +85,5 @@ def make_certs(d: Path) -> Certs:
     _leaf(d, "dirname-named", "ca", server=False, sans="dirName:dir_sect,DNS:prometheus.example")
     _leaf(d, "expired", "ca", server=False, not_after="20200102000000Z")
     _leaf(d, "stranger", "other-ca", server=False)
+    _leaf(d, "other-server", "other-ca", server=True)
     return Certs(d)
