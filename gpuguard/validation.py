@@ -224,48 +224,98 @@ def mapping(at: At, value: Any, readers: Mapping[str, Reader]) -> dict[str, Any]
     return out
 
 
-def _duplicate_key(node: yaml.Node | None, path: str = "",
-                   visited: set[int] | None = None) -> tuple[str, int, int] | None:
-    """The first key given twice in one mapping, at any depth: (dotted key, line, line).
+#: The tag PyYAML gives a `<<` key (a merge), written `<<` and not quoted.
+_MERGE = "tag:yaml.org,2002:merge"
+
+#: A key given twice: (dotted key, its first line, its second line, the line of the `<<`
+#: merge that brought one of them in, or None for two keys written in one mapping).
+Duplicate = tuple[str, int, int, "int | None"]
+
+
+def _merge_sources(value: yaml.Node) -> list[yaml.MappingNode]:
+    """The mappings a `<<` value merges: one, or a list (anything else PyYAML refuses)."""
+    import yaml
+
+    items = value.value if isinstance(value, yaml.SequenceNode) else [value]
+    return [item for item in items if isinstance(item, yaml.MappingNode)]
+
+
+def _keys_given(node: yaml.MappingNode,
+                memo: dict[int, dict[str, yaml.Node]]) -> dict[str, yaml.Node]:
+    """Every key a mapping gives, through its own merges too: name -> the key node.
+
+    Memoised by node, so a chain of merges of merges costs one walk of each mapping; a
+    merge cycle (an anchor merged into itself) gives nothing more.
+    """
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = {}
+    keys: dict[str, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == _MERGE:
+            for source in _merge_sources(value_node):
+                for name, given in _keys_given(source, memo).items():
+                    keys.setdefault(name, given)
+        else:
+            keys.setdefault(str(key_node.value), key_node)
+    memo[id(node)] = keys
+    return keys
+
+
+def _line(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+def _duplicate_key(node: yaml.Node | None, path: str = "", visited: set[int] | None = None,
+                   memo: dict[int, dict[str, yaml.Node]] | None = None) -> Duplicate | None:
+    """The first key given twice in one mapping, at any depth.
 
     PyYAML keeps the last value, so `mode: dry-run` at the top of a section and
-    `mode: enforce` further down would load as enforce: one file, two readings. A key
-    that a `<<` merge brings in and the mapping sets again counts as given twice.
+    `mode: enforce` further down would load as enforce: one file, two readings. Merges
+    (`<<`) count: a key two merge sources give (PyYAML keeps the last source's, the YAML
+    spec the first's), or one a merge brings in and the mapping sets again (YAML keeps the
+    mapping's, but a reader of the file sees the key twice), nested merges included. The
+    same key node reached twice (one anchor merged by two paths) is one key, not two.
     Each node is walked once, so aliases (even to themselves) cost nothing more.
     """
     import yaml  # only where a file is read (docs/exporter.md, Memory)
 
     visited = set() if visited is None else visited
+    memo = {} if memo is None else memo
     if node is None or id(node) in visited:
         return None
     visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
-        merged: dict[str, int] = {}
+        merged: dict[str, tuple[yaml.Node, int]] = {}
         for key_node, value_node in node.value:
             name = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                sources = value_node.value if isinstance(value_node, yaml.SequenceNode) \
-                    else [value_node]
-                for source in sources:
-                    if isinstance(source, yaml.MappingNode):
-                        for merged_key, _ in source.value:
-                            merged.setdefault(str(merged_key.value), line)
+            line = _line(key_node)
+            if key_node.tag == _MERGE:
+                for source in _merge_sources(value_node):
+                    for given_name, given in _keys_given(source, memo).items():
+                        first, _ = merged.setdefault(given_name, (given, line))
+                        if first is not given:
+                            full = f"{path}.{given_name}" if path else given_name
+                            return full, _line(first), _line(given), line
+                # The sources' own keys land in this mapping: checked under its path.
+                if (found := _duplicate_key(value_node, path, visited, memo)) is not None:
+                    return found
                 continue
             full = f"{path}.{name}" if path else name
             if name in seen:
-                return full, seen[name], line
+                return full, seen[name], line, None
             seen[name] = line
-            if (found := _duplicate_key(value_node, full, visited)) is not None:
+            if (found := _duplicate_key(value_node, full, visited, memo)) is not None:
                 return found
         for name, line in seen.items():
             if name in merged:
                 full = f"{path}.{name}" if path else name
-                return full, merged[name], line
+                given, merge_line = merged[name]
+                return full, _line(given), line, merge_line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            if (found := _duplicate_key(item, f"{path}[{i}]", visited)) is not None:
+            if (found := _duplicate_key(item, f"{path}[{i}]", visited, memo)) is not None:
                 return found
     return None
 
@@ -277,9 +327,13 @@ def parse_yaml(text: str, *, source: str) -> Any:
     try:
         duplicate = _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader))
         if duplicate is not None:
-            key, first, again = duplicate
-            raise ConfigError(source, key, f"duplicate key (lines {first} and {again}): "
-                              "YAML would silently keep only the last")
+            key, first, again, merge = duplicate
+            if merge is None:
+                raise ConfigError(source, key, f"duplicate key (lines {first} and {again}): "
+                                  "YAML would silently keep only the last")
+            raise ConfigError(source, key, f"duplicate key (lines {first} and {again}, "
+                              f"through the << merge on line {merge}): YAML would silently "
+                              "keep only one; give each key once")
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

@@ -218,6 +218,12 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         am_token = TokenFile(credentials)
         if am_token() is None:
             return _fail(f"remediate.alertmanager.credentials_file: {am_token.problem}")
+    am = config.remediate.alertmanager
+    if am is not None and am.ca_file is not None:
+        from gpuguard.remediator.intake.alertmanager import tls_context
+
+        if (problem := tls_context(am.ca_file)[1]) is not None:
+            return _fail(problem)  # at kill time it would only refuse every reap
 
     if (problem := other_users_problem(signal=True)) is not None:
         log.warning("%s", problem)  # a non-root remediator without its capabilities

@@ -177,6 +177,13 @@ class Remediator:
                 "to it %s; put it behind authentication (its --web.config.file) "
                 "and set credentials_file", ", ".join(plain),
                 "chooses what this host reaps (pull mode)" if am.pull else "can confirm a reap")
+        if am is not None and am.credentials_file is not None and plain:
+            daemon_log.warning(
+                "remediate.alertmanager.insecure_credentials_over_http: the token in %s goes "
+                "in clear to %s: whoever holds that port (any local user who binds it while "
+                "Alertmanager is not listening) gets it and can answer the confirmations; "
+                "use https:// (with ca_file for a private CA)", am.credentials_file,
+                ", ".join(plain))
 
     def guarantee(self) -> str:
         """What stops a reap once an alert has been delivered, for the start-up log."""

@@ -93,6 +93,29 @@ class AlertmanagerConfig:
     timeout_seconds: float = 3.0  # per request; one confirmation takes at most this * len(url)
     pull: bool = False  # also poll Alertmanager for this host's alerts, not only the webhook
     pull_interval_seconds: float = 15.0
+    ca_file: str | None = None  # https: trust only this CA (a private one), not the system's
+    # credentials_file over http:// sends the token in clear, to whoever holds the port.
+    insecure_credentials_over_http: bool = False
+
+    def plain_http(self) -> tuple[str, ...]:
+        """The URLs a request would go to in clear."""
+        return tuple(u for u in self.url if u.lower().startswith("http://"))
+
+    def token_in_clear(self) -> str | None:
+        """Why this section's token would go out in clear and is not allowed to, or None.
+
+        A port on 127.0.0.1 is no proof of who answers: while Alertmanager is not
+        listening (a restart, a crash, before it starts) any local user can bind it and
+        receive `Authorization: Bearer ...` on every request, then answer the kill-time
+        confirmation as she likes. On any other host the path is open to the network.
+        """
+        plain = self.plain_http()
+        if self.credentials_file is None or not plain or self.insecure_credentials_over_http:
+            return None
+        return (f"would be sent in clear to {', '.join(plain)}: whoever holds that port (any "
+                "local user who binds it while Alertmanager is not listening, for one) gets "
+                "the token and can answer the confirmations; use https:// (ca_file for a "
+                "private CA), or set insecure_credentials_over_http: true")
 
 
 @dataclass(frozen=True)
@@ -257,10 +280,17 @@ def _alertmanager(at: At, value: Any) -> AlertmanagerConfig:
         "timeout_seconds": lambda at, v: number(at, v, above=0),
         "pull": boolean,
         "pull_interval_seconds": lambda at, v: number(at, v, minimum=1),
+        "ca_file": lambda at, v: string(at, v, non_empty=True),
+        "insecure_credentials_over_http": boolean,
     })
     if "url" not in got:
         raise at.child("url").error("required when the alertmanager section is present")
-    return AlertmanagerConfig(**got)
+    config = AlertmanagerConfig(**got)
+    if (problem := config.token_in_clear()) is not None:
+        raise at.child("credentials_file").error(problem)
+    if config.ca_file is not None and len(config.plain_http()) == len(config.url):
+        raise at.child("ca_file").error("only https:// URLs use it, and every url is http://")
+    return config
 
 
 def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:

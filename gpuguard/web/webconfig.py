@@ -453,17 +453,25 @@ class WebConfigSource:
         return None
 
 
+#: The subject alternative names the toolkit compares (cert.DNSNames, EmailAddresses,
+#: IPAddresses, URIs), as ssl's getpeercert() names their kinds. The others it gives are
+#: no string to compare: a directoryName (DirName) is a tuple of RDNs, an otherName reads
+#: '<unsupported>', a registeredID an OID.
+_SAN_KINDS = frozenset({"DNS", "email", "IP Address", "URI"})
+
+
 def san_allowed(peercert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:
     """Whether a verified client certificate (ssl's getpeercert() dict) names one of
     `allowed` in a DNS, email, IP or URI subject alternative name, as the toolkit
-    compares them (IP addresses by value)."""
+    compares them (IP addresses by value); any other kind never matches, never raises."""
     if not allowed:
         return True
     if not peercert:
         return False
     wanted = {_san_key(name) for name in allowed}
-    return any(_san_key(value) in wanted for _kind, value in
-               peercert.get("subjectAltName", ()))
+    return any(_san_key(entry[1]) in wanted for entry in peercert.get("subjectAltName", ())
+               if isinstance(entry, tuple) and len(entry) == 2 and entry[0] in _SAN_KINDS
+               and isinstance(entry[1], str))
 
 
 def _san_key(name: str) -> str:

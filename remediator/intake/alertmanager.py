@@ -13,6 +13,7 @@ import dataclasses
 import http.client
 import json
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -259,6 +260,15 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def tls_context(ca_file: str | None) -> tuple[ssl.SSLContext | None, str | None]:
+    """The context https requests use, or why there is none (a ca_file not loaded)."""
+    try:
+        return bounded_http.tls_context(ca_file), None
+    except OSError as exc:  # ssl.SSLError included: not PEM, no certificate in it
+        return None, f"remediate.alertmanager.ca_file: cannot load {ca_file}: " \
+                     f"{exc.strerror or exc}"
+
+
 class AlertmanagerClient:
     """Read-only v2 API client for one Alertmanager cluster (one or more HA peers).
 
@@ -267,8 +277,13 @@ class AlertmanagerClient:
     """
 
     def __init__(self, config: AlertmanagerConfig) -> None:
+        """Raises ValueError for a config that would send its token in clear (the config
+        file refuses one already). A ca_file that cannot be loaded fails every https
+        request (the remediator checks it at start, as the token)."""
         if not config.url:
             raise ValueError("AlertmanagerConfig.url is empty")
+        if (problem := config.token_in_clear()) is not None:
+            raise ValueError(f"remediate.alertmanager.credentials_file: {problem}")
         self.urls = tuple(u.rstrip("/") for u in config.url)
         self.timeout = float(config.timeout_seconds)
         self._monotonic = time.monotonic
@@ -283,8 +298,10 @@ class AlertmanagerClient:
 
             self._token = TokenFile(config.credentials_file)
         # No proxy from the environment and no redirects (bounded_http.py says why).
-        self._tls = (bounded_http.tls_context()
-                     if any(u.lower().startswith("https:") for u in self.urls) else None)
+        self._tls: ssl.SSLContext | None = None
+        self._tls_problem: str | None = None
+        if any(u.lower().startswith("https:") for u in self.urls):
+            self._tls, self._tls_problem = tls_context(config.ca_file)
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(RequestResult, 0)
         self._skipped: dict[str, int] = dict.fromkeys(SkipReason, 0)
@@ -478,6 +495,8 @@ class AlertmanagerClient:
         limit = min(self.timeout, deadline - self._monotonic())
         if limit <= 0:
             raise _Failure(RequestResult.TIMEOUT, "timed out: no time left for this peer")
+        if self._tls_problem is not None and url.lower().startswith("https:"):
+            raise _Failure(RequestResult.ERROR, self._tls_problem)
         headers = {"Accept": "application/json", "User-Agent": "gpuguard-remediator"}
         authorization = self._authorization()
         if authorization is not None:

@@ -114,9 +114,11 @@ class _BoundedTls(_Bounded, http.client.HTTPSConnection):
     pass
 
 
-def tls_context() -> ssl.SSLContext:
-    """What urllib would use: the system's CAs (SSL_CERT_FILE honoured), hostnames checked."""
-    context = ssl.create_default_context()
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext:
+    """What urllib would use: the system's CAs (SSL_CERT_FILE honoured), hostnames checked;
+    with `ca_file`, that file's CAs only (a private CA), as Prometheus's tls_config.ca_file.
+    Raises OSError (ssl.SSLError included) for a CA file it cannot load."""
+    context = ssl.create_default_context(cafile=ca_file)
     context.set_alpn_protocols(["http/1.1"])
     return context
 

@@ -178,6 +178,14 @@ def uncommented(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def test_the_example_alertmanager_sends_its_token_over_https_only() -> None:
+    """Issue 48: the example was http://127.0.0.1:9093 with a credentials_file, the token
+    sent to whoever held the port. Now https, checked against a private CA."""
+    am = parse_config(uncommented(EXAMPLE.read_text()), source=str(EXAMPLE)).remediate.alertmanager
+    assert am is not None and am.credentials_file and am.ca_file and am.plain_http() == ()
+    assert am.insecure_credentials_over_http is False
+
+
 def test_the_example_config_is_the_defaults_and_its_examples_are_valid() -> None:
     """Set lines are the built-in defaults; each commented-out example (alertmanager,
     quotas, audit) is a valid config when turned on, and changes what it says."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from gpuguard.remediator.intake.alertmanager import (
 from gpuguard.remediator.intake.alerts import parse_notification
 from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
 from gpuguard.remediator.intake.polling import peer_order
+from tests.support.certs import Certs, make_certs
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
 
@@ -95,10 +97,11 @@ def silence(am: Alertmanager, labels: dict, *, created_by: str, comment: str) ->
     return resp.json()["silenceID"]
 
 
-def client(*urls: str, timeout: float = 2.0, credentials_file: str | None = None
-           ) -> AlertmanagerClient:
+def client(*urls: str, timeout: float = 2.0, credentials_file: str | None = None,
+           ca_file: str | None = None) -> AlertmanagerClient:
     return AlertmanagerClient(AlertmanagerConfig(url=urls, timeout_seconds=timeout,
-                                                 credentials_file=credentials_file))
+                                                 credentials_file=credentials_file,
+                                                 ca_file=ca_file))
 
 
 def confirm(c: AlertmanagerClient, labels: dict) -> Confirmation:
@@ -233,7 +236,8 @@ class _QuietServer(ThreadingHTTPServer):
 class FakeAlertmanager:
     """127.0.0.1:0; `route(handler) -> (status, body, headers)` answers every GET."""
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, route: Route, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve https with that server context (the handshake at accept)."""
         self.requests: list[tuple[str, str | None]] = []  # (path, Authorization)
         fake = self
 
@@ -252,7 +256,10 @@ class FakeAlertmanager:
                 pass
 
         self.server = _QuietServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
                          daemon=True).start()
 
@@ -262,11 +269,11 @@ class FakeAlertmanager:
 
 
 @pytest.fixture
-def fake() -> Iterator[Callable[[Route], FakeAlertmanager]]:
+def fake() -> Iterator[Callable[..., FakeAlertmanager]]:
     started: list[FakeAlertmanager] = []
 
-    def start(route: Route) -> FakeAlertmanager:
-        server = FakeAlertmanager(route)
+    def start(route: Route, tls: ssl.SSLContext | None = None) -> FakeAlertmanager:
+        server = FakeAlertmanager(route, tls)
         started.append(server)
         return server
 
@@ -388,18 +395,36 @@ def test_slow_peers_time_out_within_the_bound(fake: Callable[[Route], FakeAlertm
     assert 0.5 <= elapsed < 0.6 + 0.5, elapsed  # timeout_seconds per peer, whole call bounded
 
 
-def test_bearer_token_from_credentials_file(fake: Callable[[Route], FakeAlertmanager],
-                                            tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+def serving(certs: Certs, name: str = "server") -> ssl.SSLContext:
+    """A server context with `name`'s certificate (127.0.0.1, signed by ca or other-ca)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.path(f"{name}.crt"), certs.path(f"{name}.key"))
+    return context
+
+
+def private_token(tmp_path: Path, text: str = "right-token") -> Path:
+    token = tmp_path / "token"
+    token.write_text(f"{text}\n")
+    token.chmod(0o600)  # a token file must be private
+    return token
+
+
+def test_bearer_token_from_credentials_file(fake: Callable[..., FakeAlertmanager],
+                                            tmp_path: Path, certs: Certs) -> None:
+    """Over https to a server whose certificate a private CA signed: ca_file trusts it."""
     def route(handler: BaseHTTPRequestHandler) -> tuple[int, bytes, dict[str, str]]:
         if handler.headers.get("Authorization") != "Bearer right-token":
             return 401, b"unauthorized", {}
         return 200, json.dumps([api_alert(tree("h"))]).encode(), {}
 
-    server = fake(route)
-    token = tmp_path / "token"
-    token.write_text("wrong-token\n")
-    token.chmod(0o600)
-    c = client(server.url, credentials_file=str(token))
+    server = fake(route, serving(certs))
+    token = private_token(tmp_path, "wrong-token")
+    c = client(server.url, credentials_file=str(token), ca_file=certs.path("ca.crt"))
     got = confirm(c, tree("h"))
     assert got.state == ConfirmationState.UNREACHABLE and "HTTP 401" in got.detail
     assert c.request_counts()["unauthorized"] == 1
@@ -412,16 +437,64 @@ def test_bearer_token_from_credentials_file(fake: Callable[[Route], FakeAlertman
     assert server.requests[-1][1] == "Bearer right-token"
 
 
-def test_unusable_credentials_file_sends_nothing(fake: Callable[[Route], FakeAlertmanager],
-                                                 tmp_path: Path) -> None:
-    server = fake(answer(200, []))
-    c = client(server.url, credentials_file=str(tmp_path / "missing"))
+@pytest.mark.parametrize("case", ["other-ca", "system-cas"])
+def test_a_server_the_ca_file_did_not_sign_gets_no_token(
+        fake: Callable[..., FakeAlertmanager], tmp_path: Path, certs: Certs,
+        case: str) -> None:
+    """A certificate from another CA (ca_file set), or a private CA's without ca_file
+    (the system's CAs): the handshake fails before any request, so no Authorization."""
+    server = fake(answer(200, []), serving(certs, "other-server" if case == "other-ca"
+                                           else "server"))
+    c = client(server.url, credentials_file=str(private_token(tmp_path)),
+               ca_file=certs.path("ca.crt") if case == "other-ca" else None)
+    got = confirm(c, tree("h"))
+    assert got.state == ConfirmationState.UNREACHABLE and "CERTIFICATE_VERIFY_FAILED" in \
+        got.detail, got
+    assert server.requests == []
+
+
+def test_a_ca_file_that_cannot_be_loaded_sends_nothing(
+        fake: Callable[..., FakeAlertmanager], tmp_path: Path, certs: Certs) -> None:
+    server = fake(answer(200, []), serving(certs))
+    (tmp_path / "not-a-ca.crt").write_text("not PEM\n")
+    for ca_file in (str(tmp_path / "missing.crt"), str(tmp_path / "not-a-ca.crt")):
+        got = confirm(client(server.url, credentials_file=str(private_token(tmp_path)),
+                             ca_file=ca_file), tree("h"))
+        assert got.state == ConfirmationState.UNREACHABLE, got
+        assert f"ca_file: cannot load {ca_file}" in got.detail, got
+    assert server.requests == []
+
+
+def test_a_token_is_never_sent_in_clear_to_whoever_holds_the_port(
+        fake: Callable[..., FakeAlertmanager], tmp_path: Path) -> None:
+    """Issue 48: the shipped example was http://127.0.0.1:9093 with a credentials_file;
+    any local user who bound 9093 while Alertmanager was not listening got the token on
+    every poll (and could answer the confirmation). Without the explicit opt-out no
+    client is made; with it (insecure_credentials_over_http), it is the operator's word."""
+    squatter = fake(answer(200, []))
+    token = str(private_token(tmp_path))
+    with pytest.raises(ValueError, match="credentials_file: would be sent in clear"):
+        client_in_clear = AlertmanagerClient(AlertmanagerConfig(
+            url=(squatter.url,), credentials_file=token, timeout_seconds=2.0))
+        confirm(client_in_clear, tree("h"))  # what the old code did: the token sent
+    assert squatter.requests == []
+    opted = AlertmanagerClient(AlertmanagerConfig(
+        url=(squatter.url,), credentials_file=token, insecure_credentials_over_http=True))
+    assert confirm(opted, tree("h")).state == ConfirmationState.NOT_FIRING
+    assert squatter.requests[0][1] == "Bearer right-token"
+
+
+def test_unusable_credentials_file_sends_nothing(fake: Callable[..., FakeAlertmanager],
+                                                 tmp_path: Path, certs: Certs) -> None:
+    server = fake(answer(200, []), serving(certs))
+    ca = certs.path("ca.crt")
+    c = client(server.url, credentials_file=str(tmp_path / "missing"), ca_file=ca)
     got = confirm(c, tree("h"))
     assert got.state == ConfirmationState.UNREACHABLE
     assert "no token from credentials_file" in got.detail
     empty = tmp_path / "empty"
     empty.write_text("\n")
-    assert confirm(client(server.url, credentials_file=str(empty)),
+    assert confirm(client(server.url, credentials_file=str(empty), ca_file=ca),
                    tree("h")).state == ConfirmationState.UNREACHABLE
     assert c.request_counts()["unauthorized"] == 1
     assert server.requests == []

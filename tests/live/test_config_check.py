@@ -130,6 +130,46 @@ def test_the_line_is_the_one_the_daemons_print(tmp_path: Path) -> None:
         started.stderr.strip().removeprefix("gpuguard-exporter: ")
 
 
+def test_a_merge_list_that_gives_mode_twice_is_refused(tmp_path: Path) -> None:
+    """The review's: `<<: [{mode: dry-run}, {mode: enforce}]` loaded as enforce, "valid"."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  <<: [{mode: dry-run}, {mode: enforce}]\n")
+    line = one_line(console("config", "check", config, offline=True))
+    assert line.startswith(f"gpuguard: config error: {config}: remediate.mode: duplicate key "), \
+        line
+
+
+def test_a_token_over_plain_http_is_refused(tmp_path: Path) -> None:
+    """Issue 48: the old shipped example (a credentials_file and http://127.0.0.1:9093)
+    sent the token to whoever held the port; config check called it valid."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  alertmanager:\n    url: http://127.0.0.1:9093\n"
+                      "    credentials_file: /etc/gpuguard/am-token\n")
+    line = one_line(console("config", "check", config, offline=True))
+    assert line.startswith(f"gpuguard: config error: {config}: remediate.alertmanager."
+                           "credentials_file: would be sent in clear to http://127.0.0.1:9093"), \
+        line
+
+
+def test_the_remediator_refuses_at_start_a_ca_file_it_cannot_load(tmp_path: Path) -> None:
+    """At kill time an unusable ca_file would only refuse every reap: said at start."""
+    token = tmp_path / "token"
+    token.write_text("t" * 32 + "\n")
+    token.chmod(0o600)
+    config = tmp_path / "gpuguard.yml"
+    config.write_text(f"remediate:\n  state_dir: {tmp_path}\n  audit_log: {tmp_path}/a.jsonl\n"
+                      "  alertmanager:\n    url: https://127.0.0.1:9\n"
+                      f"    ca_file: {tmp_path}/missing-ca.crt\n")
+    started = subprocess.run([sys.executable, "-m", "gpuguard.remediator", "--config",
+                              str(config), "--token-file", str(token), "--listen",
+                              "127.0.0.1:0", "--allow-pid-namespace"], cwd=REPO,
+                             env=child_env(), capture_output=True, text=True, timeout=60)
+    assert started.returncode == 2, started.stderr
+    assert started.stderr.strip() == (
+        f"gpuguard-remediator: remediate.alertmanager.ca_file: cannot load "
+        f"{tmp_path}/missing-ca.crt: No such file or directory"), started.stderr
+
+
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     line = one_line(console("config", "check", tmp_path / "missing.yml"))
     assert line == f"gpuguard: config error: {tmp_path / 'missing.yml'}: (file): no such file"

@@ -472,7 +472,7 @@ def test_a_token_file_that_is_not_private_stops_start_up(tmp_path: Path, case: s
         am_token.write_text("am-secret\n")
         am_token.chmod(0o644)
         doc = yaml.safe_load(config.read_text())
-        doc["remediate"]["alertmanager"] = {"url": "http://127.0.0.1:9",
+        doc["remediate"]["alertmanager"] = {"url": "https://127.0.0.1:9",
                                             "credentials_file": str(am_token)}
         config.write_text(yaml.safe_dump(doc))
         expected = "credentials_file"

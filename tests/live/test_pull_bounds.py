@@ -129,19 +129,26 @@ def test_skips_are_a_metric_with_every_reason(harness: Callable[..., Harness],
 def test_plain_http_without_credentials_warns_once_at_start(
         harness: Callable[..., Harness], tmp_path: Path, caplog: pytest.LogCaptureFixture,
         credentials: bool, warned: bool) -> None:
+    """With credentials over http:// (only with the explicit opt-out, issue 48) the
+    warning is the louder one: the token goes in clear."""
     section: dict[str, Any] = {"url": ["https://am-1.invalid:9093", "http://127.0.0.1:1"]}
     if credentials:
         token = tmp_path / "am-token"
         token.write_text("secret\n")
         token.chmod(0o600)
         section["credentials_file"] = str(token)
+        section["insecure_credentials_over_http"] = True
     with caplog.at_level(logging.WARNING, logger="gpuguard.remediator"):
         harness(alertmanager=section)
-    hits = [r.getMessage() for r in caplog.records if "without credentials_file" in
-            r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records]
+    hits = [m for m in messages if "without credentials_file" in m]
     assert len(hits) == (1 if warned else 0), hits
     if warned:
         assert "http://127.0.0.1:1" in hits[0] and "https://am-1" not in hits[0]
+    loud = [m for m in messages if "insecure_credentials_over_http" in m]
+    assert len(loud) == (0 if warned else 1), loud
+    if loud:
+        assert "in clear to http://127.0.0.1:1" in loud[0] and "https://am-1" not in loud[0]
 
 
 def test_shipped_pull_config_authenticates_to_alertmanager(tmp_path: Path) -> None:
@@ -153,9 +160,13 @@ def test_shipped_pull_config_authenticates_to_alertmanager(tmp_path: Path) -> No
     am = load_config(path).remediate.alertmanager
     assert am is not None and am.pull
     assert am.credentials_file == "/run/secrets/gpuguard/alertmanager-token"
+    # Over https with the CA from the same Secret: the token never goes in clear.
+    assert am.url[0].startswith("https://") and not am.insecure_credentials_over_http
+    assert am.ca_file == "/run/secrets/gpuguard/alertmanager-ca.crt"
     daemonset = (REPO / "deploy/kubernetes/daemonset.yaml").read_text()
     assert "mountPath: /run/secrets/gpuguard" in daemonset
     # The docs say how to create that Secret key, and to put Alertmanager's API behind its
     # own web config.
     assert "alertmanager-token=" in (REPO / "docs/deployment.md").read_text()
+    assert "alertmanager-ca.crt=" in (REPO / "docs/deployment.md").read_text()
     assert "--web.config.file" in (REPO / "docs/alerting.md").read_text()

@@ -98,6 +98,32 @@ def test_client_allowed_sans_close_other_clients_before_any_answer(
         exp.stop()
 
 
+def test_a_directory_name_san_is_refused_or_allowed_by_its_strings_never_a_crash(
+        tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib) -> None:
+    """Issue 48: a client certificate whose first SAN is a directoryName (ssl gives it as
+    a tuple of RDNs, not a string) crashed the allowed-SAN check; the connection was left
+    unanswered and the log took a traceback. Only the string kinds the toolkit compares
+    (DNS, email, IP, URI) count: a directoryName whose CN is an allowed name is not one."""
+    env = fake_gpu.subprocess_env(fake_nvml_lib, child_env())
+    config = web_config(tmp_path, certs,
+                        extra_tls="  client_allowed_sans: [prometheus.example]\n")
+    exp = Exporter(env=env, args=["--web-config-file", config], scan_interval=0.2)
+    try:
+        named = wait_for(lambda: (r := get(exp, certs, client="dirname-named")).status_code
+                         == 200 and r, what="a scrape allowed by the DNS SAN after a dirName")
+        assert "gpuguard_" in named.text
+        with pytest.raises(requests.exceptions.ConnectionError):
+            get(exp, certs, client="dirname")  # its only SAN is no string: not allowed
+        wait_for(lambda: any("no allowed subject alternative name" in ln
+                             for ln in exp.stderr_lines), what="the refusal's log line")
+        assert get(exp, certs, client="named").status_code == 200  # the server lives on
+        assert not [ln for ln in exp.stderr_lines if "Traceback" in ln or "Error" in ln], \
+            exp.stderr_lines
+        assert exp.proc.poll() is None
+    finally:
+        exp.stop()
+
+
 def test_a_reload_that_drops_client_allowed_sans_is_refused_and_the_old_list_holds(
         tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib) -> None:
     """Issue 36: a reload that weakened client_auth_type or dropped client_ca_file was

@@ -115,18 +115,43 @@ def test_alertmanager_section_full(tmp_path) -> None:
     path.write_text("""
 remediate:
   alertmanager:
-    url: ['http://am-0.example:9093/', 'https://[::1]:9443/alertmanager']
+    url: ['https://am-0.example:9093/', 'https://[::1]:9443/alertmanager']
     credentials_file: /etc/gpuguard/am-token
+    ca_file: /etc/gpuguard/alertmanager-ca.crt
     timeout_seconds: 0.5
     pull: true
     pull_interval_seconds: 1
 """)
     am = load_config(path).remediate.alertmanager
     assert am == AlertmanagerConfig(
-        url=("http://am-0.example:9093/", "https://[::1]:9443/alertmanager"),
+        url=("https://am-0.example:9093/", "https://[::1]:9443/alertmanager"),
         credentials_file="/etc/gpuguard/am-token", timeout_seconds=0.5, pull=True,
-        pull_interval_seconds=1.0)
+        pull_interval_seconds=1.0, ca_file="/etc/gpuguard/alertmanager-ca.crt")
     assert isinstance(am.url, tuple) and isinstance(am.pull_interval_seconds, float)
+    assert am.insecure_credentials_over_http is False
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9093",  # the old shipped example
+                                 "['https://am-0.example:9093', 'HTTP://am-1.example:9093']"])
+def test_a_token_over_plain_http_is_refused(url: str) -> None:
+    """Issue 48: while Alertmanager is not listening, any local user who binds 9093 got
+    `Authorization: Bearer ...` on every poll, and could answer the confirmation."""
+    text = f"remediate:\n  alertmanager:\n    url: {url}\n    credentials_file: /t\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert str(err.value).startswith(
+        f"/etc/gpuguard.yml: {AM}.credentials_file: would be sent in clear to ")
+    assert "insecure_credentials_over_http" in err.value.problem
+
+
+def test_a_token_over_plain_http_needs_the_explicit_opt_out() -> None:
+    am = parse_config("remediate:\n  alertmanager:\n    url: http://127.0.0.1:9093\n"
+                      "    credentials_file: /t\n    insecure_credentials_over_http: true\n"
+                      ).remediate.alertmanager
+    assert am is not None and am.insecure_credentials_over_http and am.credentials_file == "/t"
+    # Plain http without a token is not a token in clear (the remediator warns at start).
+    assert parse_config("remediate:\n  alertmanager: {url: 'http://127.0.0.1:9093'}\n"
+                        ).remediate.alertmanager is not None
 
 
 AM = "remediate.alertmanager"
@@ -157,6 +182,11 @@ AM = "remediate.alertmanager"
         ("{url: 'http://a b:9093'}", f"{AM}.url", "must not contain spaces"),
         ("{url: http://a, credentials_file: ''}", f"{AM}.credentials_file",
          "must be a non-empty string"),
+        ("{url: http://a, ca_file: /ca.crt}", f"{AM}.ca_file",
+         "only https:// URLs use it"),
+        ("{url: https://a, ca_file: ''}", f"{AM}.ca_file", "must be a non-empty string"),
+        ("{url: http://a, insecure_credentials_over_http: yes please}",
+         f"{AM}.insecure_credentials_over_http", "must be true or false"),
         ("{url: http://a, credentials_file: [a]}", f"{AM}.credentials_file",
          "must be a non-empty string, got a list"),
         ("{url: http://a, timeout_seconds: 0}", f"{AM}.timeout_seconds", "must be > 0"),
@@ -203,10 +233,42 @@ def test_non_finite_numbers_are_errors(key: str, value: str) -> None:
 
 
 def test_a_key_a_merge_brings_in_and_the_mapping_sets_again_is_a_duplicate() -> None:
+    """YAML says the mapping's own key wins, but a reader sees `mode` twice: refused."""
     with pytest.raises(ConfigError) as err:
         parse_config("base: &b {mode: dry-run}\nremediate:\n  <<: *b\n  mode: enforce\n",
                      source="t.yml")
-    assert err.value.key == "remediate.mode" and "lines 3 and 4" in err.value.problem
+    assert err.value.key == "remediate.mode" and "lines 1 and 4" in err.value.problem
+    assert "<< merge on line 3" in err.value.problem
+
+
+@pytest.mark.parametrize("text", [
+    # The review's: PyYAML loads the last source's (the YAML spec says the first's).
+    "remediate:\n  <<: [{mode: dry-run}, {mode: enforce}]\n",
+    "remediate:\n  <<: {mode: dry-run}\n  <<: {mode: enforce}\n",
+    # A merge source that merges the key in turn, set again by the mapping.
+    "a: &a {mode: dry-run}\nb: &b {<<: *a, min_age_seconds: 60}\n"
+    "remediate: {<<: *b, mode: enforce}\n",
+    # Two sources, one of which brings the key through its own merge.
+    "a: &a {mode: dry-run}\nb: &b {<<: *a}\nremediate: {<<: [*b, {mode: enforce}]}\n",
+    # A duplicate inside a merge source written in place.
+    "remediate:\n  <<: {mode: dry-run, mode: enforce}\n",
+])
+def test_a_merge_that_gives_a_key_twice_is_a_duplicate(text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert err.value.key == "remediate.mode" and "duplicate key" in err.value.problem, \
+        str(err.value)
+    assert str(err.value).startswith("/etc/gpuguard.yml: remediate.mode: duplicate key")
+
+
+def test_merges_that_give_each_key_once_still_load() -> None:
+    """The same key node reached by two paths (one anchor merged twice) is one key."""
+    cfg = parse_config("remediate:\n  <<: [{mode: enforce}, {min_age_seconds: 60}]\n")
+    assert (cfg.remediate.mode, cfg.remediate.min_age_seconds) == ("enforce", 60)
+    twice = ("remediate:\n  users: &u {allow: [alice]}\n  rate_limit: {max_reaps: 2}\n"
+             "  alertmanager: {url: 'http://a', <<: {}}\n"
+             "classify: {<<: [&p {protect: [x]}, *p]}\n")
+    assert parse_config(twice).classify.protect == ("x",)
 
 
 def test_aliases_are_walked_once() -> None:

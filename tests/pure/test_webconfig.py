@@ -22,6 +22,7 @@ from gpuguard.web.webconfig import (
     WebConfigSource,
     load_web_config,
     parse_web_config,
+    san_allowed,
     weakenings,
 )
 from tests.support.certs import Certs, make_certs
@@ -468,3 +469,25 @@ def test_a_reload_never_switches_tls_on(tmp_path: Path, certs: Certs) -> None:
     with pytest.raises(ReloadRefused, match="TLS cannot be switched on without a restart"):
         source.reload()
     assert source.current()[0].tls is None
+
+
+#: A directoryName SAN as ssl's getpeercert() gives it: RDNs, not a string.
+DIRNAME = ("DirName", ((("organizationName", "gpuguard test"),),
+                       (("commonName", "prometheus.example"),)))
+
+
+@pytest.mark.parametrize(("sans", "allowed"), [
+    ((DIRNAME,), False),  # crashed: AttributeError, 'tuple' object has no attribute 'strip'
+    ((DIRNAME, ("DNS", "prometheus.example")), True),
+    ((DIRNAME, ("email", "ops@example.com")), False),
+    (((("othername", "<unsupported>"),) + (("Registered ID", "prometheus.example"),)), False),
+    ((("URI", "spiffe://prometheus.example"),), False),
+    ((("IP Address", "0:0:0:0:0:0:0:1"),), True),  # by value, as the toolkit's ip.String()
+    ((("URI", "prometheus.example"),), True),
+])
+def test_sans_compare_only_the_string_kinds_the_toolkit_compares(sans: tuple,
+                                                                 allowed: bool) -> None:
+    """DNS, email, IP and URI, as exporter-toolkit's VerifyPeerCertificate; a
+    directoryName, an otherName or a registeredID never match, and never raise."""
+    peer = {"subjectAltName": sans}
+    assert san_allowed(peer, ("prometheus.example", "::1")) is allowed

@@ -1,5 +1,6 @@
 """Test certificates made with the `openssl` binary: a private CA, a server certificate for
-127.0.0.1/localhost, client certificates (good, expired, signed by another CA)."""
+127.0.0.1/localhost, client certificates (good, expired, signed by another CA, with a
+directoryName SAN), a server certificate from another CA."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def _leaf(d: Path, name: str, ca: str, *, server: bool, days: int = 2,
                     if server else (f"subjectAltName={sans}\n" if sans else "")
                     + "extendedKeyUsage=clientAuth\n")
                    # RFC 5280's, which Python 3.13's default contexts check (X509_STRICT).
-                   + "authorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n")
+                   + "authorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n"
+                   # What a `dirName:dir_sect` SAN names (a directoryName, not a string).
+                   + "[dir_sect]\nO=gpuguard test\nCN=prometheus.example\n")
     if not_after is None:
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey",
                  f"{ca}.key", "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days),
@@ -62,8 +65,11 @@ class Certs:
 def make_certs(d: Path) -> Certs:
     """ca.{crt,key}, server.{crt,key} (signed by ca), server2.* (a second server
     certificate, for rotation), client.* (good, no SAN), named.* (good, SANs
-    DNS:prometheus.example and email:ops@example.com), expired.* (expired), other-ca.* and
-    stranger.* (a client certificate from another CA)."""
+    DNS:prometheus.example and email:ops@example.com), dirname.* (good, one directoryName
+    SAN, CN=prometheus.example: no string SAN), dirname-named.* (good, that directoryName
+    SAN first, then DNS:prometheus.example), expired.* (expired), other-ca.* and
+    stranger.* (a client certificate from another CA), other-server.* (a server certificate
+    for 127.0.0.1/localhost from that other CA)."""
     if shutil.which("openssl") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("openssl not installed: apt-get install openssl")
@@ -75,6 +81,9 @@ def make_certs(d: Path) -> Certs:
     _leaf(d, "server2", "ca", server=True)
     _leaf(d, "client", "ca", server=False)
     _leaf(d, "named", "ca", server=False, sans="DNS:prometheus.example,email:ops@example.com")
+    _leaf(d, "dirname", "ca", server=False, sans="dirName:dir_sect")
+    _leaf(d, "dirname-named", "ca", server=False, sans="dirName:dir_sect,DNS:prometheus.example")
     _leaf(d, "expired", "ca", server=False, not_after="20200102000000Z")
     _leaf(d, "stranger", "other-ca", server=False)
+    _leaf(d, "other-server", "other-ca", server=True)
     return Certs(d)
