@@ -48,7 +48,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 from benchmarks.procevents_cost import spawn_load  # noqa: E402
 from gpuguard.periodic import MIN_GAP_S, SETTLE_S  # noqa: E402
-from tests.support.proctree import Trees, reap_zombie_children, wait_for  # noqa: E402
+from tests.support.proctree import Tree, Trees, reap_zombie_children, wait_for  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
 
 BASELINE = "c6e6b9b"  # issue 49's base: scans at the interval only
@@ -109,6 +109,12 @@ class Watched:
                 return float(val)
         return None
 
+    def ready(self) -> bool:
+        """Listening to exits, with every holder listed."""
+        text = self.text()
+        return ("\ngpuguard_process_events_up 1.0" in text
+                and len(re.findall(r"^gpuguard_gpu_process_info\{", text, re.M)) == LAUNCHERS)
+
     def start_polling(self) -> None:
         def poll() -> None:
             session = requests.Session()
@@ -155,11 +161,7 @@ def body(result: Result, tmp: Path) -> None:
                  for interval in INTERVALS for label, code, poll in codes]
     try:
         for exp in exporters:
-            wait_for(lambda e=exp: (e.value("gpuguard_gpu_process_info") is not None
-                                    and e.value("gpuguard_process_events_up") == 1
-                                    and len(re.findall(r"^gpuguard_gpu_process_info\{",
-                                                       e.text(), re.M)) == LAUNCHERS),
-                     timeout=60, what=f"{exp.label}: every holder listed")
+            wait_for(exp.ready, timeout=60, what=f"{exp.label}: every holder listed")
         measure(result, exporters, holders)
     finally:
         for exp in exporters:
@@ -173,7 +175,7 @@ def counters(exp: Watched) -> tuple[float, float | None, float]:
 
 
 def measure(result: Result, exporters: list[Watched],
-            holders: list[tuple[object, int, int]]) -> None:
+            holders: list[tuple[Tree, int, int]]) -> None:
     new = [e for e in exporters if e.label.startswith("this checkout")]
     # 1. idle
     before = {e.label: cpu_seconds(e.server.proc.pid) for e in exporters}
@@ -197,8 +199,8 @@ def measure(result: Result, exporters: list[Watched],
     killed: dict[int, float] = {}
     for tree, worker, _ in holders:
         killed[worker] = time.time()  # the scans' timestamps are wall-clock too
-        os.kill(tree.launcher.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-        tree.launcher.wait(timeout=10)  # type: ignore[attr-defined]
+        os.kill(tree.launcher.pid, signal.SIGKILL)
+        tree.launcher.wait(timeout=10)
         time.sleep(KILL_STEP_S)  # the kills' pace
     slowest = max(e.interval for e in exporters)
     wait_for(lambda: all(len(e.seen) >= LAUNCHERS for e in exporters), timeout=slowest + 15,
