@@ -281,9 +281,12 @@ def _scanner(args: argparse.Namespace, config: Config,
     clock = OrphanClock(
         os.path.join(args.state_dir, ORPHAN_CLOCK_FILE) if args.state_dir else None,
         boot=boot_id())
-    return events, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
-                                    audit=config.audit, accounting=config.accounting,
-                                    interval=args.scan_interval,
-                                    view=lambda: ProcessView(events=events, memory=memory,
-                                                             thread_turns=SCAN_THREAD_TURNS),
-                                    orphan_clock=clock, watch=events.watch)
+    scanner = platform_scanner(platform, rules=config.classify, quotas=config.quotas,
+                               audit=config.audit, accounting=config.accounting,
+                               interval=args.scan_interval,
+                               view=lambda: ProcessView(events=events, memory=memory,
+                                                        thread_turns=SCAN_THREAD_TURNS),
+                               orphan_clock=clock, watch=events.watch)
+    # An exit on a holder's chain (its launcher's, its own) wakes an early scan.
+    events.on_watched_exit(scanner.wake)
+    return events, scanner

@@ -478,6 +478,18 @@ class Scanner:
 
     # -- background loop -------------------------------------------------------------
 
+    def early_scans(self) -> int:
+        """Scans run early since start, each woken by an exit on a holder's chain."""
+        return self._loop.early if self._loop is not None else 0
+
+    def wake(self) -> None:
+        """An exit of a process the last scan found on a GPU holder's chain: scan early,
+        debounced and bounded (gpuguard/periodic.py), so its orphan, or its holder's end,
+        is on /metrics within a few tens of ms, not at the next interval. Never blocks:
+        the process-event reader calls it (ProcessEvents.on_watched_exit)."""
+        if self._loop is not None:
+            self._loop.run_soon()
+
     def start(self) -> None:
         self._loop = Periodic("gpuguard-scanner", self.interval, self.scan_once)
         self._loop.start()

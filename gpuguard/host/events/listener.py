@@ -166,6 +166,7 @@ class ProcessEvents:
         self._started = False
         self._buf = bytearray(RECV_SIZE)
         self._pace = MAX_PACE_S
+        self._on_watched_exit: Callable[[], object] | None = None
 
     # -- life ----------------------------------------------------------------------------
 
@@ -241,6 +242,12 @@ class ProcessEvents:
         Replaces the last set whole; a newly watched pid's exit the ring still holds is
         kept too. Callable before start() and from any one thread."""
         self._watched.publish(pids, self._store)
+
+    def on_watched_exit(self, wake: Callable[[], object] | None) -> None:
+        """Call `wake` (no arguments) from the reader thread after each batch of exits that
+        holds a watched pid's, once it is recorded: the exporter's scanner looks again
+        early (Periodic.run_soon). It must not block: it delays every exit after it."""
+        self._on_watched_exit = wake
 
     def watched(self) -> frozenset[int]:
         """The pids watched now: what an exit is tested against (one set lookup)."""
@@ -422,13 +429,16 @@ class ProcessEvents:
     def _record(self, rows: list[Row]) -> None:
         """Into the ring, then the watched pids' into the watched store: one set lookup
         an exit (none while nothing is watched). The ring first, the set read after:
-        WatchedExits.publish relies on that order."""
+        WatchedExits.publish relies on that order. A batch that kept any wakes whoever
+        asked (on_watched_exit), after the record is in: an early scan reads it."""
         self._store.add_rows(rows)
         watched = self._watched.pids
         if watched:
             kept = [row for row in rows if row[0] in watched]
             if kept:
                 self._watched.add_rows(kept)
+                if (wake := self._on_watched_exit) is not None:
+                    wake()
 
     def _overrun(self) -> None:
         """The socket overflowed: count what the kernel dropped and say so."""
