@@ -73,6 +73,15 @@ BOOT_CLOCK: Callable[[], float] = PLATFORM.boot_clock
 ERROR_STAGES = ("nvml_init", "nvml_device", "nvml_processes", "procfs", "scan")
 
 
+def procfs_errors(trees: Sequence[Tree], *, host_pids: bool) -> list[tuple[str, str]]:
+    """The `procfs` stage's errors of one scan: holders whose /proc could not be read, and
+    holders /proc does not show unless it shows every pid NVML reports (`host_pids`):
+    then they exited since NVML listed them, which is no error."""
+    hidden = (Reason.UNREADABLE,) if host_pids else (Reason.NOT_VISIBLE, Reason.UNREADABLE)
+    return [("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}") for tree in trees
+            if tree.verdict == Verdict.UNKNOWN and tree.reason in hidden]
+
+
 class ScanSource(ProcSource, Protocol):
     """A process source that scans repeatedly: `begin_scan()` ends the last scan's reads."""
 
@@ -298,12 +307,16 @@ class Scanner:
         search: FdSearch | None = None,
         orphan_clock: OrphanClock | None = None,
         watch: Callable[[frozenset[int]], None] | None = None,
+        host_pids: bool | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): platform_scanner() gives it where the platform has one. `users`
         names uids for labels (default: label_names(), bounded lookups; never a
         decision's resolver). `watch` is given each complete scan's chain set (the
-        process-event listener's `watch`: those exits outlast its general ring)."""
+        process-event listener's `watch`: those exits outlast its general ring).
+        `host_pids`: whether this process sees every pid NVML
+        reports (the host's PID namespace, or Windows' table; default: the platform
+        says), so that a listed holder missing from them has exited since."""
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
@@ -319,6 +332,13 @@ class Scanner:
             counters=counters, thread_turns=SCAN_THREAD_TURNS)
         self.interval = interval
         self.watch = watch
+        #: NVML lists a process for a while after it exits: where /proc shows every pid
+        #: NVML reports, a listed holder missing from it exited since (counted with the
+        #: unseen processes, gpuguard_gpu_unseen_processes), not a scan error. Elsewhere
+        #: (a child PID namespace, or cannot tell) it may be one this /proc cannot show:
+        #: a `procfs` error, which asks whether the exporter is in the host's namespace.
+        self.host_pids = (host_pids if host_pids is not None
+                          else not PLATFORM.outside_host_pid_namespace())
         self._clock = clock
         #: Orphan ages count on the boot clock: a step of the wall clock cannot age a tree
         #: (and fire its alert early).
@@ -373,10 +393,7 @@ class Scanner:
         try:
             trees = self._classify(reading, rules)
             self._publish_chains(reading, trees)
-            for tree in trees:
-                hidden = tree.reason in (Reason.NOT_VISIBLE, Reason.UNREADABLE)
-                if tree.verdict == Verdict.UNKNOWN and hidden:
-                    errors.append(("procfs", f"holder {tree.root_pid}: {tree.evidence.detail}"))
+            errors.extend(procfs_errors(trees, host_pids=self.host_pids))
             orphaned = [(t.root.identity, t) for t in trees
                         if t.verdict == Verdict.ORPHAN and t.root is not None]
             # Kept across restarts (--state-dir); a scan NVML could not finish forgets no one.
@@ -517,4 +534,5 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                    groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
                    unlisted=accounting.unlisted if accounting is not None else None,
-                   orphan_clock=orphan_clock, watch=watch)
+                   orphan_clock=orphan_clock, watch=watch,
+                   host_pids=not platform.outside_host_pid_namespace())

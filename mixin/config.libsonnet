@@ -21,6 +21,14 @@
     // The remediator reaps only what this alert reports: together they are the grace period.
     orphanAgeThresholdSeconds: 300,
     orphanTreeFor: '1m',
+    // ... and how long it keeps firing after its expression empties (Prometheus 2.42+):
+    // a scrape that fails while the exporter restarts marks the tree's series stale, and
+    // without it the alert resolved and re-pended for `for:` (people notified twice).
+    // As long as GPUGuardExporterDown's `for:`: a shorter gap is a restart, a longer one
+    // an outage that alert reports. It costs as much: a tree gone (reaped, exited) keeps
+    // its alert firing this much longer, which the remediator re-checks and refuses
+    // (`duplicate`, `root-gone`, `root-replaced`). '0s': off.
+    orphanTreeKeepFiringFor: '5m',
 
     exporterDownFor: '5m',
     exporterAbsentFor: '10m',

@@ -278,7 +278,11 @@ class Worker:
             if decision.first_seen is not None:
                 work.ledger.note_first_seen(key, decision.first_seen, gpus)
             work.ledger.remove_pending(key)
-        work.decisions.note(decision, item.alert, item.group_key, source=DecisionSource.WORKER)
+        repeat, before = (self._refusals.standing(key, decision, live)
+                          if decision.action == Action.IGNORE and live is not None
+                          else (False, 0))
+        work.decisions.note(decision, item.alert, item.group_key, source=DecisionSource.WORKER,
+                            repeat=repeat, repeats_before=before)
         return decision, reap_id
 
     # -- one reap --------------------------------------------------------------------

@@ -41,6 +41,10 @@
               gpuguard_host_info{%(exporterSelector)s}
           ||| % c,
           'for': c.orphanTreeFor,
+          // Across an exporter restart the series go stale for a scrape or two: the alert
+          // stays firing (the same alert, the same startsAt) instead of resolving.
+          [if c.orphanTreeKeepFiringFor != '0s' then 'keep_firing_for']:
+            c.orphanTreeKeepFiringFor,
           labels: { severity: 'warning', remediate: 'true' },
           annotations: {
             summary: 'Orphaned GPU process tree {{ $labels.comm }} (pid {{ $labels.root_pid }}, user {{ $labels.user }}) on {{ $labels.hostname }}',

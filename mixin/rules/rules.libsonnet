@@ -23,16 +23,21 @@
             )
           ||| % s,
         },
-        // ... per GPU model: modelName from gpuguard_gpu_info or, where the exporter runs
-        // with --no-collector.gpu beside dcgm-exporter, from dcgm-exporter's series.
+        // ... per GPU model: modelName from gpuguard_gpu_info or, for a GPU it has no
+        // series of (the exporter with --no-collector.gpu beside dcgm-exporter), from
+        // dcgm-exporter's. One side per GPU (`or on (UUID)`), and one model per GPU
+        // (`topk by (UUID)`): the two may name a model differently (NVML's name against
+        // DCGM's), and two models for one UUID failed the whole join (many-to-many).
         {
           record: 'gpuguard:orphan_gpu_memory_bytes:by_model',
           expr: |||
             sum by (instance, modelName) (
                 gpuguard:orphan_gpu_memory_bytes:by_uuid
               * on (UUID) group_left (modelName)
-                group by (UUID, modelName) (
-                  gpuguard_gpu_info{%(exporterSelector)s} or DCGM_FI_DEV_FB_USED%(dcgm)s
+                topk by (UUID) (1,
+                    group by (UUID, modelName) (gpuguard_gpu_info{%(exporterSelector)s})
+                  or on (UUID)
+                    group by (UUID, modelName) (DCGM_FI_DEV_FB_USED%(dcgm)s)
                 )
             )
           ||| % s,

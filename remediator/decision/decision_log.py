@@ -35,8 +35,12 @@ class DecisionLog:
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
 
     def note(self, decision: Decision, alert: Alert | None, group_key: str, *,
-             source: DecisionSource) -> None:
-        """Count a decision and keep it for /state."""
+             source: DecisionSource, repeat: bool = False, repeats_before: int = 0) -> None:
+        """Count a decision and keep it for /state. Logged at info when it is a reap, a
+        dry run, a cancel or the worker's refusal; a `repeat` of the tree's last refusal
+        (refusals.py: audited once, then counted) only at debug, as its audit record is
+        not written again: one line per tree and change, not one per delivery (pull mode
+        delivers every poll). `repeats_before`: how many such repeats this line follows."""
         self._metrics.count_decision(decision.action, decision.reason)
         shown = decision.to_json()
         if decision.recheck_at is not None:
@@ -52,7 +56,12 @@ class DecisionLog:
         level = (logging.INFO if decision.action in (Action.REAP, Action.DRY_RUN, Action.CANCEL)
                  else logging.DEBUG)
         if decision.action == Action.IGNORE and source == DecisionSource.WORKER:
-            level = logging.INFO
+            level = logging.DEBUG if repeat else logging.INFO
+        if repeats_before:
+            log.log(level, "%s %s: %s (%s); %d identical refusal(s) before it were counted, "
+                    "not logged", decision.action, decision.key or "-", decision.reason,
+                    decision.detail, repeats_before)
+            return
         log.log(level, "%s %s: %s (%s)", decision.action, decision.key or "-", decision.reason,
                 decision.detail)
 

@@ -7,6 +7,11 @@ new inspection (a refusal stands; a reap waits at most this long), or until the
 refusal's own recheck_at where it has one and that comes sooner (a not-idle tree may
 qualify in seconds).
 
+The log follows the same rule (decision_log.py): a refusal's info line is written with
+its full record, a counted repeat only at debug, and the next full record's line says how
+many repeats it follows. Pull mode delivers a firing alert at every poll: one line per
+tree and change, not 240 an hour.
+
 A refusal record the audit log cannot take is not owed (nothing was signalled): the
 refusal is forgotten instead, so the tree's next delivery is inspected and audited in
 full again rather than counted against a record that was never written.
@@ -52,6 +57,17 @@ class RefusalMemory:
     def forget(self, key: TreeKey) -> None:
         self._refusals.pop(key, None)
 
+    def standing(self, key: TreeKey, decision: Decision, live: LiveTree) -> tuple[bool, int]:
+        """Whether `decision` (an IGNORE of `live`) repeats the tree's last refusal, which
+        audit() will then count rather than write; and, when it does not, how many
+        repeats of the last one its full record follows. What the log line says of it."""
+        known = self._refusals.get(key)
+        if known is None:
+            return False, 0
+        if known.signature == _signature(decision, live):
+            return True, 0
+        return False, known.repeats
+
     def repeated(self, item: PendingItem) -> bool:
         """A delivery for a tree refused less than REFUSAL_RECHECK_SECONDS ago: counted
         against that refusal, not inspected again (its ledger entry settled as one)."""
@@ -69,7 +85,7 @@ class RefusalMemory:
                 return False  # withdrawn meanwhile: the ordinary path says so
             work.ledger.remove_pending(item.key)
             work.decisions.note(known.decision, item.alert, item.group_key,
-                                source=DecisionSource.WORKER)
+                                source=DecisionSource.WORKER, repeat=True)
         known.repeats += 1
         work.metrics.refusals_repeated += 1
         return True
@@ -78,8 +94,7 @@ class RefusalMemory:
         """Audit a refusal in full unless it repeats the last one of this tree (same
         action, reason and members): then count it. A full record carries how many
         identical refusals it follows (`repeats_before`)."""
-        members = tuple((m.pid, m.start_time) for m in live.members)
-        signature = (decision.action, decision.reason, live.verdict, live.reason, members)
+        signature = _signature(decision, live)
         now = self._work.clocks.boot()
         known = self._refusals.pop(item.key, None)
         if known is not None and known.signature == signature:
@@ -96,3 +111,9 @@ class RefusalMemory:
             item, decision, live, None, repeats_before=known.repeats if known is not None else 0)
         if unwritten is not None:  # not owed: written again at the next delivery
             self._refusals.pop(item.key, None)
+
+
+def _signature(decision: Decision, live: LiveTree) -> tuple[object, ...]:
+    """What makes two refusals of a tree the same: action, reason and members."""
+    members = tuple((m.pid, m.start_time) for m in live.members)
+    return (decision.action, decision.reason, live.verdict, live.reason, members)

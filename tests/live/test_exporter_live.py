@@ -212,7 +212,11 @@ def test_lost_gpu_and_missing_holder_are_counted_not_fatal(trees: Trees, fake_gp
         return rows[0][1] if rows else 0
 
     wait_for(lambda: errors("nvml_device") >= 1, what="GPU-lost error counted")
-    wait_for(lambda: errors("procfs") >= 1, what="missing holder counted")
+    wait_for(lambda: find(exp.scrape(), "gpuguard_gpu_unseen_processes", gpu="0")[0][1] == 1,
+             what="missing holder counted")
+    # In the host's PID namespace a listed pid /proc lacks exited since: no scan error
+    # (issue 50); in a child one (CI), it may be one /proc cannot show: a procfs error.
+    assert (errors("procfs") >= 1) is (in_host_pid_namespace() is not True)
     samples = exp.scrape()
     assert [lbl["gpu"] for lbl, _ in find(samples, "gpuguard_gpu_info")] == ["0"]
     assert find(samples, "gpuguard_nvml_up")[0][1] == 1

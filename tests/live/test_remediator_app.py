@@ -410,3 +410,31 @@ def test_a_reap_cut_short_before_any_signal_is_audited_once_and_frees_its_key(
     assert len(again.audit()) == 1 and orphan.all_alive()
     # Nothing was signalled: the key is free again, a later delivery decides (issue 43).
     assert account(again.post(payload(orphan.alert())))["status"] == "accepted"
+
+
+def test_an_alert_kept_firing_after_its_tree_is_gone_changes_nothing(
+        harness: Callable[..., Harness], trees: Trees, fake_gpu: FakeGpuWorld) -> None:
+    """GPUOrphanTree's keep_firing_for (issue 50) keeps a gone tree's alert firing for
+    minutes: every delivery of it meanwhile is refused, and audited once. A reaped tree's
+    key is settled (`duplicate`); a tree that exited by itself reads `root-gone`; a pid
+    reused since is another key (pid and start time): `root-replaced`
+    (test_root_replaced_is_not_touched)."""
+    clock = FakeClock()
+    h = harness(clock=clock)
+    reaped = spawn_orphan(trees, fake_gpu)
+    assert account(h.post(payload(reaped.alert())))["status"] == "accepted"
+    wait_for(reaped.none_alive, what="the orphan tree to be reaped")
+    h.settle()
+    exited = spawn_orphan(trees, fake_gpu)
+    exited.tree.kill(exited.holder)
+    exited.tree.kill(exited.root)
+    records = len(h.audit())
+    for _ in range(6):  # every 15 s for 90 s: past the refusal's 60 s re-check
+        assert account(h.post(payload(reaped.alert())))["status"] == "duplicate"
+        assert account(h.post(payload(exited.alert())))["status"] == "accepted"
+        h.settle()
+        clock.now += 15
+    (gone,) = h.audit()[records:]
+    assert gone["key"]["root_pid"] == exited.root and gone["signals"] == []
+    assert gone["decision"]["reason"] == "root-gone"
+    assert h.service.counts()["refusals_repeated"] == 5

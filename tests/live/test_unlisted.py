@@ -30,7 +30,7 @@ from gpuguard.exporter.scanner import Scanner, Snapshot
 from gpuguard.host.counters import Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.nvml import Nvml
-from gpuguard.host.procfs import ProcessView
+from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, wait_for
@@ -213,6 +213,45 @@ def test_a_pid_nvml_lists_that_proc_lacks_is_counted_with_its_memory(
     assert got[("gpuguard_gpu_unseen_processes", labels)] == 2
     assert got[("gpuguard_gpu_unseen_process_memory_bytes", labels)] == 3 * GIB
 
+
+
+def test_a_holder_nvml_lists_after_it_exited_is_exited_since_not_a_scan_error(
+        trees: Trees, fake_gpu: FakeGpuWorld, tmp_path: Path) -> None:
+    """Issue 50: the driver lists a process for a while after it exits. In the host's PID
+    namespace (where NVML's pids are this /proc's) a listed pid missing from /proc has
+    exited since: counted with the unseen processes, never a scan error, which fired
+    GPUGuardScanErrors for a job that simply ended. Outside it, the same pid may be one
+    this /proc cannot show: that stays the `procfs` stage's error (is the exporter in the
+    host PID namespace?)."""
+    tree = trees.spawn("{holder} --pidfile {dir}/worker & wait")
+    worker = tree.pid("worker")
+    fake_gpu.add_process(0, worker, GIB)
+    fake_gpu.update_gpu(0, memory_used=GIB)
+    scanner, _ = scanner_for(tmp_path)
+    first = scanner.scan_once()
+    assert [t.verdict for t in first.trees] == ["normal"] and first.errors == ()
+    tree.kill(worker)
+    wait_for(lambda: not os.path.exists(f"/proc/{worker}"), what="the worker reaped")
+    snap = scanner.scan_once()  # NVML still lists it
+    (gone,) = snap.trees
+    assert (gone.verdict, gone.reason) == ("unknown", "not-visible")
+    (gpu,) = snap.unseen
+    assert (gpu.processes, gpu.memory_bytes) == (1, GIB)
+    got = scrape(scanner, snap)
+    assert got[("gpuguard_gpu_unseen_processes", (("UUID", gpu.uuid), ("gpu", "0")))] == 1
+    errors = got[("gpuguard_scan_errors_total", (("stage", "procfs"),))]
+    if in_host_pid_namespace():
+        assert snap.errors == () and errors == 0  # was 1: GPUGuardScanErrors fired
+    else:  # CI's fresh PID namespace: the namespace question stands
+        assert [stage for stage, _ in snap.errors] == ["procfs"] and errors == 1
+
+    # Told explicitly, either way round.
+    for host_pids, expected in ((True, []), (False, ["procfs"])):
+        counters = Counters()
+        told = Scanner(rules=Rules(), nvml=Nvml(counters=counters), counters=counters,
+                       view=ProcessView(counters=counters), host_pids=host_pids)
+        assert [stage for stage, _ in told.scan_once().errors] == expected
+        assert told.counts()[1]["procfs"] == len(expected)
 
 def scrape(scanner: Scanner, snap: Snapshot) -> dict[tuple[str, tuple], float]:
     registry = CollectorRegistry()

@@ -1,7 +1,8 @@
 """Real Prometheus and Alertmanager on 127.0.0.1 for end-to-end tests and the demo.
 
-Durations are the only thing changed from alerts/rules.yml (test-sized `for:`
-and age thresholds); the expressions, labels and annotations are the shipped ones.
+Durations are the only thing changed from alerts/rules.yml (test-sized `for:`,
+`keep_firing_for:` and age thresholds); the expressions, labels and annotations are the
+shipped ones.
 """
 
 from __future__ import annotations
@@ -60,13 +61,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rules_with_durations(*, for_seconds: int = 1, orphan_age_seconds: int = 1) -> str:
-    """alerts/rules.yml with only its durations shortened."""
+def rules_with_durations(*, for_seconds: int = 1, orphan_age_seconds: int = 1,
+                         keep_firing_seconds: int | None = 1) -> str:
+    """alerts/rules.yml with only its durations shortened; `keep_firing_seconds` None
+    keeps the shipped `keep_firing_for` (a reaped tree's alert then resolves minutes
+    later, which the loop tests do not wait for)."""
     doc = yaml.safe_load(RULES.read_text())
     for group in doc["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
                 rule["for"] = f"{for_seconds}s"
+            if "keep_firing_for" in rule and keep_firing_seconds is not None:
+                rule["keep_firing_for"] = f"{keep_firing_seconds}s"
             if rule.get("alert") == "GPUOrphanTree":
                 rule["expr"] = re.sub(r"(gpuguard_orphan_tree_age_seconds(?:\{[^}]*\})?\s*>\s*)\d+",
                                       rf"\g<1>{orphan_age_seconds}", rule["expr"])

@@ -48,7 +48,8 @@ def make(table: Mapping[int, WinProc],
     counters = Counters()
     scanner = Scanner(rules=default_rules(windows=True),
                       nvml=nvml if nvml is not None else Nvml(counters=counters),
-                      counters=counters, table=lambda: table)
+                      counters=counters, table=lambda: table,
+                      host_pids=True)  # as Windows' platform says: no PID namespaces
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname="win-a"))
     return scanner, registry
@@ -105,13 +106,18 @@ def test_wddm_sizes_what_nvml_could_not(fake_gpu: FakeGpuWorld) -> None:
                                      {"gpu": "0", "UUID": uuid, "pid": "7008"}) == 3 * GIB
 
 
-def test_a_holder_missing_from_the_table_is_a_procfs_stage_error(
+def test_a_holder_missing_from_the_table_exited_since_and_is_no_scan_error(
         fake_gpu: FakeGpuWorld) -> None:
+    """Windows has no PID namespaces: the table shows every pid NVML reports, and a listed
+    holder missing from it exited since (issue 50: it was a `procfs` stage error)."""
     fake_gpu.add_process(0, 9999, GIB)
     scanner, registry = make(windows_table())
     (tree,) = scanner.scan_once().trees
     assert (tree.verdict, tree.reason) == ("unknown", "not-visible")
-    assert registry.get_sample_value("gpuguard_scan_errors_total", {"stage": "procfs"}) == 1
+    assert registry.get_sample_value("gpuguard_scan_errors_total", {"stage": "procfs"}) == 0
+    uuid = fake_gpu.gpus[0].uuid
+    assert registry.get_sample_value("gpuguard_gpu_unseen_processes",
+                                     {"gpu": "0", "UUID": uuid}) == 1
 
 
 def test_without_a_table_the_scanner_reads_proc_as_before(fake_gpu: FakeGpuWorld) -> None:
