@@ -298,35 +298,6 @@ class Launch:
             self.trees.sessions.add(int(fields["sid"]))  # type: ignore[call-overload]
         return pid
 
-    def written(self, path: Path) -> str:
-        """DIR/NAME's text once written. Between the launcher's tier line and a holder's
-        pid file lie the registration, CMD's and the holder's interpreters starting as
-        the user inside the namespaces: on CI's 2 cores shared with other work that can
-        take longer than a fixed deadline while every process involved runs. So the
-        deadline is on progress: IDLE_S without a new process below the launcher or any
-        CPU time spent by its tree fails (a stuck set-up), as does a launcher that exited
-        (a failed one, at once); either failure says what the tree was doing and what
-        the launcher and CMD wrote."""
-        deadline = time.monotonic() + PROGRESS_IDLE_S
-        seen: tuple[object, ...] = ()
-        while True:
-            if path.exists() and (text := path.read_text().strip()):
-                return text
-            tree = [self.launcher, *descendants_of(self.launcher)]
-            now = (tuple(tree), sum(cpu_ticks(p) for p in tree))
-            if now != seen:
-                seen, deadline = now, time.monotonic() + PROGRESS_IDLE_S
-            if not alive(self.launcher) or time.monotonic() > deadline:
-                why = ("the launcher exited" if not alive(self.launcher) else
-                       f"no progress for {PROGRESS_IDLE_S:g}s")
-                raise AssertionError(f"{why} before {path} was written; the tree: "
-                                     f"{describe(tree)}; stderr: {self.raw_stderr()!r}")
-            time.sleep(0.02)
-
-    def raw_stderr(self) -> str:
-        path = self.d / "stderr"
-        return path.read_text()[-4000:] if path.exists() else ""
-
     def status(self) -> int:
         return launcher_status(self.d)
 
@@ -1582,7 +1553,7 @@ class InNamespace:
         pid file lie the registration, CMD's and the holder's interpreters starting as
         the user inside the namespaces: on CI's 2 cores shared with other work that can
         take longer than a fixed deadline while every process involved runs. So the
-        deadline is on progress: IDLE_S without a new process below the launcher or any
+        deadline is on progress: PROGRESS_IDLE_S without a new process below the launcher or any
         CPU time spent by its tree fails (a stuck set-up), as does a launcher that exited
         (a failed one, at once); either failure says what the tree was doing and what
         the launcher and CMD wrote."""
