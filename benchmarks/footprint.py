@@ -40,6 +40,8 @@ WINDOW_S = 60.0
 SCRAPE_EVERY_S = 15.0
 INTERVALS = (5.0, 1.0)
 CPU_TARGET_PCT = 1.0
+#: --short: fewer unrelated processes and a 10 s window scraped every 5 s.
+SHORT_UNRELATED, SHORT_WINDOW_S, SHORT_SCRAPE_EVERY_S = 500, 10.0, 5.0
 
 _SAMPLE = re.compile(r"^(gpuguard_scans_total|gpuguard_orphan_trees|"
                      r"gpuguard_scan_duration_seconds|"
@@ -73,7 +75,10 @@ def body(result: Result, tmp: Path) -> None:
     try:
         holders = spawn_gpu_trees(trees, fake.world, count=TREES, per_tree=PER_TREE,
                                   orphaned=ORPHANED, gpus=GPUS)
-        crowd = Sleepers(UNRELATED)
+        unrelated = result.pick(UNRELATED, SHORT_UNRELATED)
+        window_s = result.pick(WINDOW_S, SHORT_WINDOW_S)
+        every_s = result.pick(SCRAPE_EVERY_S, SHORT_SCRAPE_EVERY_S)
+        crowd = Sleepers(unrelated)
         host_procs = host_process_count()
         for interval in INTERVALS:
             exporters[interval] = Exporter(env=fake.env(), scan_interval=interval)
@@ -88,23 +93,23 @@ def body(result: Result, tmp: Path) -> None:
         first = {i: sample(u) for i, u in urls.items()}  # the window's first scrape
         start = time.monotonic()
         scrapes = 1
-        print(f"  measuring {WINDOW_S:.0f} s window ({host_procs:,} host processes)", flush=True)
+        print(f"  measuring {window_s:.0f} s window ({host_procs:,} host processes)", flush=True)
         while True:
-            due = start + scrapes * SCRAPE_EVERY_S
-            if due >= start + WINDOW_S:
+            due = start + scrapes * every_s
+            if due >= start + window_s:
                 break
             time.sleep(max(0.0, due - time.monotonic()))
             for url in urls.values():
                 sample(url)
             scrapes += 1
-        time.sleep(max(0.0, start + WINDOW_S - time.monotonic()))
+        time.sleep(max(0.0, start + window_s - time.monotonic()))
         window = time.monotonic() - start
         cpu1 = {i: cpu_seconds(p) for i, p in pids.items()}
         last = {i: sample(u) for i, u in urls.items()}
 
         table = Table(
             f"Exporter footprint: {GPUS} GPUs, {TREES * PER_TREE} holders ({ORPHANED} of "
-            f"{TREES} trees orphaned), {UNRELATED:,} unrelated processes, {window:.0f} s window",
+            f"{TREES} trees orphaned), {unrelated:,} unrelated processes, {window:.0f} s window",
             ["--scan-interval", "scans in window", "CPU s in window", "CPU s per hour",
              "% of one core", "CPU ms per scan", "last scan duration ms", "/proc reads per scan",
              "RSS MiB", "peak RSS MiB"])
@@ -121,13 +126,13 @@ def body(result: Result, tmp: Path) -> None:
                       rss_mib(pids[interval]), hwm_mib(pids[interval]))
             if interval == INTERVALS[0]:
                 result.target(f"CPU at --scan-interval {interval:g}", f"{pct:.2f}% of one core",
-                              f"< {CPU_TARGET_PCT:g}%", pct < CPU_TARGET_PCT)
+                              f"< {CPU_TARGET_PCT:g}%", pct < CPU_TARGET_PCT, absolute=True)
             else:
                 result.target(f"CPU at --scan-interval {interval:g}", f"{pct:.2f}% of one core",
                               "scaling (informational)", pct < CPU_TARGET_PCT,
                               informational=True)
         table.notes.append(f"both exporters ran at the same time over the same window, each "
-                           f"scraped every {SCRAPE_EVERY_S:g} s ({scrapes} scrapes); CPU = "
+                           f"scraped every {every_s:g} s ({scrapes} scrapes); CPU = "
                            "utime+stime (10 ms ticks), whole process")
         table.notes.append(f"host had {host_procs:,} processes; holders: "
                            f"{sum(len(h) for h in holders)} sleeping processes")

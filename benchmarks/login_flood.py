@@ -53,7 +53,7 @@ HOST = "bench-gpu-1"
 TOKEN = "bench-token-7c2a"
 PASSWORD = "bench-scrape"
 CLIENTS = 16
-WEBHOOKS = 200  # per phase, one at a time
+WEBHOOKS, SHORT_WEBHOOKS = 200, 40  # per phase, one at a time (--short: 40)
 FLOOD_WARMUP = 64  # flood answers before the webhooks of a flood phase start
 P50_TARGET_MS = 50.0
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -181,8 +181,9 @@ def body(result: Result, tmp: Path) -> None:
     try:
         port, pid = server.port, server.proc.pid
         webhooks(port, 50)  # warm the threads and the path
+        count = result.pick(WEBHOOKS, SHORT_WEBHOOKS)
         table = Table(
-            f"POST /alerts (bearer token), {WEBHOOKS} one at a time on one keep-alive "
+            f"POST /alerts (bearer token), {count} one at a time on one keep-alive "
             f"connection per phase; flood: {CLIENTS} clients, GET /metrics with a new wrong "
             "password each",
             ["phase", "webhook p50 ms", "webhook p99 ms", "webhook max ms",
@@ -205,7 +206,7 @@ def body(result: Result, tmp: Path) -> None:
                              interval=0.01, what="the flood to get going")
                 cpu0, wall0 = cpu_seconds(pid), time.monotonic()
                 sent0 = flood.total() if flood is not None else 0
-                latencies = webhooks(port, WEBHOOKS)
+                latencies = webhooks(port, count)
                 health = get(port, "/healthz")
                 scrape = get(port, "/metrics", good)
                 wall = time.monotonic() - wall0
@@ -239,12 +240,12 @@ def body(result: Result, tmp: Path) -> None:
                       True, informational=True)
         result.target("webhook p50 under a 16-client wrong-password flood",
                       f"{ms(p50[one]):.1f} ms", f"< {P50_TARGET_MS:.0f} ms (was 419 ms)",
-                      ms(p50[one]) < P50_TARGET_MS)
+                      ms(p50[one]) < P50_TARGET_MS, absolute=True)
         result.target("webhook p99 under a 16-client wrong-password flood",
                       f"{ms(p99[one]):.1f} ms", "informational", True, informational=True)
         result.target("webhook p50, flood from a new address per request",
                       f"{ms(p50[spread]):.1f} ms", f"< {P50_TARGET_MS:.0f} ms",
-                      ms(p50[spread]) < P50_TARGET_MS)
+                      ms(p50[spread]) < P50_TARGET_MS, absolute=True)
     finally:
         server.stop()
 

@@ -52,11 +52,14 @@ INSTALL_TIMEOUT_S = 300
 _OPEN = re.compile(r'open(?:at)?\((?:[A-Z_]+, )?"(/proc/[^"]*)"')
 
 
-def nvitop_exporter() -> tuple[Path | None, str]:
-    """The nvitop-exporter script in its own venv, installed on first use; or None and why."""
+def nvitop_exporter(install: bool = True) -> tuple[Path | None, str]:
+    """The nvitop-exporter script in its own venv, installed on first use (`install`); or
+    None and why."""
     script = VENV / "bin" / "nvitop-exporter"
     if script.exists():
         return script, "cached"
+    if not install:
+        return None, f"a --short run installs nothing ({VENV.name}/ not there)"
     try:
         if not (VENV / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True,
@@ -112,7 +115,7 @@ def body(result: Result, tmp: Path) -> None:
     from tests.support.proctree import Trees, wait_for
     from tests.support.servers import Exporter
 
-    script, how = nvitop_exporter()
+    script, how = nvitop_exporter(install=not result.short)
     if script is None:
         result.target("nvitop-exporter side by side", f"skipped: {how}", "runs where the "
                       "registry is reachable", False, informational=True)  # INFO, not FAIL
@@ -147,15 +150,15 @@ def body(result: Result, tmp: Path) -> None:
                 return False
 
         wait_for(nvitop_ready, timeout=60, what="nvitop-exporter's first update")
-        time.sleep(WARMUP_S)
+        time.sleep(result.pick(WARMUP_S, 2.0))
         pids = {"gpuguard": ours.proc.pid, "nvitop": theirs.pid}
         times: dict[str, list[float]] = {name: [] for name in urls}
         sizes: dict[str, int] = {}
-        for _ in range(SCRAPES):  # alternating, so both see the same machine
+        for _ in range(result.pick(SCRAPES, 50)):  # alternating: both see the same machine
             for name, url in urls.items():
                 took, sizes[name] = scrape(session, url)
                 times[name].append(took)
-        opens = proc_opens(pids, STRACE_WINDOW_S)
+        opens = proc_opens(pids, result.pick(STRACE_WINDOW_S, 3.0))
         rss = {name: rss_mib(pid) for name, pid in pids.items()}
         threads = {name: status_kib(pid, "Threads") for name, pid in pids.items()}
         report(result, how, times, sizes, opens, rss, threads)

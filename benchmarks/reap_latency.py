@@ -36,6 +36,7 @@ from tests.support.proctree import Trees, descendants_of, stat_fields  # noqa: E
 BASELINE = "7c2d221"
 SIZES = (10, 1100)
 REPEAT = 5
+SHORT_REPEAT = 1  # --short: this checkout only (no baseline), one reap of each size
 #: The usual default soft RLIMIT_NOFILE (systemd's DefaultLimitNOFILE=1024:524288).
 DEFAULT_SOFT = 1024
 #: A reap of a tree this size must not take longer than this (one term wait is 0.2 s).
@@ -149,7 +150,8 @@ def body(result: Result, tmp: Path) -> None:
     fake.world.add_gpu(0)
     env = fake.env()
     fanout = build_fanout(tmp / "fanout")
-    old = extract_baseline(tmp / "old")
+    old = None if result.short else extract_baseline(tmp / "old")
+    repeat = result.pick(REPEAT, SHORT_REPEAT)
     variants: list[tuple[str, Path, bool]] = [("after (this change)", REPO, True)]
     if old is not None:
         variants += [(f"before ({BASELINE}), default limit", old, False),
@@ -158,7 +160,7 @@ def body(result: Result, tmp: Path) -> None:
     seen: dict[tuple[str, int], list[dict]] = {}
     try:
         for size in SIZES:
-            for _ in range(REPEAT):
+            for _ in range(repeat):
                 # Interleaved, in a new order each round: the same load for every variant.
                 for name, code, raise_limit in random.sample(variants, len(variants)):
                     root, start = spawn(trees, fake.world, fanout, size)
@@ -170,7 +172,7 @@ def body(result: Result, tmp: Path) -> None:
         trees.cleanup()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     table = Table(f"Reap latency, plan to final result (enforce, real Reaper, fake NVML), "
-                  f"median of {REPEAT}; each reap in a child starting at soft "
+                  f"median of {repeat}; each reap in a child starting at soft "
                   f"{DEFAULT_SOFT} / hard {hard} open files",
                   ["code", "processes", "outcome", "median", "min", "max"])
     for name, _code, _raise in variants:
@@ -195,10 +197,12 @@ def body(result: Result, tmp: Path) -> None:
         docs = seen[(after, size)]
         ok = all(d["outcome"] == "reaped" for d in docs)
         took = median([d["seconds"] for d in docs])
-        result.target(f"{size}-process tree reaped, plan to final result (median)",
-                      f"{took * 1000:.0f} ms, {'reaped' if ok else 'NOT reaped'}",
-                      f"reaped, < {TARGET_SECONDS[size] * 1000:,.0f} ms",
-                      ok and took < TARGET_SECONDS[size])
+        result.target(f"{size}-process tree reaped, every run",
+                      f"{sum(d['outcome'] == 'reaped' for d in docs)} of {len(docs)}",
+                      "all", ok)
+        result.target(f"{size}-process tree, plan to final result (median)",
+                      f"{took * 1000:.0f} ms", f"< {TARGET_SECONDS[size] * 1000:,.0f} ms",
+                      took < TARGET_SECONDS[size], absolute=True)
     if old is not None:
         for size in SIZES:
             new = median([d["seconds"] for d in seen[(after, size)]])

@@ -38,6 +38,13 @@ if TYPE_CHECKING:
 LEVELS = (0, 1000, 5000)
 GPUGUARD_SCANS = 200
 BASELINE_CHECKS = 20
+#: --short: fewer unrelated processes and samples; the naive check's cost grows with the
+#: process count, so its goal at 1,000 is lower; scan growth gets more room for the
+#: fewer samples on a busy machine (both still side by side in one run).
+SHORT_LEVELS = (0, 1000)
+SHORT_SCANS, SHORT_CHECKS = 60, 5
+GROWTH_GOAL, SHORT_GROWTH_GOAL = 1.25, 1.5
+SPEEDUP_GOAL, SHORT_SPEEDUP_GOAL = 50.0, 10.0
 
 
 def naive_check(nvml: Nvml) -> int:
@@ -106,10 +113,13 @@ def body(result: Result, tmp: Path) -> None:
     if verdicts != [(Verdict.ORPHAN, "session-ended")]:
         raise RuntimeError(f"expected one session-ended orphan tree, got {verdicts}")
 
+    levels = result.pick(LEVELS, SHORT_LEVELS)
+    scans = result.pick(GPUGUARD_SCANS, SHORT_SCANS)
+    checks = result.pick(BASELINE_CHECKS, SHORT_CHECKS)
     times = Table(
         "Scan time vs unrelated processes (one orphan tree, 1 fake GPU)",
-        ["unrelated procs", "host procs", f"gpuguard scan_once p50 ms (n={GPUGUARD_SCANS})",
-         f"naive check p50 ms (n={BASELINE_CHECKS})", "naive / gpuguard",
+        ["unrelated procs", "host procs", f"gpuguard scan_once p50 ms (n={scans})",
+         f"naive check p50 ms (n={checks})", "naive / gpuguard",
          "gpuguard vs its own at 0"])
     reads = Table(
         "/proc reads per warm gpuguard scan vs the lower bound (docs/design.md, Cost rules)",
@@ -129,7 +139,7 @@ def body(result: Result, tmp: Path) -> None:
     crowd: list[Sleepers] = []
     try:
         spawned = 0
-        for level in LEVELS:
+        for level in levels:
             if level > spawned:
                 crowd.append(Sleepers(level - spawned))
                 spawned = level
@@ -148,9 +158,9 @@ def body(result: Result, tmp: Path) -> None:
             total_ratio[level] = total / bound
 
             gc.collect()
-            scan_p50[level] = median(timed(scanner.scan_once, GPUGUARD_SCANS))
+            scan_p50[level] = median(timed(scanner.scan_once, scans))
             naive_check(nvml)  # warm psutil's process cache at this level
-            base_p50[level] = median(timed(lambda: naive_check(nvml), BASELINE_CHECKS))
+            base_p50[level] = median(timed(lambda: naive_check(nvml), checks))
             times.add(level, host_process_count(), ms(scan_p50[level]), ms(base_p50[level]),
                       f"{base_p50[level] / scan_p50[level]:.0f}x",
                       f"{scan_p50[level] / scan_p50[0]:.2f}x")
@@ -163,13 +173,16 @@ def body(result: Result, tmp: Path) -> None:
             sleepers.stop()
         trees.cleanup()
 
-    top = LEVELS[-1]
+    top = levels[-1]
     growth = scan_p50[top] / scan_p50[0]
     speedup = base_p50[top] / scan_p50[top]
+    growth_goal = result.pick(GROWTH_GOAL, SHORT_GROWTH_GOAL)
+    speedup_goal = result.pick(SPEEDUP_GOAL, SHORT_SPEEDUP_GOAL)
     result.tables += [times, reads]
-    result.target(f"gpuguard scan at {top:,} vs at 0", f"{growth:.2f}x", "<= 1.25x",
-                  growth <= 1.25)
-    result.target(f"naive / gpuguard at {top:,}", f"{speedup:.0f}x", ">= 50x", speedup >= 50)
+    result.target(f"gpuguard scan at {top:,} vs at 0", f"{growth:.2f}x", f"<= {growth_goal}x",
+                  growth <= growth_goal)
+    result.target(f"naive / gpuguard at {top:,}", f"{speedup:.0f}x", f">= {speedup_goal:.0f}x",
+                  speedup >= speedup_goal)
     worst_stat = max(stat_ratio.values())
     result.target("stat reads per warm scan / lower bound (worst level)",
                   f"{worst_stat:.2f}x", "<= 1.0x", worst_stat <= 1.0)

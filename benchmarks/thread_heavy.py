@@ -31,6 +31,7 @@ from benchmarks.harness import (  # noqa: E402
 
 LEVELS = (2000, 5000)
 SCANS = 40
+SHORT_LEVELS, SHORT_SCANS = (5000,), 16  # --short: the top level alone
 
 
 def body(result: Result, tmp: Path) -> None:
@@ -46,16 +47,19 @@ def body(result: Result, tmp: Path) -> None:
     from tests.support.proctree import Trees, wait_for
 
     trees = Trees(tmp / "trees")
+    levels = result.pick(LEVELS, SHORT_LEVELS)
+    scans = result.pick(SCANS, SHORT_SCANS)
+    turn_reads: dict[int, float] = {}
     table = Table("Warm scan of one orphan tree whose holder has N threads",
                   ["threads", "children reads/scan, every thread", "in turns",
-                   f"scan p50 ms, every thread (n={SCANS})", "in turns", "every / in turns"])
+                   f"scan p50 ms, every thread (n={scans})", "in turns", "every / in turns"])
     table.notes.append(f"in turns: SCAN_THREAD_TURNS = {SCAN_THREAD_TURNS} threads a scan "
                        "besides the main thread and new ones; every thread is read again "
                        "within threads / SCAN_THREAD_TURNS scans. Both scanners over the "
                        "same tree, measured alternately in one run.")
     ratios: dict[int, float] = {}
     try:
-        for threads in LEVELS:
+        for threads in levels:
             tree = trees.spawn(f"sh -c '{{holder}} --threads {threads} --pidfile {{dir}}/w' "
                                "& wait")
             holder = tree.pid("w")
@@ -77,13 +81,14 @@ def body(result: Result, tmp: Path) -> None:
                 scanner, counters = scanners[name]
                 gc.collect()
                 before = counters.snapshot()["proc_children"].proc_reads
-                samples[name] += timed(scanner.scan_once, SCANS // 4)
+                samples[name] += timed(scanner.scan_once, scans // 4)
                 children[name] += counters.snapshot()["proc_children"].proc_reads - before
                 if any(t.verdict != "orphan" for t in scanner.latest.trees):
                     raise RuntimeError("the tree is not an orphan")
             p50 = {name: median(values) for name, values in samples.items()}
-            reads = {name: n / SCANS for name, n in children.items()}
+            reads = {name: n / scans for name, n in children.items()}
             ratios[threads] = p50["every"] / p50["turns"]
+            turn_reads[threads] = reads["turns"]
             table.add(f"{threads:,}", f"{reads['every']:.0f}", f"{reads['turns']:.0f}",
                       ms(p50["every"]), ms(p50["turns"]), f"{ratios[threads]:.1f}x")
             print(f"  {threads} threads: {ms(p50['every']):.2f} ms every thread, "
@@ -93,9 +98,14 @@ def body(result: Result, tmp: Path) -> None:
     finally:
         trees.cleanup()
     result.tables.append(table)
-    top = LEVELS[-1]
+    top = levels[-1]
     result.target(f"scan time, every thread / in turns, at {top:,} threads",
                   f"{ratios[top]:.1f}x", ">= 5x", ratios[top] >= 5)
+    # The turns themselves: the main thread, the new ones (none here) and SCAN_THREAD_TURNS
+    # others a scan, whatever the thread count.
+    bound = SCAN_THREAD_TURNS + 4
+    result.target(f"children reads a scan in turns, at {top:,} threads", f"{turn_reads[top]:.0f}",
+                  f"<= {bound} (SCAN_THREAD_TURNS + 4)", turn_reads[top] <= bound)
 
 
 if __name__ == "__main__":

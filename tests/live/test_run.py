@@ -1475,6 +1475,35 @@ def nspid(pid: int) -> int | None:
     return None
 
 
+#: How long a pidns run may go without progress (a new process, any CPU time spent by
+#: its tree) before InNamespace.written gives up on a pid file.
+PROGRESS_IDLE_S = 10.0
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of `pid` in clock ticks (0 once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    rest = text[text.rindex(")") + 2 :].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def describe(pids: list[int]) -> str:
+    """Each process's state, wait channel and command line: what a stuck set-up waits on."""
+    out = []
+    for pid in pids:
+        try:
+            state = (stat_fields(pid) or {}).get("state")
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+        except OSError:
+            continue
+        out.append(f"{pid} {state} {wchan or '-'} {argv.decode(errors='replace').strip()}")
+    return "; ".join(out) or "none"
+
+
 class InNamespace:
     """A pidns-tier `gpuguard run` under a `bash -c` parent. CMD writes the pids of its
     namespace; `pid()` gives the same process's pid here (the host's, as the exporter,
@@ -1506,10 +1535,10 @@ class InNamespace:
         trees.pids.extend((p, stat_fields(p)) for p in (self.launcher, self.init))
 
     def pid(self, name: str) -> int:
-        """The pid here of the process whose namespace pid CMD wrote to DIR/NAME."""
+        """The pid here of the process whose namespace pid CMD wrote to DIR/NAME. Waits
+        while the run makes progress (see written)."""
         path = self.d / name
-        inner = int(str(wait_for(lambda: path.exists() and path.read_text().strip(),
-                                 what=str(path))))
+        inner = int(str(self.written(path)))
 
         def here() -> int | None:
             found = [p for p in descendants_of(self.launcher) if nspid(p) == inner]
@@ -1518,6 +1547,35 @@ class InNamespace:
         pid = int(str(wait_for(here, what=f"namespace pid {inner} ({name})")))
         self.trees.pids.append((pid, stat_fields(pid)))
         return pid
+
+    def written(self, path: Path) -> str:
+        """DIR/NAME's text once written. Between the launcher's tier line and a holder's
+        pid file lie the registration, CMD's and the holder's interpreters starting as
+        the user inside the namespaces: on CI's 2 cores shared with other work that can
+        take longer than a fixed deadline while every process involved runs. So the
+        deadline is on progress: PROGRESS_IDLE_S without a new process below the launcher or any
+        CPU time spent by its tree fails (a stuck set-up), as does a launcher that exited
+        (a failed one, at once); either failure says what the tree was doing and what
+        the launcher and CMD wrote."""
+        deadline = time.monotonic() + PROGRESS_IDLE_S
+        seen: tuple[object, ...] = ()
+        while True:
+            if path.exists() and (text := path.read_text().strip()):
+                return text
+            tree = [self.launcher, *descendants_of(self.launcher)]
+            now = (tuple(tree), sum(cpu_ticks(p) for p in tree))
+            if now != seen:
+                seen, deadline = now, time.monotonic() + PROGRESS_IDLE_S
+            if not alive(self.launcher) or time.monotonic() > deadline:
+                why = ("the launcher exited" if not alive(self.launcher) else
+                       f"no progress for {PROGRESS_IDLE_S:g}s")
+                raise AssertionError(f"{why} before {path} was written; the tree: "
+                                     f"{describe(tree)}; stderr: {self.raw_stderr()!r}")
+            time.sleep(0.02)
+
+    def raw_stderr(self) -> str:
+        path = self.d / "stderr"
+        return path.read_text()[-4000:] if path.exists() else ""
 
     def status(self) -> int:
         return launcher_status(self.d)
