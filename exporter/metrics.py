@@ -22,8 +22,11 @@ from gpuguard.host.marks import FOREIGN
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.vocabulary import Verdict
 
-#: Every per-GPU series, in dcgm-exporter's label names: gpu (the index) and UUID.
-GPU_LABELS = ["gpu", "UUID"]
+#: Every per-GPU series (each series that names a GPU, per-process ones too), in
+#: dcgm-exporter's label names: gpu (the index), UUID, and the host as dcgm-exporter before
+#: 4.5.3-4.8.2's rename spelled it (Hostname, which older dcgm-exporters' joins use; the
+#: alert contract's `hostname` stays on gpuguard_host_info alone: docs/metrics.md, Labels).
+GPU_LABELS = ["gpu", "UUID", "Hostname"]
 #: gpuguard_gpu_info's identity labels, in dcgm-exporter's names and order.
 INFO_LABELS = [*GPU_LABELS, "pci_bus_id", "device", "modelName"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
@@ -73,6 +76,10 @@ class GpuguardCollector(Collector):
                                     "Unix time the last scan completed.", value=snap.taken_at)
         yield from self._counter_metrics()
 
+    def _gpu(self, index: int, uuid: str) -> list[str]:
+        """GPU_LABELS' values for one GPU of this host."""
+        return [str(index), uuid, self.hostname]
+
     def _gpu_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         reading = snap.reading
         yield GaugeMetricFamily("gpuguard_nvml_up",
@@ -101,8 +108,8 @@ class GpuguardCollector(Collector):
                 "gpuguard_gpu_power_watts", "GPU power draw.", labels=GPU_LABELS),
         }
         for gpu in reading.gpus if self.gpu else ():
-            labels = [str(gpu.index), gpu.uuid]
-            info.add_metric([str(gpu.index), gpu.uuid, gpu.pci_bus_id or "", gpu.device or "",
+            labels = self._gpu(gpu.index, gpu.uuid)
+            info.add_metric([*labels, gpu.pci_bus_id or "", gpu.device or "",
                              gpu.name or "", reading.driver_version or ""], 1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
@@ -118,8 +125,8 @@ class GpuguardCollector(Collector):
                                 labels=[*GPU_LABELS, "pid"])
         for holder in reading.holders:
             if holder.used_bytes is not None:
-                mem.add_metric([str(holder.gpu_index), holder.gpu_uuid, str(holder.pid)],
-                               holder.used_bytes)
+                mem.add_metric([*self._gpu(holder.gpu_index, holder.gpu_uuid),
+                                str(holder.pid)], holder.used_bytes)
         yield mem
         idle = GaugeMetricFamily(
             "gpuguard_gpu_process_idle_seconds",
@@ -134,7 +141,7 @@ class GpuguardCollector(Collector):
                 value = snap.idle_seconds(hv.holder.pid, hv.chain[0].start_time,
                                           hv.holder.gpu_uuid)
                 if value is not None:
-                    idle.add_metric([str(hv.holder.gpu_index), hv.holder.gpu_uuid,
+                    idle.add_metric([*self._gpu(hv.holder.gpu_index, hv.holder.gpu_uuid),
                                      str(hv.holder.pid)], value)
         yield idle
 
@@ -238,7 +245,7 @@ class GpuguardCollector(Collector):
             labels=GPU_LABELS)
         for gpu in acc.gpus:
             if gpu.unattributed_bytes is not None:
-                unattributed.add_metric([str(gpu.index), gpu.uuid], gpu.unattributed_bytes)
+                unattributed.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.unattributed_bytes)
         yield used
         yield idle
         yield quota
@@ -261,7 +268,7 @@ class GpuguardCollector(Collector):
             holder.add_metric([str(h.pid), str(h.start_time), h.comm, h.user, h.device_file,
                                h.verdict, h.reason,
                                "" if h.gpu_index is None else str(h.gpu_index),
-                               h.gpu_uuid or ""], 1)
+                               h.gpu_uuid or "", self.hostname], 1)
         yield holder
         count = GaugeMetricFamily(
             "gpuguard_gpu_unseen_processes",
@@ -272,8 +279,8 @@ class GpuguardCollector(Collector):
             "GPU memory NVML says the processes of gpuguard_gpu_unseen_processes hold.",
             labels=GPU_LABELS)
         for gpu in snap.unseen:
-            count.add_metric([str(gpu.index), gpu.uuid], gpu.processes)
-            memory.add_metric([str(gpu.index), gpu.uuid], gpu.memory_bytes)
+            count.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.processes)
+            memory.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.memory_bytes)
         yield count
         yield memory
         search = snap.search

@@ -36,6 +36,12 @@ from gpuguard.console.contract import (
     STATUS_EPILOG,
     Failure,
 )
+from gpuguard.console.evidence import (
+    EXPORTER_TIMEOUT_SECONDS,
+    EXPORTER_URL,
+    EXPORTER_URL_ENV,
+    exporter_url,
+)
 from gpuguard.console.explain import cmd_explain
 from gpuguard.console.keep import cmd_keep
 from gpuguard.console.mcp.server import cmd_mcp
@@ -80,7 +86,18 @@ def add_status(sub: Subparsers) -> None:
     add_common(p)
     p.add_argument("--watch", type=positive_float, metavar="SECONDS",
                    help="rescan every SECONDS until Ctrl-C (which exits 0)")
+    add_exporter_url(p)
     p.set_defaults(func=cmd_status)
+
+
+def add_exporter_url(p: argparse.ArgumentParser) -> None:
+    """--exporter-url, as status and mcp take it."""
+    p.add_argument("--exporter-url", default=exporter_url(), metavar="URL",
+                   help="the running exporter whose latest scan gives the orphan ages and "
+                        "idle seconds (a console scan alone cannot know them), asked for "
+                        f"at most {EXPORTER_TIMEOUT_SECONDS:g}s; where it does not answer "
+                        "the output says this command scanned itself; \"\" asks none "
+                        f"(default: ${EXPORTER_URL_ENV}, else {EXPORTER_URL})")
 
 
 def add_explain(sub: Subparsers) -> None:
@@ -273,6 +290,7 @@ def add_mcp(sub: Subparsers) -> None:
     p.add_argument("--allow-pid-namespace", action="store_true",
                    help="allow confirmed reaps outside the host PID namespace (only where "
                         "NVML reports this namespace's pids)")
+    add_exporter_url(p)
     p.add_argument("--log.level", dest="log_level", choices=logformat.LEVELS, default="info",
                    help="debug, info (default: one line per tool call), warn or error")
     p.add_argument("--log.format", dest="log_format", choices=logformat.FORMATS,

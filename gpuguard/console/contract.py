@@ -88,12 +88,14 @@ STATUS_EPILOG = f"""\
    "gpus": [{{"index", "uuid", "name", "memory_total_bytes", "memory_used_bytes",
              "utilization_ratio", "temperature_celsius", "power_watts"}}],
    "trees": [{{"root_pid": int, "root_start_time": int|null, "root_comm", "root_user",
-              "root_age_seconds": float|null, "orphan_since": null,
+              "root_age_seconds": float|null, "orphan_since": float|null,
+              "orphan_age_seconds": float|null,
               "verdict": normal|orphan|protected|unknown, "reason": str, "rule": "1".."7",
               "evidence": {{"rule", "detail", "pids": [int]}}, "gpu_bytes": int,
               "processes": int|null,
               "holders": [{{"pid", "gpu", "uuid", "used_bytes", "kind",
                            "sm_busy": bool|null, "idle_seconds": float|null,
+                           "idle_source": exporter|own-scan|null,
                            "container_id": str|null, "pod_uid": str|null,
                            "suspect": {{"why", "detail"}}|null}}],
               "members": [{{"pid", "ppid", "sid", "pgid", "start_time", "state", "uid",
@@ -104,18 +106,23 @@ STATUS_EPILOG = f"""\
      "suspects": [{{"pid", "start_time", "user", "comm",
                    "why": comm-pattern|cmdline-pattern|sustained-utilization, "detail"}}],
      "gpus": [{{"index", "uuid", "used_bytes": int|null, "processes_bytes", "processes",
-               "unattributed_bytes": int|null, "why_unknown": str|null}}]}}}}
+               "unattributed_bytes": int|null, "why_unknown": str|null}}]}},
+   "clocks": {{"source": exporter|own-scan, "exporter_url": str|null,
+              "exporter_scan_at": float|null, "detail": str}}}}
   members: holder(s) up to the root, root first. run_launchers: the members that are live
   `gpuguard run` launchers registered in classify.marks_dir, and the tier each holds its
   tree with (cgroup, pidns, subreaper; run --help). accounting.gpus: used memory against the
   sum of the listed processes' usage; unattributed_bytes is null (why_unknown says why)
-  when a figure is missing. orphan_since is always null: only a
-  process that watched the tree (the exporter: gpuguard_orphan_tree_age_seconds) knows
-  how long it has been orphaned. With --watch and --json, one document per line per scan.
+  when a figure is missing. With --watch and --json, one document per line per scan.
+  clocks: where the orphan ages and idle seconds come from: the running exporter's latest
+  scan (source exporter, at exporter_scan_at, Unix seconds), asked at --exporter-url, or
+  this command's own scan (source own-scan; detail says why). orphan_age_seconds: the
+  exporter's gpuguard_orphan_tree_age_seconds for this root at its scan, orphan_since
+  that scan's time less it (both null without the exporter's figure).
   sm_busy: NVML's per-process samples in this scan show the holder using an SM (null:
-  NVML cannot say, e.g. MIG); idle_seconds: how long it has gone without, counted from
-  this command's first scan (0 on one scan: use --watch, or the exporter's
-  gpuguard_gpu_process_idle_seconds); idle_bytes: what holders idle for
+  NVML cannot say, e.g. MIG); idle_seconds: how long it has gone without: the exporter's
+  gpuguard_gpu_process_idle_seconds at its scan (idle_source exporter), else counted from
+  this command's first scan (own-scan: 0 on one scan); idle_bytes: what holders idle for
   accounting.idle_after_seconds hold.
 
 """ + EXIT_TABLE

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuguard.console.alert_state import alert_line
+from gpuguard.console.evidence import ExporterClocks
 from gpuguard.console.json_records import sm_busy
 from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_members
 from gpuguard.console.reports import Explanation, ReapReport
@@ -168,7 +169,10 @@ def _tree_order(tree: Tree) -> list[tuple[ProcInfo, int]]:
     return out
 
 
-def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> Table:
+def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None],
+                clocks: ExporterClocks | None = None) -> Table:
+    """The trees, each member a row; orphaned for and IDLE the exporter's (`clocks`) where
+    it has them, else this command's own."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("PID", "right"), ("USER", "left"), ("PROCESS", "left"),
                           ("GPU", "right"), ("GPU MEM", "right"), ("VERDICT", "left"),
@@ -203,8 +207,12 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
                 info = snap.orphans.get(member.identity)
                 if info is not None:
                     reason += f", {info.processes} procs"
+                theirs = (clocks.orphan_age(member.identity)
+                          if clocks is not None and tree.verdict == Verdict.ORPHAN else None)
                 seen = watched_for(tree)
-                if seen is not None:
+                if theirs is not None:
+                    reason += f", orphaned {fmt_age(theirs)} (exporter)"
+                elif seen is not None:
                     reason += f", seen orphaned {fmt_age(seen)}"
             table.add_row(
                 Text(str(member.pid), style=pid_style),
@@ -217,17 +225,26 @@ def trees_table(snap: Snapshot, watched_for: Callable[[Tree], float | None]) -> 
                 verdict_text(tree.verdict) if is_root else Text(""),
                 reason,
                 fmt_age(process_age(member.start_time)),
-                idle_text(snap, member, hs),
+                idle_text(snap, member, hs, clocks),
             )
     return table
 
 
-def idle_text(snap: Snapshot, member: ProcInfo, holdings: list[Holder]) -> str:
+def idle_text(snap: Snapshot, member: ProcInfo, holdings: list[Holder],
+              clocks: ExporterClocks | None = None) -> str:
     """A holder's least idle time over its GPUs ("busy" at 0, "?" unknown); "" for a
-    process that holds nothing. Counted from this command's first scan."""
+    process that holds nothing. The exporter's figure (`clocks`, at its scan) for a
+    holding it has one for, else counted from this command's first scan."""
     if not holdings:
         return ""
-    values = [snap.idle_seconds(member.pid, member.start_time, h.gpu_uuid) for h in holdings]
+
+    def idle(h: Holder) -> float | None:
+        theirs = (clocks.idle_seconds(member.pid, member.start_time, h.gpu_uuid)
+                  if clocks is not None else None)
+        return (theirs if theirs is not None
+                else snap.idle_seconds(member.pid, member.start_time, h.gpu_uuid))
+
+    values = [idle(h) for h in holdings]
     if any(v is None for v in values):
         return "?"
     least = min(v for v in values if v is not None)
@@ -235,7 +252,8 @@ def idle_text(snap: Snapshot, member: ProcInfo, holdings: list[Holder]) -> str:
 
 
 def status_renderable(snap: Snapshot, hostname: str,
-                      watched_for: Callable[[Tree], float | None]) -> RenderableType:
+                      watched_for: Callable[[Tree], float | None],
+                      clocks: ExporterClocks | None = None) -> RenderableType:
     reading = snap.reading
     if not reading.up:
         return Text(nvml_down_line(reading), style="bold red")
@@ -255,9 +273,11 @@ def status_renderable(snap: Snapshot, hostname: str,
         orphans = sum(1 for t in snap.trees if t.verdict == Verdict.ORPHAN)
         parts.append(Text(f"Trees holding GPU memory: {len(snap.trees)}, {orphans} orphan",
                           style="bold underline"))
-        parts.append(trees_table(snap, watched_for))
-        parts.append(Text("AGE: each process's own age. Orphaned for how long: the exporter's "
-                          "gpuguard_orphan_tree_age_seconds.", style="dim"))
+        parts.append(trees_table(snap, watched_for, clocks))
+        parts.append(Text("AGE: each process's own age. " + (
+            clocks.line() if clocks is not None else
+            "Orphaned for how long: the exporter's gpuguard_orphan_tree_age_seconds."),
+            style="dim"))
         for s in acc.suspects:
             parts.append(Text(f"suspect: pid {s.pid} ({s.comm}, user {s.user}): {s.why}: "
                               f"{s.detail}", style="bold red"))

@@ -84,5 +84,5 @@ class Counters:
             return sum(self._reads.values())
 
 
-#: The process-wide instance used by procfs.py and nvml.py unless one is injected.
+#: The process-wide instance used by procfs.py and nvml/ unless one is injected.
 COUNTERS = Counters()

@@ -256,7 +256,8 @@
           alert: 'GPUIdleHolder',
           expr: |||
             (
-                gpuguard_gpu_process_idle_seconds{%(exporterSelector)s} > %(idleHolderThresholdSeconds)s
+                max without (Hostname) (gpuguard_gpu_process_idle_seconds{%(exporterSelector)s})
+                  > %(idleHolderThresholdSeconds)s
               and on (job, instance, gpu, UUID, pid)
                 gpuguard_gpu_process_memory_bytes{%(exporterSelector)s} > 0
             )
@@ -309,7 +310,8 @@
           alert: 'GPUMemoryUnattributed',
           expr: |||
             (
-              gpuguard_gpu_memory_unattributed_bytes{%(exporterSelector)s} > %(unattributedMemoryThresholdBytes)s
+              max without (Hostname) (gpuguard_gpu_memory_unattributed_bytes{%(exporterSelector)s})
+                > %(unattributedMemoryThresholdBytes)s
             )
             * on (job, instance) group_left (hostname)
               gpuguard_host_info{%(exporterSelector)s}

@@ -650,7 +650,8 @@
                 excludeByName: {
                   Time: true,
                   __name__: true,
-                  job: true
+                  job: true,
+                  Hostname: true  // dcgm-exporter's spelling of instance's host: said once
                 },
                 indexByName: {
                   instance: 0,

@@ -29,6 +29,7 @@ from tests.support.remediator_harness import (
     start_time_of,
     write_config,
 )
+from tests.support.servers import Exporter, child_env, find
 
 ATTACHED = "{holder} --pidfile {dir}/worker & wait"
 NOHUP = "nohup {holder} --pidfile {dir}/worker >/dev/null 2>&1 & wait"
@@ -82,7 +83,8 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
         assert all(isinstance(p, int) for p in tree["evidence"]["pids"])
         for holder in tree["holders"]:
             assert set(holder) == {"pid", "gpu", "uuid", "used_bytes", "kind", "container_id",
-                                   "pod_uid", "suspect", "sm_busy", "idle_seconds"}
+                                   "pod_uid", "suspect", "sm_busy", "idle_seconds",
+                                   "idle_source"}
             # Where the test runner runs (a container under some CI), and no miner.
             where = attribute(cgroup_paths(Path(f"/proc/{holder['pid']}/cgroup").read_text()))
             assert (holder["container_id"], holder["pod_uid"], holder["suspect"]) == (
@@ -582,3 +584,53 @@ def test_status_marks_suspects_and_reconciles_each_gpu(tmp_path: Path, trees: Tr
     holders = {h["pid"]: h for t in doc["trees"] for h in t["holders"]}
     assert holders[miner]["suspect"]["why"] == "cmdline-pattern"
     assert holders[worker]["suspect"] is None
+
+
+# -- status and the running exporter's clocks ---------------------------------------------
+
+
+def test_status_shows_the_running_exporters_orphan_age_and_idle_seconds(
+        trees: Trees, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path, gpuguard: Run) -> None:
+    """A console scan alone says IDLE 0s for a holder the exporter has watched idle for
+    seconds; with the exporter running, status shows the exporter's orphan age and idle
+    seconds and says they are the exporter's, at its scan."""
+    sh, worker = orphan_tree(trees, fake_gpu)
+    exporter = Exporter(env=fake_gpu.subprocess_env(fake_nvml_lib, child_env()))
+    try:
+        def watched_two_seconds() -> bool:
+            samples = exporter.scrape()
+            idle = find(samples, "gpuguard_gpu_process_idle_seconds", pid=str(worker))
+            age = find(samples, "gpuguard_orphan_tree_age_seconds", root_pid=str(sh))
+            return bool(idle and age and idle[0][1] >= 2 and age[0][1] >= 2)
+
+        wait_for(watched_two_seconds, timeout=20, what="the exporter's clocks at 2 s")
+        proc = gpuguard("status", "--json", "--exporter-url", exporter.url)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        clocks = doc["clocks"]
+        assert (clocks["source"], clocks["exporter_url"]) == ("exporter", exporter.url)
+        assert doc["taken_at"] - 10 < clocks["exporter_scan_at"] <= doc["taken_at"]
+        assert "from the exporter's scan at" in clocks["detail"]
+        (tree,) = (t for t in doc["trees"] if t["root_pid"] == sh)
+        assert tree["orphan_age_seconds"] >= 2
+        assert tree["orphan_since"] == pytest.approx(
+            clocks["exporter_scan_at"] - tree["orphan_age_seconds"])
+        (holder,) = tree["holders"]
+        assert holder["idle_seconds"] >= 2 and holder["idle_source"] == "exporter"
+        text = gpuguard("status", "--exporter-url", exporter.url).stdout
+        assert "from the exporter's scan at" in text and "(exporter)" in text
+        (row,) = (line for line in text.splitlines() if line.lstrip().startswith(f"{worker} "))
+        assert not row.rstrip().endswith(" 0s"), row
+    finally:
+        exporter.stop()
+    # No exporter (its port closed now): the command's own scan, and it says so.
+    doc = json.loads(gpuguard("status", "--json", "--exporter-url", exporter.url).stdout)
+    assert doc["clocks"]["source"] == "own-scan" and doc["clocks"]["exporter_scan_at"] is None
+    assert "this command's own scan" in doc["clocks"]["detail"]
+    assert exporter.url in doc["clocks"]["detail"]
+    (tree,) = (t for t in doc["trees"] if t["root_pid"] == sh)
+    assert tree["orphan_age_seconds"] is None and tree["orphan_since"] is None
+    assert [(h["idle_seconds"], h["idle_source"]) for h in tree["holders"]] == [
+        (0.0, "own-scan")]
+    text = gpuguard("status", "--exporter-url", exporter.url).stdout
+    assert "this command's own scan, idle counted from now" in text

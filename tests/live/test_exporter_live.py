@@ -169,9 +169,18 @@ def test_gpu_gauges_and_info(fake_gpu: FakeGpuWorld, exporter_for) -> None:
             assert not {"device", "pci_bus_id"} & set(labels), (name, labels)
     host, = find(samples, "gpuguard_host_info")
     assert host[0]["hostname"] == "gpu-node-7"
-    # The host name once, as `hostname` (docs/metrics.md, Labels): no series says Hostname.
-    assert [n for (n, labels) in samples if "Hostname" in dict(labels)] == []
+    # The host name as the alert contract spells it, `hostname`, on gpuguard_host_info alone;
+    # as dcgm-exporter before its rename spelled it, `Hostname`, on every series that names
+    # a GPU (older dcgm-exporters' joins use it), and on no other (docs/metrics.md, Labels).
     assert [n for (n, labels) in samples if "hostname" in dict(labels)] == ["gpuguard_host_info"]
+    per_gpu = {n for (n, labels) in samples if "UUID" in dict(labels)}
+    assert {"gpuguard_gpu_info", "gpuguard_gpu_memory_bytes", "gpuguard_gpu_memory_used_bytes",
+            "gpuguard_gpu_utilization_ratio", "gpuguard_gpu_temperature_celsius",
+            "gpuguard_gpu_power_watts"} <= per_gpu
+    assert {n for (n, labels) in samples if dict(labels).get("Hostname") == "gpu-node-7"} == \
+        per_gpu
+    assert [n for (n, labels) in samples if "Hostname" in dict(labels)
+            and dict(labels)["Hostname"] != "gpu-node-7"] == []
     assert find(samples, "gpuguard_nvml_up")[0][1] == 1
     assert requests.get(f"{exp.url}/healthz", timeout=5).status_code == 200
 

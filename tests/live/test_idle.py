@@ -26,6 +26,9 @@ GIB = 2**30
 NVML_ERROR_UNKNOWN = 999
 NEW, LEGACY = "processes_utilization", "process_utilization"
 
+#: GPU 0's per-GPU labels, as the collector below (hostname "node-1") writes them.
+GPU0 = {"gpu": "0", "UUID": default_uuid(0), "Hostname": "node-1"}
+
 
 def make(boot: list[float], wall: list[float] | None = None,
          **kwargs: object) -> tuple[Scanner, CollectorRegistry]:
@@ -58,7 +61,7 @@ def test_idle_seconds_grow_for_an_idle_holder_and_stay_near_zero_for_a_busy_one(
 
     def idle_of(pid: int) -> float | None:
         return registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
-                                         {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)})
+                                         {**GPU0, "pid": str(pid)})
 
     scanner.scan_once()
     assert idle_of(idler) == 0.0 and idle_of(worker) == 0.0
@@ -95,9 +98,9 @@ def test_unknown_utilization_leaves_idle_series_absent(trees: Trees,
     boot[0] = 500.0
     scanner.scan_once()
     assert registry.get_sample_value("gpuguard_gpu_process_memory_bytes",
-                                     {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) == GIB
+                                     {**GPU0, "pid": str(pid)}) == GIB
     assert registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
-                                     {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) is None
+                                     {**GPU0, "pid": str(pid)}) is None
     assert registry.get_sample_value("gpuguard_user_gpu_idle_memory_bytes",
                                      {"user": user_name(os.getuid())}) == 0
 
@@ -144,7 +147,7 @@ def test_a_scan_after_a_stall_restarts_the_idle_clock(trees: Trees,
 
     def idle() -> float | None:
         return registry.get_sample_value("gpuguard_gpu_process_idle_seconds",
-                                         {"gpu": "0", "UUID": default_uuid(0), "pid": str(holder)})
+                                         {**GPU0, "pid": str(holder)})
 
     for t in (100.0, 105.0, 110.0):
         boot[0] = t
@@ -181,7 +184,7 @@ def test_a_wall_clock_step_leaves_idle_series_absent_then_restarts_them(
         scanner.scan_once()
         return tuple(registry.get_sample_value(  # type: ignore[return-value]
             "gpuguard_gpu_process_idle_seconds",
-            {"gpu": "0", "UUID": default_uuid(0), "pid": str(pid)}) for pid in (worker, idler))
+            {**GPU0, "pid": str(pid)}) for pid in (worker, idler))
 
     assert scan_after(0) == (0.0, 0.0)
     assert scan_after(30) == (0.0, 30.0)

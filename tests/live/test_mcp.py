@@ -30,7 +30,7 @@ from tests.support.remediator_harness import (
     start_time_of,
     write_config,
 )
-from tests.support.servers import REPO, child_env
+from tests.support.servers import REPO, Exporter, child_env, find
 
 try:
     import anyio
@@ -184,6 +184,33 @@ def test_lists_the_three_tools_with_their_annotations_and_schemas(tmp_path: Path
 
 
 # -- the read-only tools ------------------------------------------------------------------
+
+
+def test_gpu_status_reads_the_running_exporters_clocks(trees: Trees, fake_gpu: FakeGpuWorld,
+                                                     fake_nvml_lib: Path, tmp_path: Path,
+                                                     server: Server) -> None:
+    """An agent asking right after a job stopped is told the exporter's idle seconds and
+    orphan age (and that they are the exporter's), not one scan's 0."""
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=3 * GIB)
+    exporter = Exporter(env=fake_gpu.subprocess_env(fake_nvml_lib, child_env()))
+    got: dict[str, Any] = {}
+
+    async def scenario(session: ClientSession) -> None:
+        got.update(ok(await call(session, "gpu_status", {})))
+
+    try:
+        wait_for(lambda: any(v >= 2 for _, v in find(
+            exporter.scrape(), "gpuguard_gpu_process_idle_seconds", pid=str(orphan.holder))),
+            timeout=20, what="the exporter's idle clock at 2 s")
+        server.env["GPUGUARD_EXPORTER_URL"] = exporter.url
+        server.run(config_file(tmp_path), scenario)
+    finally:
+        exporter.stop()
+    assert got["clocks"]["source"] == "exporter"
+    (tree,) = (t for t in got["trees"] if t["root_pid"] == orphan.root)
+    assert tree["orphan_age_seconds"] >= 2
+    (holder,) = tree["holders"]
+    assert holder["idle_seconds"] >= 2 and holder["idle_source"] == "exporter"
 
 
 def test_gpu_status_is_the_status_json_document(tmp_path: Path, trees: Trees,

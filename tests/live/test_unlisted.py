@@ -209,7 +209,7 @@ def test_a_pid_nvml_lists_that_proc_lacks_is_counted_with_its_memory(
     (gpu,) = snap.unseen
     assert (gpu.index, gpu.processes, gpu.memory_bytes) == (0, 2, 3 * GIB)
     got = scrape(scanner, snap)
-    labels = (("UUID", gpu.uuid), ("gpu", "0"))
+    labels = (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0"))
     assert got[("gpuguard_gpu_unseen_processes", labels)] == 2
     assert got[("gpuguard_gpu_unseen_process_memory_bytes", labels)] == 3 * GIB
 
@@ -273,7 +273,8 @@ def test_the_unlisted_holder_series(trees: Trees, fake_gpu: FakeGpuWorld,
     assert series == [("gpuguard_gpu_unlisted_holder_info", {
         "pid": str(holder), "start_time": str(found.start_time), "comm": found.comm,
         "user": found.user, "device_file": str(tmp_path / "dev" / "nvidia0"),
-        "verdict": "normal", "reason": "attached", "gpu": "", "UUID": ""})]
+        "verdict": "normal", "reason": "attached", "gpu": "", "UUID": "",
+        "Hostname": "h"})]
 
 
 def test_the_remediator_refuses_a_tree_nvml_does_not_list(

@@ -370,6 +370,15 @@ def test_no_package_folder_holds_more_than_its_share_of_modules() -> None:
     assert len(folder_modules()[PACKAGE / "remediator"]) >= 5
 
 
+def test_only_the_nvml_package_imports_pynvml() -> None:
+    """NVML is read behind one lock, with every call counted (gpuguard/host/nvml/): a module
+    elsewhere that called pynvml would race the scanner's read and cost unseen."""
+    users = sorted({module for module, path in MODULES.items()
+                    for _line, imported, _name in imports(path, module)
+                    if under(imported, {"pynvml"})})
+    assert users and all(under(m, {"gpuguard.host.nvml"}) for m in users), users
+
+
 def test_every_own_import_is_under_the_gpuguard_namespace() -> None:
     """The wheel installs one top-level package, gpuguard: a bare `import exporter` works in
     the checkout (its folder is on sys.path) and fails, or finds someone else's, installed."""

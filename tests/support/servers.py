@@ -141,7 +141,11 @@ LATE_REASON = "launcher-unrecorded" if in_host_pid_namespace() else "session-end
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child gpuguard process; a console command in it asks no
+    exporter for its clocks (a real one on this host's 9877 would answer) unless a test
+    names one (--exporter-url, or GPUGUARD_EXPORTER_URL in `extra`)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
+    env["GPUGUARD_EXPORTER_URL"] = ""
     env.update(extra)
     return env

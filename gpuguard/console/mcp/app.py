@@ -78,6 +78,7 @@ class StatusDocument(TypedDict):
     gpus: list[dict[str, Any]]
     trees: list[dict[str, Any]]
     accounting: dict[str, Any]
+    clocks: dict[str, Any]
 
 
 class ExplainDocument(TypedDict):
@@ -144,8 +145,11 @@ def register_tools(server: MCPServer[Any], settings: ServeSettings) -> None:
     async def gpu_status() -> Annotated[CallToolResult, StatusDocument]:
         """One scan, as the exporter sees it: the GPUs and every process tree holding GPU
         memory, each with its verdict (normal, orphan, protected, unknown), reason, rule,
-        members and holders. The same document as `gpuguard status --json`
-        (schema gpuguard.status/v1); an error when NVML is unavailable."""
+        members and holders. How long a tree has been orphaned and a holder idle come from
+        the running exporter's latest scan where one answers (clocks.source "exporter");
+        otherwise this one scan counts idle from now (clocks.source "own-scan", idle 0).
+        The same document as `gpuguard status --json` (schema gpuguard.status/v1); an
+        error when NVML is unavailable."""
         async with one_at_a_time:
             return await anyio.to_thread.run_sync(answer, lambda: status_document(settings))
 

@@ -42,7 +42,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from gpuguard.console.mcp.app import serve
 
     settings = ServeSettings(config_path=args.config, hostname=args.hostname,
-                             allow_pid_namespace=args.allow_pid_namespace)
+                             allow_pid_namespace=args.allow_pid_namespace,
+                             exporter_url=args.exporter_url)
     # gpu_reap holds a pidfd per member, as `gpuguard reap` does: the soft limit bounds it.
     logging.getLogger("gpuguard.mcp").debug("%s", PLATFORM.raise_open_file_limit())
     logging.getLogger("gpuguard.mcp").info(

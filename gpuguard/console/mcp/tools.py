@@ -19,6 +19,7 @@ from gpuguard.config import Config
 from gpuguard.console.alert_state import orphan_alerts
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_USAGE, START_TIME_WORDS, Failure
+from gpuguard.console.evidence import exporter_clocks
 from gpuguard.console.explain import explain_json, explain_pid
 from gpuguard.console.render import nvml_down_line
 from gpuguard.console.status import new_scanner, status_json
@@ -57,6 +58,8 @@ class ServeSettings:
     config_path: str | None
     hostname: str
     allow_pid_namespace: bool
+    #: The running exporter asked for its clocks at each gpu_status ("" asks none).
+    exporter_url: str = ""
 
     def config(self) -> Config:
         try:
@@ -179,10 +182,11 @@ def status_document(settings: ServeSettings) -> dict[str, Any]:
     scanner = new_scanner(config)
     try:
         snap = scanner.scan_once()
+        clocks = exporter_clocks(settings.exporter_url)
         alerts = orphan_alerts(config, settings.hostname, snap)
     finally:
         scanner.nvml.close()
-    doc = plain(status_json(snap, settings.hostname, alerts))
+    doc = plain(status_json(snap, settings.hostname, alerts, clocks=clocks))
     if not snap.reading.up:
         raise ToolRefusal("nvml-down", nvml_down_line(snap.reading), doc)
     return doc

@@ -1,6 +1,6 @@
 """WDDM per-process GPU memory (issue 30): the counter instance names, their sums, which
 adapter a GPU is, and the holders NVML cannot size given WDDM's figure. The C/G/C+G marks
-come from NVML's two process lists, merged per pid (gpuguard/host/nvml.py).
+come from NVML's two process lists, merged per pid (gpuguard/host/nvml/reader.py).
 
 The counters themselves (pdh.dll) cannot exist on Linux: reading them here is the
 "absent" path (None, one warning); the Wine tier reads the real PDH.

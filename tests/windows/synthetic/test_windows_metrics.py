@@ -102,8 +102,9 @@ def test_wddm_sizes_what_nvml_could_not(fake_gpu: FakeGpuWorld) -> None:
               "user": ALICE, "reason": "parent-gone"}
     assert registry.get_sample_value("gpuguard_orphan_tree_memory_bytes", labels) == 3 * GIB
     uuid = fake_gpu.gpus[0].uuid
-    assert registry.get_sample_value("gpuguard_gpu_process_memory_bytes",
-                                     {"gpu": "0", "UUID": uuid, "pid": "7008"}) == 3 * GIB
+    assert registry.get_sample_value(
+        "gpuguard_gpu_process_memory_bytes",
+        {"gpu": "0", "UUID": uuid, "Hostname": "win-a", "pid": "7008"}) == 3 * GIB
 
 
 def test_a_holder_missing_from_the_table_exited_since_and_is_no_scan_error(

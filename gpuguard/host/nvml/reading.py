@@ -1,0 +1,62 @@
+"""What one pass over NVML gives: each GPU's gauges and identity, and the reading whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuguard.orphans.process import Holder
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's gauges; any field the driver could not give is None."""
+
+    index: int
+    uuid: str
+    name: str | None
+    memory_total_bytes: int | None
+    memory_used_bytes: int | None
+    utilization_ratio: float | None
+    temperature_celsius: float | None
+    power_watts: float | None
+    #: False when the driver would not list this GPU's processes: then no holder on it
+    #: is known, and "used minus what processes hold" would be a guess.
+    processes_listed: bool = True
+    #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
+    #: includes the driver's reserved memory: memory no process holds, of unknown size.
+    used_excludes_reserved: bool = True
+    #: The pids NVML saw use this GPU since the previous read (SM, memory controller,
+    #: encoder or decoder above 0 in a sample newer than the previous read's mark); every
+    #: other holder used none. None when NVML cannot say (MIG, NOT_SUPPORTED, an error, a
+    #: wall-clock step since the previous read): unknown, never "idle".
+    busy_pids: frozenset[int] | None = None
+    #: The device node's name, "nvidia" and the minor number (dcgm-exporter's `device`).
+    device: str | None = None
+    #: The PCI address as the driver formats it, "00000000:3B:00.0" (dcgm's `pci_bus_id`).
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What never changes for one GPU while the driver stays loaded: read once, by UUID.
+
+    A field the driver cannot give (NOT_SUPPORTED) is None for good; one whose read
+    failed otherwise is None for this scan and read again on the next.
+    """
+
+    name: str | None
+    device: str | None
+    pci_bus_id: str | None
+    #: The fields whose read failed (not NOT_SUPPORTED): read again on the next scan.
+    unsettled: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    """One pass over NVML: what could be read, and what failed (stage, message)."""
+
+    up: bool
+    driver_version: str | None
+    gpus: tuple[GpuSample, ...]
+    holders: tuple[Holder, ...]
+    errors: tuple[tuple[str, str], ...]
