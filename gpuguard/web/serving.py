@@ -45,7 +45,11 @@ log = logging.getLogger("gpuguard.http")
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
 IDLE_TIMEOUT_SECONDS = 10
-#: Open connections at most; kept well under the usual 1024 open-file soft limit.
+#: Open connections at most. Not bounded by descriptors: a relayed TLS connection takes
+#: three (its TCP socket, both ends of the relay), so 512 of them pass 1024, which the
+#: daemons' raised open-file limit allows; waitress's loop therefore polls (poll(), not
+#: select(), which takes descriptors below 1024 only), as the TLS front's asyncio loop
+#: does (epoll).
 CONNECTION_LIMIT = 512
 #: How often waitress looks for idle connections to close.
 CLEANUP_INTERVAL_SECONDS = 2
@@ -141,6 +145,9 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
 
         server = waitress_server(
             answer_head_as_get(wsgi), ident=ident, channel_timeout=idle_timeout,
+            # select() raises ValueError on a descriptor of 1024 or more, ending the
+            # loop and the daemon: ~340 idle TLS connections did (issue 48).
+            asyncore_use_poll=True,
             # The slots (channels.py) hold CONNECTION_LIMIT; waitress accepts a little
             # beyond, so that a newcomer can still take the slot of a quiet connection.
             connection_limit=CONNECTION_LIMIT + ACCEPT_SLACK,

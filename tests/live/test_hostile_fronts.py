@@ -5,7 +5,9 @@ in-process; real sockets on 127.0.0.1 only. Each test failed on the code before.
 
 from __future__ import annotations
 
+import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -102,6 +104,46 @@ def test_silent_tls_connections_from_one_address_do_not_stop_scrapes(
             except requests.RequestException as exc:
                 codes.append(type(exc).__name__)
         assert codes == [200] * 5
+    finally:
+        for s in held:
+            s.close()
+        exp.stop()
+
+
+def test_idle_tls_connections_past_1024_descriptors_do_not_stop_the_exporter(
+        tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
+    """Before: waitress's loop used select(), which takes descriptors below 1024 only;
+    each relayed TLS connection holds three (its TCP socket, both ends of the relay), so
+    three addresses with 128 handshaken, silent connections each (within their shares)
+    made the exporter exit (`filedescriptor out of range in select()`) at ~340."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard open-file limit leaves no descriptor numbers past 1024")
+    exp = tls_exporter(tmp_path, certs, fake_gpu, fake_nvml_lib)
+    ctx = ssl.create_default_context(cafile=certs.path("ca.crt"))
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: tls_scrape(exp, certs) == 200, what="a scrape over TLS")
+        for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+            for _ in range(128):
+                try:
+                    raw = socket.create_connection(("127.0.0.1", exp.port), timeout=5,
+                                                   source_address=(source, 0))
+                    held.append(ctx.wrap_socket(raw, server_hostname="127.0.0.1"))
+                except OSError:
+                    break  # the exporter is gone
+        descriptors = [0]
+
+        def past_1024_or_gone() -> bool:
+            if exp.proc.poll() is not None:
+                return True
+            descriptors[0] = len(os.listdir(f"/proc/{exp.proc.pid}/fd"))
+            return descriptors[0] > 1024
+
+        wait_for(past_1024_or_gone, timeout=3, what="the relays to reach waitress")
+        assert exp.proc.poll() is None, f"the exporter exited: {exp.stderr()[-400:]}"
+        assert tls_scrape(exp, certs) == 200
     finally:
         for s in held:
             s.close()
