@@ -6,7 +6,8 @@ authenticates can make it hold (issues 25 and 48).
   seconds would hold its connection (and with enough of them, every one) forever.
 - Connections share `Slots`: one client address at most a quarter of them, and a
   newcomer over a bound takes the slot of the quietest connection not being served
-  (the TLS front does the same in front of it).
+  (the TLS front does the same in front of it); a request waiting for a login thread
+  is not being served yet.
 - Pipelining: waitress parses every request of what one read brings (300 and more) and
   queues an answer for each; past its 16 MiB mark a worker thread waits for a client
   that never reads, until the idle timeout. Here a connection has at most
@@ -55,6 +56,9 @@ def bounded_channel(parser: type, *, connection_limit: int, freed: FreedMemory) 
         completed: bool
         channel: Any = None  # a weak reference: a cycle would keep a closed one's head
         held = b""
+        #: When this request, whole, began waiting for a login thread (serving.Dispatcher
+        #: sets it, a login thread clears it): until then its connection counts as quiet.
+        waiting_since: float | None = None
 
         def received(self, data: bytes) -> int:
             started = self.header_plus or self.headers_finished or self.completed
@@ -137,9 +141,11 @@ def bounded_channel(parser: type, *, connection_limit: int, freed: FreedMemory) 
 
     def _quiet(channel: Any) -> float | None:
         """Seconds `channel` has asked nothing (None while a request of it is served):
-        since its last byte, or since the first byte of a request still coming in."""
+        since its last byte, or since the first byte of a request still coming in. A
+        request waiting for a login thread is not served yet: quiet since it came."""
         if channel.requests:
-            return None
+            waiting = getattr(channel.requests[0], "waiting_since", None)
+            return None if waiting is None else max(0.0, time.time() - waiting)
         since = channel._partial_since or channel.last_activity
         return max(0.0, time.time() - since)
 

@@ -30,6 +30,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,11 @@ log = logging.getLogger("gpuguard.http")
 
 #: Seconds a connection may sit idle (nothing received) before it is closed.
 IDLE_TIMEOUT_SECONDS = 10
-#: Open connections at most; kept well under the usual 1024 open-file soft limit.
+#: Open connections at most. Not bounded by descriptors: a relayed TLS connection takes
+#: three (its TCP socket, both ends of the relay), so 512 of them pass 1024, which the
+#: daemons' raised open-file limit allows; waitress's loop therefore polls (poll(), not
+#: select(), which takes descriptors below 1024 only), as the TLS front's asyncio loop
+#: does (epoll).
 CONNECTION_LIMIT = 512
 #: How often waitress looks for idle connections to close.
 CLEANUP_INTERVAL_SECONDS = 2
@@ -56,17 +61,29 @@ SMALL_BODY_BYTES = 4096
 #: webauth.py); the paths with their own credentials, /healthz and known-good
 #: requests are served by the other `threads`, which no login can occupy.
 LOGIN_THREADS = 2
+#: Requests that may wait for a login thread; past it, a request that needs a login is
+#: answered 503 at once, with no bcrypt check (a check takes tens of milliseconds, so
+#: 512 waiting made a login wait half a minute). A request waiting counts as quiet
+#: (channels.py): its connection may give its slot up to a newcomer.
+LOGIN_QUEUE_LIMIT = 8 * LOGIN_THREADS
 
 
 @dataclass(frozen=True)
 class Refusal:
-    """An answer given from a request's head, before any of its body is read."""
+    """An answer given without the application: from a request's head, before any of its
+    body is read, or at once when too many logins wait (LOGINS_BUSY)."""
 
     status: int
     reason: str
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
+
+
+#: What a request over LOGIN_QUEUE_LIMIT gets; its connection is closed after it.
+LOGINS_BUSY = Refusal(503, "Service Unavailable",
+                      b"too many logins waiting; retry in a second\n",
+                      headers=(("Retry-After", "1"),))
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,9 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
 
         server = waitress_server(
             answer_head_as_get(wsgi), ident=ident, channel_timeout=idle_timeout,
+            # select() raises ValueError on a descriptor of 1024 or more, ending the
+            # loop and the daemon: ~340 idle TLS connections did (issue 48).
+            asyncore_use_poll=True,
             # The slots (channels.py) hold CONNECTION_LIMIT; waitress accepts a little
             # beyond, so that a newcomer can still take the slot of a quiet connection.
             connection_limit=CONNECTION_LIMIT + ACCEPT_SLACK,
@@ -149,10 +169,12 @@ def create_server(app: Any, *, host: str, port: int, ident: str, threads: int,
             # framing too. Bodies stay in memory up to the policy's ceiling.
             max_request_body_size=2 * policy.ceiling + 65536,
             inbuf_overflow=policy.ceiling + 65536,
-            _dispatcher=Dispatcher(threads, needs_login if web is not None else None),
+            _dispatcher=Dispatcher(threads, needs_login if web is not None else None,
+                                   refuse=_refusal_error(extra_headers)),
             **where, **options)
         freed = FreedMemory()
-        server.channel_class = bounded_channel(_admitting_parser(policy, extra_headers),
+        server.channel_class = bounded_channel(_admitting_parser(policy, _refusal_error(
+                                                   extra_headers)),
                                                connection_limit=CONNECTION_LIMIT, freed=freed)
         maintain = server.maintenance
 
@@ -227,9 +249,14 @@ class Dispatcher:
     been read whole; `needs_login` looks at that request, in the event loop, cheaply
     (a cache lookup). A flood of wrong passwords then queues behind its own threads
     (where webauth.py bounds what each costs), never in front of /alerts or /healthz.
+    The queue holds LOGIN_QUEUE_LIMIT: past it a request gets LOGINS_BUSY (`refuse`
+    makes waitress's error of it) without a check; a request in the queue is marked
+    `waiting_since`, so that its connection counts as quiet (issue 48: 512 addresses
+    each with one wrong password waiting held every slot, and a known scraper got none).
     """
 
-    def __init__(self, threads: int, needs_login: Callable[[Any], bool] | None) -> None:
+    def __init__(self, threads: int, needs_login: Callable[[Any], bool] | None,
+                 refuse: Callable[[Refusal], Any] | None = None) -> None:
         from waitress.task import ThreadedTaskDispatcher
 
         class LoginPool(ThreadedTaskDispatcher):  # type: ignore[misc]
@@ -243,6 +270,7 @@ class Dispatcher:
         self.main = ThreadedTaskDispatcher()
         self.main.set_thread_count(threads)
         self.needs_login = needs_login
+        self.refuse = refuse
         self.logins = None
         if needs_login is not None:
             self.logins = LoginPool()
@@ -257,6 +285,15 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - a bug here must not drop the request
                 log.exception("cannot tell whether a request needs a login")
                 pool = self.logins
+        if pool is self.logins and channel.requests:
+            request = channel.requests[0]
+            if len(self.logins.queue) >= LOGIN_QUEUE_LIMIT and self.refuse is not None:
+                request.error = self.refuse(LOGINS_BUSY)  # answered (cheaply) in the main pool
+                self.main.add_task(channel)
+                return
+            request.waiting_since = time.time()
+            self.logins.add_task(_LoginTurn(channel))
+            return
         pool.add_task(channel)
 
     def set_thread_count(self, count: int) -> None:
@@ -270,6 +307,24 @@ class Dispatcher:
 
 
 logging.getLogger("gpuguard.http.logins").setLevel(logging.ERROR)
+
+
+class _LoginTurn:
+    """A channel in the login queue: once a login thread takes it, its request is
+    being served (no longer quiet)."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+
+    def service(self) -> None:
+        if self.channel.requests:
+            self.channel.requests[0].waiting_since = None
+        self.channel.service()
+
+    def cancel(self) -> None:  # waitress's shutdown(cancel_pending=True)
+        self.channel.cancel()
 
 
 class TlsServer:
@@ -289,18 +344,11 @@ class TlsServer:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
-def _admitting_parser(policy: BodyPolicy,
-                      extra_headers: Callable[[], tuple[tuple[str, str], ...]]) -> type:
-    """waitress's request parser, asking `policy` about each request once its head is in.
-
-    waitress's parser returns as soon as the head is complete (the body comes in later
-    calls), so the answer is known before a byte of body is taken; a refused request is
-    marked complete with an error, which waitress answers (and then closes the
-    connection, so the unread body is never parsed). `Expect: 100-continue` is not
-    answered for a refused request."""
-    from waitress.parser import HTTPRequestParser
+def _refusal_error(extra_headers: Callable[[], tuple[tuple[str, str], ...]]
+                   ) -> Callable[[Refusal], Any]:
+    """A Refusal as waitress's error for a request (waitress answers it, then closes the
+    connection), with the web config's headers."""
     from waitress.utilities import Error
-    from waitress.utilities import RequestEntityTooLarge as TooLarge
 
     class Refused(Error):  # type: ignore[misc]
         def __init__(self, refusal: Refusal) -> None:
@@ -312,6 +360,20 @@ def _admitting_parser(policy: BodyPolicy,
             r = self.refusal
             return (f"{r.status} {r.reason}",
                     [("Content-Type", r.content_type), *r.headers, *extra_headers()], r.body)
+
+    return Refused
+
+
+def _admitting_parser(policy: BodyPolicy, refused: Callable[[Refusal], Any]) -> type:
+    """waitress's request parser, asking `policy` about each request once its head is in.
+
+    waitress's parser returns as soon as the head is complete (the body comes in later
+    calls), so the answer is known before a byte of body is taken; a refused request is
+    marked complete with an error, which waitress answers (and then closes the
+    connection, so the unread body is never parsed). `Expect: 100-continue` is not
+    answered for a refused request."""
+    from waitress.parser import HTTPRequestParser
+    from waitress.utilities import RequestEntityTooLarge as TooLarge
 
     class AdmittingParser(HTTPRequestParser):  # type: ignore[misc]
         error: Any  # waitress's: None or an Error
@@ -355,7 +417,7 @@ def _admitting_parser(policy: BodyPolicy,
                 self._refuse(policy.too_large(head, self._limit))
 
         def _refuse(self, refusal: Refusal) -> None:
-            self.error = Refused(refusal)
+            self.error = refused(refusal)
             self.completed = True
             self.expect_continue = False
 

@@ -2,9 +2,9 @@
 
 bcrypt is slow on purpose, so what logins cost is bounded here whoever sends how many
 (docs/design.md, Principles, 3): successes and failures are remembered, each client
-address (IPv6 by /64) has a budget of failed checks, one bcrypt check runs at a time,
-and an unknown user is checked against a fixed dummy hash. Why each: docs/design.md,
-Cost rules (HTTP under abuse).
+address (IPv6 by /64, all of 127.0.0.0/8 as one) has a budget of failed checks, one
+bcrypt check runs at a time, and an unknown user is checked against a fixed dummy hash.
+Why each: docs/design.md, Cost rules (HTTP under abuse).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ BCRYPT_MAX_PASSWORD = 72
 #: 10 (exporter-toolkit's choice), fixed so that no request ever pays for making one.
 DUMMY_HASH = b"$2b$10$J.BTm5kx8oyBrIayUk4Pne62tyOsh86X2FM.rlA5MzTf9Gycluo4m"
 
+#: Every IPv4 loopback address, one client for the failure budget.
+LOOPBACK = "127.0.0.0/8"
+
 ALLOW, DENY, THROTTLE = "allow", "deny", "throttle"
 
 
@@ -68,16 +71,19 @@ def cache_key(user: str, password: bytes, hashed: bytes | None) -> _Key:
 
 def client_key(address: str) -> str:
     """Whose failures a request's are: its IPv4 address, or its IPv6 address's /64 (one
-    host holds a whole /64); anything else (a Unix socket's "localhost") as it is."""
+    host holds a whole /64), all of 127.0.0.0/8 as one (any local user can send from
+    each of its 16 million addresses); anything else (a Unix socket's "localhost") as it
+    is. IPv4 is not grouped by /24: honest clients behind one would spend each other's
+    budget."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return address
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
+        if ip.ipv4_mapped is None:
+            return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+        ip = ip.ipv4_mapped
+    return LOOPBACK if ip.is_loopback else str(ip)
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:

@@ -5,9 +5,15 @@ in-process; real sockets on 127.0.0.1 only. Each test failed on the code before.
 
 from __future__ import annotations
 
+import base64
+import os
+import secrets
+import selectors
 import socket
+import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +114,46 @@ def test_silent_tls_connections_from_one_address_do_not_stop_scrapes(
         exp.stop()
 
 
+def test_idle_tls_connections_past_1024_descriptors_do_not_stop_the_exporter(
+        tmp_path: Path, certs: Certs, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
+    """Before: waitress's loop used select(), which takes descriptors below 1024 only;
+    each relayed TLS connection holds three (its TCP socket, both ends of the relay), so
+    three addresses with 128 handshaken, silent connections each (within their shares)
+    made the exporter exit (`filedescriptor out of range in select()`) at ~340."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048:
+        pytest.skip("the hard open-file limit leaves no descriptor numbers past 1024")
+    exp = tls_exporter(tmp_path, certs, fake_gpu, fake_nvml_lib)
+    ctx = ssl.create_default_context(cafile=certs.path("ca.crt"))
+    held: list[socket.socket] = []
+    try:
+        wait_for(lambda: tls_scrape(exp, certs) == 200, what="a scrape over TLS")
+        for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4"):
+            for _ in range(128):
+                try:
+                    raw = socket.create_connection(("127.0.0.1", exp.port), timeout=5,
+                                                   source_address=(source, 0))
+                    held.append(ctx.wrap_socket(raw, server_hostname="127.0.0.1"))
+                except OSError:
+                    break  # the exporter is gone
+        descriptors = [0]
+
+        def past_1024_or_gone() -> bool:
+            if exp.proc.poll() is not None:
+                return True
+            descriptors[0] = len(os.listdir(f"/proc/{exp.proc.pid}/fd"))
+            return descriptors[0] > 1024
+
+        wait_for(past_1024_or_gone, timeout=3, what="the relays to reach waitress")
+        assert exp.proc.poll() is None, f"the exporter exited: {exp.stderr()[-400:]}"
+        assert tls_scrape(exp, certs) == 200
+    finally:
+        for s in held:
+            s.close()
+        exp.stop()
+
+
 def test_silent_plain_connections_from_one_address_do_not_stop_scrapes(
         fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
     """Without TLS, waitress stopped accepting at 512 connections: a scrape waited in
@@ -172,6 +218,97 @@ def test_anonymous_requests_do_not_drain_the_rate_limit_of_authenticated_ones(
                                timeout=5).status_code for _ in range(4)]
         assert authed == [200, 200, 200, 429]  # the bucket still binds who passed
     finally:
+        exp.stop()
+
+
+def wrong_password_flood(port: int, sources: list[str], stop: threading.Event,
+                         answers: Counter[str]) -> None:
+    """One keep-alive connection from each of `sources`, each sending `GET /metrics` with
+    a fresh wrong password as soon as its last one is answered (reconnecting when
+    closed), until `stop`."""
+    sel = selectors.DefaultSelector()
+
+    def request() -> bytes:
+        token = base64.b64encode(f"prometheus:{secrets.token_hex(8)}".encode()).decode()
+        return (f"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Basic {token}\r\n\r\n").encode()
+
+    def connect(source: str) -> None:
+        s = socket.socket()
+        s.setblocking(False)
+        s.bind((source, 0))
+        s.connect_ex(("127.0.0.1", port))
+        sel.register(s, selectors.EVENT_WRITE, [source, b""])
+
+    for source in sources:
+        connect(source)
+    while not stop.is_set():
+        for key, events in sel.select(0.2):
+            s, state = key.fileobj, key.data
+            assert isinstance(s, socket.socket)
+            try:
+                if events & selectors.EVENT_WRITE:
+                    s.sendall(request())
+                    sel.modify(s, selectors.EVENT_READ, state)
+                    continue
+                chunk = s.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:  # closed: back at once, from the same address
+                answers["closed"] += 1
+                sel.unregister(s)
+                s.close()
+                connect(state[0])
+                continue
+            state[1] += chunk
+            head, sep, body = state[1].partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            if sep and len(body) >= length:
+                answers[head.split(b" ", 2)[1].decode()] += 1
+                state[1] = b""
+                s.sendall(request())
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    sel.close()
+
+
+def test_wrong_passwords_from_many_addresses_do_not_lock_out_a_known_scraper(
+        tmp_path: Path, fake_gpu: FakeGpuWorld, fake_nvml_lib: Path) -> None:
+    """Before: a connection whose request waited for a login counted as being served,
+    so it never gave its slot up; with bcrypt one check at a time and a failure budget
+    per address, 512 addresses each keeping one wrong password waiting held all 512
+    slots, and a scrape whose password was known good failed (connection closed)."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    exp = Exporter(env=fake_gpu.subprocess_env(fake_nvml_lib, child_env()),
+                   args=["--web-config-file", str(web)], scan_interval=0.5)
+    stop = threading.Event()
+    answers: Counter[str] = Counter()
+    sources = [f"127.0.{1 + n // 256}.{n % 256}" for n in range(512)]
+    flood = threading.Thread(target=wrong_password_flood,
+                             args=(exp.port, sources, stop, answers), daemon=True)
+    try:
+        auth = ("prometheus", PASSWORD)
+        assert requests.get(exp.url + "/metrics", auth=auth, timeout=10).status_code == 200
+        flood.start()
+        # Answers come one bcrypt check at a time: by the 8th, every connection is in.
+        wait_for(lambda: sum(answers.values()) >= 8, timeout=20, what="the flood to start")
+        codes = []
+        for _ in range(10):
+            try:
+                codes.append(requests.get(exp.url + "/metrics", auth=auth,
+                                          timeout=5).status_code)
+            except requests.RequestException as exc:
+                codes.append(type(exc).__name__)
+        print(f"\nscrapes under a 512-address wrong-password flood: {codes}; "
+              f"flood answers {dict(answers)}")
+        assert codes == [200] * 10
+        assert exp.proc.poll() is None
+    finally:
+        stop.set()
+        flood.join(timeout=10)
         exp.stop()
 
 

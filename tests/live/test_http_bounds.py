@@ -298,6 +298,10 @@ def test_bcrypt_checks_are_bounded(tmp_path: Path) -> None:
     # One host is one IPv6 /64.
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff") == "2001:db8::/64"
     assert client_key("::ffff:192.0.2.1") == "192.0.2.1"
+    # Any local user holds all of 127.0.0.0/8: one budget, not 16 million (issue 48).
+    assert client_key("127.0.0.2") == client_key("127.0.1.7") == client_key(
+        "::ffff:127.0.0.1") == "127.0.0.0/8"
+    assert client_key("192.0.2.1") != client_key("192.0.2.2")  # no /24 grouping
 
     # Many addresses at once: one bcrypt check at a time.
     check.most = 0
