@@ -306,17 +306,17 @@ class Scanner:
         unlisted: UnlistedSettings | None = None,
         search: FdSearch | None = None,
         orphan_clock: OrphanClock | None = None,
-        watch: Callable[[frozenset[int]], None] | None = None,
+        watch: Callable[[Mapping[int, int]], None] | None = None,
         host_pids: bool | None = None,
     ) -> None:
         """`table` given, scans judge its rows by the Windows rules (and `view` is not
         read): platform_scanner() gives it where the platform has one. `users`
         names uids for labels (default: label_names(), bounded lookups; never a
-        decision's resolver). `watch` is given each complete scan's chain set (the
-        process-event listener's `watch`: those exits outlast its general ring).
-        `host_pids`: whether this process sees every pid NVML
-        reports (the host's PID namespace, or Windows' table; default: the platform
-        says), so that a listed holder missing from them has exited since."""
+        decision's resolver). `watch` is given each complete scan's chain set, each pid
+        charged to its holder's uid (the process-event listener's `watch`: those exits
+        outlast its general ring, and wake early scans). `host_pids`: whether this process
+        sees every pid NVML reports (the host's PID namespace, or Windows' table; default:
+        the platform says), so that a listed holder missing from them has exited since."""
         self.rules = rules
         self.quotas = quotas if quotas is not None else Quotas()
         self.audit = audit if audit is not None else Audit()
@@ -449,9 +449,10 @@ class Scanner:
         return classify_windows(self.table(), reading.holders, rules)
 
     def _publish_chains(self, reading: NvmlReading, trees: Sequence[Tree]) -> None:
-        """Hand `watch` the pids on this scan's holders' chains and their session leaders;
-        only from a complete reading (one that missed a GPU would stop watching its
-        launchers), so an incomplete one keeps the last set."""
+        """Hand `watch` the pids on this scan's holders' chains and their session leaders
+        (the holders themselves included: their exits change the trees), each charged to
+        its holder's uid; only from a complete reading (one that missed a GPU would stop
+        watching its launchers), so an incomplete one keeps the last set."""
         if self.watch is not None and reading.up and not reading.errors:
             self.watch(chain_set(hv.chain for tree in trees for hv in tree.holder_verdicts))
 
@@ -523,7 +524,7 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                      accounting: AccountingSection | None = None, interval: float = 5.0,
                      view: Callable[[], ScanSource] | None = None,
                      orphan_clock: OrphanClock | None = None,
-                     watch: Callable[[frozenset[int]], None] | None = None) -> Scanner:
+                     watch: Callable[[Mapping[int, int]], None] | None = None) -> Scanner:
     """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
     table where it has one (Windows: psutil's, judged by the Windows rules), else over
     the /proc view `view` builds (called only then); `watch`: see Scanner. The exporter and

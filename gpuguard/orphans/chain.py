@@ -216,16 +216,38 @@ def holder_chain(holder: Holder, view: ProcSource,
     return failed.chain, False
 
 
-def chain_set(chains: Iterable[Sequence[ProcInfo]]) -> frozenset[int]:
+def chain_set(chains: Iterable[Sequence[ProcInfo]]) -> dict[int, int]:
     """The pids whose exit matters to these holders: each chain member (the holder and its
     ancestors) and its session leader, whose exit names a launcher-* reason (rule 6) and
-    whose pid stays the session id once it is gone. What the process-event listener keeps
+    whose pid stays the session id once it is gone. What the exporter's listener keeps
     apart from its general ring (gpuguard/host/events/watched.py) and what an early rescan
-    tests an exit against; never PID 0 or 1. Bounded by holders x (max_depth + 1) x 2."""
-    pids: set[int] = set()
+    tests an exit against (a holder's or an ancestor's exit changes its tree); never PID
+    0 or 1. Bounded by holders x (max_depth + 1) x 2. Each pid maps to the uid its record
+    is charged to (_charged)."""
+    return _charged(chains, sessions_only=False)
+
+
+def session_set(chains: Iterable[Sequence[ProcInfo]]) -> dict[int, int]:
+    """The session ids of these live chains' members, each with the uid charged for it:
+    the only exits ever read as launcher evidence (rule 6 reads the exit of the adopted
+    member's session leader, `launcher_exit(x.sid)`, and X is a chain member). What the
+    remediator's chain watch keeps, from chains walked afresh: a dead ancestor's pid
+    leaves the set once no live member's session bears it."""
+    return _charged(chains, sessions_only=True)
+
+
+def _charged(chains: Iterable[Sequence[ProcInfo]], *, sessions_only: bool) -> dict[int, int]:
+    """Pid -> the uid of the holder (chain[0]) whose chain named it; the lowest uid where
+    holders of several share it (their common ancestors). A pid lands on a user's account
+    only through that user's own holders' chains, so no user can charge theirs to another
+    (the watched store makes room from the uid that holds the most)."""
+    owners: dict[int, int] = {}
     for chain in chains:
+        if not chain:
+            continue
+        uid = chain[0].uid
         for member in chain:
-            pids.add(member.pid)
-            pids.add(member.sid)
-    pids.difference_update((0, 1))
-    return frozenset(pids)
+            for pid in (member.sid,) if sessions_only else (member.pid, member.sid):
+                if pid > 1 and owners.get(pid, uid) >= uid:
+                    owners[pid] = uid
+    return owners

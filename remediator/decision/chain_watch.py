@@ -1,22 +1,31 @@
-"""The remediator's chain set, kept fresh between deliveries: launcher evidence a fork storm
-cannot erase.
+"""The remediator's launcher sessions, kept fresh between deliveries: launcher evidence a
+fork storm cannot erase.
 
 The remediator hears exits on its own listener but looks at a tree only when an alert is
 delivered, minutes after the launcher died: by then other users' short-lived processes
 may have pushed the launcher's record out of the listener's general ring, and the tree
 would read launcher-unrecorded, which the default reasons do not reap. So this thread
-reads NVML's holders every WATCH_PERIOD_SECONDS, walks the parent chain of each holder
-it has not seen yet (stat reads only, no judgement) and hands the listener the chain set
-(the chains and their session leaders): their exits are then kept apart
-(gpuguard/host/events/watched.py).
+reads NVML's holders every WATCH_PERIOD_SECONDS, walks each holder's parent chain (stat
+reads only, no judgement) and hands the listener the session ids of the chains' members,
+each charged to the holder's uid (gpuguard/orphans/chain.py `session_set`): their exits
+are then kept apart (gpuguard/host/events/watched.py).
 
-A launcher alive at one of these reads is watched when it dies; one that dies before the
-first read that sees its tree is taken from the ring at that read, which a storm must
-outrun (the ring's 65,536 records within one period). A holder's chain is walked once, while
-NVML lists its pid: what can change on it later is an ancestor dying (its exit is then
-already kept) and an adoption, which changes no member's session. Cost per read: one NVML
-reading; per new holder, one /proc/PID/stat read per chain member. Measured in
-benchmarks/procevents_cost.py; see docs/remediator.md.
+Only session ids: the one exit the classifier reads is the adopted member's session
+leader's, and the adopted member is a live chain member; ancestors that lead no session
+would only take room. Only live members' sessions: a holder's chain is walked again at
+the first read after the listener heard one of its ancestors exit (a lookup per member,
+no /proc read), and every REWALK_READS reads whatever was heard; so an ancestor that
+died leaves the set once no live member's session bears its pid (chains whose ancestors
+are gone hold no room), and the adopter that took a member in is walked too.
+
+A launcher alive at one read is watched when it dies (its session outlives it in the
+member it orphaned); one that dies before the first read that sees its tree is taken from
+the ring at that read, which a storm must outrun (the ring's 65,536 records within one
+period). A store filled all the same (one user's hundreds of holders under 64-deep chains
+of live session leaders) loses that user's records first. Cost per read: one NVML
+reading, a listener lookup per cached chain member, and one /proc/PID/stat read per
+member of a chain walked. Measured in benchmarks/procevents_cost.py; see
+docs/remediator.md.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ProcessView
-from gpuguard.orphans.chain import chain_set, holder_chain
+from gpuguard.orphans.chain import holder_chain, session_set
+from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.periodic import Periodic
 from gpuguard.remediator.decision.inspection import HolderSource, read_within
@@ -39,10 +49,13 @@ log = logging.getLogger("gpuguard.remediator")
 WATCH_PERIOD_SECONDS = 5.0
 #: The first read runs in start(): bounded, so a hung driver cannot hold the start up.
 FIRST_READ_SECONDS = 5.0
+#: Every chain is walked afresh once in this many reads (60 s), whatever was heard: an
+#: ancestor's exit the general ring lost under a storm, a member that called setsid().
+REWALK_READS = 12
 
 
 class ChainWatch:
-    """Publishes the chain set of NVML's holders to the remediator's listener."""
+    """Publishes the sessions of NVML's holders' chains to the remediator's listener."""
 
     def __init__(self, nvml: HolderSource, events: ProcessEvents, *,
                  rules: Callable[[], Rules], counters: Counters,
@@ -54,7 +67,8 @@ class ChainWatch:
         self.period = period
         self._loop: Periodic | None = None
         self._failing = False
-        self._chains: dict[int, frozenset[int]] = {}  # holder pid -> its whole chain's set
+        #: Holder pid -> its chain as last walked, and whether that walk read it whole.
+        self._chains: dict[int, tuple[tuple[ProcInfo, ...], bool]] = {}
         self.reads = 0  # complete readings published
         self.walks = 0  # holders' chains walked
 
@@ -92,24 +106,42 @@ class ChainWatch:
         # last set until a complete one comes.
         if not reading.up or reading.errors:
             return
-        view = ProcessView(counters=self._counters)
+        view = ProcessView(counters=self._counters)  # one stat read per pid per read
         rules = self._rules()
-        now: dict[int, frozenset[int]] = {}  # this reading's holders' sets
-        whole: dict[int, frozenset[int]] = {}  # of those, the whole chains: kept
+        backstop = self.reads % REWALK_READS == 0
+        chains: dict[int, tuple[tuple[ProcInfo, ...], bool]] = {}
+        now: dict[int, dict[int, int]] = {}  # holder pid -> its chain's sessions
         for holder in reading.holders:
             pid = holder.pid
-            if pid in now:
+            if pid in chains:
                 continue  # the same process on another GPU
             known = self._chains.get(pid)
-            if known is None:
+            if known is None or not known[1] or backstop or self._changed(known[0], view):
                 chain, complete = holder_chain(holder, view, rules)
                 self.walks += 1
-                known = chain_set([chain])
-                if not complete:  # walked again next time: it may read whole then
-                    now[pid] = known
-                    continue
-            now[pid] = whole[pid] = known
-        self._chains = whole
-        self._events.watch(frozenset().union(*now.values()))
+                sessions = session_set([chain])
+                if not complete and known is not None and known[1]:
+                    # An ancestor died mid-walk: what the last whole walk read stays
+                    # watched until the next walk reads whole.
+                    sessions = {**session_set([known[0]]), **sessions}
+                    chain, complete = known[0], False
+                known = chain, complete
+            else:
+                sessions = session_set([known[0]])
+            chains[pid], now[pid] = known, sessions
+        self._chains = chains
+        merged: dict[int, int] = {}
+        for sets in now.values():
+            for sid, uid in sets.items():
+                merged[sid] = min(uid, merged.get(sid, uid))
+        self._events.watch(merged)
         self.reads += 1
         self._failing = False
+
+    def _changed(self, chain: tuple[ProcInfo, ...], view: ProcessView) -> bool:
+        """An ancestor on `chain` has exited since it started (the listener heard it: one
+        lookup each, no /proc read): its child was adopted, and its session may be no
+        live member's any more."""
+        events = self._events
+        return any(events.exit_of(m.pid, after=view.wall_time(m.start_time)) is not None
+                   for m in chain[1:])

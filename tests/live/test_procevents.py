@@ -269,6 +269,33 @@ def test_watched_store_is_bounded_and_counts_only_the_loss_of_watched_records() 
     assert len(store) == 3 and store.evicted == 1 and store.exit_of(83, after=0) is None
 
 
+def test_a_full_watched_store_makes_room_from_the_uid_holding_the_most() -> None:
+    """The review of issue 48: one user's many watched exits (chains of session leaders
+    that died) must not push out another user's launcher record, the oldest of all. Each
+    pid is charged to the uid its publisher named; room comes from whoever holds most."""
+    clock = FakeClock(1000.0)
+    store = WatchedExits(retention=600, clock=clock, max_records=4)
+    store.publish({90: 1000, **{pid: 2000 for pid in range(100, 110)}})
+    store.add_rows([(90, 9, 1, 1000.0)])  # the victim's launcher, SIGKILLed first
+    store.add_rows([(pid, 9, 1, 1001.0) for pid in range(100, 110)])
+    assert len(store) == 4 and store.evicted == 7
+    kept = store.exit_of(90, after=0)
+    assert kept is not None and kept.signal == 9  # not the oldest of all any more
+    assert [p for p in range(100, 110) if store.exit_of(p, after=0)] == [107, 108, 109]
+    # Charges follow the latest publish: uid 1000's second record makes it the largest.
+    store.publish({90: 1000, 91: 1000, 107: 2000, 108: 2000, 109: 2000})
+    store.add_rows([(91, 9, 1, 1002.0)])
+    assert store.exit_of(90, after=0) is not None and store.exit_of(107, after=0) is None
+    store.publish({90: 1000, 91: 1000, 92: 1000, 108: 2000, 109: 2000})
+    store.add_rows([(92, 9, 1, 1003.0)])  # now uid 1000 holds the most: its oldest goes
+    assert store.exit_of(90, after=0) is None and store.exit_of(108, after=0) is not None
+    assert store.evicted == 9
+    # Released records still go first, uncounted; a plain set charges no one in particular.
+    store.publish({93})
+    store.add_rows([(93, 9, 1, 1004.0)])
+    assert store.evicted == 9 and store.exit_of(93, after=0) is not None
+
+
 def test_event_counts_are_a_fixed_set() -> None:
     counts = EventCounts()
     counts.add("exit", 2)

@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuguard.compat import StrEnum
 from gpuguard.host.events.connector import (
@@ -39,6 +39,7 @@ from gpuguard.host.events.connector import (
 )
 from gpuguard.host.events.exit_store import EvictionCause, Exit, ExitStore, Row
 from gpuguard.host.events.privilege import subscription_refused
+from gpuguard.host.events.watched import MAX_RECORDS as MAX_WATCHED
 from gpuguard.host.events.watched import WatchedExits
 from gpuguard.host.procfs import in_host_pid_namespace
 
@@ -137,14 +138,14 @@ class ProcessEvents:
     """
 
     def __init__(self, *, retention: float = 600.0, max_records: int = 65536,
-                 counters: EventCounts | None = None,
+                 max_watched: int = MAX_WATCHED, counters: EventCounts | None = None,
                  clock: Callable[[], float] = time.time,
                  receive_buffer: int = 4 << 20, handshake_timeout: float = 1.0,
                  allow_pid_namespace: bool = False) -> None:
         self.counters = counters if counters is not None else EventCounts()
         self._clock = clock
         self._store = ExitStore(max_records=max_records, retention=retention, clock=clock)
-        self._watched = WatchedExits(retention=retention, clock=clock)
+        self._watched = WatchedExits(retention=retention, clock=clock, max_records=max_watched)
         self._receive_buffer = receive_buffer
         self._handshake_timeout = handshake_timeout
         self._allow_pid_namespace = allow_pid_namespace
@@ -236,9 +237,11 @@ class ProcessEvents:
             return kept
         return general
 
-    def watch(self, pids: Iterable[int]) -> None:
-        """The pids whose exits must outlast the general ring from now on: a scan's (or
-        the remediator's chain watch's) chain set, gpuguard/orphans/chain.py `chain_set`.
+    def watch(self, pids: Iterable[int] | Mapping[int, int]) -> None:
+        """The pids whose exits must outlast the general ring from now on: a scan's chain
+        set (gpuguard/orphans/chain.py `chain_set`), or the remediator's chain watch's
+        sessions (`session_set`). A mapping names the uid each pid's record is charged to
+        (the holder's): a full store takes room from the uid holding the most records.
         Replaces the last set whole; a newly watched pid's exit the ring still holds is
         kept too. Callable before start() and from any one thread."""
         self._watched.publish(pids, self._store)
@@ -268,7 +271,8 @@ class ProcessEvents:
 
     def watched_evictions(self) -> int:
         """Records of still-watched pids dropped for room: 0 unless a published set
-        outgrew the watched store (watched.MAX_RECORDS)."""
+        outgrew the watched store (watched.MAX_RECORDS); the uid holding the most lost
+        them."""
         return self._watched.evicted
 
     # -- subscribing ---------------------------------------------------------------------
