@@ -261,6 +261,7 @@ class ProcessView:
         self._root = proc_root
         self._counters = counters
         self._events = events
+        self._caught_up = False  # the listener was asked to catch up this scan
         self._memory = memory
         self._boot_wall: float | None = None
         self._lock = threading.RLock()
@@ -280,6 +281,7 @@ class ProcessView:
             if self._turns is not None:
                 self._turns.keep_only(seen)
             self._scan_stat = {}
+            self._caught_up = False
 
     # -- stat: one read per pid per scan ---------------------------------------------
 
@@ -460,7 +462,17 @@ class ProcessView:
         (ticks since boot) did, from the process-event listener; None if none or no listener."""
         if self._events is None:
             return None
-        return self._events.exit_of(pid, after=self.wall_time(after_start_time))
+        found = self._events.exit_of(pid, after=self.wall_time(after_start_time))
+        if found is None and not self._caught_up:
+            # The listener reads in paced batches: a launcher that died a moment ago may
+            # still be queued in its socket. Once a scan (or an inspection), let it read
+            # everything queued before this, then ask again: a first reading of an orphan
+            # pins its launcher reason (launcher_memory.py), so it must not be early.
+            self._caught_up = True
+            caught_up = getattr(self._events, "caught_up", None)
+            if caught_up is not None and caught_up():
+                found = self._events.exit_of(pid, after=self.wall_time(after_start_time))
+        return found
 
     def listening(self) -> bool:
         """Whether a process-event listener records exits: then a launcher's exit it has

@@ -60,7 +60,7 @@ class ChainWatch:
     def __init__(self, nvml: HolderSource, events: ProcessEvents, *,
                  rules: Callable[[], Rules], counters: Counters,
                  period: float = WATCH_PERIOD_SECONDS) -> None:
-        self._nvml = nvml
+        self.nvml = nvml
         self._events = events
         self._rules = rules
         self._counters = counters
@@ -92,8 +92,8 @@ class ChainWatch:
     def refresh(self, first: bool = False) -> None:
         """One read and publish; never raises (the watch outlives a bad read)."""
         try:
-            reading = (read_within(self._nvml, FIRST_READ_SECONDS) if first
-                       else self._nvml.read())
+            reading = (read_within(self.nvml, FIRST_READ_SECONDS) if first
+                       else self.nvml.read())
             self._publish(reading)
         except Exception as exc:
             if not self._failing:

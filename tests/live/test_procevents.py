@@ -523,3 +523,19 @@ def test_child_pid_namespace_gets_host_pids_only_when_allowed(events: ProcessEve
     allowed = run_listener_in(wrapper, allow=True)
     assert allowed["available"] and not allowed["initial"] and not allowed["filtered"]
     assert allowed["pid"] == 1 and allowed["host_pid"] not in (None, 1)
+
+
+@kernel
+def test_caught_up_reads_every_exit_queued_before_it(events: ProcessEvents) -> None:
+    """The reader reads in paced batches (up to MAX_PACE_S apart): an exit a moment old
+    may still be queued. A first reading of an orphan pins its launcher reason, so the
+    readers ask caught_up() before concluding "unrecorded" (ProcessView.launcher_exit):
+    every exit reaped before the call is recorded once it returns, without a poll."""
+    for _ in range(20):
+        proc = subprocess.Popen(["sleep", "30"])
+        started = time.time() - 1
+        proc.kill()
+        proc.wait()
+        assert events.caught_up(), "the reader did not drain in time"
+        found = events.exit_of(proc.pid, after=started)
+        assert found is not None and found.signal == signal.SIGKILL

@@ -163,6 +163,11 @@ class ProcessEvents:
         self._drops = SocketDrops(self.counters)
         self._wake_r, self._wake_w = -1, -1
         self._stopping = threading.Event()
+        #: caught_up(): cuts the reader's pace short, and counts its drains
+        self._hurry = threading.Event()
+        self._drains = threading.Condition()
+        self._drain_starts = 0
+        self._drain_ends = 0
         self._thread: threading.Thread | None = None
         self._started = False
         self._buf = bytearray(RECV_SIZE)
@@ -198,12 +203,15 @@ class ProcessEvents:
         self.available = True
         self.unavailable_reason = ""
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)  # a full pipe is nudge enough
         self._thread = threading.Thread(target=self._run, name="procevents", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread, unsubscribe, close the socket; records stay queryable."""
         self._stopping.set()
+        self._hurry.set()
         if self._wake_w >= 0:
             try:
                 os.write(self._wake_w, b"x")
@@ -221,6 +229,32 @@ class ProcessEvents:
         return self._thread is not None and self._thread.is_alive()
 
     # -- queries -------------------------------------------------------------------------
+
+    def caught_up(self, timeout: float = 0.25) -> bool:
+        """Wait (at most `timeout`) until the reader has read every event queued before
+        this call: it reads in paced batches (MAX_PACE_S), so an exit that happened just
+        now may not be recorded yet. False when it could not be had (no reader, or the
+        time ran out)."""
+        thread = self._thread
+        if not self.available or thread is None or not thread.is_alive() or self._wake_w < 0:
+            return False
+        with self._drains:
+            wanted = self._drain_starts + 1  # a drain that starts after this call
+        self._hurry.set()
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of nudges already
+        except OSError:
+            return False
+        deadline = time.monotonic() + timeout
+        with self._drains:
+            while self._drain_ends < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._drains.wait(left)
+        return True
 
     def exit_of(self, pid: int, *, after: float) -> Exit | None:
         """The latest exit of `pid` recorded at or after `after` (Unix time), else None.
@@ -365,8 +399,18 @@ class ProcessEvents:
                 poller.poll()
                 if self._stopping.is_set():
                     return
+                try:
+                    os.read(self._wake_r, 4096)  # caught_up()'s nudges
+                except BlockingIOError:
+                    pass
+                with self._drains:
+                    self._drain_starts += 1
                 self._drain(sock, None)
-                self._stopping.wait(self._pace)  # let the next events queue up
+                with self._drains:
+                    self._drain_ends += 1
+                    self._drains.notify_all()
+                self._hurry.wait(self._pace)  # let the next events queue up
+                self._hurry.clear()
         except Exception:  # the thread must say why it died; alive() reports that it did
             log.exception("process-event reader stopped")
 
