@@ -119,8 +119,7 @@ class Remediator:
                               boot=clocks.boot, counters=counters)
         #: Keeps the exits of its holders' chains apart from the listener's general ring,
         #: so that a fork storm before the first delivery cannot erase a launcher's death.
-        self.chain_watch = (ChainWatch(_own_nvml(nvml, counters), events,
-                                       rules=lambda: work.config.classify,
+        self.chain_watch = (ChainWatch(nvml, events, rules=lambda: work.config.classify,
                                        counters=counters) if events is not None else None)
         self.worker = Worker(work, trail=self._trail, refusals=RefusalMemory(work, self._trail),
                              reaper=self.reaper, nvml=nvml,
@@ -201,10 +200,6 @@ class Remediator:
         self.idle.stop()
         if self.chain_watch is not None:
             self.chain_watch.stop()
-            if self.chain_watch.nvml is not self.nvml:
-                close = getattr(self.chain_watch.nvml, "close", None)
-                if close is not None:
-                    close()
         for companion in self._companions:
             companion.stop()
         if self.events is not None:
@@ -308,13 +303,3 @@ def build_remediator(
                               interval=policy.alertmanager.pull_interval_seconds))
     return service
 
-
-def _own_nvml(nvml: HolderSource, counters: Counters) -> HolderSource:
-    """The chain watch's own NVML reader, as the idle watch has one: a read on its thread
-    never contends with the worker's reads of `nvml` (a shared reader serialises them, and
-    a read the watch gave up on would hold it)."""
-    from gpuguard.host.nvml import Nvml
-
-    if isinstance(nvml, Nvml):
-        return Nvml(counters=counters, process_utilization=False)
-    return nvml

@@ -37,7 +37,7 @@ from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
 from gpuguard.remediator.state.ledger import LedgerError
 from gpuguard.remediator.state.pending import PendingItem
 from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
-from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
+from gpuguard.remediator.state.reap_window import read_manual_reaps
 from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
@@ -188,11 +188,11 @@ class Worker:
         live = self._inspect(key)
         # Held from before the decision (which counts the other paths' reaps) to after
         # the last signal: no other reaper judges or signals meanwhile.
-        locked = self._take_reap_lock(key)
         try:
+            locked = self._take_reap_lock(key)
             self._decide_and_reap(item, live, deadline, locked)
         finally:
-            self._reap_lock.release()
+            self._reap_lock.release()  # a no-op when it was not had
 
     def _take_reap_lock(self, key: TreeKey) -> tuple[ReapMark, ...] | ReapLockRefused:
         """In enforce mode, the host's reap lock and the other paths' reaps in its window
@@ -202,10 +202,12 @@ class Worker:
             return ()
         try:
             self._reap_lock.acquire({"by": LOCK_HOLDER, "key": str(key)})
-            return read_manual_reaps(self._work.ledger.dir, boot=self._work.ledger.boot_id)
         except ReapLockRefused as refused:
             return refused
-        except WindowUnreadable as exc:
+        try:
+            return read_manual_reaps(self._work.ledger.dir, boot=self._work.ledger.boot_id)
+        except Exception as exc:  # WindowUnreadable, or a surprise: never keep the lock
+            self._reap_lock.release()
             return ReapLockRefused(DecisionReason.STATE_FAILED,
                                    f"{exc}: the other reapers' share of the rate-limit "
                                    "window cannot be counted")

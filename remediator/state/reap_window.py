@@ -49,6 +49,8 @@ def read_manual_reaps(state_dir: str | Path, *, boot: str) -> tuple[ReapMark, ..
         return ()
     except OSError as exc:
         raise WindowUnreadable(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WindowUnreadable(f"{path}: unusable ({exc})") from None
     try:
         data = json.loads(text)
         if data.get("version") != WINDOW_VERSION:
@@ -61,7 +63,8 @@ def read_manual_reaps(state_dir: str | Path, *, boot: str) -> tuple[ReapMark, ..
             uid = int(row[1]) if row[1] is not None else None
             name = str(row[2]) if len(row) > 2 and row[2] is not None else None
             marks.append(ReapMark(at if same_boot else min(at - written, 0.0), uid, name))
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError,
+            RecursionError) as exc:
         raise WindowUnreadable(f"{path}: unusable ({exc})") from None
     return tuple(marks)
 
@@ -107,6 +110,8 @@ def read_history(state_dir: str | Path, *, boot: str, boot_now: float,
         text = None
     except OSError as exc:
         raise WindowUnreadable(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WindowUnreadable(f"{path}: unusable ({exc})") from None
     if text is not None:
         try:
             data: dict[str, Any] = read_state(json.loads(text), boot, wall, boot_now)
@@ -115,6 +120,7 @@ def read_history(state_dir: str | Path, *, boot: str, boot_now: float,
                     reaps.append(ReapMark(float(row[0]), *window_owner(row)))
             first_seen = {TreeKey.parse(k): float(v)
                           for k, v in data.get("first_seen", {}).items()}
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError,
+                RecursionError) as exc:
             raise WindowUnreadable(f"{path}: unusable ({exc})") from None
     return ReapHistoryView(tuple(reaps), first_seen)

@@ -247,3 +247,22 @@ def test_a_reaper_with_a_config_of_its_own_still_meets_the_remediators_lock(
     assert str(run_dir / "reap.lock") in doc["decision"]["detail"]
     assert untouched(other)
     h.settle()
+
+
+def test_a_window_file_that_cannot_be_read_never_keeps_the_lock(
+        tmp_path: Path, trees: Trees, fake_gpu: FakeGpuWorld, harness: Any) -> None:
+    """A manual-reaps.json that is not UTF-8 (or nests too deep) raised past the worker's
+    handler after it took the lock, which it then held for good: every later reap and
+    every `gpuguard reap --apply` was refused. It is a refusal (`state-failed`, nothing
+    signalled) and the lock is let go."""
+    h: Harness = harness()
+    (tmp_path / "state" / "manual-reaps.json").write_bytes(b"\xff\xfe not json")
+    orphan = spawn_orphan(trees, fake_gpu, gpu_bytes=GIB)
+    assert h.post(payload(orphan.alert())).status_code == 200
+    h.settle()
+    (decision,) = [r["decision"] for r in audit(h.audit_path)]
+    assert decision["reason"] == "state-failed", decision
+    assert untouched(orphan)
+    free = ReapLock(tmp_path / "state")
+    free.acquire({"by": "the test"})  # raises reap-in-progress while the worker holds it
+    free.release()

@@ -220,10 +220,12 @@ class ProcessEvents:
         if self._thread is not None:
             self._thread.join(timeout)
         self._close()
-        for fd in (self._wake_r, self._wake_w):
+        # Forgotten before they close: a caught_up() racing this must not write into a
+        # number another file has just been given.
+        fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
-        self._wake_r, self._wake_w = -1, -1
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -241,8 +243,11 @@ class ProcessEvents:
         with self._drains:
             wanted = self._drain_starts + 1  # a drain that starts after this call
         self._hurry.set()
+        wake = self._wake_w
+        if wake < 0:
+            return False
         try:
-            os.write(self._wake_w, b"x")
+            os.write(wake, b"x")
         except BlockingIOError:
             pass  # the pipe is full of nudges already
         except OSError:
