@@ -258,7 +258,10 @@ def body(result: Result, tmp: Path) -> None:
             roots.append((ppid, int(stat_fields(ppid)["start_time"])))  # type: ignore[index,arg-type]
         server = ServerProcess("gpuguard.remediator", ["--config", str(config), "--token-file",
                                               str(token_file), "--hostname", HOST,
-                                              "--log-level", "WARNING"], env=fake.env())
+                                              "--log-level", "WARNING",
+                                              # the fake NVML reports this namespace's pids
+                                              # (CI runs the suite in a PID namespace)
+                                              "--allow-pid-namespace"], env=fake.env())
         url = f"{server.url}/alerts"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         mix = {kind: (round(count * result.pick(1.0, SHORT_SCALE)), want)

@@ -50,7 +50,7 @@ class FreedMemory:
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):  # not glibc
+    except (AttributeError, OSError, TypeError):  # not glibc (Windows: CDLL(None) raises TypeError)
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim  # type: ignore[no-any-return]

@@ -11,6 +11,7 @@ one names no launcher, as `abc:1` never did), and the neighbour's tree is judged
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -132,6 +133,9 @@ def fake_proc(root: Path, *, comm: str, environ: bytes, cmdline: bytes, cgroup: 
     (own / "cgroup").write_text(cgroup)
     (own / "status").write_text(f"Name:\t{comm}\n{status}\nNSpid:\t{PID}\n")
     (root / "stat").write_text("btime 1700000000\n")
+    if os.geteuid() == 0:  # a user's process: stat alone names its owner (procfs.owner_uid)
+        for path in (own, *own.rglob("*")):
+            os.chown(path, 1000, 1000)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

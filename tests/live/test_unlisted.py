@@ -238,7 +238,8 @@ def test_a_holder_nvml_lists_after_it_exited_is_exited_since_not_a_scan_error(
     (gpu,) = snap.unseen
     assert (gpu.processes, gpu.memory_bytes) == (1, GIB)
     got = scrape(scanner, snap)
-    assert got[("gpuguard_gpu_unseen_processes", (("UUID", gpu.uuid), ("gpu", "0")))] == 1
+    assert got[("gpuguard_gpu_unseen_processes",
+                (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0")))] == 1
     errors = got[("gpuguard_scan_errors_total", (("stage", "procfs"),))]
     if in_host_pid_namespace():
         assert snap.errors == () and errors == 0  # was 1: GPUGuardScanErrors fired

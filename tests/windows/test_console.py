@@ -29,6 +29,9 @@ def config(tmp: Path) -> str:
     path = tmp / "gpuguard.yml"
     path.write_text(yaml.safe_dump({"remediate": {
         "reasons": ["launcher-killed", "parent-gone"],
+        # A manual reap needs the remediator's record of the tree's age unless this is 0
+        # (docs/console.md, Reaping by hand): no remediator runs beside these tests.
+        "min_age_seconds": 0,
         "state_dir": windows_path(tmp / "state"),
         "audit_log": windows_path(tmp / "audit.jsonl"),
         "allow_root_owned": True,  # under Wine every process is the one account's
