@@ -99,8 +99,8 @@ def body(result: Result, tmp: Path) -> None:
         trees.cleanup()
     result.tables.append(table)
     top = levels[-1]
-    result.target(f"scan time, every thread / in turns, at {top:,} threads",
-                  f"{ratios[top]:.1f}x", ">= 5x", ratios[top] >= 5)
+    result.timed_ratio(f"scan time, every thread / in turns, at {top:,} threads", ratios[top],
+                       at_least=5, digits=1)
     # The turns themselves: the main thread, the new ones (none here) and SCAN_THREAD_TURNS
     # others a scan, whatever the thread count.
     bound = SCAN_THREAD_TURNS + 4

@@ -133,8 +133,7 @@ def body(result: Result, tmp: Path) -> None:
     result.tables.append(table)
     idle = p50[top, False] / p50[0, False]
     goal = result.pick(GROWTH_GOAL, SHORT_GROWTH_GOAL)
-    result.target(f"accounted-for scan at {top:,} vs at 0", f"{idle:.2f}x", f"<= {goal}x",
-                  idle <= goal)
+    result.timed_ratio(f"accounted-for scan at {top:,} vs at 0", idle, at_most=goal)
     zero = reads[0, False] + reads[top, False]
     result.target("search reads per scan with nothing unattributed", f"{zero:.0f}", "0",
                   zero == 0)
