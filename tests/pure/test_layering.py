@@ -402,3 +402,18 @@ def test_a_daemon_folder_refuses_its_bare_import_name(bare: str) -> None:
                         capture_output=True, text=True, timeout=60,
                         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_programs_code_is_where_its_import_path_says() -> None:
+    """Tools that map an import name to a file (structure and duplicate checkers, coverage,
+    go-to-definition) read gpuguard/exporter/x.py for gpuguard.exporter.x: the folders are
+    real there, and the design card's top-level exporter/ and remediator/ link to them
+    (docs/design.md, Where exporter/ and remediator/ live)."""
+    for program in ("exporter", "remediator"):
+        real = PACKAGE / program
+        assert real.is_dir() and not real.is_symlink(), f"{real} must be the real folder"
+        top = REPO / program
+        assert top.is_symlink() and top.resolve() == real.resolve(), f"{top} -> {real}"
+    symlinked = [str(p.relative_to(REPO)) for p in PACKAGE.iterdir()  # data folders may
+                 if p.is_symlink() and any(p.glob("[!_]*.py"))]  # hold an __init__.py
+    assert symlinked == [], "code reached through a link: its import path and file path differ"

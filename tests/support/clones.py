@@ -43,6 +43,8 @@ def checkout_copy(dest: Path) -> Path:
     for name in working_tree_files():
         source, target = REPO / name, dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)  # a folder the commit had where the tree has a link now
         if source.is_symlink():
             target.symlink_to(os.readlink(source))
         else:
