@@ -26,9 +26,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -38,11 +36,13 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.harness import (  # noqa: E402
+    PACKAGE_PATHS,
     REPO,
     FakeNvml,
     Result,
     Table,
     cpu_seconds,
+    extract_commit,
     percentile,
     run_benchmark,
 )
@@ -71,18 +71,8 @@ SAMPLE = re.compile(r"^(gpuguard_[a-z_]+)(\{[^}]*\})? (\S+)$", re.M)
 
 
 def extract_baseline(dest: Path) -> Path | None:
-    """The package at BASELINE, from git, into `dest` (None where git cannot give it)."""
-    archive = dest.with_suffix(".tar")
-    done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o",
-                           str(archive), BASELINE, "gpuguard", "exporter", "remediator"],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        print(f"no baseline: {done.stderr.strip()}")
-        return None
-    dest.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest)  # our own repository's commit
-    return dest
+    """The package at BASELINE (harness.extract_commit)."""
+    return extract_commit(BASELINE, dest, *PACKAGE_PATHS)
 
 
 class Watched:

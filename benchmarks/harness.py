@@ -18,6 +18,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -154,6 +155,35 @@ class Sleepers:
 def host_process_count() -> int:
     """Processes on the host now (the benchmark may list /proc; the scan path may not)."""
     return sum(1 for name in os.listdir("/proc") if name.isdigit())
+
+
+# -- an older commit, side by side --------------------------------------------------------
+
+
+def extract_commit(ref: str, dest: Path, *paths: str) -> Path | None:
+    """This repository's `paths` (all of it when none) at commit `ref`, from `git archive`,
+    extracted into `dest`: the code a benchmark measures beside today's in one run. None,
+    said on stdout, where git cannot give it (a shallow clone, a tarball without .git)."""
+    archive = dest.with_suffix(".tar")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o",
+                           str(archive), ref, *paths], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        print(f"no {ref}: {done.stderr.strip()}")
+        return None
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "tar_filter"):  # 3.10.12+: no paths outside dest, no devices
+            tar.extractall(dest, filter="tar")
+        else:
+            tar.extractall(dest)  # our own repository's commit
+    return dest
+
+
+#: What a daemon baseline needs: the package and, before issue 51, the folders its
+#: gpuguard/exporter and gpuguard/remediator links pointed to.
+PACKAGE_PATHS = ("gpuguard", "exporter", "remediator")
 
 
 # -- fake NVML -------------------------------------------------------------------------------

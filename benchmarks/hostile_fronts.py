@@ -18,9 +18,7 @@ Every loop is bounded in count and in time; 127.0.0.1 only.
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -28,7 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import requests  # noqa: E402
 
-from benchmarks.harness import REPO, FakeNvml, Result, Table, median, ms, rss_mib, run_benchmark  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    PACKAGE_PATHS,
+    REPO,
+    FakeNvml,
+    Result,
+    Table,
+    extract_commit,
+    median,
+    ms,
+    rss_mib,
+    run_benchmark,
+)
 
 #: main before issue 48's fronts.
 BASELINE = "b573558"
@@ -46,18 +55,8 @@ LIMIT_MIB = 256.0
 
 
 def extract_baseline(dest: Path) -> Path | None:
-    """The package at BASELINE, from git, into `dest` (None where git cannot give it)."""
-    archive = dest.with_suffix(".tar")
-    done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o",
-                           str(archive), BASELINE, "gpuguard", "exporter", "remediator"],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        print(f"no baseline: {done.stderr.strip()}")
-        return None
-    dest.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="tar")
-    return dest
+    """The package at BASELINE (harness.extract_commit)."""
+    return extract_commit(BASELINE, dest, *PACKAGE_PATHS)
 
 
 def settled(pid: int, *, limit: float = 10.0) -> float:

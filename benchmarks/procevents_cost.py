@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from benchmarks.harness import (  # noqa: E402
     Table,
     cpu_seconds,
     descendants,
+    extract_commit,
     reap,
     run_benchmark,
 )
@@ -164,14 +164,10 @@ def spawn_load(seconds: float, rate: int) -> int:
 
 def export(ref: str, dest: Path) -> Path:
     """The tree of commit `ref` of this checkout, written under `dest`."""
-    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=REPO, check=True,
-                             capture_output=True).stdout
-    dest.mkdir(parents=True)
-    tar = dest / "tree.tar"
-    tar.write_bytes(archive)
-    with tarfile.open(tar) as fh:
-        fh.extractall(dest / "tree")  # our own repository's commit
-    return dest / "tree"
+    tree = extract_commit(ref, dest / "tree")
+    if tree is None:
+        raise SystemExit(f"procevents_cost: --baseline {ref}: git cannot give it")
+    return tree
 
 
 def body(result: Result, tmp: Path) -> None:

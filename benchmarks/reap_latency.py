@@ -22,12 +22,20 @@ import random
 import resource
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import REPO, FakeNvml, Result, Table, median, run_benchmark  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    PACKAGE_PATHS,
+    REPO,
+    FakeNvml,
+    Result,
+    Table,
+    extract_commit,
+    median,
+    run_benchmark,
+)
 from tests.support.fakenvml import FakeGpuWorld  # noqa: E402
 from tests.support.fanout import build_fanout  # noqa: E402
 from tests.support.proctree import Trees, descendants_of, stat_fields  # noqa: E402
@@ -98,18 +106,8 @@ print(json.dumps({"code": gpuguard.__file__, "members": len(plan.members),
 
 
 def extract_baseline(dest: Path) -> Path | None:
-    """The package at BASELINE, from git, into `dest` (None where git cannot give it)."""
-    archive = dest.with_suffix(".tar")
-    done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o",
-                           str(archive), BASELINE, "gpuguard", "exporter", "remediator"],
-                          capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        print(f"no baseline: {done.stderr.strip()}")
-        return None
-    dest.mkdir(parents=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="tar")
-    return dest
+    """The package at BASELINE (harness.extract_commit)."""
+    return extract_commit(BASELINE, dest, *PACKAGE_PATHS)
 
 
 def spawn(trees: Trees, world: FakeGpuWorld, fanout: Path, processes: int) -> tuple[int, int]:
