@@ -13,11 +13,11 @@ longer sees it orphaned (as before); a scan NVML could not finish forgets no one
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 from collections.abc import Iterable
+
+from gpuguard.host.boot_rows import read_rows, write_rows
 
 log = logging.getLogger("gpuguard.exporter")
 
@@ -58,18 +58,13 @@ class OrphanClock:
 
     def _load(self, path: str) -> dict[Key, float]:
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            return {}
+            rows = read_rows(path, self._boot)
         except (OSError, ValueError) as exc:
             log.warning("orphan clock %s unreadable (%s): every orphan's age starts again",
                         path, exc)
             return {}
-        if not isinstance(data, dict) or data.get("boot_id") != self._boot:
-            return {}  # another boot's pids and boot clock
         out: dict[Key, float] = {}
-        for row in data.get("roots", ())[:MAX_ENTRIES]:
+        for row in rows[:MAX_ENTRIES]:
             try:
                 pid, start, since = row
                 if math.isfinite(float(since)):
@@ -82,13 +77,8 @@ class OrphanClock:
         if self._path is None or not self._boot:
             return
         rows = [[pid, start, since] for (pid, start), since in self._since.items()]
-        tmp = f"{self._path}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"boot_id": self._boot, "roots": rows}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self._path)
+            write_rows(self._path, self._boot, rows)
         except OSError as exc:
             log.warning("cannot write orphan clock %s: %s (kept in memory)",
                         self._path, exc.strerror)

@@ -9,12 +9,11 @@ only, at most MAX_ENTRIES). Why: docs/design.md, Orphan rules (launcher memory).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 
+from gpuguard.host.boot_rows import read_rows, write_rows
 from gpuguard.orphans.vocabulary import Reason
 
 log = logging.getLogger(__name__)
@@ -88,10 +87,7 @@ class LauncherMemory:
 
     def _load(self, path: str) -> None:
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            return
+            rows = read_rows(path, self._boot)
         except PermissionError as exc:
             if self._read_only:  # the daemon's own directory: not every user may read it
                 log.debug("launcher memory %s unreadable here (%s)", path, exc.strerror)
@@ -105,9 +101,7 @@ class LauncherMemory:
                         "launcher's exit is no longer recorded read launcher-unrecorded",
                         path, exc)
             return
-        if not isinstance(data, dict) or data.get("boot_id") != self._boot or not self._boot:
-            return  # another boot's pids
-        for row in data.get("roots", ()):
+        for row in rows:
             try:
                 pid, start, sid, reason, detail = row
                 self._entries[(int(pid), int(start), int(sid))] = (str(reason), str(detail))
@@ -120,13 +114,8 @@ class LauncherMemory:
             return
         self._prune()
         rows = [[*key, reason, detail] for key, (reason, detail) in self._entries.items()]
-        tmp = f"{self._path}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"boot_id": self._boot, "roots": rows}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self._path)
+            write_rows(self._path, self._boot, rows)
         except OSError as exc:
             log.warning("cannot write launcher memory %s: %s (kept in memory)",
                         self._path, exc.strerror)
