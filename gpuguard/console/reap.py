@@ -48,7 +48,7 @@ from gpuguard.console.reports import ReapReport
 from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
-from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.orphans.vocabulary import DecisionReason, Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import (
     Action,
@@ -57,7 +57,6 @@ from gpuguard.remediator.decision.policy import (
     unwatched_refusal,
     verify_live,
 )
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult

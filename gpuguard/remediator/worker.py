@@ -18,11 +18,11 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.orphans.process import STOPPED_STATES
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, decide
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient

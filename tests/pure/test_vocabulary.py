@@ -8,8 +8,14 @@ import re
 from pathlib import Path
 
 from gpuguard.config.remediate import ORPHAN_REASONS as CONFIG_REASONS
-from gpuguard.orphans.vocabulary import ORPHAN_REASONS, Reason, launcher_gone, reapability
-from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
+from gpuguard.orphans.vocabulary import (
+    ORPHAN_REASONS,
+    DecisionReason,
+    Reason,
+    launcher_gone,
+    not_orphan,
+    reapability,
+)
 
 DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions.md"
 

@@ -14,8 +14,13 @@ from typing import Protocol
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
-from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
-from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
+from gpuguard.orphans.vocabulary import (
+    DecisionReason,
+    Verdict,
+    launcher_gone,
+    not_orphan,
+    reapability,
+)
 from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,

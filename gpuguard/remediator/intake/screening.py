@@ -10,9 +10,9 @@ from typing import Any
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Remediate
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.intake.alerts import AlertStatus, Notification
 from gpuguard.remediator.metrics import RejectCause

@@ -17,10 +17,9 @@ from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member
 from gpuguard.orphans.process import STOPPED_STATES, ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import DecisionReason, Reason
 from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.policy import member_refusal
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import Kept, KillPath
 from gpuguard.remediator.reap.reap_plan import ReapPlan

@@ -14,7 +14,7 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.reasons import DecisionReason
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import Kept, KillPath, SignalRecord
 from gpuguard.remediator.state.audit import Phase

@@ -12,7 +12,7 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import DecisionReason, Reason
 from gpuguard.remediator.decision.inspection import (
     HolderSource,
     NvmlTimeout,
@@ -21,7 +21,6 @@ from gpuguard.remediator.decision.inspection import (
     read_within,
 )
 from gpuguard.remediator.decision.policy import verify_live
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult

@@ -20,8 +20,8 @@ from gpuguard.orphans.process import (
     is_child_of,
     still_same,
 )
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.inspection import member_of
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, NoPidfd, ReapRun, Target
 from gpuguard.remediator.state.thaw_guardian import GuardianError, ThawGuardian

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.host.nvml import NvmlReading
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.inspection import HolderSource
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, Confirm, Run

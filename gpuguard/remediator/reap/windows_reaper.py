@@ -44,11 +44,10 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import DecisionReason, Reason
 from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.decision.windows_inspection import windows_member
 from gpuguard.remediator.reap.outcome import (

@@ -8,8 +8,8 @@ import functools
 import logging
 from typing import Any
 
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reapers import TreeReaper

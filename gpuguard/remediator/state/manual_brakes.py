@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.procfs import boottime
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import (
     Action,
     Decision,
@@ -20,7 +21,6 @@ from gpuguard.remediator.decision.policy import (
     rate_refusal,
     recorded_age_refusal,
 )
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, ReapMark, TreeKey, mark_for
 from gpuguard.remediator.state.ledger import this_boot_id
 from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.remediator.decision.reasons import DecisionReason
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.state.workstate import WorkState
 
