@@ -69,3 +69,20 @@ def test_each_orphan_reason_is_less_reapable_than_the_ones_after_it() -> None:
     assert Reason.LAUNCHER_EXITED.reapability < Reason.LAUNCHER_UNRECORDED.reapability
     assert Reason.LAUNCHER_UNRECORDED.reapability < Reason.SESSION_ENDED.reapability
     assert Reason.PARENT_REUSED.reapability < Reason.PARENT_GONE.reapability
+
+
+def test_every_word_writes_as_its_value_wherever_it_is_written() -> None:
+    """The audit log, the ledger, JSON answers, log lines and metric labels write a
+    member where they used to write its string: each way of writing it gives the value
+    alone, on every Python gpuguard runs on (3.11 and 3.12 changed what str() and
+    format() of a (str, Enum) give; gpuguard.compat.StrEnum pins both)."""
+    import json
+
+    from gpuguard.orphans.vocabulary import Rule, Unheld, Verdict
+
+    for enum in (Verdict, Rule, Reason, DecisionReason, Unheld):
+        for member in enum:
+            value = member.value
+            assert (str(member), f"{member}", format(member), "%s" % member) == (value,) * 4
+            assert json.dumps({member: member}) == json.dumps({value: value})
+            assert member == value and hash(member) == hash(value)

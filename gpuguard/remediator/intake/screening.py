@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Remediate
-from gpuguard.orphans.vocabulary import DecisionReason
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
 from gpuguard.remediator.decision.tree import TreeKey
@@ -43,7 +43,7 @@ class Account:
     index: int
     fingerprint: str
     status: AccountStatus
-    reason: str
+    reason: AnyReason
     detail: str
     key: str | None
 
@@ -102,7 +102,7 @@ class Intake:
                                         "resolved while in flight: "
                                         "the reap stops unless it has already signalled", key)
                 status = _ACCOUNT.get(decision.action, AccountStatus.IGNORED)
-                if decision.reason == "duplicate":
+                if decision.reason == DecisionReason.DUPLICATE:
                     status = AccountStatus.DUPLICATE
                 accounts.append(Account(index, alert.fingerprint, status, decision.reason,
                                         decision.detail, str(key) if key else None))

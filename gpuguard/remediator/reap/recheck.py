@@ -26,7 +26,6 @@ from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort
 
 #: The reason of a reap whose NVML re-check with the tree frozen outlived the deadline.
-NVML_TIMEOUT = "nvml-timeout"
 
 
 class _Held(Protocol):
@@ -70,7 +69,7 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
     try:
         reading = read_within(nvml, left)
     except NvmlTimeout as exc:  # fail closed: the abort continues the tree now
-        raise Abort(NVML_TIMEOUT, f"NVML re-check with the tree frozen: {exc}, the "
+        raise Abort(DecisionReason.NVML_TIMEOUT, f"NVML re-check with the tree frozen: {exc}, the "
                     "rest of remediate.worker_timeout_seconds; nothing was "
                     "terminated") from None
     except Exception as exc:  # fail closed: an unreadable NVML confirms nothing

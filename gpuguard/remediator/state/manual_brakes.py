@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.procfs import boottime
-from gpuguard.orphans.vocabulary import DecisionReason
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.policy import (
     Action,
     Decision,
@@ -128,5 +128,5 @@ class ManualBrakes:
             if lock is not None:
                 lock.release()
 
-    def _refuse(self, reason: str, detail: str) -> Decision:
+    def _refuse(self, reason: AnyReason, detail: str) -> Decision:
         return Decision(Action.IGNORE, reason, detail, self.key)

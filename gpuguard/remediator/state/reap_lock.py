@@ -41,7 +41,7 @@ class ReapLockRefused(Exception):
     """The lock was not had: `reason` (reap-in-progress, or reap-lock-unavailable when the
     state directory cannot be used) and a detail naming the holder or the problem."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: DecisionReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
