@@ -83,6 +83,7 @@ def test_every_word_writes_as_its_value_wherever_it_is_written() -> None:
     for enum in (Verdict, Rule, Reason, DecisionReason, Unheld):
         for member in enum:
             value = member.value
-            assert (str(member), f"{member}", format(member), "%s" % member) == (value,) * 4
+            logged = "%s" % member  # noqa: UP031 (what logging's "%s" writes)
+            assert (str(member), f"{member}", format(member), logged) == (value,) * 4
             assert json.dumps({member: member}) == json.dumps({value: value})
             assert member == value and hash(member) == hash(value)
