@@ -12,7 +12,8 @@ from pathlib import Path
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-UNKNOWN = "unknown"
+#: The version a build that cannot tell which it is reports (gpuguard_build_info).
+UNKNOWN_VERSION = "unknown"
 
 
 #: Where the build wrote which build it is: setuptools-scm's version_file (pyproject.toml's
@@ -72,7 +73,7 @@ def revision() -> str:
         if live is not None:
             return live
     _, built = _built()
-    return built or UNKNOWN
+    return built or UNKNOWN_VERSION
 
 
 def _git_head(where: Path) -> str | None:

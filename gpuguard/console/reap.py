@@ -48,7 +48,7 @@ from gpuguard.console.reports import ReapReport
 from gpuguard.host.counters import COUNTERS
 from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
-from gpuguard.orphans.vocabulary import Verdict
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import (
     Action,
@@ -57,7 +57,6 @@ from gpuguard.remediator.decision.policy import (
     unwatched_refusal,
     verify_live,
 )
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult
@@ -188,7 +187,8 @@ def refusal(key: TreeKey, live: LiveTree, force: bool, policy: Remediate, *,
     if refused is None or not hints:
         return refused
     hint = ("pass --force to reap it anyway" if live.tree_found  # only the verdict is left
-            else f"`{PROG} status` lists the roots" if refused.reason == "tree-not-found"
+            else f"`{PROG} status` lists the roots"
+            if refused.reason == DecisionReason.TREE_NOT_FOUND
             else "")
     return dataclasses.replace(refused, detail=f"{refused.detail}; {hint}") if hint else refused
 
@@ -287,7 +287,7 @@ class ManualReap:
                                        phase=phase, members=members, reap_id=self.reap_id,
                                        manual=self.manual))
 
-    def confirm(self) -> tuple[str, str] | None:
+    def confirm(self) -> tuple[AnyReason, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) needs --force."""
         alert = self.alert = alert_state(self.config, self.args.hostname, self.key.root_pid,
                                          self.key.root_start_time, deadline=self.deadline)

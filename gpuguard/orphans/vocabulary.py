@@ -1,9 +1,16 @@
-"""The classifier's words: verdicts, the rules that decide them, the reasons given.
+"""gpuguard's words, in one module of the pure core: the classifier's verdicts, the rules
+that decide them and the reasons it gives (Verdict, Rule, Reason); the remediator's own
+decision reasons (DecisionReason); and why a reap could not hold a process (Unheld).
 
-StrEnums: each value is the exact string that JSON, metric labels and audit logs carry.
+StrEnums: each value is the exact string that JSON, metric labels and audit logs carry
+(str() and format() give the value on every Python gpuguard runs on: gpuguard.compat).
+No module outside this one spells a value as a bare string where it decides or records
+something (tests/pure/test_layering.py, test_no_vocabulary_literal_outside_the_vocabulary).
 """
 
 from __future__ import annotations
+
+from typing import NewType, Union
 
 from gpuguard.compat import StrEnum
 
@@ -125,3 +132,105 @@ def launcher_gone(reason: str) -> bool:
         return Reason(reason).launcher_gone
     except ValueError:
         return False
+
+
+class DecisionReason(StrEnum):
+    """Why the remediator (or `gpuguard reap`) decided what it did: every `reason` a
+    decision, an audit record, a `/state` entry and
+    `gpuguard_remediator_decisions_total{reason}` can carry besides the classifier's own
+    (an orphan reason when a tree is reaped, a `member-*` reason when one of its members
+    refuses it).
+
+    docs/decisions.md explains each to on-call; tests/pure/test_vocabulary.py keeps the two
+    in step, so a reason cannot be added here without its meaning there, nor the reverse.
+    """
+
+    # screening an alert (policy.screen)
+    NOT_FIRING = "not-firing"
+    ALERTNAME_NOT_LISTED = "alertname-not-listed"
+    NOT_REMEDIATE = "not-remediate"
+    OTHER_HOST = "other-host"
+    MISSING_LABEL = "missing-label"
+    BAD_LABEL = "bad-label"
+    PROTECTED_PID = "protected-pid"
+    DUPLICATE = "duplicate"
+    QUEUE_FULL = "queue-full"
+    QUEUED = "queued"
+    # the live check (policy.verify_live, policy.decide)
+    ROOT_GONE = "root-gone"
+    ROOT_REPLACED = "root-replaced"
+    NVML_UNAVAILABLE = "nvml-unavailable"
+    NVML_INCOMPLETE = "nvml-incomplete"
+    TREE_NOT_FOUND = "tree-not-found"
+    INSPECT_FAILED = "inspect-failed"
+    #: A prefix: `not-orphan:<verdict>`, the local classifier's verdict after the colon.
+    NOT_ORPHAN = "not-orphan"
+    REASON_NOT_ALLOWED = "reason-not-allowed"
+    USER_DENIED = "user-denied"
+    ROOT_OWNED = "root-owned"
+    USER_UNRESOLVED = "user-unresolved"
+    RATE_LIMITED = "rate-limited"
+    TOO_YOUNG = "too-young"
+    #: remediate.require_idle_seconds or idle_reasons: a holder used the GPU too recently
+    #: (or was watched too briefly), or its utilization cannot be read.
+    NOT_IDLE = "not-idle"
+    IDLE_UNKNOWN = "idle-unknown"
+    # Alertmanager at kill time, and withdrawn reaps
+    SILENCED = "silenced"
+    INHIBITED = "inhibited"
+    ALERTMANAGER_UNREACHABLE = "alertmanager-unreachable"
+    RESOLVED = "resolved"
+    CANCELLED = "cancelled"
+    # the reap itself
+    NO_PIDFD = "no-pidfd"
+    SIGNAL_FAILED = "signal-failed"
+    TREE_TOO_LARGE = "tree-too-large"
+    MEMBER_TRACED = "member-traced"
+    #: A member stopped (state T) before this reap sent it SIGSTOP: someone else's stop.
+    MEMBER_STOPPED = "member-stopped"
+    WORKER_TIMEOUT = "worker-timeout"
+    NVML_TIMEOUT = "nvml-timeout"
+    GUARDIAN_FAILED = "guardian-failed"
+    STATE_FAILED = "state-failed"
+    AUDIT_FAILED = "audit-failed"
+    SURVIVORS = "survivors"
+    INTERNAL_ERROR = "internal-error"
+    # after a crash, and `gpuguard reap --apply`
+    INTERRUPTED_THAWED = "interrupted-thawed"
+    INTERRUPTED = "interrupted"
+    AUDIT_UNSAFE = "audit-unsafe"
+    # one reap at a time on a host (remediator/state/reap_lock.py)
+    REAP_IN_PROGRESS = "reap-in-progress"
+    REAP_LOCK_UNAVAILABLE = "reap-lock-unavailable"
+    #: `gpuguard reap --force` over a tree the classifier gave no orphan reason for.
+    FORCED = "forced"
+
+
+#: `not-orphan:<verdict>`: a decision's reason for a tree the local classifier does not
+#: call an orphan; only not_orphan() makes one.
+NotOrphan = NewType("NotOrphan", str)
+
+
+def not_orphan(verdict: str) -> NotOrphan:
+    """The reason for a tree the local classifier does not call an orphan."""
+    return NotOrphan(f"{DecisionReason.NOT_ORPHAN}:{verdict}")
+
+
+#: Every reason a decision, a reap's result and an audit record can carry: the
+#: remediator's own, the classifier's (an orphan's reason on an accept, a `member-*`
+#: refusal), or not-orphan:<verdict>.
+AnyReason = Union[DecisionReason, Reason, NotOrphan]  # noqa: UP007 (a runtime alias on 3.10)
+
+
+class Unheld(StrEnum):
+    """Why a reap could not hold a process as the one it means (the signaller's `why`, on
+    Linux and Windows alike). Any other why is words saying the process could not be
+    opened or read: such a process cannot be judged."""
+
+    EXITED = "exited"
+    REPLACED = "replaced"  # a later process has its pid (another start or creation time)
+    REPARENTED = "reparented"  # no longer a child of the member it was found below
+    PARENT_REPLACED = "parent-replaced"  # the member it was found below is not that one now
+    #: The process ran out of descriptors (EMFILE, or the system's table is full: ENFILE):
+    #: the tree is too large here, not unknown.
+    NO_DESCRIPTOR = "could not be held: no descriptor left"

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from gpuguard.compat import StrEnum
 from gpuguard.orphans.members import MemberJudgement, settle_members
 from gpuguard.orphans.process import Holder, ProcInfo, breadth_first
 from gpuguard.orphans.rules_config import Rules
@@ -132,9 +133,16 @@ def as_proc_info(proc: WinProc) -> WinProcInfo:
 
 # -- the walk -----------------------------------------------------------------------------
 
-#: How a chain's walk ended (`_Walk.end`).
-TOP, GONE, REUSED, CYCLE, TOO_DEEP, UNTIMED = (
-    "top", "gone", "reused", "cycle", "too-deep", "untimed")
+class _End(StrEnum):
+    """How a chain's walk ended (`_Walk.end`); CYCLE and TOO_DEEP become the Reasons of
+    those names."""
+
+    TOP = "top"
+    GONE = "gone"
+    REUSED = "reused"
+    CYCLE = "cycle"
+    TOO_DEEP = "too-deep"
+    UNTIMED = "untimed"
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,7 @@ class _Walk:
     """A holder's chain, holder first, up to where the walk ended and why."""
 
     chain: tuple[WinProc, ...]
-    end: str
+    end: _End
     #: The row above the top of `chain` that ended it: a reused pid's process, or one
     #: whose creation time is unknown (None otherwise).
     above: WinProc | None = None
@@ -158,20 +166,20 @@ def _walk(table: Mapping[int, WinProc], holder: WinProc, rules: Rules) -> _Walk:
     current = holder
     while True:
         if current.ppid in TOP_PIDS or current.ppid == current.pid:
-            return _Walk(tuple(chain), TOP)
+            return _Walk(tuple(chain), _End.TOP)
         if len(chain) > rules.max_depth:
-            return _Walk(tuple(chain), TOO_DEEP)
+            return _Walk(tuple(chain), _End.TOO_DEEP)
         parent = table.get(current.ppid)  # a pid seen on the chain is always in the table
         if parent is None:
-            return _Walk(tuple(chain), GONE)
+            return _Walk(tuple(chain), _End.GONE)
         # The reuse test first: a parent pid that now names the holder's own descendant
         # (created after `current`) is a reused pid, not a loop of parents.
         if parent.timed and current.timed and parent.create_time > current.create_time:
-            return _Walk(tuple(chain), REUSED, parent)
+            return _Walk(tuple(chain), _End.REUSED, parent)
         if current.ppid in seen:
-            return _Walk(tuple(chain), CYCLE)
+            return _Walk(tuple(chain), _End.CYCLE)
         if not (parent.timed and current.timed):
-            return _Walk(tuple(chain), UNTIMED, parent)
+            return _Walk(tuple(chain), _End.UNTIMED, parent)
         seen.add(parent.pid)
         chain.append(parent)
         current = parent
@@ -228,25 +236,25 @@ def judge_windows_holder(table: Mapping[int, WinProc], holder: Holder,
     walk = _walk(table, row, rules)
     chain = tuple(as_proc_info(p) for p in walk.chain)
     top = walk.top
-    if walk.end == TOO_DEEP:
+    if walk.end == _End.TOO_DEEP:
         return unknown(holder, Rule.CHAIN, Reason.TOO_DEEP,
                        f"chain longer than max_depth={rules.max_depth}", chain,
                        [p.pid for p in walk.chain[-3:]])
-    if walk.end == CYCLE:
+    if walk.end == _End.CYCLE:
         return unknown(holder, Rule.CHAIN, Reason.CYCLE, f"pid {top.ppid} appears twice",
                        chain, [top.pid, top.ppid])
     hit = _first_protected(walk.chain, rules)
     if hit is not None:
         return _verdict(holder, chain, Verdict.PROTECTED, Reason.PROTECT_PATTERN,
                         Rule.PROTECT, hit[1], [hit[0].pid])
-    if walk.end == UNTIMED:
+    if walk.end == _End.UNTIMED:
         assert walk.above is not None
         untimed = top if not top.timed else walk.above
         return unknown(holder, Rule.CHAIN, Reason.UNREADABLE,
                        f"creation time of {untimed.pid} unknown: cannot tell whether "
                        f"{walk.above.pid} is the parent of {top.pid} or a later process at "
                        "its pid", chain, [top.pid, walk.above.pid])
-    if walk.end == TOP:
+    if walk.end == _End.TOP:
         parent = ("itself" if top.ppid == top.pid
                   else f"{top.ppid} ({'System Idle' if top.ppid == 0 else 'System'})")
         return _verdict(holder, chain, Verdict.NORMAL, Reason.ATTACHED, Rule.SESSION,
@@ -259,7 +267,7 @@ def _orphan(holder: Holder, walk: _Walk, chain: tuple[ProcInfo, ...],
             rules: Rules) -> HolderVerdict:
     """Rules 6-8 for a chain whose top's parent is gone or names a later process."""
     top = walk.top
-    if walk.end == GONE:
+    if walk.end == _End.GONE:
         why = f"parent {top.ppid} of {top.pid} is not in the process table"
         reason = Reason.PARENT_GONE
     else:

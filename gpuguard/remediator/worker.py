@@ -18,11 +18,11 @@ from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.orphans.process import STOPPED_STATES
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
 from gpuguard.remediator.decision.policy import Action, Decision, decide
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.refusals import RefusalMemory
 from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
@@ -47,7 +47,6 @@ STATE_RETRY_SECONDS = 1.0
 #: Longest the worker sleeps without re-reading the clock (an injected clock may jump).
 MAX_IDLE_WAIT_SECONDS = 1.0
 
-UNREACHABLE_REASON = "alertmanager-unreachable"
 #: How soon a tree whose reap found the host's reap lock held is looked at again.
 LOCK_RETRY_SECONDS = 5.0
 #: Who the remediator's worker says it is in the reap lock's note.
@@ -315,7 +314,7 @@ class Worker:
 
         confirmations: list[Confirmation] = []
 
-        def confirm() -> tuple[str, str] | None:
+        def confirm() -> tuple[AnyReason, str] | None:
             """Alertmanager, asked right before the first signal: still firing, unsilenced?
             Within what is left of the reap's deadline: the second time the tree is frozen,
             and a peer that answers slowly must not keep it so (no answer in time: the
@@ -369,15 +368,17 @@ class Worker:
             raise
 
 
-def refusal_of(answer: Confirmation) -> tuple[str, str]:
+def refusal_of(answer: Confirmation) -> tuple[AnyReason, str]:
     """The reason code and audit detail for any Alertmanager answer but "firing"."""
     assert answer.state != ConfirmationState.FIRING
     if answer.state == ConfirmationState.SILENCED:
         creators = ", ".join(answer.silence_creators) or "unknown"
         silences = ", ".join(answer.silenced_by)
-        return ConfirmationState.SILENCED, (f"silenced in Alertmanager by silence {silences}"
+        return DecisionReason.SILENCED, (f"silenced in Alertmanager by silence {silences}"
                                             f" (created by {creators})")
-    if answer.state in (ConfirmationState.INHIBITED, ConfirmationState.NOT_FIRING):
-        return answer.state, f"Alertmanager: {answer.detail}"
+    if answer.state == ConfirmationState.INHIBITED:
+        return DecisionReason.INHIBITED, f"Alertmanager: {answer.detail}"
+    if answer.state == ConfirmationState.NOT_FIRING:
+        return DecisionReason.NOT_FIRING, f"Alertmanager: {answer.detail}"
     # Not "nothing signalled": asked again with the tree frozen, it was (settlement.told).
-    return UNREACHABLE_REASON, f"Alertmanager not confirmed: {answer.detail}"
+    return DecisionReason.ALERTMANAGER_UNREACHABLE, f"Alertmanager not confirmed: {answer.detail}"

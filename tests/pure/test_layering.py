@@ -11,12 +11,15 @@
   a warning lists the function, class or module for review. No package folder holds
   more than MAX_FOLDER_MODULES modules.
 - One import name per module: exporter/ and remediator/ import only as gpuguard.X.
+- One vocabulary (gpuguard/orphans/vocabulary.py): no module outside it spells one of its
+  values as a bare string where the string decides or records something.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -417,3 +420,167 @@ def test_the_programs_code_is_where_its_import_path_says() -> None:
     symlinked = [str(p.relative_to(REPO)) for p in PACKAGE.iterdir()  # data folders may
                  if p.is_symlink() and any(p.glob("[!_]*.py"))]  # hold an __init__.py
     assert symlinked == [], "code reached through a link: its import path and file path differ"
+
+
+#: The one module that spells gpuguard's words (verdicts, reasons, why a process is not
+#: held); everywhere else names them through its enums.
+VOCABULARY = PACKAGE / "orphans" / "vocabulary.py"
+#: A name that holds a reason (or a verdict, an outcome, the signaller's why): what is
+#: assigned to it, passed for it or defaults it is a word of the vocabulary.
+REASON_HOLDER = re.compile(r"reason|why|verdict|outcome", re.IGNORECASE)
+
+
+def _is_enum(node: ast.ClassDef) -> bool:
+    return any(isinstance(base, ast.Name | ast.Attribute)
+               and (base.id if isinstance(base, ast.Name) else base.attr).endswith("Enum")
+               for base in node.bases)
+
+
+def vocabulary_words(path: Path = VOCABULARY) -> dict[str, str]:
+    """Each enum member of the vocabulary module by name, with its value (the first of a
+    member's tuple). Rule numbers are left out: digits that flags, counts and files spell
+    too, and a rule decides nothing outside the classifier."""
+    words: dict[str, str] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and _is_enum(node):
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                    value = stmt.value.elts[0] if isinstance(stmt.value, ast.Tuple) else stmt.value
+                    if (isinstance(value, ast.Constant) and isinstance(value.value, str)
+                            and not value.value.isdigit()):
+                        words[stmt.targets[0].id] = value.value
+    return words
+
+
+def _literals(node: ast.AST | None, values: set[str]) -> Iterator[ast.Constant]:
+    """The vocabulary words `node` is, or holds as an element of a tuple, list or set
+    (or frozenset(...)), or as a branch of `a if c else b` / `a or b`."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values:
+        yield node
+    elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+        for element in node.elts:
+            yield from _literals(element, values)
+    elif isinstance(node, ast.IfExp):
+        yield from _literals(node.body, values)
+        yield from _literals(node.orelse, values)
+    elif isinstance(node, ast.BoolOp):
+        for value in node.values:
+            yield from _literals(value, values)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args
+          and node.func.id in ("frozenset", "set", "tuple")):
+        yield from _literals(node.args[0], values)
+
+
+def _name(target: ast.AST) -> str:
+    return (target.id if isinstance(target, ast.Name)
+            else target.attr if isinstance(target, ast.Attribute) else "")
+
+
+def _assigned(node: ast.Assign | ast.AnnAssign) -> Iterator[tuple[ast.AST, ast.AST]]:
+    """(target, value) of an assignment, `a, b = x, y` paired element by element."""
+    assert node.value is not None
+    for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+        if (isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                and len(target.elts) == len(node.value.elts)):
+            yield from zip(target.elts, node.value.elts, strict=True)
+        else:
+            yield target, node.value
+
+
+def vocabulary_literals(text: str, words: dict[str, str]) -> list[tuple[int, str, str]]:
+    """(line, word, how) for each vocabulary word spelled as a bare string in `text` where
+    it decides or records something: compared (`==`, `!=`, `in` a literal tuple or set, or
+    `in` a name bound to one), assigned to or defaulting a reason holder (REASON_HOLDER),
+    made a constant named like its member (`TREE_TOO_LARGE = "tree-too-large"`), passed
+    to a call (positionally, or as a reason holder's keyword), returned, or a dict's
+    value (or its key, with a word for value). Enum definitions, docstrings, f-string
+    fragments and log text are not uses."""
+    values = set(words.values())
+    tree = ast.parse(text)
+    enum_bodies = {id(stmt) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+                   and _is_enum(cls) for stmt in cls.body}
+    found: list[tuple[ast.Constant, str]] = []
+    collections: dict[str, list[ast.Constant]] = {}
+    compared: set[str] = set()
+
+    def add(node: ast.AST | None, how: str) -> None:
+        found.extend((literal, how) for literal in _literals(node, values))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                add(operand, "compared")
+                if isinstance(operand, ast.Name):
+                    compared.add(operand.id)
+        elif (isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
+              and id(node) not in enum_bodies):
+            for target, value in _assigned(node):
+                name = _name(target)
+                if REASON_HOLDER.search(name):
+                    add(value, f"assigned to {name}")
+                elif (isinstance(target, ast.Name) and isinstance(value, ast.Constant)
+                      and words.get(name, ...) == value.value):
+                    add(value, f"a second spelling of {name}")
+                elif not isinstance(value, ast.Constant):
+                    collections.setdefault(name, []).extend(_literals(value, values))
+        elif isinstance(node, ast.Call):
+            for arg in node.args:
+                add(arg, "passed")
+            for keyword in node.keywords:
+                if keyword.arg and REASON_HOLDER.search(keyword.arg):
+                    add(keyword.value, f"passed as {keyword.arg}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            args = node.args
+            positional = [*args.posonlyargs, *args.args]
+            defaults = [*zip(positional[len(positional) - len(args.defaults):], args.defaults,
+                             strict=True), *zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+            for arg, default in defaults:
+                if REASON_HOLDER.search(arg.arg):
+                    add(default, f"the default of {arg.arg}")
+        elif isinstance(node, ast.Return):
+            add(node.value, "returned")
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                add(value, "a dict's value")
+                if isinstance(value, ast.Constant):
+                    add(key, "a dict's key")
+    for name in compared:
+        found.extend((literal, f"in {name}, compared") for literal in collections.get(name, ()))
+    return sorted({(lit.lineno, lit.value, how) for lit, how in found})
+
+
+def test_the_literal_finder_sees_each_use_and_no_mention() -> None:
+    words = {"ROOT_GONE": "root-gone", "EXITED": "exited", "CANCELLED": "cancelled"}
+    text = ('"""root-gone: a docstring"""\n'
+            'if r.reason == "cancelled": log.info("root-gone %s", f"exited {x}")\n'
+            'reason = "root-gone" if a else "x"\n'
+            '_GONE = ("exited", "other")\n'
+            'ok = why not in _GONE\n'
+            'ROOT_GONE = "root-gone"\n'
+            'Abort("root-gone", "detail")\n'
+            'Decision(action, reason="cancelled")\n'
+            'def f(outcome="cancelled"):\n    return "exited", "words"\n'
+            'NAMES = {"exited": "gone for good", "k": "cancelled"}\n'
+            'class E(StrEnum):\n    EXITED = "exited"\n'
+            'user = name or "exited"\n')
+    assert [(line, how) for line, _word, how in vocabulary_literals(text, words)] == [
+        (2, "compared"), (3, "assigned to reason"), (4, "in _GONE, compared"),
+        (6, "a second spelling of ROOT_GONE"), (7, "passed"), (8, "passed as reason"),
+        (9, "the default of outcome"), (10, "returned"), (11, "a dict's value"),
+        (11, "a dict's key")]
+
+
+def test_no_vocabulary_literal_outside_the_vocabulary() -> None:
+    """A reason spelled as a bare string decides a kill where mypy cannot see a typo:
+    every module names it through the vocabulary's enums instead (docs/design.md,
+    Layers). A word that means something else (a build's "unknown" version) is that
+    concept's own constant, named for it."""
+    words = vocabulary_words()
+    assert {"orphan", "launcher-killed", "root-gone", "exited"} <= set(words.values())
+    found = [f"{path.relative_to(REPO)}:{line}: {word!r} {how}"
+             for path in sorted({p.resolve() for p in MODULES.values()})
+             if path != VOCABULARY.resolve()
+             for line, word, how in vocabulary_literals(path.read_text(), words)]
+    assert found == [], (f"{len(found)} vocabulary word(s) spelled outside "
+                         "gpuguard/orphans/vocabulary.py; name the enum member:\n"
+                         + "\n".join(found))

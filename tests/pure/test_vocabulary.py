@@ -8,8 +8,14 @@ import re
 from pathlib import Path
 
 from gpuguard.config.remediate import ORPHAN_REASONS as CONFIG_REASONS
-from gpuguard.orphans.vocabulary import ORPHAN_REASONS, Reason, launcher_gone, reapability
-from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
+from gpuguard.orphans.vocabulary import (
+    ORPHAN_REASONS,
+    DecisionReason,
+    Reason,
+    launcher_gone,
+    not_orphan,
+    reapability,
+)
 
 DECISIONS = Path(__file__).resolve().parents[2] / "docs" / "decisions.md"
 
@@ -63,3 +69,21 @@ def test_each_orphan_reason_is_less_reapable_than_the_ones_after_it() -> None:
     assert Reason.LAUNCHER_EXITED.reapability < Reason.LAUNCHER_UNRECORDED.reapability
     assert Reason.LAUNCHER_UNRECORDED.reapability < Reason.SESSION_ENDED.reapability
     assert Reason.PARENT_REUSED.reapability < Reason.PARENT_GONE.reapability
+
+
+def test_every_word_writes_as_its_value_wherever_it_is_written() -> None:
+    """The audit log, the ledger, JSON answers, log lines and metric labels write a
+    member where they used to write its string: each way of writing it gives the value
+    alone, on every Python gpuguard runs on (3.11 and 3.12 changed what str() and
+    format() of a (str, Enum) give; gpuguard.compat.StrEnum pins both)."""
+    import json
+
+    from gpuguard.orphans.vocabulary import Rule, Unheld, Verdict
+
+    for enum in (Verdict, Rule, Reason, DecisionReason, Unheld):
+        for member in enum:
+            value = member.value
+            logged = "%s" % member  # noqa: UP031 (what logging's "%s" writes)
+            assert (str(member), f"{member}", format(member), logged) == (value,) * 4
+            assert json.dumps({member: member}) == json.dumps({value: value})
+            assert member == value and hash(member) == hash(value)

@@ -41,10 +41,14 @@ from gpuguard.console.reap import (
     tree_key,
 )
 from gpuguard.console.reports import ReapReport
+from gpuguard.orphans.vocabulary import AnyReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import Outcome
 
 log = logging.getLogger("gpuguard.mcp")
+#: The tool's error code when a signal ends it mid-reap (docs/mcp.md, Errors): the
+#: server's own code, not the decision reason of the same spelling.
+INTERRUPTED_CODE = "interrupted"
 
 #: How long a client's name may be in the audit record (it is the client's own text).
 CLIENT_CHARS = 100
@@ -63,7 +67,7 @@ class McpReap(ManualReap):
         self.manual["command"] = f"{PROG} mcp {REAP}"
         self.manual["client"] = client[:CLIENT_CHARS] if client else None
 
-    def confirm(self) -> tuple[str, str] | None:
+    def confirm(self) -> tuple[AnyReason, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) is not reaped: a person
         decided so, or nobody can tell."""
         said = super().confirm()
@@ -123,7 +127,7 @@ def reap_document(settings: ServeSettings, root_pid: int, root_start_time: int |
         log.warning("%s %s: interrupted by %s; what it stopped was continued (see the audit "
                     "record); exiting", REAP, key, name)
         signal.raise_signal(stop.signum)  # the handler from before the reap: ends the server
-        raise ToolRefusal("interrupted", f"interrupted by {name}: {doc['detail']}", doc)
+        raise ToolRefusal(INTERRUPTED_CODE, f"interrupted by {name}: {doc['detail']}", doc)
     if code == EXIT_OK:
         return doc
     if code == EXIT_NOT_AUDITED:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.launch.teardown.reaping import REAP_DEADLINE_SECONDS
 from gpuguard.orphans.process import ProcInfo
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import Kept, Outcome, ReapResult, SignalResult
 
@@ -102,7 +103,8 @@ def summarise(results: Sequence[ReapResult], left: Sequence[ProcInfo],
     refused = [m for m in once if (m.pid, m.start_time) not in ended]
     for result in results:
         if (result.outcome not in (Outcome.REAPED, Outcome.FAILED)
-                and result.reason not in ("root-gone", "root-replaced")):  # exited: fine
+                and result.reason not in (DecisionReason.ROOT_GONE,  # exited: fine
+                                          DecisionReason.ROOT_REPLACED)):
             problem = f"{result.reason}: {launcher_words(result.detail)}"
             if problem not in problems:
                 problems.append(problem)

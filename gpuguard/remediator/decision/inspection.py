@@ -23,6 +23,7 @@ from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.orphans.windows import WinProc
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 
@@ -45,7 +46,8 @@ def member_of(info: ProcInfo, view: ProcSource) -> Member:
                   state=info.state, kernel_thread=kthread, user_known=name is not None)
 
 
-def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
+def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = (),
+                 ) -> tuple[DecisionReason, str] | None:
     """(reason, detail) when a reading cannot confirm a tree; None when it can.
 
     A holder list is only as complete as the reading: a lost GPU, a failed process
@@ -54,13 +56,14 @@ def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tup
     this one does not.
     """
     if not reading.up:
-        return "nvml-unavailable", "; ".join(msg for _, msg in reading.errors) or "NVML is down"
+        return (DecisionReason.NVML_UNAVAILABLE,
+                "; ".join(msg for _, msg in reading.errors) or "NVML is down")
     if reading.errors:
-        return "nvml-incomplete", "; ".join(msg for _, msg in reading.errors)
+        return DecisionReason.NVML_INCOMPLETE, "; ".join(msg for _, msg in reading.errors)
     missing = sorted(set(expected_gpus) - {gpu.uuid for gpu in reading.gpus})
     if missing:
-        return "nvml-incomplete", (f"GPU(s) {', '.join(missing)} reported at the first check "
-                                   "are missing now")
+        return DecisionReason.NVML_INCOMPLETE, (f"GPU(s) {', '.join(missing)} reported at the "
+                                                "first check are missing now")
     return None
 
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
-from gpuguard.orphans.vocabulary import Verdict, launcher_gone, reapability
-from gpuguard.remediator.decision.reasons import DecisionReason, not_orphan
+from gpuguard.orphans.vocabulary import (
+    AnyReason,
+    DecisionReason,
+    Reason,
+    Verdict,
+    launcher_gone,
+    not_orphan,
+    reapability,
+)
 from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.remediator.intake.alerts import (
     REMEDIATE_LABEL,
@@ -74,7 +81,7 @@ class PolicyState:
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    reason: str
+    reason: AnyReason
     detail: str = ""
     key: TreeKey | None = None
     first_seen: float | None = None  # set once the tree was verified an orphan (boot clock)
@@ -117,7 +124,7 @@ class RateBudget:
         return shown + (f" and {more} more" if more > 0 else "")
 
 
-def _ignore(reason: str, detail: str, key: TreeKey | None = None, **kw: object) -> Decision:
+def _ignore(reason: AnyReason, detail: str, key: TreeKey | None = None, **kw: object) -> Decision:
     return Decision(Action.IGNORE, reason, detail, key, **kw)  # type: ignore[arg-type]
 
 
@@ -207,7 +214,7 @@ def _entries(patterns: tuple[str, ...]) -> tuple[frozenset[int], tuple[str, ...]
 
 
 def user_refusal(uid: int | None, user: str | None,
-                 users: UserFilter) -> tuple[str, str] | None:
+                 users: UserFilter) -> tuple[AnyReason, str] | None:
     """Why remediate.users refuses the owner `uid`, named `user` (None: NSS could not name
     it), as (reason, detail); None when it is allowed.
 
@@ -315,7 +322,7 @@ def _describe(member: Member) -> str:
 
 
 def member_refusal(member: Member, policy: Remediate,
-                   protected_pids: frozenset[int]) -> tuple[str, str] | None:
+                   protected_pids: frozenset[int]) -> tuple[AnyReason, str] | None:
     """Why this one process must never be signalled, as (reason, detail); None if it may be.
 
     Used by decide() for the tree as inspected and again by the reaper for every
@@ -358,7 +365,8 @@ def verify_live(key: TreeKey, live: LiveTree, *, named_by: str = "the alert",
                        f"pid {key.root_pid} roots no GPU-holding tree now", key)
     if live.verdict != Verdict.ORPHAN and require_orphan:
         # A member the rules protect (or cannot judge) refuses the whole tree, by that name.
-        reason = live.reason if live.reason.startswith("member-") else not_orphan(live.verdict)
+        member = live.reason if live.reason.startswith("member-") else ""
+        reason = member or not_orphan(live.verdict)
         return _ignore(reason, f"classifier says {live.verdict} ({live.reason})"
                        + (f": {live.detail}" if live.detail else ""), key)
     return None
@@ -445,7 +453,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     if refused is not None:
         return refused
 
-    reason = live.reason
+    reason: str = live.reason  # the orphan's, or the alert's label (below)
     said = alert.label("reason")
     if (said is not None and launcher_gone(reason) and launcher_gone(said)
             and reapability(said) < reapability(reason)):
@@ -461,8 +469,8 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     refusals = [r for m in live.members
                 if (r := member_refusal(m, state.policy, state.protected_pids)) is not None]
     if refusals:
-        reason, detail = min(refusals, key=lambda r: _MEMBER_REASONS.index(r[0]))
-        return _ignore(reason, detail, key)
+        refusal, detail = min(refusals, key=lambda r: _MEMBER_REASONS.index(r[0]))
+        return _ignore(refusal, detail, key)
 
     # Age, counted locally on the boot clock: never older than what this remediator has
     # seen itself. startsAt (Alertmanager's wall clock) is placed on the boot clock by
@@ -494,8 +502,11 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
         return refused
 
     action = Action.REAP if state.policy.mode == Mode.ENFORCE else Action.DRY_RUN
-    return Decision(action, live.reason, f"orphan ({live.reason}), {len(live.members)} "
-                    f"process(es), {live.gpu_bytes} GPU bytes", key, first_seen)
+    # verify_live refuses a tree it did not find, and the classifier gives every verdict
+    # its reason: the orphan's.
+    return Decision(action, cast(Reason, live.reason), f"orphan ({live.reason}), "
+                    f"{len(live.members)} process(es), {live.gpu_bytes} GPU bytes", key,
+                    first_seen)
 
 
 class ReapHistory(Protocol):

@@ -5,8 +5,10 @@ inspection and the reaper fill them in."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gpuguard.orphans.process import EXITED_STATES, Holder
+from gpuguard.orphans.vocabulary import DecisionReason, Reason, Verdict
 
 
 @dataclass(frozen=True, order=True)
@@ -89,14 +91,14 @@ class LiveTree:
 
     root: Member | None  # the process at root_pid now; None when there is none
     tree_found: bool = False  # classify() has a tree with exactly this root identity
-    verdict: str = ""
-    reason: str = ""
+    verdict: Verdict | Literal[""] = ""
+    reason: Reason | Literal[""] = ""
     detail: str = ""  # the classifier's evidence for verdict and reason
     members: tuple[Member, ...] = ()  # root first, then descendants (breadth first)
     holders: tuple[Holder, ...] = ()
     gpu_bytes: int = 0
     nvml_error: str | None = None  # NVML could not confirm the holders: nothing is verified
-    nvml_reason: str = "nvml-unavailable"  # or nvml-incomplete (a GPU or a list missing)
+    nvml_reason: DecisionReason = DecisionReason.NVML_UNAVAILABLE  # or NVML_INCOMPLETE
     gpus: tuple[str, ...] = ()  # GPU uuids this reading reported
     #: Each holder's idleness from the remediator's IdleWatch, read at this inspection;
     #: empty when no idle requirement is in force (nobody asked).

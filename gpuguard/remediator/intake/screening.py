@@ -10,9 +10,9 @@ from typing import Any
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Remediate
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.decision_log import DecisionSource
 from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.intake.alerts import AlertStatus, Notification
 from gpuguard.remediator.metrics import RejectCause
@@ -43,7 +43,7 @@ class Account:
     index: int
     fingerprint: str
     status: AccountStatus
-    reason: str
+    reason: AnyReason
     detail: str
     key: str | None
 
@@ -102,7 +102,7 @@ class Intake:
                                         "resolved while in flight: "
                                         "the reap stops unless it has already signalled", key)
                 status = _ACCOUNT.get(decision.action, AccountStatus.IGNORED)
-                if decision.reason == "duplicate":
+                if decision.reason == DecisionReason.DUPLICATE:
                     status = AccountStatus.DUPLICATE
                 accounts.append(Account(index, alert.fingerprint, status, decision.reason,
                                         decision.detail, str(key) if key else None))

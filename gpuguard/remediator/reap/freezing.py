@@ -17,15 +17,14 @@ from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member
 from gpuguard.orphans.process import STOPPED_STATES, ProcInfo, ProcUnreadable, is_child_of
 from gpuguard.orphans.protections import ProcSource
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
 from gpuguard.remediator.decision.inspection import member_of
 from gpuguard.remediator.decision.policy import member_refusal
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import Kept, KillPath
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
-from gpuguard.remediator.reap.signalling import OUT_OF_DESCRIPTORS, Signaller
+from gpuguard.remediator.reap.signalling import Signaller
 from gpuguard.remediator.state.audit import Phase
 
 #: How long one freeze pass waits for SIGSTOPped members to show state T (a process in
@@ -33,16 +32,12 @@ from gpuguard.remediator.state.audit import Phase
 FREEZE_CONFIRM_SECONDS = 1.0
 
 #: Why a child found in a children file is simply not part of the tree (not a refusal).
-_NOT_OURS = ("exited", "replaced", "reparented", "parent-replaced")
+_NOT_OURS = (Unheld.EXITED, Unheld.REPLACED, Unheld.REPARENTED, Unheld.PARENT_REPLACED)
 
-#: The refusal of a tree with more members than descriptors a reap may hold.
-TREE_TOO_LARGE = "tree-too-large"
 #: Descriptors a reap leaves to the rest of its process: the audit log and state file,
 #: the /proc reads of the reap itself, NVML's device files, the sockets of Alertmanager,
 #: the webhook and the TLS front (connections beyond this wait at accept, never a reap).
 DESCRIPTOR_RESERVE = 128
-#: The refusal of a member in a tracing stop (state `t`): see Freezer.traced.
-MEMBER_TRACED = "member-traced"
 #: The state letter of a task its tracer (ptrace) has stopped.
 TRACING_STOP = "t"
 
@@ -65,20 +60,22 @@ class Freezer:
         self.budget = (descriptor_budget(DESCRIPTOR_RESERVE) if run.path == KillPath.PIDFD
                        else None)  # the pid path holds no descriptor per member
         if self.budget is not None and len(plan.members) > self.budget.available:
-            raise Abort(TREE_TOO_LARGE, f"the tree has {len(plan.members)} member(s), each "
+            raise Abort(DecisionReason.TREE_TOO_LARGE,
+                        f"the tree has {len(plan.members)} member(s), each "
                         f"held by a descriptor for the whole reap, and {self.budget.describe()}"
                         ": nothing was signalled; raise the open-file limit (LimitNOFILE=) "
                         "to reap it")
         for member in plan.members:
             target, why = self.signaller.open(run, member.pid, member.start_time)
-            if why == OUT_OF_DESCRIPTORS:
+            if why == Unheld.NO_DESCRIPTOR:
                 raise self._too_large(run, f"member {member.pid} ({member.comm})",
                                       len(plan.members))
             if target is None:
                 if member.pid == plan.key.root_pid:
-                    reason = "root-replaced" if why in ("replaced", "unreadable") else "root-gone"
+                    reason = (DecisionReason.ROOT_REPLACED if why == Unheld.REPLACED
+                              else DecisionReason.ROOT_GONE)
                     raise Abort(reason, f"root {member.pid} {why} before the reap")
-                if why in ("exited", "replaced"):
+                if why in (Unheld.EXITED, Unheld.REPLACED):
                     continue  # exited since the inspection: nothing to do for it
                 raise Abort(Reason.MEMBER_UNKNOWN, f"member {member.pid} ({member.comm}) {why}: "
                             "a process that cannot be held cannot be judged")
@@ -188,7 +185,7 @@ class Freezer:
                          f"{len(group) - 1} held below it: {why}")
 
     @staticmethod
-    def traced(info: ProcInfo, view: ProcSource, *, threads: bool) -> tuple[str, str] | None:
+    def traced(info: ProcInfo, view: ProcSource, *, threads: bool) -> tuple[AnyReason, str] | None:
         """A member in a tracing stop (state `t`: a debugger, strace, a ptrace sandbox), as
         a refusal; with `threads`, any of its threads (read now), not only the main one.
 
@@ -209,12 +206,13 @@ class Freezer:
                                                "tracer holds one cannot be told")
         if TRACING_STOP not in states:
             return None
-        return MEMBER_TRACED, (f"{info.pid} ({info.comm}) is in a tracing stop (state t): "
-                               "its tracer, not this reap, decides when it runs again, and "
-                               "sees every signal but SIGKILL first")
+        return DecisionReason.MEMBER_TRACED, (
+            f"{info.pid} ({info.comm}) is in a tracing stop (state t): "
+            "its tracer, not this reap, decides when it runs again, and "
+            "sees every signal but SIGKILL first")
 
     @staticmethod
-    def stopped_elsewhere(info: ProcInfo, view: ProcSource) -> tuple[str, str] | None:
+    def stopped_elsewhere(info: ProcInfo, view: ProcSource) -> tuple[AnyReason, str] | None:
         """A member stopped (state T) by someone other than this reap, as a refusal: read
         before this reap sent it SIGSTOP, so its owner (Ctrl-Z), a debugger, another
         reaper or one that died holds it, and decides when it runs again. A tree judged
@@ -264,7 +262,7 @@ class Freezer:
 
     @classmethod
     def _refusal(cls, run: ReapRun, member: Member, info: ProcInfo, view: ProcSource, *,
-                 threads: bool = False) -> tuple[str, str] | None:
+                 threads: bool = False) -> tuple[AnyReason, str] | None:
         """Every rule one process must pass to be signalled, as (reason, detail), or None:
         the policy's refusals, a tracer's hold (its threads too with `threads`), then
         (unless a person forced it) the classifier's protections, judged from `view`."""
@@ -343,7 +341,8 @@ class Freezer:
         want of a descriptor, with at least `members` members; what the reap stopped is
         continued by whoever catches the Abort."""
         limit = self.budget.describe() if self.budget is not None else "none was left"
-        return Abort(TREE_TOO_LARGE, f"{who} could not be held: the tree has at least "
+        return Abort(DecisionReason.TREE_TOO_LARGE,
+                     f"{who} could not be held: the tree has at least "
                      f"{members} member(s), each held by a descriptor for the whole reap, "
                      f"and {limit}; raise the open-file limit (LimitNOFILE=) to reap it")
 
@@ -361,9 +360,9 @@ class Freezer:
                         or any(k.member.pid == child for k in run.kept)):
                     continue
                 full = self._full(run)
-                target, why = ((None, OUT_OF_DESCRIPTORS) if full else
+                target, why = ((None, Unheld.NO_DESCRIPTOR) if full else
                                self.signaller.open(run, child, None, parent=parent.info))
-                if why == OUT_OF_DESCRIPTORS:
+                if why == Unheld.NO_DESCRIPTOR:
                     abort = self._too_large(run, f"child {child} of member {parent.member.pid}",
                                             len(run.targets) + 1)
                     if refuse:

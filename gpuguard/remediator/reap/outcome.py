@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from gpuguard.compat import StrEnum
+from gpuguard.orphans.vocabulary import AnyReason
 from gpuguard.remediator.decision.tree import Member
 
 
@@ -70,7 +72,7 @@ class Kept:
 @dataclass(frozen=True)
 class ReapResult:
     outcome: Outcome
-    reason: str = ""  # why an abort happened (a policy-style reason code)
+    reason: AnyReason | Literal[""] = ""  # why an abort (or a failure) happened
     detail: str = ""
     kill_path: KillPath | None = None  # None when refused before choosing
     members: tuple[Member, ...] = ()  # every process the reap held, joiners included

@@ -14,7 +14,7 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.reasons import DecisionReason
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.tree import Member
 from gpuguard.remediator.reap.outcome import Kept, KillPath, SignalRecord
 from gpuguard.remediator.state.audit import Phase
@@ -29,7 +29,7 @@ Journal = Callable[[Phase, tuple[Member, ...]], None]
 
 #: The last question before the first signal (Alertmanager: does the alert still fire,
 #: unsilenced and uninhibited?). None means go on; (reason, detail) aborts the reap.
-Confirm = Callable[[], "tuple[str, str] | None"]
+Confirm = Callable[[], "tuple[AnyReason, str] | None"]
 
 #: Tells the caller's crash ledger which members this reap may be holding stopped:
 #: (pid, start_time) pairs with True right before their SIGSTOP (durably: raising means
@@ -53,7 +53,7 @@ Spare = Callable[[ProcInfo, ProcSource], "str | None"]
 class Abort(Exception):
     """Refuses the reap: (reason, detail) become the result's."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: AnyReason, detail: str) -> None:
         super().__init__(detail)
         self.reason, self.detail = reason, detail
 

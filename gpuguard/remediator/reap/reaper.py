@@ -18,6 +18,7 @@ from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.freezing import Freezer
 from gpuguard.remediator.reap.killing import Killer
@@ -167,7 +168,7 @@ class Reaper(ReaperCore):
             log.exception("reap of %s failed before any kill; continuing what it stopped",
                           plan.key)
             self._signaller.thaw(run)
-            return self._result(run, plan, Outcome.ABORTED, "internal-error",
+            return self._result(run, plan, Outcome.ABORTED, DecisionReason.INTERNAL_ERROR,
                                 f"{type(exc).__name__}: {exc}")
 
     def _freeze_and_judge(self, run: ReapRun, plan: ReapPlan, deadline: float,
@@ -225,13 +226,14 @@ class Reaper(ReaperCore):
             log.exception("reap of %s failed while killing; continuing what it stopped",
                           plan.key)
             self._signaller.thaw(run)
-            return self._result(run, plan, Outcome.FAILED, "internal-error",
+            return self._result(run, plan, Outcome.FAILED, DecisionReason.INTERNAL_ERROR,
                                 f"{type(exc).__name__}: {exc}")
         outcome = Outcome.FAILED if survivors else Outcome.REAPED
         detail = (f"{len(survivors)} process(es) survived SIGKILL" if survivors
                   else "every member is gone or a zombie")
         detail = "; ".join([detail, *run.notes])
-        return self._result(run, plan, outcome, "" if not survivors else "survivors", detail,
+        return self._result(run, plan, outcome,
+                            DecisionReason.SURVIVORS if survivors else "", detail,
                             survivors=tuple(t.member.pid for t in survivors), reclaim=True)
 
     def _interrupted(self, run: ReapRun, plan: ReapPlan, stop: Interrupted) -> ReapResult:

@@ -12,7 +12,7 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import DecisionReason, Reason
 from gpuguard.remediator.decision.inspection import (
     HolderSource,
     NvmlTimeout,
@@ -21,13 +21,11 @@ from gpuguard.remediator.decision.inspection import (
     read_within,
 )
 from gpuguard.remediator.decision.policy import verify_live
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort
 
 #: The reason of a reap whose NVML re-check with the tree frozen outlived the deadline.
-NVML_TIMEOUT = "nvml-timeout"
 
 
 class _Held(Protocol):
@@ -71,7 +69,7 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
     try:
         reading = read_within(nvml, left)
     except NvmlTimeout as exc:  # fail closed: the abort continues the tree now
-        raise Abort(NVML_TIMEOUT, f"NVML re-check with the tree frozen: {exc}, the "
+        raise Abort(DecisionReason.NVML_TIMEOUT, f"NVML re-check with the tree frozen: {exc}, the "
                     "rest of remediate.worker_timeout_seconds; nothing was "
                     "terminated") from None
     except Exception as exc:  # fail closed: an unreadable NVML confirms nothing

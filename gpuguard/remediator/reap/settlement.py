@@ -4,17 +4,17 @@ worker and `gpuguard reap --apply` both settle a reaper's result here."""
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.intake.confirmation import ConfirmationState
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 
 #: Alertmanager's answers at kill time that withdraw a reap (a person or a rule chose so);
 #: "unreachable" is not one of them: it is a refusal, retried on the next delivery.
-CANCELLED_BY_ALERTMANAGER = (ConfirmationState.SILENCED, ConfirmationState.INHIBITED,
-                             ConfirmationState.NOT_FIRING)
+CANCELLED_BY_ALERTMANAGER = (DecisionReason.SILENCED, DecisionReason.INHIBITED,
+                             DecisionReason.NOT_FIRING)
 
 
 def final_decision(decision: Decision, result: ReapResult | None, key: TreeKey) -> Decision:
@@ -22,12 +22,14 @@ def final_decision(decision: Decision, result: ReapResult | None, key: TreeKey) 
     if result is None:
         return Decision(Action.IGNORE, DecisionReason.INTERNAL_ERROR,
                         "the reap raised; see the log", key)
-    if result.outcome == Outcome.ABORTED and result.reason == "cancelled":
+    # An aborted reap always says why (Abort and Interrupted carry a reason).
+    reason = cast(AnyReason, result.reason)
+    if result.outcome == Outcome.ABORTED and reason == DecisionReason.CANCELLED:
         return Decision(Action.CANCEL, DecisionReason.RESOLVED, result.detail, key)
-    if result.outcome == Outcome.ABORTED and result.reason in CANCELLED_BY_ALERTMANAGER:
-        return Decision(Action.CANCEL, result.reason, result.detail, key)
+    if result.outcome == Outcome.ABORTED and reason in CANCELLED_BY_ALERTMANAGER:
+        return Decision(Action.CANCEL, reason, result.detail, key)
     if result.outcome == Outcome.ABORTED:
-        return Decision(Action.IGNORE, result.reason, result.detail, key)
+        return Decision(Action.IGNORE, reason, result.detail, key)
     return decision
 
 

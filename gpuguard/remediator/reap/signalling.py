@@ -20,8 +20,8 @@ from gpuguard.orphans.process import (
     is_child_of,
     still_same,
 )
+from gpuguard.orphans.vocabulary import DecisionReason, Unheld
 from gpuguard.remediator.decision.inspection import member_of
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, NoPidfd, ReapRun, Target
 from gpuguard.remediator.state.thaw_guardian import GuardianError, ThawGuardian
@@ -39,9 +39,6 @@ PIDFD_SEND: PidfdSend | None = getattr(signal, "pidfd_send_signal", None)
 POLL_SECONDS = 0.01
 #: A thread in one of these states has stopped or has exited.
 _STOPPED_OR_EXITED = STOPPED_STATES | EXITED_STATES
-#: Why open() could not hold a process when the process ran out of descriptors (EMFILE,
-#: or the system's table is full: ENFILE): the tree is too large here, not unknown.
-OUT_OF_DESCRIPTORS = "could not be held: no descriptor left"
 _NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
 
@@ -69,7 +66,7 @@ class Signaller:
     # -- handles ---------------------------------------------------------------------
 
     def open(self, run: ReapRun, pid: int, start_time: int | None,
-             parent: ProcInfo | None = None) -> tuple[Target | None, str]:
+             parent: ProcInfo | None = None) -> tuple[Target | None, Unheld | str]:
         """Hold `pid`, then check it is the process we mean: (target, "") or (None, why).
 
         With `parent`, the process must (read after the handle is open) be a live
@@ -83,11 +80,11 @@ class Signaller:
                 fd = self._pidfd_open(pid)
             except OSError as exc:
                 if exc.errno in (errno.ESRCH, errno.EINVAL):
-                    return None, "exited"
+                    return None, Unheld.EXITED
                 if exc.errno == errno.ENOSYS:
                     raise NoPidfd() from exc
                 if exc.errno in _NO_DESCRIPTOR:
-                    return None, OUT_OF_DESCRIPTORS
+                    return None, Unheld.NO_DESCRIPTOR
                 return None, f"could not be opened ({exc.strerror})"
         try:
             info = run.view.fresh_stat(pid)
@@ -98,17 +95,17 @@ class Signaller:
                 os.close(fd)
             cause = exc.__cause__
             if isinstance(cause, OSError) and cause.errno in _NO_DESCRIPTOR:
-                return None, OUT_OF_DESCRIPTORS
+                return None, Unheld.NO_DESCRIPTOR
             return None, f"unreadable ({exc})"
-        why = ""
+        why: Unheld | str = ""
         if info is None or not live:
-            why = "exited"
+            why = Unheld.EXITED
         elif start_time is not None and info.start_time != start_time:
-            why = "replaced"
+            why = Unheld.REPLACED
         elif parent is not None and not is_child_of(info, parent, run.view.thread_states):
-            why = "reparented"
+            why = Unheld.REPARENTED
         elif parent is not None and not still_same(self.fresh(run, parent.pid), parent):
-            why = "parent-replaced"
+            why = Unheld.PARENT_REPLACED
         if why:
             if fd is not None:
                 os.close(fd)

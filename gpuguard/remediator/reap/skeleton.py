@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from gpuguard.host.nvml import NvmlReading
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.inspection import HolderSource
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
 from gpuguard.remediator.reap.reap_plan import ReapPlan
 from gpuguard.remediator.reap.reap_run import Abort, Confirm, Run
@@ -56,8 +56,8 @@ class ReaperCore:
         if refused is not None:
             raise Abort(*refused)
 
-    def _result(self, run: Run[Any], plan: ReapPlan, outcome: Outcome, reason: str,
-                detail: str, *, survivors: tuple[int, ...] = (),
+    def _result(self, run: Run[Any], plan: ReapPlan, outcome: Outcome,
+                reason: AnyReason | Literal[""], detail: str, *, survivors: tuple[int, ...] = (),
                 reclaim: bool = False) -> ReapResult:
         """The ReapResult of `run`; `reclaim`: re-read NVML for what the kill gave back."""
         after: int | None = None

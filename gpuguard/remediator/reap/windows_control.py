@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import Reason, Unheld
 from gpuguard.orphans.windows import WinProc
 from gpuguard.remediator.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.remediator.reap.reap_run import Abort, Held, Run
@@ -123,10 +123,11 @@ class Hands:
         except OSError as exc:
             return None, f"could not be opened ({exc})"
         if handle is None:
-            return None, "exited"
+            return None, Unheld.EXITED
         try:
             created, running = handle.create_time(), handle.running()
-            why = "replaced" if created != row.create_time else "" if running else "exited"
+            why: Unheld | str = (Unheld.REPLACED if created != row.create_time
+                                  else "" if running else Unheld.EXITED)
             if not why and parent is not None:
                 actual = handle.parent_pid()
                 if actual != parent:

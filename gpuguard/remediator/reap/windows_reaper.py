@@ -44,11 +44,10 @@ from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.orphans.vocabulary import Reason
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
 from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.remediator.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.remediator.decision.policy import member_refusal
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, Member
 from gpuguard.remediator.decision.windows_inspection import windows_member
 from gpuguard.remediator.reap.outcome import (
@@ -156,7 +155,7 @@ class WindowsReaper(ReaperCore):
             log.exception("reap of %s failed before any kill; resuming what it suspended",
                           plan.key)
             self._hands.resume(run, run.targets.values())
-            return self._result(run, plan, Outcome.ABORTED, "internal-error",
+            return self._result(run, plan, Outcome.ABORTED, DecisionReason.INTERNAL_ERROR,
                                 f"{type(exc).__name__}: {exc}")
 
     def _freeze_and_judge(self, run: WinRun, plan: ReapPlan, deadline: float,
@@ -189,16 +188,17 @@ class WindowsReaper(ReaperCore):
             row = table.get(member.pid)
             handle: Handle | None = None
             if row is None:
-                why = "exited"
+                why: Unheld | str = Unheld.EXITED
             elif row.create_time != member.start_time:
-                why = "replaced"
+                why = Unheld.REPLACED
             else:  # its parent, read through the handle, the one the plan named
                 handle, why = self._hands.hold(row, parent=member.ppid)
             if handle is None:
-                if member.pid == plan.key.root_pid and why in ("exited", "replaced"):
-                    raise Abort(f"root-{'gone' if why == 'exited' else 'replaced'}",
+                if member.pid == plan.key.root_pid and why in (Unheld.EXITED, Unheld.REPLACED):
+                    raise Abort(DecisionReason.ROOT_GONE if why == Unheld.EXITED
+                                else DecisionReason.ROOT_REPLACED,
                                 f"root {member.pid} {why} before the reap")
-                if why in ("exited", "replaced"):
+                if why in (Unheld.EXITED, Unheld.REPLACED):
                     continue  # exited since the inspection: nothing to do for it
                 raise Abort(Reason.MEMBER_UNKNOWN, f"member {member.pid} ({member.comm}) "
                             f"{why}: a process that cannot be held cannot be judged")
@@ -229,7 +229,7 @@ class WindowsReaper(ReaperCore):
         joined: list[WinTarget] = []
         for row in unheld(run, table):
             handle, why = self._hands.hold(row, parent=row.ppid)
-            if handle is None and why not in ("exited", "replaced"):
+            if handle is None and why not in (Unheld.EXITED, Unheld.REPLACED):
                 raise Abort(Reason.MEMBER_UNKNOWN, f"process {row.pid} below member "
                             f"{row.ppid} {why}: a process that cannot be held "
                             "cannot be judged")
@@ -298,12 +298,12 @@ class WindowsReaper(ReaperCore):
             log.exception("reap of %s failed while terminating; resuming what it "
                           "suspended", plan.key)
             hands.resume(run, run.targets.values())
-            return self._result(run, plan, Outcome.FAILED, "internal-error",
+            return self._result(run, plan, Outcome.FAILED, DecisionReason.INTERNAL_ERROR,
                                 f"{type(exc).__name__}: {exc}")
         outcome = Outcome.FAILED if survivors else Outcome.REAPED
         detail = (f"{len(survivors)} process(es) survived TerminateProcess (resumed)"
                   if survivors else "every member is gone")
-        return self._result(run, plan, outcome, "survivors" if survivors else "",
+        return self._result(run, plan, outcome, DecisionReason.SURVIVORS if survivors else "",
                             "; ".join([detail, *run.notes]),
                             survivors=tuple(t.member.pid for t in survivors), reclaim=True)
 
@@ -321,7 +321,7 @@ class WindowsReaper(ReaperCore):
 
 
 def refusal(run: WinRun, member: Member,
-             table: Mapping[int, WinProc]) -> tuple[str, str] | None:
+             table: Mapping[int, WinProc]) -> tuple[AnyReason, str] | None:
     """The policy's refusals, then (unless forced) the Windows member rules."""
     refused = member_refusal(member, run.policy, run.protected)
     if refused is None and not run.force:

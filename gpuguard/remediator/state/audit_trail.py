@@ -16,8 +16,8 @@ import json
 import logging
 from typing import Any
 
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree
 from gpuguard.remediator.intake.confirmation import Confirmation
 from gpuguard.remediator.reap.outcome import ReapResult

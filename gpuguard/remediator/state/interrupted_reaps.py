@@ -8,8 +8,8 @@ import functools
 import logging
 from typing import Any
 
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.reap.outcome import SignalRecord, SignalResult
 from gpuguard.remediator.reap.reapers import TreeReaper
@@ -91,7 +91,7 @@ class InterruptedReaps:
                       "continuing what it stopped", key, exc.strerror or exc)
             finished = False
         if finished:  # the final record made it; only settle
-            self._settle_ledger(key, "interrupted", signalled, [])
+            self._settle_ledger(key, INTERRUPTED, signalled, [])
             return
         recorded: list[_Recorded] = [
             (int(m[0]), int(m[1]), bool(m[2]) if len(m) > 2 else False,

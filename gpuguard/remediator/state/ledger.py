@@ -27,6 +27,7 @@ from typing import Any
 from gpuguard.compat import StrEnum
 from gpuguard.host.platform import PLATFORM
 from gpuguard.host.procfs import BOOT_ID, boottime
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.tree import ReapMark, TreeKey
 from gpuguard.remediator.reap.outcome import Outcome
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
@@ -394,7 +395,7 @@ class Ledger:
                 del self._reaps[i]
                 break
 
-    def settle_interrupted(self, key: TreeKey, outcome: str = "interrupted", *,
+    def settle_interrupted(self, key: TreeKey, outcome: str = DecisionReason.INTERRUPTED, *,
                            signalled: bool = True,
                            owed: Iterable[dict[str, Any]] = ()) -> None:
         """A reap cut short by a crash: done for good (never re-killed without a new key),

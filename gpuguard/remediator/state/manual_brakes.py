@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.host.procfs import boottime
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.policy import (
     Action,
     Decision,
@@ -20,7 +21,6 @@ from gpuguard.remediator.decision.policy import (
     rate_refusal,
     recorded_age_refusal,
 )
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.decision.tree import LiveTree, ReapMark, TreeKey, mark_for
 from gpuguard.remediator.state.ledger import this_boot_id
 from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused
@@ -128,5 +128,5 @@ class ManualBrakes:
             if lock is not None:
                 lock.release()
 
-    def _refuse(self, reason: str, detail: str) -> Decision:
+    def _refuse(self, reason: AnyReason, detail: str) -> Decision:
         return Decision(Action.IGNORE, reason, detail, self.key)

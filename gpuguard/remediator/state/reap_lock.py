@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.remediator.decision.reasons import DecisionReason
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.state.audit import UnsafePathError, check_private_dir
 from gpuguard.remediator.state.workstate import WorkState
 
@@ -41,7 +41,7 @@ class ReapLockRefused(Exception):
     """The lock was not had: `reason` (reap-in-progress, or reap-lock-unavailable when the
     state directory cannot be used) and a detail naming the holder or the problem."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: DecisionReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail

@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
+from gpuguard.orphans.vocabulary import DecisionReason
 from gpuguard.remediator.decision.policy import Action
-from gpuguard.remediator.decision.reasons import DecisionReason
 from gpuguard.remediator.reap import killing, reaper
 from gpuguard.remediator.reap.freezing import Freezer
 from gpuguard.remediator.reap.outcome import Outcome
