@@ -296,7 +296,7 @@ class Worker:
         policy = work.policy
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=decision.action == Action.DRY_RUN,
-                        gpus=live.gpus, reasons=policy.allowed_reasons)
+                        gpus=live.gpus, reasons=policy.rederivable(decision.reason))
         result: ReapResult | None = None
 
         def journal(phase: str, members: tuple[Member, ...]) -> None:

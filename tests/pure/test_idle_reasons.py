@@ -177,3 +177,19 @@ def test_a_bad_entry_is_one_line_naming_file_key_and_problem(text: str, key: str
     message = str(err.value)
     assert message.startswith(f"/etc/gpuguard.yml: {key}: "), message
     assert problem in message and "\n" not in message, message
+
+
+def test_a_verdict_derived_again_may_not_carry_a_reason_stricter_about_idleness() -> None:
+    """The reap re-derives the verdict with the tree frozen (reap/recheck.py) and goes on
+    only with a reason in the plan's list, which the worker takes from `rederivable`: a
+    tree decided on launcher-killed (no idle requirement) that reads launcher-exited
+    under freeze (an hour idle, never checked for it) is not killed; one decided on
+    launcher-exited, whose hour was checked, may read launcher-killed."""
+    assert LAB.rederivable(Reason.LAUNCHER_KILLED) == (Reason.LAUNCHER_KILLED,)
+    assert set(LAB.rederivable(Reason.LAUNCHER_EXITED)) == {
+        Reason.LAUNCHER_KILLED, Reason.LAUNCHER_EXITED, Reason.SESSION_ORPHANED}
+    # A global requirement binds every reason alike: nothing is stricter than another.
+    alike = dataclasses.replace(LAB, require_idle_seconds=2 * HOUR)
+    assert set(alike.rederivable(Reason.LAUNCHER_KILLED)) == set(alike.allowed_reasons)
+    # A reason the policy does not allow is never one to go on with.
+    assert Reason.SESSION_ENDED not in LAB.rederivable(Reason.LAUNCHER_EXITED)

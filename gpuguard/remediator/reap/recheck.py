@@ -106,5 +106,7 @@ def _rederive(run: FrozenRun, plan: ReapPlan, reading: NvmlReading, gpus: set[st
                     f"{refused.detail}")
     if not run.force and plan.reasons is not None and live.reason not in plan.reasons:
         raise Abort(DecisionReason.REASON_NOT_ALLOWED, "classified again with the tree frozen: "
-                    f"orphan reason {live.reason} is not in remediate.reasons "
-                    "or remediate.idle_reasons")
+                    f"orphan reason {live.reason} is not one the decision allows "
+                    f"({', '.join(plan.reasons) or 'none'}: remediate.reasons and "
+                    "remediate.idle_reasons, none stricter about idleness than the "
+                    "decision's own)")
