@@ -19,7 +19,9 @@ from gpuguard.console.render import (
     print_json,
 )
 from gpuguard.console.reports import Explanation, LeaderState
-from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.gpu.reading import GpuReading
+from gpuguard.gpu.vendors import vendor_source
+from gpuguard.host.counters import COUNTERS
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.registration import run_launchers
@@ -34,7 +36,7 @@ def explain_pid(pid: int, config: Config, hostname: str,
                 platform: Platform = PLATFORM) -> Explanation:
     """classify_holder() on the pid, as NVML names it or as a stand-in holder: over the
     platform's process table where it has one, else over /proc."""
-    nvml = Nvml()
+    nvml = vendor_source(COUNTERS)
     try:
         reading = nvml.read()
     finally:
@@ -59,7 +61,7 @@ def explain_pid(pid: int, config: Config, hostname: str,
                                      [m for _, m in chain_roles(hv)]))
 
 
-def _explain_table(pid: int, config: Config, hostname: str, reading: NvmlReading,
+def _explain_table(pid: int, config: Config, hostname: str, reading: GpuReading,
                    read_table: TableSource) -> Explanation:
     """explain_pid over a process table and the Windows rules (no sessions)."""
     table = read_table()
@@ -80,7 +82,7 @@ def _alert(config: Config, hostname: str, tree: Tree | None) -> dict[str, Any] |
     return None
 
 
-def _as_holder(pid: int, reading: NvmlReading) -> tuple[Holder, tuple[Holder, ...], str | None]:
+def _as_holder(pid: int, reading: GpuReading) -> tuple[Holder, tuple[Holder, ...], str | None]:
     """The pid's first holding as NVML names it, or a stand-in holder and why."""
     holdings = tuple(h for h in reading.holders if h.pid == pid)
     note = None

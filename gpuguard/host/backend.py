@@ -3,8 +3,9 @@ chooses the one this process runs on, once (as psutil picks its `_psplatform` on
 every call goes through it).
 
 A `Platform` holds every difference the shared code needs, as values and functions:
-which process source a scan reads (/proc, or a process table), which NVML reader, the
-boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
+which process source a scan reads (/proc, or a process table), the OS's own count of
+per-process GPU memory (Windows' WDDM; the GPU vendor is chosen apart, in gpuguard/gpu/),
+the boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
 namespaces, a thaw guardian, POSIX permissions and directory fsync exist, and how a
 process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
 gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
@@ -21,8 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
+    from gpuguard.orphans.process import Holder
     from gpuguard.orphans.windows import WinProc
 
 #: Platform names: the keys of every per-platform table above host/.
@@ -31,10 +31,18 @@ WINDOWS = "windows"
 
 
 
-class NvmlFactory(Protocol):
-    """This platform's NVML reader, counting on `counters`."""
+class ProcessGpuMemory(Protocol):
+    """The operating system's own count of each process's GPU memory, for the holders a GPU
+    vendor's library lists but cannot size (Windows: WDDM's counters, any vendor's
+    adapter). The GPU seam applies it (gpuguard/gpu/os_memory.py); the GPU vendor is
+    chosen apart from the OS (gpuguard/gpu/vendors.py)."""
 
-    def __call__(self, counters: Counters, *, process_utilization: bool = True) -> Nvml: ...
+    def size(self, holders: tuple[Holder, ...]) -> tuple[Holder, ...]:
+        """`holders` with the OS's figure for each one unsized (used_bytes None) where it
+        is certain, else as given; `holders` itself when nothing changed."""
+        ...
+
+    def close(self) -> None: ...
 
 
 #: A process table read in one snapshot per scan (Windows: psutil's).
@@ -49,9 +57,9 @@ class Platform:
     #: The config's defaults are this platform's (classify patterns and adopters, paths):
     #: passed as `windows=` to the pure config readers, which never ask themselves.
     windows_defaults: bool
-    #: NVML for this platform (Windows: with WDDM's per-process memory), by counters;
-    #: process_utilization=False: a reader that never asks for per-process utilization.
-    nvml: NvmlFactory
+    #: The OS's own per-process GPU memory, opened per GPU source (None: the vendor's
+    #: library sizes every process itself, as NVML does on Linux).
+    process_gpu_memory: Callable[[], ProcessGpuMemory] | None
     #: The process table a scan and an inspection read; None: /proc (ProcessView).
     process_table: TableSource | None
     #: The clock orphan ages count on (never stepped), and this boot's id.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuguard.host.backend import LINUX, Platform
 from gpuguard.host.descriptors import raise_open_file_limit
@@ -17,16 +17,6 @@ from gpuguard.host.procfs import (
     other_users_problem,
     read_boot_id,
 )
-
-if TYPE_CHECKING:
-    from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
-
-
-def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
-    from gpuguard.host.nvml import Nvml
-
-    return Nvml(counters=counters, process_utilization=process_utilization)
 
 
 def _process_events() -> Any:
@@ -50,7 +40,7 @@ def _age_seconds(start_time: int) -> float:
 BACKEND = Platform(
     name=LINUX,
     windows_defaults=False,
-    nvml=_nvml,
+    process_gpu_memory=None,
     process_table=None,
     boot_clock=boottime,
     boot_id=read_boot_id,

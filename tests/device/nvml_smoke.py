@@ -66,7 +66,7 @@ def raw_driver() -> None:
 
 
 def through_gpuguard() -> None:
-    from gpuguard.host.nvml import Nvml
+    from gpuguard.gpu.nvml import Nvml
 
     nvml = Nvml()
     try:

@@ -371,12 +371,12 @@ def test_no_package_folder_holds_more_than_its_share_of_modules() -> None:
 
 
 def test_only_the_nvml_package_imports_pynvml() -> None:
-    """NVML is read behind one lock, with every call counted (gpuguard/host/nvml/): a module
+    """NVML is read behind one lock, with every call counted (gpuguard/gpu/nvml/): a module
     elsewhere that called pynvml would race the scanner's read and cost unseen."""
     users = sorted({module for module, path in MODULES.items()
                     for _line, imported, _name in imports(path, module)
                     if under(imported, {"pynvml"})})
-    assert users and all(under(m, {"gpuguard.host.nvml"}) for m in users), users
+    assert users and all(under(m, {"gpuguard.gpu.nvml"}) for m in users), users
 
 
 def test_every_own_import_is_under_the_gpuguard_namespace() -> None:

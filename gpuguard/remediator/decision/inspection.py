@@ -13,9 +13,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
@@ -28,9 +28,9 @@ from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 
 
 class HolderSource(Protocol):
-    """What the remediator needs from gpuguard.host.nvml.Nvml (a stub in tests)."""
+    """What the remediator needs from a GPU source (gpuguard/gpu/source.py; a stub in tests)."""
 
-    def read(self) -> NvmlReading: ...
+    def read(self) -> GpuReading: ...
 
 
 def member_of(info: ProcInfo, view: ProcSource) -> Member:
@@ -45,7 +45,7 @@ def member_of(info: ProcInfo, view: ProcSource) -> Member:
                   state=info.state, kernel_thread=kthread, user_known=name is not None)
 
 
-def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
+def nvml_problem(reading: GpuReading, expected_gpus: Iterable[str] = ()) -> tuple[str, str] | None:
     """(reason, detail) when a reading cannot confirm a tree; None when it can.
 
     A holder list is only as complete as the reading: a lost GPU, a failed process
@@ -68,7 +68,7 @@ class NvmlTimeout(Exception):
     """NVML did not answer within the time a caller could wait (a hung driver)."""
 
 
-def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
+def read_within(nvml: HolderSource, seconds: float) -> GpuReading:
     """`nvml.read()`, waited for at most `seconds`; NvmlTimeout when it takes longer.
 
     The read runs on a daemon thread: a driver call cannot be interrupted, so one that
@@ -82,7 +82,7 @@ def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
         # thread; the pidns tier's launcher can start none (its children's PID namespace
         # is not its own: clone(CLONE_THREAD) fails with EINVAL).
         return nvml.read()
-    box: list[NvmlReading | BaseException] = []
+    box: list[GpuReading | BaseException] = []
     done = threading.Event()
 
     def read() -> None:
@@ -106,7 +106,7 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                  counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
                  events: ExitSource | None = None,
                  memory: LauncherMemory | None = None,
-                 reading: NvmlReading | None = None,
+                 reading: GpuReading | None = None,
                  platform: Platform = PLATFORM) -> LiveTree:
     """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
 
@@ -147,7 +147,7 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
 
 
 def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                         expected_gpus: Iterable[str] = (), reading: NvmlReading | None = None,
+                         expected_gpus: Iterable[str] = (), reading: GpuReading | None = None,
                          table: Mapping[int, WinProc] | None = None) -> LiveTree:
     """inspect_tree() on Windows: the root by identity in a fresh table (`table`, when
     given: the Windows reaper's back-end's), NVML, then classify_windows() over that table
