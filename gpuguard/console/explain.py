@@ -41,8 +41,13 @@ def explain_pid(pid: int, config: Config, hostname: str,
         reading = nvml.read()
     finally:
         nvml.close()
-    if platform.process_table is not None:
-        return _explain_table(pid, config, hostname, reading, platform.process_table)
+    return platform.processes(
+        procfs=lambda: _explain_proc(pid, config, hostname, reading),
+        table=lambda read: _explain_table(pid, config, hostname, reading, read))
+
+
+def _explain_proc(pid: int, config: Config, hostname: str, reading: GpuReading) -> Explanation:
+    """explain_pid over /proc, with the launcher evidence and the sessions."""
     events, memory = launcher_evidence(config)
     view = ProcessView(events=events, memory=memory)
     view.begin_scan()

@@ -531,9 +531,15 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
     and groups, over its process table where it has one (Windows: psutil's, judged by the
     Windows rules), else over the /proc view `view` builds (called only then); `watch`:
     see Scanner. The exporter and `gpuguard status` both build theirs here."""
+    def over_procfs() -> tuple[ScanSource | None, TableSource | None]:
+        return (view() if view is not None else None), None
+
+    def over_table(read: TableSource) -> tuple[ScanSource | None, TableSource | None]:
+        return None, read
+
+    scan_view, table = platform.processes(procfs=over_procfs, table=over_table)
     return Scanner(rules=rules, nvml=gpu_source(platform, COUNTERS), interval=interval,
-                   view=view() if view is not None and platform.process_table is None else None,
-                   table=platform.process_table, boot_clock=platform.boot_clock,
+                   view=scan_view, table=table, boot_clock=platform.boot_clock,
                    groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
                    unlisted=accounting.unlisted if accounting is not None else None,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuguard.host.backend import WINDOWS, Platform, ProcessGpuMemory
+from gpuguard.host.backend import WINDOWS, Platform, ProcessGpuMemory, over_table
 
 if TYPE_CHECKING:
     from gpuguard.orphans.windows import WinProc
@@ -55,7 +55,7 @@ BACKEND = Platform(
     name=WINDOWS,
     windows_defaults=True,
     process_gpu_memory=_wddm_memory,
-    process_table=_read_table,
+    processes=over_table(_read_table),
     boot_clock=time.monotonic,  # QueryPerformanceCounter, from boot: never steps
     boot_id=_boot_id,
     process_events=None,
@@ -68,5 +68,5 @@ BACKEND = Platform(
     age_seconds=_age_seconds,
     raise_open_file_limit=lambda: "open-file limit: not applicable on Windows",
     posix_permissions=False,
-    fsync_directories=False,
+    fsync_directory=lambda _path: None,  # NTFS logs the rename; no directory handle to fsync
 )
