@@ -11,8 +11,8 @@ namespaces, a thaw guardian and POSIX permissions exist, how a rename is made du
 and how a process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
 gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
 entry points (gpuguard-exporter, gpuguard-remediator, gpuguard) hand it to what they
-build; a layer above host/ that must pick an implementation of its own (the reaper, the
-inspection, `gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
+build; a layer above host/ that must pick an implementation of its own (the reaper,
+`gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
 CONTRIBUTING.md, How to add a platform, says what a new one fills in.
 """
 
