@@ -59,7 +59,7 @@ CHILD = r"""
 import json, os, sys, time
 import gpuguard
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.reap.reap_plan import ReapPlan

@@ -28,8 +28,8 @@ TARGET_RATIO = 20.0  # at least this many times fewer bytes than a record per de
 
 def body(result: Result, tmp: Path) -> None:
     from gpuguard.config import load_config
+    from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
     from gpuguard.remediator.app import create_app
     from gpuguard.remediator.service import build_remediator
     from tests.support.proctree import Trees, children_of, wait_for

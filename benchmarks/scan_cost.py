@@ -33,7 +33,7 @@ from benchmarks.harness import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from gpuguard.host.nvml import Nvml
+    from gpuguard.gpu.nvml import Nvml
 
 LEVELS = (0, 1000, 5000)
 GPUGUARD_SCANS = 200
@@ -77,8 +77,8 @@ def body(result: Result, tmp: Path) -> None:
     fake.world.add_gpu(0)
 
     from gpuguard.exporter.scanner import Scanner
+    from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import CALLSITES, Counters
-    from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.rules_config import Rules
     from gpuguard.orphans.vocabulary import Verdict

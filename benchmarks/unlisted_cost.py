@@ -48,8 +48,8 @@ def body(result: Result, tmp: Path) -> None:
 
     from gpuguard.config.accounting import UnlistedSettings
     from gpuguard.exporter.scanner import Scanner
+    from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.rules_config import Rules
     from tests.support.proctree import Trees

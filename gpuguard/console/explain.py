@@ -19,7 +19,9 @@ from gpuguard.console.render import (
     print_json,
 )
 from gpuguard.console.reports import Explanation, LeaderState
-from gpuguard.host.nvml import Nvml, NvmlReading
+from gpuguard.gpu.reading import GpuReading
+from gpuguard.gpu.vendors import vendor_source
+from gpuguard.host.counters import COUNTERS
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.registration import run_launchers
@@ -34,13 +36,18 @@ def explain_pid(pid: int, config: Config, hostname: str,
                 platform: Platform = PLATFORM) -> Explanation:
     """classify_holder() on the pid, as NVML names it or as a stand-in holder: over the
     platform's process table where it has one, else over /proc."""
-    nvml = Nvml()
+    nvml = vendor_source(COUNTERS)
     try:
         reading = nvml.read()
     finally:
         nvml.close()
-    if platform.process_table is not None:
-        return _explain_table(pid, config, hostname, reading, platform.process_table)
+    return platform.processes(
+        procfs=lambda: _explain_proc(pid, config, hostname, reading),
+        table=lambda read: _explain_table(pid, config, hostname, reading, read))
+
+
+def _explain_proc(pid: int, config: Config, hostname: str, reading: GpuReading) -> Explanation:
+    """explain_pid over /proc, with the launcher evidence and the sessions."""
     events, memory = launcher_evidence(config)
     view = ProcessView(events=events, memory=memory)
     view.begin_scan()
@@ -59,7 +66,7 @@ def explain_pid(pid: int, config: Config, hostname: str,
                                      [m for _, m in chain_roles(hv)]))
 
 
-def _explain_table(pid: int, config: Config, hostname: str, reading: NvmlReading,
+def _explain_table(pid: int, config: Config, hostname: str, reading: GpuReading,
                    read_table: TableSource) -> Explanation:
     """explain_pid over a process table and the Windows rules (no sessions)."""
     table = read_table()
@@ -80,7 +87,7 @@ def _alert(config: Config, hostname: str, tree: Tree | None) -> dict[str, Any] |
     return None
 
 
-def _as_holder(pid: int, reading: NvmlReading) -> tuple[Holder, tuple[Holder, ...], str | None]:
+def _as_holder(pid: int, reading: GpuReading) -> tuple[Holder, tuple[Holder, ...], str | None]:
     """The pid's first holding as NVML names it, or a stand-in holder and why."""
     holdings = tuple(h for h in reading.holders if h.pid == pid)
     note = None

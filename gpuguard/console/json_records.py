@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.exporter.scanner import owner
-from gpuguard.host.nvml import GpuSample, NvmlReading
+from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.remediator.decision.tree import LiveTree
 
@@ -35,7 +35,7 @@ def holder_json(holder: Holder) -> dict[str, Any]:
     }
 
 
-def sm_busy(holder: Holder, reading: NvmlReading) -> bool | None:
+def sm_busy(holder: Holder, reading: GpuReading) -> bool | None:
     """Whether NVML's samples in this read show the holder using an SM on that GPU (a
     first read gets every sample the driver still keeps); None when NVML cannot say."""
     gpu = next((g for g in reading.gpus if g.uuid == holder.gpu_uuid), None)
@@ -44,13 +44,13 @@ def sm_busy(holder: Holder, reading: NvmlReading) -> bool | None:
     return holder.pid in gpu.busy_pids
 
 
-def use_json(holder: Holder, reading: NvmlReading, idle_seconds: float | None) -> dict[str, Any]:
+def use_json(holder: Holder, reading: GpuReading, idle_seconds: float | None) -> dict[str, Any]:
     """The keys status and explain add to a holder: its SM use in this read, and how long
     it has gone without (counted from this command's first read; None: unknown)."""
     return {"sm_busy": sm_busy(holder, reading), "idle_seconds": idle_seconds}
 
 
-def nvml_json(reading: NvmlReading) -> dict[str, Any]:
+def nvml_json(reading: GpuReading) -> dict[str, Any]:
     return {
         "up": reading.up,
         "driver_version": reading.driver_version,

@@ -45,8 +45,9 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.counters import COUNTERS
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
@@ -144,7 +145,7 @@ class StopOnSignal:
             raise Interrupted(f"{signal.Signals(signum).name} received")
 
 
-def close_within(nvml: Nvml, seconds: float) -> None:
+def close_within(nvml: GpuSource, seconds: float) -> None:
     """nvml.close(), waited for at most `seconds` (see NVML_CLOSE_SECONDS)."""
     done = threading.Event()
 
@@ -242,7 +243,7 @@ class ManualReap:
         self.args = args
         self.config = config
         self.key = key
-        self.nvml = PLATFORM.nvml(COUNTERS)
+        self.nvml = gpu_source(PLATFORM, COUNTERS)
         self.err: Console = make_console(stderr=True)
         self.manual: dict[str, Any] = {"by": operator(), "command": f"{PROG} reap",
                                        "apply": args.apply, "force": args.force}

@@ -23,7 +23,7 @@ from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_m
 from gpuguard.console.reports import Explanation, ReapReport
 from gpuguard.exporter.accounting import Accounting
 from gpuguard.exporter.scanner import Snapshot, owner
-from gpuguard.host.nvml import NvmlReading
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Verdict
@@ -94,12 +94,12 @@ def print_json(doc: dict[str, Any]) -> None:
 # -- status ----------------------------------------------------------------------------------
 
 
-def nvml_down_line(reading: NvmlReading) -> str:
+def nvml_down_line(reading: GpuReading) -> str:
     why = "; ".join(f"{stage}: {msg}" for stage, msg in reading.errors) or "no reason given"
     return f"NVML unavailable ({why}): no GPUs or GPU holders to inspect"
 
 
-def gpu_table(reading: NvmlReading) -> Table:
+def gpu_table(reading: GpuReading) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
     for name, justify in (("GPU", "right"), ("NAME", "left"), ("MEMORY USED/TOTAL", "right"),
                           ("UTIL", "right"), ("TEMP", "right"), ("POWER", "right")):

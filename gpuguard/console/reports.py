@@ -9,7 +9,7 @@ from typing import Any
 from gpuguard.compat import StrEnum
 from gpuguard.console.contract import REAP_SCHEMA, REFUSED
 from gpuguard.console.json_records import live_json
-from gpuguard.host.nvml import NvmlReading
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
 from gpuguard.remediator.decision.policy import Decision
@@ -30,7 +30,7 @@ class Explanation:
     """One pid's verdict with everything `explain` shows, gathered once."""
 
     info: ProcInfo
-    reading: NvmlReading
+    reading: GpuReading
     holdings: tuple[Holder, ...]
     verdict: HolderVerdict
     note: str | None

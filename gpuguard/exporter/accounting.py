@@ -21,7 +21,7 @@ from gpuguard.config.accounting import (
     SustainedUtilization,
 )
 from gpuguard.exporter.attribution import Attribution
-from gpuguard.host.nvml import GpuSample
+from gpuguard.gpu.reading import GpuSample
 from gpuguard.orphans.process import Holder
 
 #: What uid 0 is called: "root", or the bare uid where the exporter's passwd lacks it.

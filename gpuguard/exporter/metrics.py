@@ -15,11 +15,11 @@ from prometheus_client.registry import Collector
 from gpuguard.build import version
 from gpuguard.exporter.attribution import NONE as NO_CONTAINER
 from gpuguard.exporter.scanner import Scanner, Snapshot
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.events.exit_store import EVICTION_CAUSES
 from gpuguard.host.events.listener import KINDS, ProcessEvents
 from gpuguard.host.marks import FOREIGN
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.orphans.vocabulary import Verdict
 
 #: Every per-GPU series (each series that names a GPU, per-process ones too), in
@@ -52,7 +52,7 @@ class GpuguardCollector(Collector):
         """Every family this collector can yield, without samples: a registry needs the
         names up front to answer `/metrics?name[]=...` (and to catch name clashes)."""
         empty = Snapshot(taken_at=0.0, duration_seconds=0.0,
-                         reading=NvmlReading(False, None, (), (), ()), trees=())
+                         reading=GpuReading(False, None, (), (), ()), trees=())
         for family in self._families(empty):
             family.samples = []
             yield family

@@ -8,8 +8,8 @@ Snapshot (`users`), so every series of one scrape names a uid alike.
 Where the platform has a process table (Windows, gpuguard.host.platform) a scan reads it
 (`table`) and judges it with classify_windows(); the Snapshot is the same, so the
 metrics are too (`root_start_time`: the creation time in integer ms). NVML cannot size
-processes under WDDM: there the `nvml` is WddmNvml, which adds WDDM's figures
-(platform_scanner).
+processes under WDDM: there the `nvml` is the GPU seam's source sized by WDDM's figures
+(gpuguard/gpu/vendors.py, platform_scanner).
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from gpuguard.exporter.unlisted import (
     unattributed_gpus,
     unseen,
 )
+from gpuguard.gpu.reading import GpuReading
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
-from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
 from gpuguard.host.users import (
@@ -101,7 +103,7 @@ class OrphanInfo:
 class Snapshot:
     taken_at: float  # wall-clock end of the scan
     duration_seconds: float
-    reading: NvmlReading
+    reading: GpuReading
     trees: tuple[Tree, ...]
     orphans: dict[tuple[int, int], OrphanInfo] = field(default_factory=dict)
     proc_reads: int = 0  # /proc reads made by this scan
@@ -245,7 +247,7 @@ def _or_none(read: Callable[[ProcInfo], T | None], info: ProcInfo) -> T | None:
         return None
 
 
-def holding_sightings(trees: Sequence[Tree], reading: NvmlReading) -> list[UseSighting]:
+def holding_sightings(trees: Sequence[Tree], reading: GpuReading) -> list[UseSighting]:
     """Each visible holder on each GPU against that GPU's busy pids, for the idle clock."""
     busy = {gpu.uuid: gpu.busy_pids for gpu in reading.gpus}
     return sightings_of(((hv.holder.pid, hv.chain[0].start_time if hv.chain else None,
@@ -291,7 +293,7 @@ class Scanner:
         self,
         *,
         rules: Rules,
-        nvml: Nvml,
+        nvml: GpuSource,
         view: ScanSource | None = None,
         counters: Counters = COUNTERS,
         interval: float = 5.0,
@@ -379,7 +381,7 @@ class Scanner:
             reading = self.nvml.read()
         except Exception as exc:  # Nvml.read reports failures itself; this is the last net
             log.exception("NVML read failed")
-            reading = NvmlReading(False, None, (), (), (("scan", f"NVML: {exc}"),))
+            reading = GpuReading(False, None, (), (), (("scan", f"NVML: {exc}"),))
         errors.extend(reading.errors)
         trees: list[Tree] = []
         orphans: dict[tuple[int, int], OrphanInfo] = {}
@@ -441,14 +443,14 @@ class Scanner:
             self._latest = snapshot
         return snapshot
 
-    def _classify(self, reading: NvmlReading, rules: Rules) -> list[Tree]:
+    def _classify(self, reading: GpuReading, rules: Rules) -> list[Tree]:
         """The holders judged: over /proc, or over one read of the Windows table."""
         if self.table is None:
             self.view.begin_scan()
             return classify(reading.holders, self.view, rules)
         return classify_windows(self.table(), reading.holders, rules)
 
-    def _publish_chains(self, reading: NvmlReading, trees: Sequence[Tree]) -> None:
+    def _publish_chains(self, reading: GpuReading, trees: Sequence[Tree]) -> None:
         """Hand `watch` the pids on this scan's holders' chains and their session leaders
         (the holders themselves included: their exits change the trees), each charged to
         its holder's uid; only from a complete reading (one that missed a GPU would stop
@@ -456,7 +458,7 @@ class Scanner:
         if self.watch is not None and reading.up and not reading.errors:
             self.watch(chain_set(hv.chain for tree in trees for hv in tree.holder_verdicts))
 
-    def _search_unlisted(self, reading: NvmlReading, settings: UnlistedSettings,
+    def _search_unlisted(self, reading: GpuReading, settings: UnlistedSettings,
                          rules: Rules) -> tuple[list[Tree], dict[int, str], SearchProgress]:
         """One bounded step of the search for holders NVML does not list, judged by the
         classifier like NVML's holders (their trees are kept apart: never an orphan
@@ -525,13 +527,19 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                      view: Callable[[], ScanSource] | None = None,
                      orphan_clock: OrphanClock | None = None,
                      watch: Callable[[Mapping[int, int]], None] | None = None) -> Scanner:
-    """The scanner of `platform`: its NVML reader, boot clock and groups, over its process
-    table where it has one (Windows: psutil's, judged by the Windows rules), else over
-    the /proc view `view` builds (called only then); `watch`: see Scanner. The exporter and
-    `gpuguard status` both build theirs here."""
-    return Scanner(rules=rules, nvml=platform.nvml(COUNTERS), interval=interval,
-                   view=view() if view is not None and platform.process_table is None else None,
-                   table=platform.process_table, boot_clock=platform.boot_clock,
+    """The scanner of `platform`: its GPU source (gpuguard/gpu/vendors.py), boot clock
+    and groups, over its process table where it has one (Windows: psutil's, judged by the
+    Windows rules), else over the /proc view `view` builds (called only then); `watch`:
+    see Scanner. The exporter and `gpuguard status` both build theirs here."""
+    def over_procfs() -> tuple[ScanSource | None, TableSource | None]:
+        return (view() if view is not None else None), None
+
+    def over_table(read: TableSource) -> tuple[ScanSource | None, TableSource | None]:
+        return None, read
+
+    scan_view, table = platform.processes(procfs=over_procfs, table=over_table)
+    return Scanner(rules=rules, nvml=gpu_source(platform, COUNTERS), interval=interval,
+                   view=scan_view, table=table, boot_clock=platform.boot_clock,
                    groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
                    unlisted=accounting.unlisted if accounting is not None else None,

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuguard.exporter.accounting import GpuBalance
-from gpuguard.host.nvml import GpuSample
+from gpuguard.gpu.reading import GpuSample
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Reason

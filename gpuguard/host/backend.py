@@ -3,14 +3,16 @@ chooses the one this process runs on, once (as psutil picks its `_psplatform` on
 every call goes through it).
 
 A `Platform` holds every difference the shared code needs, as values and functions:
-which process source a scan reads (/proc, or a process table), which NVML reader, the
-boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
-namespaces, a thaw guardian, POSIX permissions and directory fsync exist, and how a
-process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
+where a scan's or an inspection's process facts come from (`processes`: /proc, or a
+process table; the caller hands both ways and never asks which OS it runs on), the OS's own count of
+per-process GPU memory (Windows' WDDM; the GPU vendor is chosen apart, in gpuguard/gpu/),
+the boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
+namespaces, a thaw guardian and POSIX permissions exist, how a rename is made durable,
+and how a process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
 gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
 entry points (gpuguard-exporter, gpuguard-remediator, gpuguard) hand it to what they
-build; a layer above host/ that must pick an implementation of its own (the reaper, the
-inspection, `gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
+build; a layer above host/ that must pick an implementation of its own (the reaper,
+`gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
 CONTRIBUTING.md, How to add a platform, says what a new one fills in.
 """
 
@@ -18,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
+    from pathlib import Path
+
+    from gpuguard.orphans.process import Holder
     from gpuguard.orphans.windows import WinProc
 
 #: Platform names: the keys of every per-platform table above host/.
@@ -31,14 +34,48 @@ WINDOWS = "windows"
 
 
 
-class NvmlFactory(Protocol):
-    """This platform's NVML reader, counting on `counters`."""
+class ProcessGpuMemory(Protocol):
+    """The operating system's own count of each process's GPU memory, for the holders a GPU
+    vendor's library lists but cannot size (Windows: WDDM's counters, any vendor's
+    adapter). The GPU seam applies it (gpuguard/gpu/os_memory.py); the GPU vendor is
+    chosen apart from the OS (gpuguard/gpu/vendors.py)."""
 
-    def __call__(self, counters: Counters, *, process_utilization: bool = True) -> Nvml: ...
+    def size(self, holders: tuple[Holder, ...]) -> tuple[Holder, ...]:
+        """`holders` with the OS's figure for each one unsized (used_bytes None) where it
+        is certain, else as given; `holders` itself when nothing changed."""
+        ...
+
+    def close(self) -> None: ...
 
 
 #: A process table read in one snapshot per scan (Windows: psutil's).
 TableSource = Callable[[], "Mapping[int, WinProc]"]
+
+T = TypeVar("T")
+
+
+class Processes(Protocol):
+    """Where this platform's process facts come from, as behaviour: a scan, an inspection
+    or `gpuguard explain` hands what it does over /proc (`procfs`) and what it does over a
+    process table (`table`, given the function that reads the table in one snapshot), and
+    the platform runs the one it has. The caller never asks which OS it runs on."""
+
+    def __call__(self, *, procfs: Callable[[], T], table: Callable[[TableSource], T]) -> T: ...
+
+
+def over_procfs(*, procfs: Callable[[], T], table: Callable[[TableSource], T]) -> T:
+    """Processes for a platform with /proc (Linux): `procfs()`."""
+    return procfs()
+
+
+def over_table(read: TableSource) -> Processes:
+    """Processes for a platform whose processes come in a table that `read` reads
+    (Windows): `table(read)`."""
+
+    def processes(*, procfs: Callable[[], T], table: Callable[[TableSource], T]) -> T:
+        return table(read)
+
+    return processes
 
 
 @dataclass(frozen=True)
@@ -49,11 +86,11 @@ class Platform:
     #: The config's defaults are this platform's (classify patterns and adopters, paths):
     #: passed as `windows=` to the pure config readers, which never ask themselves.
     windows_defaults: bool
-    #: NVML for this platform (Windows: with WDDM's per-process memory), by counters;
-    #: process_utilization=False: a reader that never asks for per-process utilization.
-    nvml: NvmlFactory
-    #: The process table a scan and an inspection read; None: /proc (ProcessView).
-    process_table: TableSource | None
+    #: The OS's own per-process GPU memory, opened per GPU source (None: the vendor's
+    #: library sizes every process itself, as NVML does on Linux).
+    process_gpu_memory: Callable[[], ProcessGpuMemory] | None
+    #: Where a scan's and an inspection's process facts come from (Processes).
+    processes: Processes
     #: The clock orphan ages count on (never stepped), and this boot's id.
     boot_clock: Callable[[], float]
     boot_id: Callable[[], str]
@@ -77,7 +114,8 @@ class Platform:
     raise_open_file_limit: Callable[[], str]
     #: Files have an owner uid and mode bits to check (else their ACL decides, unread).
     posix_permissions: bool
-    #: A directory can be opened and fsynced after a rename into it.
-    fsync_directories: bool
+    #: Make a rename into a directory durable (Linux: fsync the directory; Windows: no
+    #: directory can be opened for that, and NTFS logs the rename itself).
+    fsync_directory: Callable[[Path], None]
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from gpuguard.host.backend import LINUX, Platform
+from gpuguard.host.backend import LINUX, Platform, over_procfs
 from gpuguard.host.descriptors import raise_open_file_limit
 from gpuguard.host.procfs import (
     ProcessView,
@@ -17,16 +18,6 @@ from gpuguard.host.procfs import (
     other_users_problem,
     read_boot_id,
 )
-
-if TYPE_CHECKING:
-    from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
-
-
-def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
-    from gpuguard.host.nvml import Nvml
-
-    return Nvml(counters=counters, process_utilization=process_utilization)
 
 
 def _process_events() -> Any:
@@ -41,6 +32,15 @@ def _start_time(pid: int) -> int | None:
     return info.start_time if info is not None and not info.is_zombie else None
 
 
+def _fsync_directory(path: Path) -> None:
+    """fsync the directory, so that a rename into it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _age_seconds(start_time: int) -> float:
     """Age from stat's start time against CLOCK_BOOTTIME: no /proc read."""
     return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_time / os.sysconf(
@@ -50,8 +50,8 @@ def _age_seconds(start_time: int) -> float:
 BACKEND = Platform(
     name=LINUX,
     windows_defaults=False,
-    nvml=_nvml,
-    process_table=None,
+    process_gpu_memory=None,
+    processes=over_procfs,
     boot_clock=boottime,
     boot_id=read_boot_id,
     process_events=_process_events,
@@ -64,5 +64,5 @@ BACKEND = Platform(
     age_seconds=_age_seconds,
     raise_open_file_limit=raise_open_file_limit,
     posix_permissions=True,
-    fsync_directories=True,
+    fsync_directory=_fsync_directory,
 )

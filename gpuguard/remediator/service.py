@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
+from gpuguard.gpu.vendors import gpu_source, vendor_source
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
@@ -110,11 +111,9 @@ class Remediator:
         self.interrupted = InterruptedReaps(work, self._trail, self.reaper, self.reap_lock)
         self.intake = Intake(work)
         if idle_nvml is None:
-            from gpuguard.host.nvml import Nvml
-
             # On the remediator's clocks: their offset moving is a wall-clock step, which
             # voids NVML's sample mark (gpuguard/orphans/idleness.py, SampleMark).
-            idle_nvml = Nvml(counters=counters, wall=clocks.wall, boot=clocks.boot)
+            idle_nvml = vendor_source(counters, wall=clocks.wall, boot=clocks.boot)
         self.idle = IdleWatch(idle_nvml, required=lambda: work.policy.idle_watch_seconds,
                               boot=clocks.boot, counters=counters)
         #: Keeps the exits of its holders' chains apart from the listener's general ring,
@@ -268,7 +267,7 @@ def build_remediator(
     if nvml is None:  # Windows': WDDM sizes what NVML lists under WDDM but cannot size.
         # Its reads (inspection, reaper) never ask for utilization: only the idle watch's
         # own reader does, so no read of this one consumes its samples.
-        nvml = platform.nvml(counters, process_utilization=False)
+        nvml = gpu_source(platform, counters, process_utilization=False)
     policy = config.remediate
     ledger = Ledger(policy.state_dir, clock=clock, boot_clock=boot_clock)
     audit = AuditLog(policy.audit_log)

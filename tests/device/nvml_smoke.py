@@ -66,7 +66,7 @@ def raw_driver() -> None:
 
 
 def through_gpuguard() -> None:
-    from gpuguard.host.nvml import Nvml
+    from gpuguard.gpu.nvml import Nvml
 
     nvml = Nvml()
     try:
@@ -123,7 +123,7 @@ def exporter_scrape() -> None:
 def main() -> int:
     print("== the driver's own answers")
     raw_driver()
-    print("== through gpuguard.host.nvml")
+    print("== through gpuguard.gpu.nvml")
     through_gpuguard()
     print("== gpuguard-exporter, one scrape")
     exporter_scrape()

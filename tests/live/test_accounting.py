@@ -39,7 +39,7 @@ from gpuguard.exporter.accounting import (
     track_hot,
 )
 from gpuguard.exporter.attribution import Attribution, attribute
-from gpuguard.host.nvml import GpuSample
+from gpuguard.gpu.reading import GpuSample
 from gpuguard.host.procfs import cgroup_paths
 from gpuguard.orphans.process import Holder
 from tests.pure.test_layering import IO_MODULES, REPO, imports, under
@@ -497,8 +497,8 @@ def test_accounting_reads_only_holders_and_only_once_per_process(trees, fake_gpu
     import sys
 
     from gpuguard.exporter.scanner import Scanner
+    from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.classify import classify
     from gpuguard.orphans.rules_config import Rules

@@ -22,9 +22,9 @@ import pytest
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.chain_watch import ChainWatch

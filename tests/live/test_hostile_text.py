@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import MARKER_DIGITS, ProcessView, parse_environ_markers
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import Holder, ProcUnreadable

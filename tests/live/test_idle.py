@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from gpuguard.config.accounting import IdleAccounting
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld, default_uuid

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive
 from gpuguard.orphans.rules_config import Rules
 from tests.support.ci import RUN_INITIAL_PIDNS, require

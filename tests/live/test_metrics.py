@@ -10,8 +10,9 @@ from gpuguard import build
 from gpuguard.config.accounting import Quotas
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, user_name
+from gpuguard.gpu.nvml import Nvml
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import Rules
@@ -185,9 +186,9 @@ class ReadingOf:
     """NVML's answer for a synthetic table (the one thing here that needs a GPU)."""
 
     def __init__(self, *holders: Holder) -> None:
-        self.reading = NvmlReading(True, "550", (), holders, ())
+        self.reading = GpuReading(True, "550", (), holders, ())
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReading:
         return self.reading
 
 

@@ -70,7 +70,7 @@ def deliver(h: Harness, root: int, root_start: int, *, nth: int = 0) -> dict:
 
 
 def one_tree(root: int, *, rules: Rules | None = None, events: ProcessEvents | None = None):
-    from gpuguard.host.nvml import Nvml
+    from gpuguard.gpu.nvml import Nvml
 
     counters = Counters()
     nvml = Nvml(counters=counters)

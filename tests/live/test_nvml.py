@@ -1,4 +1,4 @@
-"""gpuguard.host.nvml over the real pynvml and the fake libnvidia-ml.so.1."""
+"""gpuguard.gpu.nvml (the NVML vendor of the GPU seam) over the real pynvml and the fake libnvidia-ml.so.1."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pynvml
 import pytest
 
 from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
+from gpuguard.gpu.nvml import Nvml
+from gpuguard.gpu.reading import GpuSample
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import GpuSample, Nvml
 from gpuguard.orphans.process import Holder
 from tests.support.fakenvml import FakeGpuWorld, default_uuid
 

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import inspect_tree
 from gpuguard.remediator.decision.tree import Member, TreeKey

@@ -35,9 +35,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir, mark_name
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.registrar import NO_PROCESS, PRUNE_EVERY, Registrar, request
 from gpuguard.host.users import UserNames

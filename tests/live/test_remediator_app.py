@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gpuguard.config import load_config
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
 from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.service import build_remediator

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.gpu.nvml import Nvml
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import Marks
-from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.teardown.keeping import spare_for
 from gpuguard.orphans.process import walk_members
@@ -50,7 +51,7 @@ class DriverLikeNvml:
     def __init__(self, nvml: Nvml) -> None:
         self.nvml = nvml
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReading:
         reading = self.nvml.read()
         live = tuple(h for h in reading.holders if alive(h.pid))
         return dataclasses.replace(reading, holders=live)

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import CALLSITES, Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.ci import RUN_INITIAL_PIDNS, require

@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree

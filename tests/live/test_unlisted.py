@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuguard.config.accounting import UnlistedSettings
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner, Snapshot
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld

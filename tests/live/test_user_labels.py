@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpuguard.exporter.cli import make_app
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import GroupCache, Scanner
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import (
     FAILURE_TTL_SECONDS,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules

@@ -374,12 +374,12 @@ def test_no_package_folder_holds_more_than_its_share_of_modules() -> None:
 
 
 def test_only_the_nvml_package_imports_pynvml() -> None:
-    """NVML is read behind one lock, with every call counted (gpuguard/host/nvml/): a module
+    """NVML is read behind one lock, with every call counted (gpuguard/gpu/nvml/): a module
     elsewhere that called pynvml would race the scanner's read and cost unseen."""
     users = sorted({module for module, path in MODULES.items()
                     for _line, imported, _name in imports(path, module)
                     if under(imported, {"pynvml"})})
-    assert users and all(under(m, {"gpuguard.host.nvml"}) for m in users), users
+    assert users and all(under(m, {"gpuguard.gpu.nvml"}) for m in users), users
 
 
 def test_every_own_import_is_under_the_gpuguard_namespace() -> None:
@@ -584,3 +584,77 @@ def test_no_vocabulary_literal_outside_the_vocabulary() -> None:
     assert found == [], (f"{len(found)} vocabulary word(s) spelled outside "
                          "gpuguard/orphans/vocabulary.py; name the enum member:\n"
                          + "\n".join(found))
+
+#: The GPU seam (docs/design.md, "The GPU seam"): every vendor's package lies in it.
+GPU_SEAM = "gpuguard.gpu"
+#: The libraries a GPU vendor's package wraps (a second vendor adds its own).
+VENDOR_LIBRARIES = frozenset({"pynvml"})
+#: The OS seam: the only code that may ask which operating system it runs on.
+OS_SEAM = "gpuguard.host"
+
+
+def vendor_packages() -> set[str]:
+    """The package of each module that imports a vendor's library: the vendor packages."""
+    return {module.rsplit(".", 1)[0] for module, path in MODULES.items()
+            for _line, imported, _name in imports(path, module)
+            if under(imported, VENDOR_LIBRARIES)}
+
+
+def test_only_the_gpu_seam_imports_a_gpu_vendor_package() -> None:
+    """A second GPU vendor has one place to go: each vendor's package lies in gpuguard/gpu/,
+    and everything else reads GPUs through the seam (GpuSource, GpuReading, vendors.py),
+    never naming a vendor's package."""
+    vendors = vendor_packages()
+    assert vendors and all(under(v, {GPU_SEAM}) for v in vendors), vendors
+    bad = [f"{module}:{line}: {imported}" + (f".{name}" if name else "")
+           for module, path in MODULES.items() if not under(module, {GPU_SEAM})
+           for line, imported, name in imports(path, module)
+           if under(f"{imported}.{name}" if name else imported, vendors)
+           or under(imported, vendors)]
+    assert bad == [], "a GPU vendor's package imported outside the GPU seam:\n" + "\n".join(bad)
+
+
+def test_the_os_seam_never_imports_the_gpu_seam() -> None:
+    """The GPU vendor is chosen apart from the OS: what the OS adds to a reading (Windows'
+    WDDM memory) is a hook the Platform supplies and the GPU seam applies."""
+    bad = [f"{module}:{line}: {imported}"
+           for module, path in MODULES.items() if under(module, {OS_SEAM})
+           for line, imported, _name in imports(path, module) if under(imported, {GPU_SEAM})]
+    assert bad == [], "host/ imports gpu/:\n" + "\n".join(bad)
+
+
+def process_table_branches(path: Path) -> Iterator[int]:
+    """Lines that ask whether a platform has a process table: `.process_table` compared
+    with None, or tested for truth."""
+    def is_table(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "process_table"
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if (any(is_table(o) for o in operands)
+                    and any(isinstance(o, ast.Constant) and o.value is None for o in operands)):
+                yield node.lineno
+        elif isinstance(node, ast.If | ast.IfExp | ast.While) and is_table(node.test):
+            yield node.lineno
+        elif isinstance(node, ast.BoolOp) and any(is_table(v) for v in node.values):
+            yield node.lineno
+        elif isinstance(node, ast.UnaryOp) and is_table(node.operand):
+            yield node.lineno
+
+
+def test_process_table_branches_are_found(tmp_path: Path) -> None:
+    src = tmp_path / "probe.py"
+    src.write_text("if p.process_table is None:\n    pass\nx = a if p.process_table else b\n"
+                   "y = None != p.process_table\nz = p.process_table()\n")
+    assert sorted(set(process_table_branches(src))) == [1, 3, 4]
+
+
+def test_no_one_outside_the_os_seam_asks_whether_there_is_a_process_table() -> None:
+    """"Is this Windows?" is the Platform's to answer with behaviour (Platform.processes:
+    the caller hands what it does over /proc and over a table), never a caller's branch."""
+    bad = [f"{path.relative_to(REPO)}:{line}"
+           for module, path in MODULES.items() if not under(module, {OS_SEAM})
+           for line in sorted(set(process_table_branches(path)))]
+    assert bad == [], "branches on Platform.process_table outside gpuguard/host:\n" + "\n".join(
+        bad)

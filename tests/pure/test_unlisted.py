@@ -12,7 +12,7 @@ from gpuguard.exporter.unlisted import (
     search_holders,
     unattributed_gpus,
 )
-from gpuguard.host.nvml import GpuSample
+from gpuguard.gpu.reading import GpuSample
 from gpuguard.orphans.process import Holder
 
 
@@ -57,9 +57,9 @@ def test_node_check_is_not_clean_when_the_scan_failed_past_nvml() -> None:
     "nothing unattributed" would pass a node whose GPUs it never finished looking at."""
     from gpuguard.console.node_check import remaining
     from gpuguard.exporter.scanner import Snapshot
-    from gpuguard.host.nvml import NvmlReading
+    from gpuguard.gpu.reading import GpuReading
 
-    reading = NvmlReading(True, "550.54.15", (), (), ())
+    reading = GpuReading(True, "550.54.15", (), (), ())
     assert remaining(Snapshot(0.0, 0.0, reading, ()), 0)["why"] == []
     failed = Snapshot(0.0, 0.0, reading, (), errors=(("scan", "OSError: boom"),))
     assert remaining(failed, 0)["why"] == ["scan-failed: OSError: boom"]

@@ -18,8 +18,8 @@ import subprocess
 import time
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.remediator.decision.inspection import member_of

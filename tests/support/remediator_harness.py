@@ -22,9 +22,9 @@ import yaml
 from flask.testing import FlaskClient
 
 from gpuguard.config import load_config
+from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app
 from gpuguard.remediator.reap.reaper import Reaper

@@ -26,8 +26,9 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import vendor_source
 from gpuguard.host.counters import COUNTERS
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
@@ -73,7 +74,7 @@ def ledger_copy(state_dir: str, scratch: str) -> tuple[Ledger | None, str]:
         return None, f"{source} unusable ({exc}): decided as a fresh remediator"
 
 
-def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nvml: Nvml,
+def check_alert(index: int, alert: Alert, state: PolicyState, config: Config, nvml: GpuSource,
                 pending: set[TreeKey]) -> dict[str, Any]:
     """Intake screening as POST /alerts does it, then the worker's live check and decide()."""
     intake_state = dataclasses.replace(state, pending=frozenset(pending))
@@ -130,7 +131,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     """What the remediator would do with a payload, without doing it: no signal, no ledger write."""
     config = load(args.config)
     notification = read_payload(args.payload)
-    nvml = Nvml()
+    nvml = vendor_source(COUNTERS)
     try:
         with tempfile.TemporaryDirectory(prefix="gpuguard-policy-") as scratch:
             ledger, ledger_note = ledger_copy(config.remediate.state_dir, scratch)

@@ -1,10 +1,11 @@
-"""Windows' back-end (gpuguard.host.platform.Platform): psutil's process table, NVML with
-WDDM's per-process memory, the registry's boot counter, the monotonic clock; no process
-events, registrations, NSS, PID namespaces or thaw guardian (a Job Object's handles die
-with the process that holds them), and ACLs instead of mode bits. Every module it names
-imports anywhere (the DLLs load on first use), so Linux tests build it too. Its modules
-load on first use as well: a Linux daemon builds this back-end and never calls it, and
-the process table with its rules is 0.15 MiB it would carry for nothing."""
+"""Windows' back-end (gpuguard.host.platform.Platform): psutil's process table, WDDM's
+per-process GPU memory (what a GPU vendor's library cannot size), the registry's boot
+counter, the monotonic clock; no process events, registrations, NSS, PID namespaces or
+thaw guardian (a Job Object's handles die with the process that holds them), and ACLs
+instead of mode bits. Every module it names imports anywhere (the DLLs load on first
+use), so Linux tests build it too. Its modules load on first use as well: a Linux daemon
+builds this back-end and never calls it, and the process table with its rules is
+0.15 MiB it would carry for nothing."""
 
 from __future__ import annotations
 
@@ -12,19 +13,17 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from gpuguard.host.backend import WINDOWS, Platform
+from gpuguard.host.backend import WINDOWS, Platform, ProcessGpuMemory, over_table
 
 if TYPE_CHECKING:
-    from gpuguard.host.counters import Counters
-    from gpuguard.host.nvml import Nvml
     from gpuguard.orphans.windows import WinProc
 
 
-def _nvml(counters: Counters, *, process_utilization: bool = True) -> Nvml:
-    """NVML with WDDM's per-process memory where NVML cannot size it."""
-    from gpuguard.host.windows.wddm import WddmNvml
+def _wddm_memory() -> ProcessGpuMemory:
+    """WDDM's per-process memory, for the holders NVML (any vendor) cannot size."""
+    from gpuguard.host.windows.wddm import WddmMemory
 
-    return WddmNvml(counters=counters, process_utilization=process_utilization)
+    return WddmMemory()
 
 
 def _read_table() -> Mapping[int, WinProc]:
@@ -55,8 +54,8 @@ def _age_seconds(start_time: int) -> float:
 BACKEND = Platform(
     name=WINDOWS,
     windows_defaults=True,
-    nvml=_nvml,
-    process_table=_read_table,
+    process_gpu_memory=_wddm_memory,
+    processes=over_table(_read_table),
     boot_clock=time.monotonic,  # QueryPerformanceCounter, from boot: never steps
     boot_id=_boot_id,
     process_events=None,
@@ -69,5 +68,5 @@ BACKEND = Platform(
     age_seconds=_age_seconds,
     raise_open_file_limit=lambda: "open-file limit: not applicable on Windows",
     posix_permissions=False,
-    fsync_directories=False,
+    fsync_directory=lambda _path: None,  # NTFS logs the rename; no directory handle to fsync
 )

@@ -12,6 +12,10 @@ An adapter is a LUID, which NVML does not report; a GPU is matched to one only w
 is certain (the one adapter all its holders have memory on), or by a mapping given.
 Where the counters are absent (Wine, a stripped-down Windows, a disabled counter) the
 figure stays absent (None), never 0, and one warning says so.
+
+The counters are Windows', not a GPU vendor's: WddmMemory is the Windows back-end's
+Platform.process_gpu_memory, which the GPU seam applies to any vendor's reading
+(gpuguard/gpu/os_memory.py); this module never imports the GPU seam.
 """
 
 from __future__ import annotations
@@ -26,9 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.host.counters import COUNTERS, Counters
-from gpuguard.host.nvml import Nvml, NvmlReading
 from gpuguard.host.windows.winapi import dll
+from gpuguard.orphans.process import Holder
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +103,18 @@ def usage_of(items: Iterable[tuple[str, int]]) -> WddmUsage:
     return WddmUsage(sums)
 
 
-def gpu_luids(reading: NvmlReading, usage: WddmUsage) -> dict[str, int]:
-    """The adapter LUID of each NVML GPU, where it is certain: the one adapter on which
-    every holder NVML lists on that GPU has an instance (a graphics process may also use
-    the integrated GPU; a GPU process has an instance on its own adapter; a holder with no
-    instance at all says nothing), and no other GPU's. A GPU with no holders, or with
-    several such adapters or none, is not matched: a wrong match would hand one
-    adapter's memory to another GPU's processes."""
+def gpu_luids(holders: Iterable[Holder], usage: WddmUsage) -> dict[str, int]:
+    """The adapter LUID of each GPU `holders` are on, where it is certain: the one adapter
+    on which every holder the GPU's library lists on that GPU has an instance (a graphics
+    process may also use the integrated GPU; a GPU process has an instance on its own
+    adapter; a holder with no instance at all says nothing), and no other GPU's. A GPU
+    with no holders, or with several such adapters or none, is not matched: a wrong
+    match would hand one adapter's memory to another GPU's processes."""
     on: dict[int, set[int]] = {}
     for pid, luid in usage.by_pid_luid:
         on.setdefault(pid, set()).add(luid)
     candidates: dict[str, set[int]] = {}
-    for holder in reading.holders:
+    for holder in holders:
         luids = on.get(holder.pid)
         if luids is None:
             continue  # no instance anywhere (no allocation yet): no evidence either way
@@ -122,29 +125,30 @@ def gpu_luids(reading: NvmlReading, usage: WddmUsage) -> dict[str, int]:
     return {uuid: luid for uuid, luid in unique.items() if taken.count(luid) == 1}
 
 
-def attribute(reading: NvmlReading, usage: WddmUsage | None,
-              luids: Mapping[str, int] | None = None) -> NvmlReading:
-    """`reading` with each holder that NVML could not size (used_bytes None) given its
-    WDDM figure on its GPU's adapter; `luids` (GPU uuid -> LUID) overrides gpu_luids().
+def attribute(holders: tuple[Holder, ...], usage: WddmUsage | None,
+              luids: Mapping[str, int] | None = None) -> tuple[Holder, ...]:
+    """`holders` with each one its GPU's library could not size (used_bytes None) given
+    its WDDM figure on its GPU's adapter; `luids` (GPU uuid -> LUID) overrides gpu_luids().
+    `holders` itself when no adapter is known (no counters, no match).
 
-    A holder NVML sized keeps NVML's figure; one with no instance on its adapter, or on a
+    A holder the library sized keeps its figure; one with no instance on its adapter, or on a
     GPU whose adapter is not known, stays None. The unattributed memory of a GPU
     (exporter/accounting.py: used minus what its holders hold) then follows, as on Linux,
     once every holder of it has a figure.
     """
-    if usage is None or not reading.up:
-        return reading
-    mapping = dict(luids) if luids is not None else gpu_luids(reading, usage)
+    if usage is None:
+        return holders
+    mapping = dict(luids) if luids is not None else gpu_luids(holders, usage)
     if not mapping:
-        return reading
-    holders = []
-    for holder in reading.holders:
+        return holders
+    sized = []
+    for holder in holders:
         luid = mapping.get(holder.gpu_uuid)
         if holder.used_bytes is None and luid is not None:
             holder = dataclasses.replace(holder,
                                          used_bytes=usage.by_pid_luid.get((holder.pid, luid)))
-        holders.append(holder)
-    return dataclasses.replace(reading, holders=tuple(holders))
+        sized.append(holder)
+    return tuple(sized)
 
 
 # -- PDH -------------------------------------------------------------------------------
@@ -278,23 +282,19 @@ class WddmCounters:
         raise PdhError("PdhGetFormattedCounterArrayW (instances kept changing)", PDH_MORE_DATA)
 
 
-class WddmNvml(Nvml):
-    """NVML's reading, with WDDM's per-process memory for every holder NVML cannot size
-    (attribute()). A drop-in Nvml: the exporter's scanner and the remediator read it."""
+class WddmMemory:
+    """WDDM's per-process memory for the holders a GPU's library lists unsized
+    (attribute()): the Windows back-end's Platform.process_gpu_memory (a
+    gpuguard.host.backend.ProcessGpuMemory). `wddm` and `luids`: the counters read and a
+    GPU uuid -> LUID mapping, where given (tests; a host whose adapters are known)."""
 
-    def __init__(self, *, counters: Counters = COUNTERS, wddm: WddmCounters | None = None,
-                 luids: Mapping[str, int] | None = None,
-                 process_utilization: bool = True) -> None:
-        super().__init__(counters=counters, process_utilization=process_utilization)
+    def __init__(self, *, wddm: WddmCounters | None = None,
+                 luids: Mapping[str, int] | None = None) -> None:
         self.wddm = wddm if wddm is not None else WddmCounters()
         self.luids = luids
 
-    def read(self) -> NvmlReading:
-        reading = super().read()
-        if not reading.up or all(h.used_bytes is not None for h in reading.holders):
-            return reading
-        return attribute(reading, self.wddm.read(), self.luids)
+    def size(self, holders: tuple[Holder, ...]) -> tuple[Holder, ...]:
+        return attribute(holders, self.wddm.read(), self.luids)
 
     def close(self) -> None:
-        super().close()
         self.wddm.close()

@@ -12,8 +12,8 @@ import socket
 import time
 
 from gpuguard.config.remediate import Mode, Remediate, UserFilter
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.options import Options
 from gpuguard.launch.teardown.keeping import spare_for
@@ -41,8 +41,8 @@ class _NoGpus:
     #: read_within() calls it in place, on no thread (the pidns tier's launcher has none).
     never_blocks = True
 
-    def read(self) -> NvmlReading:
-        return NvmlReading(True, None, (), (), ())
+    def read(self) -> GpuReading:
+        return GpuReading(True, None, (), (), ())
 
 
 def _no_audit(_phase: str, _members: tuple[Member, ...]) -> None:

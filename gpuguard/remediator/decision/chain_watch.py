@@ -33,9 +33,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.chain import holder_chain, session_set
 from gpuguard.orphans.process import ProcInfo
@@ -101,7 +101,7 @@ class ChainWatch:
                             type(exc).__name__, exc)
             self._failing = True
 
-    def _publish(self, reading: NvmlReading) -> None:
+    def _publish(self, reading: GpuReading) -> None:
         # A reading that missed a GPU would stop watching that GPU's launchers: keep the
         # last set until a complete one comes.
         if not reading.up or reading.errors:

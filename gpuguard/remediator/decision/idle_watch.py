@@ -17,8 +17,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.idleness import IdleBook, observe, sightings_of
 from gpuguard.periodic import Periodic
@@ -44,7 +44,7 @@ def watch_period(required: float) -> float:
 
 
 def watched_inspection(watch: IdleWatch | None,
-                       inspect: Callable[[NvmlReading | None], LiveTree]) -> LiveTree:
+                       inspect: Callable[[GpuReading | None], LiveTree]) -> LiveTree:
     """`inspect(reading)` with NVML read through `watch` (that read is one more
     observation, the kill-time one) and the watch's idle facts on the tree; without a
     watch (no idle requirement in force) `inspect(None)`, which reads NVML itself.
@@ -71,7 +71,7 @@ class IdleWatch:
         self._last_read: float | None = None
         self._loop: Periodic | None = None
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReading:
         """One NVML read, observed: the worker's kill-time read goes through here."""
         with self._lock:
             reading = self._nvml.read()

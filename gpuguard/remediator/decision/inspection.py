@@ -13,10 +13,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import NvmlReading
-from gpuguard.host.platform import PLATFORM, Platform
+from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
@@ -29,9 +29,9 @@ from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
 
 
 class HolderSource(Protocol):
-    """What the remediator needs from gpuguard.host.nvml.Nvml (a stub in tests)."""
+    """What the remediator needs from a GPU source (gpuguard/gpu/source.py; a stub in tests)."""
 
-    def read(self) -> NvmlReading: ...
+    def read(self) -> GpuReading: ...
 
 
 def member_of(info: ProcInfo, view: ProcSource) -> Member:
@@ -46,7 +46,7 @@ def member_of(info: ProcInfo, view: ProcSource) -> Member:
                   state=info.state, kernel_thread=kthread, user_known=name is not None)
 
 
-def nvml_problem(reading: NvmlReading, expected_gpus: Iterable[str] = (),
+def nvml_problem(reading: GpuReading, expected_gpus: Iterable[str] = (),
                  ) -> tuple[DecisionReason, str] | None:
     """(reason, detail) when a reading cannot confirm a tree; None when it can.
 
@@ -71,7 +71,7 @@ class NvmlTimeout(Exception):
     """NVML did not answer within the time a caller could wait (a hung driver)."""
 
 
-def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
+def read_within(nvml: HolderSource, seconds: float) -> GpuReading:
     """`nvml.read()`, waited for at most `seconds`; NvmlTimeout when it takes longer.
 
     The read runs on a daemon thread: a driver call cannot be interrupted, so one that
@@ -85,7 +85,7 @@ def read_within(nvml: HolderSource, seconds: float) -> NvmlReading:
         # thread; the pidns tier's launcher can start none (its children's PID namespace
         # is not its own: clone(CLONE_THREAD) fails with EINVAL).
         return nvml.read()
-    box: list[NvmlReading | BaseException] = []
+    box: list[GpuReading | BaseException] = []
     done = threading.Event()
 
     def read() -> None:
@@ -109,22 +109,35 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                  counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
                  events: ExitSource | None = None,
                  memory: LauncherMemory | None = None,
-                 reading: NvmlReading | None = None,
+                 reading: GpuReading | None = None,
                  platform: Platform = PLATFORM) -> LiveTree:
-    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges.
+    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges,
+    over the platform's processes (Platform.processes): /proc (inspect_proc_tree), or a
+    fresh process table and the Windows rules (inspect_windows_tree)."""
+    return platform.processes(
+        procfs=lambda: inspect_proc_tree(key, nvml=nvml, rules=rules, counters=counters,
+                                         expected_gpus=expected_gpus, events=events,
+                                         memory=memory, reading=reading),
+        table=lambda read: inspect_windows_tree(key, nvml=nvml, rules=rules,
+                                                expected_gpus=expected_gpus, reading=reading,
+                                                table=read()))
+
+
+def inspect_proc_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
+                      counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
+                      events: ExitSource | None = None,
+                      memory: LauncherMemory | None = None,
+                      reading: GpuReading | None = None) -> LiveTree:
+    """inspect_tree() over /proc.
 
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
     earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
     (the remediator's own process-event listener) says how a launcher died; `memory`
     keeps the first reason established for each root (gpuguard/host/launcher_memory.py).
     `reading`, when given, is used instead of asking `nvml` (the reaper's re-check with
-    the tree frozen reads NVML itself, bounded by its deadline). On Windows the tree comes
-    from a fresh process table, the platform's (`events` and `memory` have no Windows
-    counterpart).
+    the tree frozen reads NVML itself, bounded by its deadline). (`events` and `memory`
+    have no Windows counterpart.)
     """
-    if platform.process_table is not None:
-        return inspect_windows_tree(key, nvml=nvml, rules=rules, expected_gpus=expected_gpus,
-                                    reading=reading, table=platform.process_table())
     view = ProcessView(counters=counters, events=events, memory=memory)
     info = view.fresh_stat(key.root_pid)
     if info is None:
@@ -150,7 +163,7 @@ def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
 
 
 def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                         expected_gpus: Iterable[str] = (), reading: NvmlReading | None = None,
+                         expected_gpus: Iterable[str] = (), reading: GpuReading | None = None,
                          table: Mapping[int, WinProc] | None = None) -> LiveTree:
     """inspect_tree() on Windows: the root by identity in a fresh table (`table`, when
     given: the Windows reaper's back-end's), NVML, then classify_windows() over that table
@@ -179,11 +192,21 @@ def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
 def protected_pids(view: ProcSource | None = None,
                    platform: Platform = PLATFORM) -> frozenset[int]:
     """PID 1, this process and every ancestor: never to be signalled, whatever the alert
-    says (on Windows: System Idle, System, this process and its ancestors)."""
-    if platform.process_table is not None and view is None:
-        from gpuguard.remediator.decision.windows_inspection import windows_protected_pids
+    says (on Windows: System Idle, System, this process and its ancestors). `view` given:
+    its /proc, whatever the platform."""
+    if view is not None:
+        return proc_protected_pids(view)
+    return platform.processes(procfs=proc_protected_pids, table=_table_protected_pids)
 
-        return windows_protected_pids()
+
+def _table_protected_pids(read: TableSource) -> frozenset[int]:
+    from gpuguard.remediator.decision.windows_inspection import windows_protected_pids
+
+    return windows_protected_pids(read())
+
+
+def proc_protected_pids(view: ProcSource | None = None) -> frozenset[int]:
+    """protected_pids() over /proc (`view`, default a fresh one)."""
     view = view if view is not None else ProcessView(counters=Counters())
     pids = {1, os.getpid()}
     pid = os.getpid()

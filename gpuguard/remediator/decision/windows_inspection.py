@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-from gpuguard.host.nvml import NvmlReading
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.windows import TOP_PIDS, WinProc, classify_windows, display_name
 from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
@@ -59,7 +59,7 @@ def windows_member(proc: WinProc) -> Member:
                   user_known=user is not None)
 
 
-def windows_live_tree(key: TreeKey, table: Table, reading: NvmlReading, rules: Rules,
+def windows_live_tree(key: TreeKey, table: Table, reading: GpuReading, rules: Rules,
                       gpus: tuple[str, ...]) -> LiveTree:
     """classify_windows() over `table` and the holders of `reading` (already checked
     complete by the caller): the tree rooted at exactly the key's identity, or none."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import DecisionReason, Reason
@@ -52,7 +52,7 @@ class FrozenRun(Protocol):
 #: The inspection a re-check derives the verdict with: (the reading just taken, the GPUs
 #: expected) -> LiveTree. Default: inspection.inspect_tree (Linux's /proc, or Windows'
 #: table); the Windows reaper passes one over its own back-end's table.
-Inspect = Callable[[NvmlReading, set[str]], LiveTree]
+Inspect = Callable[[GpuReading, set[str]], LiveTree]
 
 
 def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: HolderSource,
@@ -89,7 +89,7 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
         _rederive(run, plan, reading, gpus, nvml=nvml, counters=counters, inspect=inspect)
 
 
-def _rederive(run: FrozenRun, plan: ReapPlan, reading: NvmlReading, gpus: set[str], *,
+def _rederive(run: FrozenRun, plan: ReapPlan, reading: GpuReading, gpus: set[str], *,
               nvml: HolderSource, counters: Counters, inspect: Inspect | None) -> None:
     """The verdict the decision rested on, derived again: the inspection's own path
     (inspect_tree: a fresh view, classify()) over the frozen tree and the reading just

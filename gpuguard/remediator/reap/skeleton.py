@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal
 
-from gpuguard.host.nvml import NvmlReading
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 from gpuguard.remediator.decision.inspection import HolderSource
 from gpuguard.remediator.reap.outcome import Outcome, ReapResult, SignalResult
@@ -66,7 +66,7 @@ class ReaperCore:
             try:
                 reading = self.nvml.read()
             except Exception as exc:  # the kill happened; a failed re-query must not hide it
-                reading = NvmlReading(False, None, (), (), (("nvml", str(exc)),))
+                reading = GpuReading(False, None, (), (), (("nvml", str(exc)),))
             if reading.up:
                 pids = {h.pid for h in plan.holders}
                 after = sum(h.used_bytes or 0 for h in reading.holders if h.pid in pids)

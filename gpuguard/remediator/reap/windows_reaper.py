@@ -39,9 +39,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuguard.config.remediate import Remediate
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.nvml import NvmlReading
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
@@ -310,10 +310,10 @@ class WindowsReaper(ReaperCore):
     def _interrupted(self, run: WinRun, plan: ReapPlan, stop: Interrupted) -> ReapResult:
         return self._interrupted_result(run, plan, stop)  # _run resumed what it suspended
 
-    def _inspector(self, run: WinRun, plan: ReapPlan) -> Callable[[NvmlReading, set[str]],
+    def _inspector(self, run: WinRun, plan: ReapPlan) -> Callable[[GpuReading, set[str]],
                                                                    LiveTree]:
         """recheck_frozen's inspection: the Windows one over this back-end's table."""
-        def inspect(reading: NvmlReading, gpus: set[str]) -> LiveTree:
+        def inspect(reading: GpuReading, gpus: set[str]) -> LiveTree:
             return inspect_windows_tree(plan.key, nvml=self.nvml, rules=run.rules,
                                         expected_gpus=gpus, reading=reading,
                                         table=self.control.table())

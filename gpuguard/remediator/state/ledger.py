@@ -199,13 +199,7 @@ class Ledger:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        if not PLATFORM.fsync_directories:
-            return  # Windows: a directory cannot be opened for fsync; NTFS logs the rename
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        PLATFORM.fsync_directory(self.dir)  # the rename survives a crash
 
     def _prune(self) -> None:
         now = self.boot_clock()  # a wall step forward is no reason to forget anything

@@ -1,6 +1,6 @@
 """WDDM per-process GPU memory (issue 30): the counter instance names, their sums, which
 adapter a GPU is, and the holders NVML cannot size given WDDM's figure. The C/G/C+G marks
-come from NVML's two process lists, merged per pid (gpuguard/host/nvml/reader.py).
+come from NVML's two process lists, merged per pid (gpuguard/gpu/nvml/reader.py).
 
 The counters themselves (pdh.dll) cannot exist on Linux: reading them here is the
 "absent" path (None, one warning); the Wine tier reads the real PDH.
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpuguard.exporter.accounting import balance
-from gpuguard.host.nvml import GpuSample, NvmlReading, _merge_holders
+from gpuguard.gpu.nvml import _merge_holders
+from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.host.windows import jobs, wddm
 from gpuguard.host.windows.wddm import (
     Instance,
@@ -43,8 +44,8 @@ def gpu(uuid: str = GPU0, index: int = 0, used: int | None = 4096 * MiB) -> GpuS
     return GpuSample(index, uuid, "NVIDIA RTX", 8192 * MiB, used, 0.1, 50.0, 30.0)
 
 
-def reading(*holders: Holder, gpus: tuple[GpuSample, ...] = (gpu(),)) -> NvmlReading:
-    return NvmlReading(True, "560.94", gpus, holders, ())
+def reading(*holders: Holder, gpus: tuple[GpuSample, ...] = (gpu(),)) -> GpuReading:
+    return GpuReading(True, "560.94", gpus, holders, ())
 
 
 def name(pid: int, luid: int, phys: int = 0, eng: str = "") -> str:
@@ -100,7 +101,7 @@ def test_a_gpu_is_the_one_adapter_all_its_holders_use() -> None:
                       (name(20, NVIDIA), 1 * MiB), (name(20, INTEL), 9 * MiB),
                       (name(30, NVIDIA), 5 * MiB), (name(40, INTEL), 5 * MiB)])
     holders = [Holder(pid, GPU0, 0, None, "C") for pid in (10, 20, 30)]
-    assert gpu_luids(reading(*holders), usage) == {GPU0: NVIDIA}
+    assert gpu_luids(reading(*holders).holders, usage) == {GPU0: NVIDIA}
 
 
 def test_two_gpus_each_on_an_adapter_of_their_own() -> None:
@@ -109,21 +110,21 @@ def test_two_gpus_each_on_an_adapter_of_their_own() -> None:
                    Holder(12, GPU1, 1, None, "C"), gpus=(gpu(), gpu(GPU1, 1)))
     usage = usage_of([(name(10, NVIDIA), 1), (name(11, other), 1), (name(11, INTEL), 1),
                       (name(12, other), 1)])
-    assert gpu_luids(nvml, usage) == {GPU0: NVIDIA, GPU1: other}
+    assert gpu_luids(nvml.holders, usage) == {GPU0: NVIDIA, GPU1: other}
     # Without 12's instance, 11 alone cannot say which of its two adapters GPU1 is.
     alone = usage_of([(name(10, NVIDIA), 1), (name(11, other), 1), (name(11, INTEL), 1)])
-    assert gpu_luids(nvml, alone) == {GPU0: NVIDIA}
+    assert gpu_luids(nvml.holders, alone) == {GPU0: NVIDIA}
 
 
 def test_a_gpu_is_never_matched_on_a_guess() -> None:
     both = usage_of([(name(10, NVIDIA), 100 * MiB), (name(10, INTEL), 1 * MiB)])
-    assert gpu_luids(reading(Holder(10, GPU0, 0, None, "G")), both) == {}  # two adapters
+    assert gpu_luids(reading(Holder(10, GPU0, 0, None, "G")).holders, both) == {}  # two adapters
     one = usage_of([(name(10, NVIDIA), 100 * MiB)])
     shared = reading(Holder(10, GPU0, 0, None, "C"), Holder(10, GPU1, 1, None, "C"),
                      gpus=(gpu(), gpu(GPU1, 1)))
-    assert gpu_luids(shared, one) == {}  # one adapter cannot be two GPUs
-    assert gpu_luids(reading(Holder(10, GPU0, 0, None, "C")), usage_of([])) == {}
-    assert gpu_luids(reading(), one) == {}  # no holder: nothing says which GPU it is
+    assert gpu_luids(shared.holders, one) == {}  # one adapter cannot be two GPUs
+    assert gpu_luids(reading(Holder(10, GPU0, 0, None, "C")).holders, usage_of([])) == {}
+    assert gpu_luids(reading().holders, one) == {}  # no holder: nothing says which GPU it is
 
 
 # -- holders NVML cannot size ----------------------------------------------------------------
@@ -136,10 +137,10 @@ def test_wddm_sizes_the_holders_nvml_cannot_and_unattributed_memory_follows() ->
     (before,) = balance(nvml.gpus, nvml.holders)
     assert (before.unattributed_bytes, before.why_unknown) == (
         None, "usage of pid 10 unavailable")
-    after = attribute(nvml, usage)
-    assert [(h.pid, h.used_bytes, h.kind) for h in after.holders] == [
+    after = attribute(nvml.holders, usage)
+    assert [(h.pid, h.used_bytes, h.kind) for h in after] == [
         (10, 1024 * MiB, "C"), (20, 256 * MiB, "C+G"), (30, 512 * MiB, "C")]  # NVML's stands
-    (known,) = balance(after.gpus, after.holders)
+    (known,) = balance(nvml.gpus, after)
     # 4096 MiB used; NVML or WDDM account for 1792 of it; the Intel adapter's 64 are not
     # this GPU's.
     assert (known.processes_bytes, known.unattributed_bytes) == (1792 * MiB, 2304 * MiB)
@@ -147,24 +148,24 @@ def test_wddm_sizes_the_holders_nvml_cannot_and_unattributed_memory_follows() ->
 
 def test_a_holder_without_an_instance_stays_absent_never_zero() -> None:
     nvml = reading(Holder(10, GPU0, 0, None, "C"), Holder(11, GPU0, 0, None, "G"))
-    after = attribute(nvml, usage_of([(name(10, NVIDIA), 8 * MiB)]))
-    assert [h.used_bytes for h in after.holders] == [8 * MiB, None]
-    assert balance(after.gpus, after.holders)[0].unattributed_bytes is None
+    after = attribute(nvml.holders, usage_of([(name(10, NVIDIA), 8 * MiB)]))
+    assert [h.used_bytes for h in after] == [8 * MiB, None]
+    assert balance(nvml.gpus, after)[0].unattributed_bytes is None
 
 
 def test_no_counters_leave_the_reading_as_it_was() -> None:
     nvml = reading(Holder(10, GPU0, 0, None, "C"))
-    assert attribute(nvml, None) is nvml
-    down = NvmlReading(False, None, (), (), (("nvml_init", "gone"),))
-    assert attribute(down, usage_of([(name(10, NVIDIA), 1)])) is down
+    assert attribute(nvml.holders, None) is nvml.holders
+    assert attribute(nvml.holders, usage_of([])) is nvml.holders  # no adapter known
+    # A reading that is down is returned as read, the counters unread: test_wddm_nvml.py.
 
 
 def test_a_given_mapping_attributes_several_gpus() -> None:
     nvml = reading(Holder(10, GPU0, 0, None, "C"), Holder(10, GPU1, 1, None, "C"),
                    gpus=(gpu(), gpu(GPU1, 1)))
     usage = usage_of([(name(10, NVIDIA), 7 * MiB), (name(10, INTEL), 3 * MiB)])
-    after = attribute(nvml, usage, {GPU0: NVIDIA, GPU1: INTEL})
-    assert [(h.gpu_uuid, h.used_bytes) for h in after.holders] == [(GPU0, 7 * MiB),
+    after = attribute(nvml.holders, usage, {GPU0: NVIDIA, GPU1: INTEL})
+    assert [(h.gpu_uuid, h.used_bytes) for h in after] == [(GPU0, 7 * MiB),
                                                                    (GPU1, 3 * MiB)]
 
 

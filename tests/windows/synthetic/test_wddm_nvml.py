@@ -1,16 +1,25 @@
-"""WddmNvml over the real pynvml and the fake libnvidia-ml.so.1 set up as WDDM reports:
-every process listed, none sized ("not available"). The PDH counters cannot exist on
+"""Windows' GPU source (the GPU seam's NVML, sized by the Windows back-end's WDDM hook)
+over the real pynvml and the fake libnvidia-ml.so.1 set up as WDDM reports: every
+process listed, none sized ("not available"). The PDH counters cannot exist on
 Linux, so a recorded WDDM reading stands in for them (the Wine tier reads real PDH)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
+import pynvml
 import pytest
 
 from gpuguard.exporter.accounting import balance
+from gpuguard.gpu.nvml import Nvml
+from gpuguard.gpu.os_memory import OsSized
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.counters import Counters
-from gpuguard.host.windows.wddm import WddmNvml, WddmUsage, usage_of
+from gpuguard.host.linux import BACKEND as LINUX_BACKEND
+from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
+from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
 from tests.support.fakenvml import FakeGpuWorld, default_uuid
 from tests.windows.synthetic.test_wddm import format_luid
 
@@ -46,13 +55,16 @@ def wddm() -> Recorded:
 
 
 @pytest.fixture
-def nvml(fake_gpu: FakeGpuWorld, wddm: Recorded) -> Iterator[WddmNvml]:
-    reader = WddmNvml(counters=Counters(), wddm=wddm)  # type: ignore[arg-type]
+def nvml(fake_gpu: FakeGpuWorld, wddm: Recorded) -> Iterator[GpuSource]:
+    """The Windows back-end's GPU source, its WDDM counters the recorded ones."""
+    windows = dataclasses.replace(
+        WINDOWS_BACKEND, process_gpu_memory=lambda: WddmMemory(wddm=wddm))  # type: ignore[arg-type]
+    reader = gpu_source(windows, Counters())
     yield reader
     reader.close()
 
 
-def test_wddm_sizes_what_nvml_lists_unsized(fake_gpu: FakeGpuWorld, nvml: WddmNvml,
+def test_wddm_sizes_what_nvml_lists_unsized(fake_gpu: FakeGpuWorld, nvml: GpuSource,
                                             wddm: Recorded) -> None:
     fake_gpu.update_gpu(0, memory_used=3000 * MiB)
     fake_gpu.add_process(0, 100, None, "C")
@@ -71,7 +83,7 @@ def test_wddm_sizes_what_nvml_lists_unsized(fake_gpu: FakeGpuWorld, nvml: WddmNv
     assert wddm.closed
 
 
-def test_without_counters_the_sizes_stay_absent(fake_gpu: FakeGpuWorld, nvml: WddmNvml,
+def test_without_counters_the_sizes_stay_absent(fake_gpu: FakeGpuWorld, nvml: GpuSource,
                                                 wddm: Recorded) -> None:
     wddm.usage = None
     fake_gpu.update_gpu(0, memory_used=3000 * MiB)
@@ -85,8 +97,29 @@ def test_without_counters_the_sizes_stay_absent(fake_gpu: FakeGpuWorld, nvml: Wd
 
 
 def test_counters_are_not_read_when_nvml_sizes_everything(fake_gpu: FakeGpuWorld,
-                                                          nvml: WddmNvml,
+                                                          nvml: GpuSource,
                                                           wddm: Recorded) -> None:
     fake_gpu.add_process(0, 100, 5 * MiB, "C")  # TCC mode, or Linux: NVML's own figure
     assert [h.used_bytes for h in nvml.read().holders] == [5 * MiB]
     assert wddm.reads == 0
+
+
+def test_a_reading_that_is_down_is_returned_as_read(fake_gpu: FakeGpuWorld, nvml: GpuSource,
+                                                    wddm: Recorded) -> None:
+    fake_gpu.set_init_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    reading = nvml.read()
+    assert not reading.up and reading.holders == ()
+    assert wddm.reads == 0
+
+
+def test_the_vendor_is_chosen_apart_from_the_os(fake_gpu: FakeGpuWorld) -> None:
+    """NVML on both; only Windows' back-end adds its per-process memory (WDDM)."""
+    linux = gpu_source(LINUX_BACKEND, Counters())
+    windows = gpu_source(WINDOWS_BACKEND, Counters())
+    try:
+        assert type(linux) is Nvml
+        assert isinstance(windows, OsSized) and type(windows.source) is Nvml
+        assert isinstance(windows.memory, WddmMemory)
+    finally:
+        linux.close()
+        windows.close()

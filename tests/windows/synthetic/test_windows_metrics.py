@@ -4,16 +4,20 @@ Windows pids, rendered by exporter/metrics.py like any other Snapshot."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.exporter.scanner import Scanner
+from gpuguard.gpu.nvml import Nvml
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.counters import Counters
-from gpuguard.host.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
-from gpuguard.host.windows.wddm import WddmNvml, WddmUsage, usage_of
+from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
+from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
 from gpuguard.orphans.rules_config import default_rules
 from gpuguard.orphans.windows import WinProc, encode_create_time
 from tests.support.fakenvml import FakeGpuWorld
@@ -44,7 +48,7 @@ def windows_table() -> dict[int, WinProc]:
 
 
 def make(table: Mapping[int, WinProc],
-         nvml: Nvml | None = None) -> tuple[Scanner, CollectorRegistry]:
+         nvml: GpuSource | None = None) -> tuple[Scanner, CollectorRegistry]:
     counters = Counters()
     scanner = Scanner(rules=default_rules(windows=True),
                       nvml=nvml if nvml is not None else Nvml(counters=counters),
@@ -92,11 +96,14 @@ class FakeCounters:
 
 
 def test_wddm_sizes_what_nvml_could_not(fake_gpu: FakeGpuWorld) -> None:
-    """Windows' scan reads NVML through WddmNvml (the Windows back-end's nvml): the holders NVML
-    lists without a size get WDDM's, and the orphan tree's memory follows."""
+    """Windows' scan reads NVML through the GPU seam with the Windows back-end's WDDM hook:
+    the holders NVML lists without a size get WDDM's, and the orphan tree's memory
+    follows."""
     fake_gpu.add_process(0, 7008, None)
     table = windows_table()
-    scanner, registry = make(table, nvml=WddmNvml(counters=Counters(), wddm=FakeCounters()))
+    windows = dataclasses.replace(
+        WINDOWS_BACKEND, process_gpu_memory=lambda: WddmMemory(wddm=FakeCounters()))  # type: ignore[arg-type]
+    scanner, registry = make(table, nvml=gpu_source(windows, Counters()))
     scanner.scan_once()
     labels = {"root_pid": "7004", "root_start_time": str(ROOT_START), "comm": "python.exe",
               "user": ALICE, "reason": "parent-gone"}

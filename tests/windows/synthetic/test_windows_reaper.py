@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuguard.config.remediate import Mode, Remediate
-from gpuguard.host.nvml import GpuSample, NvmlReading
+from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules
 from gpuguard.orphans.windows import WinProc
@@ -168,11 +168,11 @@ class Nvml:
     def __init__(self, kernel: Kernel, holders: tuple[int, ...]) -> None:
         self.kernel, self.holders = kernel, holders
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReading:
         gpu = GpuSample(0, GPU, "fake", 8 << 30, 1 << 30, 0.5, 40.0, 100.0)
         alive = [pid for pid in self.holders
                  if pid in self.kernel.procs and self.kernel.procs[pid].alive]
-        return NvmlReading(True, "555.0", (gpu,),
+        return GpuReading(True, "555.0", (gpu,),
                            tuple(Holder(pid, GPU, 0, 1 << 20, "C") for pid in alive), ())
 
 

@@ -1,4 +1,4 @@
-"""Nvml: one pass over every GPU becomes an NvmlReading (the library's lifetime, each
+"""Nvml: one pass over every GPU becomes a GpuReading (the library's lifetime, each
 GPU's gauges and its holders); what each GPU is (identity.py) and who used it
 (utilization.py) are read by objects of their own."""
 
@@ -11,23 +11,24 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpuguard.host.counters import COUNTERS, Counters
-from gpuguard.host.nvml.failures import (
+from gpuguard.gpu.nvml.failures import (
     DRIVER_GONE,
+    LOGGER,
     NVML_LOCK,
     DeviceGone,
     DriverGone,
     field,
     raise_if_gone,
 )
-from gpuguard.host.nvml.identity import GpuIdentities
-from gpuguard.host.nvml.reading import GpuSample, NvmlReading
-from gpuguard.host.nvml.utilization import ProcessUse
+from gpuguard.gpu.nvml.identity import GpuIdentities
+from gpuguard.gpu.nvml.utilization import ProcessUse
+from gpuguard.gpu.reading import GpuReading, GpuSample
+from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.procfs import boottime
 from gpuguard.orphans.process import Holder
 
 #: The package's one logger name, which operators filter on.
-log = logging.getLogger("gpuguard.host.nvml")
+log = logging.getLogger(LOGGER)
 
 T = TypeVar("T")
 
@@ -54,7 +55,7 @@ class Nvml:
         self._temperature_v = hasattr(pynvml, "nvmlDeviceGetTemperatureV")
         self._memory_v2 = True
 
-    def read(self) -> NvmlReading:
+    def read(self) -> GpuReading:
         """One pass: initialise if needed, then every GPU's gauges and holders."""
         with NVML_LOCK:
             try:
@@ -70,7 +71,7 @@ class Nvml:
                         gone.message,
                     )
                     self._warned = True
-                return NvmlReading(False, None, (), (), ((gone.stage, gone.message),))
+                return GpuReading(False, None, (), (), ((gone.stage, gone.message),))
 
     def close(self) -> None:
         """Shut NVML down if this instance initialised it."""
@@ -113,7 +114,7 @@ class Nvml:
 
     # One pass
 
-    def _read_devices(self) -> NvmlReading:
+    def _read_devices(self) -> GpuReading:
         try:
             count = self._call("nvml_device", pynvml.nvmlDeviceGetCount)
         except pynvml.NVMLError as err:
@@ -131,7 +132,7 @@ class Nvml:
             gpus.append(gpu)
             holders.extend(gpu_holders)
             errors.extend(device_errors)
-        return NvmlReading(True, self._driver_version, tuple(gpus), tuple(holders), tuple(errors))
+        return GpuReading(True, self._driver_version, tuple(gpus), tuple(holders), tuple(errors))
 
     def _read_device(
         self, index: int, errors: list[tuple[str, str]]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pynvml
 
-from gpuguard.host.nvml.failures import Call, field
-from gpuguard.host.nvml.reading import GpuIdentity
+from gpuguard.gpu.nvml.failures import Call, field
+from gpuguard.gpu.reading import GpuIdentity
 
 
 class GpuIdentities:

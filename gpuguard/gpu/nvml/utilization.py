@@ -11,7 +11,7 @@ from typing import Any
 
 import pynvml
 
-from gpuguard.host.nvml.failures import Call, raise_if_gone
+from gpuguard.gpu.nvml.failures import LOGGER, Call, raise_if_gone
 from gpuguard.orphans.idleness import (
     STEP_TOLERANCE_SECONDS,
     SampleMark,
@@ -20,7 +20,7 @@ from gpuguard.orphans.idleness import (
 )
 
 #: The package's one logger name, which operators filter on.
-log = logging.getLogger("gpuguard.host.nvml")
+log = logging.getLogger(LOGGER)
 
 #: The per-process utilization calls, first choice first (ProcessUse.busy).
 USE_INFO = "nvmlDeviceGetProcessesUtilizationInfo"  # R550 and later: a versioned struct

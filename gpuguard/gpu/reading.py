@@ -1,4 +1,7 @@
-"""What one pass over NVML gives: each GPU's gauges and identity, and the reading whole."""
+"""What one pass over a GPU vendor's library gives (gpuguard/gpu/source.py, GpuSource): each
+GPU's gauges and identity, its holders, and the reading whole. Vendor-neutral: NVML's reader
+(gpuguard/gpu/nvml/) fills it today, and a second vendor fills the same record, so the
+exporter's metrics, the remediator's checks and the console read every vendor alike."""
 
 from __future__ import annotations
 
@@ -52,8 +55,9 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True)
-class NvmlReading:
-    """One pass over NVML: what could be read, and what failed (stage, message)."""
+class GpuReading:
+    """One pass over a vendor's GPUs: what could be read, and what failed (stage, message).
+    `up` False: the vendor's library itself is unusable (not loaded, no driver)."""
 
     up: bool
     driver_version: str | None

@@ -12,6 +12,10 @@ import pynvml
 
 T = TypeVar("T")
 
+#: The logger every module of this package writes to: the name operators filter on, kept
+#: from when the package lived at gpuguard/host/nvml/ (a log line is part of the contract).
+LOGGER = "gpuguard.host.nvml"
+
 #: Serialises every NVML call in the process: the scanner thread and the
 #: remediator's worker both read NVML, and one read must see one driver state.
 NVML_LOCK = threading.Lock()

@@ -1,0 +1,41 @@
+"""What a GPU vendor's library gives gpuguard (`GpuSource`): one pass over its GPUs as a
+GpuReading, and its release. The exporter's scanner, the remediator's inspection and
+watches, a reap's re-check and the console hold a GpuSource and never name a vendor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from gpuguard.gpu.reading import GpuReading
+from gpuguard.host.counters import Counters
+
+
+class GpuSource(Protocol):
+    """One vendor's GPUs, read in passes; safe to call from several threads.
+
+    read(): every GPU's gauges and identity, the processes holding memory on each (with
+    their size where the library gives it: None where not, never 0), and per GPU the pids
+    busy since the previous read where the library can say (the idle clocks). A failure
+    is never raised: a field becomes None, a GPU is skipped with an error, a dead library
+    reads `up` False; the next read tries again. close(): release the library (a later
+    read opens it again)."""
+
+    def read(self) -> GpuReading: ...
+
+    def close(self) -> None: ...
+
+
+#: A clock, in seconds.
+Clock = Callable[[], float]
+
+
+class GpuSourceFactory(Protocol):
+    """A vendor's source, counting its calls on `counters`; process_utilization False:
+    one that never asks who used a GPU (busy_pids None), for readers that keep no idle
+    clock (each such call answers only the samples since that reader's previous one).
+    `wall` and `boot` (None: the real ones): the clock the library dates its samples by and
+    one no step moves, whose offset moving voids the sample mark (orphans/idleness.py)."""
+
+    def __call__(self, counters: Counters, *, process_utilization: bool = True,
+                 wall: Clock | None = None, boot: Clock | None = None) -> GpuSource: ...
