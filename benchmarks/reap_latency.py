@@ -61,11 +61,11 @@ import gpuguard
 from gpuguard.host.counters import Counters
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.inspection import inspect_tree
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import Reaper
+from gpuguard.engine.decision.inspection import inspect_tree
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.engine.decision.tree import TreeKey
 
 root, start, raise_limit, journal_path = (int(sys.argv[1]), int(sys.argv[2]),
                                           sys.argv[3] == "1", sys.argv[4])

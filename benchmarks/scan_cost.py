@@ -76,7 +76,7 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()  # before anything imports pynvml's library
     fake.world.add_gpu(0)
 
-    from gpuguard.exporter.scanner import Scanner
+    from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import CALLSITES, Counters
     from gpuguard.host.procfs import ProcessView

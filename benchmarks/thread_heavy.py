@@ -39,7 +39,7 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()
     fake.world.add_gpu(0)
 
-    from gpuguard.exporter.scanner import Scanner
+    from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView

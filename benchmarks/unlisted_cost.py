@@ -47,7 +47,7 @@ def body(result: Result, tmp: Path) -> None:
     fake.world.add_gpu(0)
 
     from gpuguard.config.accounting import UnlistedSettings
-    from gpuguard.exporter.scanner import Scanner
+    from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import ProcessView

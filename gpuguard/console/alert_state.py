@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 from gpuguard.config import Config
-from gpuguard.exporter.scanner import Snapshot
+from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
+from gpuguard.engine.alerting.confirmation import ConfirmationState
+from gpuguard.engine.scan.scanner import Snapshot
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
-from gpuguard.remediator.intake.confirmation import ConfirmationState
 
 
 def alert_state(config: Config, hostname: str, root_pid: int,

@@ -74,7 +74,7 @@ REAP_SCHEMA = "gpuguard.reap/v1"
 NODE_CHECK_SCHEMA = "gpuguard.node-check/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
-#: (the reaper's own outcomes are gpuguard.remediator.reap.outcome.Outcome).
+#: (the reaper's own outcomes are gpuguard.engine.reap.outcome.Outcome).
 REFUSED = "refused"
 
 # status: "taken_at" is Unix seconds at the end of the scan; "rule" is the rule number of

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.exporter.scanner import owner
+from gpuguard.engine.decision.tree import LiveTree
+from gpuguard.engine.scan.scanner import owner
 from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.orphans.process import Holder, ProcInfo
-from gpuguard.remediator.decision.tree import LiveTree
 
 
 def member_json(info: ProcInfo) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from gpuguard.console.contract import EXIT_NOT_CLEAN, EXIT_OK, NODE_CHECK_SCHEMA
 from gpuguard.console.json_records import holder_json, nvml_json
 from gpuguard.console.render import print_json
 from gpuguard.console.status import new_scanner
-from gpuguard.exporter.scanner import Snapshot, owner
+from gpuguard.engine.scan.scanner import Snapshot, owner
 from gpuguard.orphans.vocabulary import Verdict
 
 #: The search's process budget for one node-check: every process, in one pass.

@@ -45,35 +45,35 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
-from gpuguard.gpu.source import GpuSource
-from gpuguard.gpu.vendors import gpu_source
-from gpuguard.host.counters import COUNTERS
-from gpuguard.host.platform import PLATFORM
-from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
-from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.decision.policy import (
+from gpuguard.engine.alerting.confirmation import ConfirmationState
+from gpuguard.engine.decision.inspection import inspect_tree, protected_pids
+from gpuguard.engine.decision.policy import (
     Action,
     Decision,
     reason_refusal,
     unwatched_refusal,
     verify_live,
 )
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.confirmation import ConfirmationState
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reapers import platform_reaper
-from gpuguard.remediator.reap.settlement import final_decision, told
-from gpuguard.remediator.reap.skeleton import INTERRUPTED, Interrupted
-from gpuguard.remediator.state.audit import (
+from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reapers import platform_reaper
+from gpuguard.engine.reap.settlement import final_decision, told
+from gpuguard.engine.reap.skeleton import INTERRUPTED, Interrupted
+from gpuguard.engine.state.audit import (
     AuditLog,
     UnsafePathError,
     audit_record,
     check_private_dir,
 )
-from gpuguard.remediator.state.manual_brakes import ManualBrakes
-from gpuguard.remediator.state.reap_lock import runtime_dir_of
-from gpuguard.remediator.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.state.manual_brakes import ManualBrakes
+from gpuguard.engine.state.reap_lock import runtime_dir_of
+from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.vendors import gpu_source
+from gpuguard.host.counters import COUNTERS
+from gpuguard.host.platform import PLATFORM
+from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 
 log = logging.getLogger("gpuguard.console.reap")
 

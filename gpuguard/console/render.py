@@ -21,14 +21,14 @@ from gpuguard.console.evidence import ExporterClocks
 from gpuguard.console.json_records import sm_busy
 from gpuguard.console.lineage import ChainRole, chain_roles, process_age, tree_members
 from gpuguard.console.reports import Explanation, ReapReport
-from gpuguard.exporter.accounting import Accounting
-from gpuguard.exporter.scanner import Snapshot, owner
+from gpuguard.engine.decision.policy import Action
+from gpuguard.engine.reap.outcome import Outcome, SignalResult
+from gpuguard.engine.scan.accounting import Accounting
+from gpuguard.engine.scan.scanner import Snapshot, owner
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.remediator.decision.policy import Action
-from gpuguard.remediator.reap.outcome import Outcome, SignalResult
 
 #: What each rule (docs/design.md, Orphan rules) looks at; shown next to its number.
 RULE_NAMES = {

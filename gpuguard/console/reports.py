@@ -9,12 +9,12 @@ from typing import Any
 from gpuguard.compat import StrEnum
 from gpuguard.console.contract import REAP_SCHEMA, REFUSED
 from gpuguard.console.json_records import live_json
+from gpuguard.engine.decision.policy import Decision
+from gpuguard.engine.decision.tree import LiveTree, TreeKey
+from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
-from gpuguard.remediator.decision.policy import Decision
-from gpuguard.remediator.decision.tree import LiveTree, TreeKey
-from gpuguard.remediator.reap.outcome import ReapResult
 
 
 class LeaderState(StrEnum):

@@ -35,9 +35,9 @@ from gpuguard.console.render import (
     print_json,
     status_renderable,
 )
-from gpuguard.exporter.accounting import Accounting
-from gpuguard.exporter.attribution import NONE as NO_CONTAINER
-from gpuguard.exporter.scanner import Scanner, Snapshot, owner, platform_scanner
+from gpuguard.engine.scan.accounting import Accounting
+from gpuguard.engine.scan.attribution import NONE as NO_CONTAINER
+from gpuguard.engine.scan.scanner import Scanner, Snapshot, owner, platform_scanner
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder

@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
+from gpuguard.engine.scan.orphan_clock import ORPHAN_CLOCK_FILE, OrphanClock
+from gpuguard.engine.scan.scanner import Scanner, platform_scanner
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.orphan_clock import ORPHAN_CLOCK_FILE, OrphanClock
-from gpuguard.exporter.scanner import Scanner, platform_scanner
 from gpuguard.flags import add_common, served_url
 from gpuguard.host.allocator import one_malloc_arena
 from gpuguard.host.events.listener import ProcessEvents

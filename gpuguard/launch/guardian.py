@@ -21,8 +21,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from gpuguard.engine.reap.signalling import PIDFD_OPEN
 from gpuguard.launch.cgroup import Leaf, enter, populated, remove
-from gpuguard.remediator.reap.signalling import PIDFD_OPEN
 
 #: The byte the launcher writes when its run ended normally: do not kill.
 RELEASE = b"r"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from gpuguard.remediator.reap.signalling import PIDFD_OPEN, PIDFD_SEND
+from gpuguard.engine.reap.signalling import PIDFD_OPEN, PIDFD_SEND
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -199,7 +199,7 @@ class DecisionReason(StrEnum):
     INTERRUPTED_THAWED = "interrupted-thawed"
     INTERRUPTED = "interrupted"
     AUDIT_UNSAFE = "audit-unsafe"
-    # one reap at a time on a host (remediator/state/reap_lock.py)
+    # one reap at a time on a host (gpuguard/engine/state/reap_lock.py)
     REAP_IN_PROGRESS = "reap-in-progress"
     REAP_LOCK_UNAVAILABLE = "reap-lock-unavailable"
     #: `gpuguard reap --force` over a tree the classifier gave no orphan reason for.

@@ -21,13 +21,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from gpuguard.build import version
+from gpuguard.engine.alerting.alerts import Notification, PayloadError, parse_notification
+from gpuguard.engine.alerting.tokens import TokenSource
+from gpuguard.engine.state.ledger import LedgerError
+from gpuguard.engine.state.metrics import RejectCause
 from gpuguard.remediator.exposition import RemediatorCollector
-from gpuguard.remediator.intake.alerts import Notification, PayloadError, parse_notification
 from gpuguard.remediator.intake.screening import Intake
-from gpuguard.remediator.intake.tokens import TokenSource
-from gpuguard.remediator.metrics import RejectCause
 from gpuguard.remediator.service import Remediator
-from gpuguard.remediator.state.ledger import LedgerError
 from gpuguard.web.landing import landing_page
 from gpuguard.web.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead
 

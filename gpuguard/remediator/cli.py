@@ -27,13 +27,13 @@ from prometheus_client import ProcessCollector
 
 from gpuguard import build, logformat
 from gpuguard.config import Config, load_config
+from gpuguard.engine.state.audit import UnsafePathError
+from gpuguard.engine.state.ledger import LedgerError, StateUnavailable
 from gpuguard.flags import add_common
 from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import other_users_problem
 from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
-from gpuguard.remediator.state.audit import UnsafePathError
-from gpuguard.remediator.state.ledger import LedgerError, StateUnavailable
 from gpuguard.validation import ConfigError
 from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
                      "pids, which name other processes here (run with hostPID / --pid=host, "
                      "or pass --allow-pid-namespace if NVML reports this namespace's pids)")
 
+    from gpuguard.engine.alerting.tokens import TokenFile
     from gpuguard.remediator.app import AlertsIntake, create_app
-    from gpuguard.remediator.intake.tokens import TokenFile
     from gpuguard.remediator.service import build_remediator
 
     token = None
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
             return _fail(f"remediate.alertmanager.credentials_file: {am_token.problem}")
     am = config.remediate.alertmanager
     if am is not None and am.ca_file is not None:
-        from gpuguard.remediator.intake.alertmanager import tls_context
+        from gpuguard.engine.alerting.alertmanager import tls_context
 
         if (problem := tls_context(am.ca_file)[1]) is not None:
             return _fail(problem)  # at kill time it would only refuse every reap

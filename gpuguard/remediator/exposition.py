@@ -13,9 +13,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpuguard.exporter.metrics import event_metrics, foreign_marks_metric, inspector_metrics
-from gpuguard.remediator.intake.alertmanager import RequestResult, SkipReason
-from gpuguard.remediator.intake.polling import DURATION_BUCKETS, PollResult, PollStats
+from gpuguard.engine.alerting.alertmanager import RequestResult, SkipReason
+from gpuguard.engine.alerting.polling import DURATION_BUCKETS, PollResult, PollStats
+from gpuguard.engine.reading_metrics import (
+    event_metrics,
+    foreign_marks_metric,
+    inspector_metrics,
+)
 from gpuguard.remediator.service import Remediator
 from gpuguard.remediator.status import HealthCode
 

@@ -19,6 +19,22 @@ from typing import Any, Protocol
 
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
+from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
+from gpuguard.engine.decision.chain_watch import ChainWatch
+from gpuguard.engine.decision.decision_log import DecisionLog
+from gpuguard.engine.decision.idle_watch import IdleWatch
+from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.decision.refusals import RefusalMemory
+from gpuguard.engine.reap.reapers import TreeReaper, platform_reaper
+from gpuguard.engine.state.audit import AuditLog, UnsafePathError
+from gpuguard.engine.state.audit_trail import AuditTrail
+from gpuguard.engine.state.clocks import Clocks
+from gpuguard.engine.state.interrupted_reaps import InterruptedReaps
+from gpuguard.engine.state.ledger import Ledger, StateUnavailable
+from gpuguard.engine.state.metrics import Counts, RemediatorMetrics
+from gpuguard.engine.state.reap_lock import host_reap_lock
+from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.state.workstate import WorkState
 from gpuguard.gpu.vendors import gpu_source, vendor_source
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.events.listener import ProcessEvents
@@ -26,24 +42,8 @@ from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediator.clocks import Clocks
-from gpuguard.remediator.decision.chain_watch import ChainWatch
-from gpuguard.remediator.decision.decision_log import DecisionLog
-from gpuguard.remediator.decision.idle_watch import IdleWatch
-from gpuguard.remediator.decision.inspection import HolderSource
-from gpuguard.remediator.decision.refusals import RefusalMemory
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
 from gpuguard.remediator.intake.pull import Puller
 from gpuguard.remediator.intake.screening import Intake
-from gpuguard.remediator.metrics import Counts, RemediatorMetrics
-from gpuguard.remediator.reap.reapers import TreeReaper, platform_reaper
-from gpuguard.remediator.state.audit import AuditLog, UnsafePathError
-from gpuguard.remediator.state.audit_trail import AuditTrail
-from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.state.ledger import Ledger, StateUnavailable
-from gpuguard.remediator.state.reap_lock import host_reap_lock
-from gpuguard.remediator.state.thaw_guardian import ThawGuardian
-from gpuguard.remediator.state.workstate import WorkState
 from gpuguard.remediator.status import HealthCode, Liveness, Status
 from gpuguard.remediator.worker import Worker
 

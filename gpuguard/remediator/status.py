@@ -6,11 +6,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from gpuguard.compat import StrEnum
-from gpuguard.remediator.decision.policy import rate_budget
-from gpuguard.remediator.reap.killing import KILL_CONFIRM_SECONDS
-from gpuguard.remediator.state.audit_trail import AuditTrail
-from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
-from gpuguard.remediator.state.workstate import WorkState
+from gpuguard.engine.decision.policy import rate_budget
+from gpuguard.engine.reap.killing import KILL_CONFIRM_SECONDS
+from gpuguard.engine.state.audit_trail import AuditTrail
+from gpuguard.engine.state.reap_window import WindowUnreadable, read_manual_reaps
+from gpuguard.engine.state.workstate import WorkState
 
 
 class HealthCode(StrEnum):

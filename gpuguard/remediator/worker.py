@@ -14,31 +14,31 @@ import time
 
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
+from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
+from gpuguard.engine.alerting.confirmation import Confirmation, ConfirmationState
+from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
+from gpuguard.engine.decision.inspection import HolderSource, inspect_tree, protected_pids
+from gpuguard.engine.decision.policy import Action, Decision, decide
+from gpuguard.engine.decision.refusals import RefusalMemory
+from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reapers import TreeReaper
+from gpuguard.engine.reap.settlement import final_decision, told
+from gpuguard.engine.state.audit import audit_record
+from gpuguard.engine.state.audit_trail import AuditTrail
+from gpuguard.engine.state.interrupted_reaps import InterruptedReaps
+from gpuguard.engine.state.ledger import LedgerError
+from gpuguard.engine.state.pending import PendingItem
+from gpuguard.engine.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
+from gpuguard.engine.state.reap_window import read_manual_reaps
+from gpuguard.engine.state.workstate import WorkState
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
-from gpuguard.remediator.decision.decision_log import DecisionSource
-from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
-from gpuguard.remediator.decision.inspection import HolderSource, inspect_tree, protected_pids
-from gpuguard.remediator.decision.policy import Action, Decision, decide
-from gpuguard.remediator.decision.refusals import RefusalMemory
-from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient
-from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reapers import TreeReaper
-from gpuguard.remediator.reap.settlement import final_decision, told
-from gpuguard.remediator.state.audit import audit_record
-from gpuguard.remediator.state.audit_trail import AuditTrail
-from gpuguard.remediator.state.interrupted_reaps import InterruptedReaps
-from gpuguard.remediator.state.ledger import LedgerError
-from gpuguard.remediator.state.pending import PendingItem
-from gpuguard.remediator.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
-from gpuguard.remediator.state.reap_window import read_manual_reaps
-from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
 

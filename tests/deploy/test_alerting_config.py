@@ -111,7 +111,7 @@ REMEDIATOR_METRICS = frozenset(
     }
 )
 # Both daemons export the reload gauge (gpuguard/reload.py) and the process-event
-# listener's families (exporter/metrics.py event_metrics).
+# listener's families (gpuguard/engine/reading_metrics.py event_metrics).
 DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful",
                             "gpuguard_process_events_up",
                             "gpuguard_process_events_evicted_total",
@@ -515,7 +515,7 @@ def test_host_label_is_hostname_in_one_spelling() -> None:
     spellings (alerts/rules.test.yml feeds it in and expects it gone), the joins never use
     it, and the dashboard names it only to hide it from its process table, where
     `instance` says the host (docs/metrics.md, Labels)."""
-    from gpuguard.remediator.decision.policy import REQUIRED_LABELS
+    from gpuguard.engine.decision.policy import REQUIRED_LABELS
 
     assert "hostname" in REQUIRED_LABELS
     rules = RULES.read_text()

@@ -1,4 +1,4 @@
-"""gpuguard.remediator.intake.alertmanager against a real Alertmanager 0.25 (one per module).
+"""gpuguard.engine.alerting.alertmanager against a real Alertmanager 0.25 (one per module).
 
 Each test uses its own hostname label so tests sharing the Alertmanager never see
 each other's alerts. A tiny local HTTP fake stands in only for what the real
@@ -23,13 +23,13 @@ import pytest
 import requests
 
 from gpuguard.config.remediate import AlertmanagerConfig
-from gpuguard.remediator.intake.alertmanager import (
+from gpuguard.engine.alerting.alertmanager import (
     AlertmanagerClient,
     matcher,
 )
-from gpuguard.remediator.intake.alerts import parse_notification
-from gpuguard.remediator.intake.confirmation import Confirmation, ConfirmationState
-from gpuguard.remediator.intake.polling import peer_order
+from gpuguard.engine.alerting.alerts import parse_notification
+from gpuguard.engine.alerting.confirmation import Confirmation, ConfirmationState
+from gpuguard.engine.alerting.polling import peer_order
 from tests.support.certs import Certs, make_certs
 from tests.support.proctree import wait_for
 from tests.support.promstack import ALERTMANAGER, Alertmanager, free_port
@@ -214,7 +214,7 @@ def test_active_alerts_for_pull_mode(am: Alertmanager) -> None:
     assert alert["status"] == "firing" and alert["fingerprint"]
     assert alert["annotations"] == {"summary": "test"}
     assert alert["generatorURL"] == "http://prom.invalid/g"
-    # The webhook's shape: gpuguard.remediator.intake.alerts parses it like a delivered
+    # The webhook's shape: gpuguard.engine.alerting.alerts parses it like a delivered
     # notification.
     parsed = parse_notification({"version": "4", "alerts": got}).alerts[0]
     assert parsed.status == "firing" and parsed.ends_at is None

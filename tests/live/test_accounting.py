@@ -1,7 +1,7 @@
 """Accounting's pure functions on synthetic input: cgroup attribution, sizes, quotas,
 suspects, the unattributed-memory arithmetic and the sustained-utilisation clock.
 
-The cgroup paths are the shapes each runtime's source writes (exporter/attribution.py
+The cgroup paths are the shapes each runtime's source writes (gpuguard/engine/scan/attribution.py
 cites the file for each): runc and crun expand a systemd "SLICE:PREFIX:NAME" into
 "<SLICE path>/PREFIX-NAME.scope"; kubelet escapes a pod uid's "-" to "_" under the
 systemd driver (pkg/kubelet/cm/cgroup_manager_linux.go, ToSystemd:
@@ -31,14 +31,14 @@ from gpuguard.config.accounting import (
     parse_size,
     program_names,
 )
-from gpuguard.exporter.accounting import (
+from gpuguard.engine.scan.accounting import (
     HolderFacts,
     account,
     balance,
     resolve_quota,
     track_hot,
 )
-from gpuguard.exporter.attribution import Attribution, attribute
+from gpuguard.engine.scan.attribution import Attribution, attribute
 from gpuguard.gpu.reading import GpuSample
 from gpuguard.host.procfs import cgroup_paths
 from gpuguard.orphans.process import Holder
@@ -476,8 +476,9 @@ def test_a_pattern_suspect_is_listed_once_even_when_also_busy() -> None:
     assert [(s.pid, s.why) for s in acc.suspects] == [(8, WHY_COMM)]
 
 
-@pytest.mark.parametrize("pure", ["exporter/accounting.py", "exporter/attribution.py",
-                                  "exporter/unlisted.py",
+@pytest.mark.parametrize("pure", ["gpuguard/engine/scan/accounting.py",
+                                  "gpuguard/engine/scan/attribution.py",
+                                  "gpuguard/engine/scan/unlisted.py",
                                   "gpuguard/config/accounting.py"])
 def test_accounting_modules_do_no_io(pure: str) -> None:
     bad = [f"{pure}:{line}: {module}" for line, module, _ in imports(REPO / pure,
@@ -496,7 +497,7 @@ def test_accounting_reads_only_holders_and_only_once_per_process(trees, fake_gpu
     import shlex
     import sys
 
-    from gpuguard.exporter.scanner import Scanner
+    from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import ProcessView

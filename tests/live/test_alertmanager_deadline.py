@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.remediator.intake.confirmation import ConfirmationState
+from gpuguard.engine.alerting.confirmation import ConfirmationState
 from tests.e2e.test_alertmanager_client import api_alert, client, confirm, tree
 from tests.support.certs import Certs, make_certs
 from tests.support.fakenvml import FakeGpuWorld
@@ -305,7 +305,7 @@ def test_an_ipv6_url_without_a_port_reaches_its_peer() -> None:
     could ever confirm a reap)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from gpuguard.remediator.intake.bounded_http import get
+    from gpuguard.engine.alerting.bounded_http import get
 
     class V6(ThreadingHTTPServer):
         address_family = socket.AF_INET6

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.state.audit import as_written
-from gpuguard.remediator.state.audit_trail import MAX_OWED_RECORDS
-from gpuguard.remediator.state.ledger import Ledger
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.audit import as_written
+from gpuguard.engine.state.audit_trail import MAX_OWED_RECORDS
+from gpuguard.engine.state.ledger import Ledger
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for
 from tests.support.remediator_harness import (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.exporter.attribution import attribute
+from gpuguard.engine.scan.attribution import attribute
 from gpuguard.host.procfs import cgroup_paths
 from tests.support.fakenvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeGpuWorld
 from tests.support.proctree import Trees, alive, descendants_of, stat_fields, wait_for
@@ -517,8 +517,8 @@ def test_every_exit_code_is_listed_once_in_the_help() -> None:
 def test_manual_refusal_is_decides_verification_with_a_hint() -> None:
     from gpuguard.config.remediate import Remediate
     from gpuguard.console.reap import refusal
-    from gpuguard.remediator.decision.policy import verify_live
-    from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
+    from gpuguard.engine.decision.policy import verify_live
+    from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 
     key = TreeKey(HOST, 4242, 99)
     root = Member(pid=4242, ppid=1, start_time=99, uid=1000, user="alice", comm="sh")

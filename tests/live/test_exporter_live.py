@@ -382,7 +382,7 @@ def test_sustained_utilization_makes_the_sole_holder_a_suspect(
 
 def test_quota_and_unattributed_memory_live(trees: Trees, fake_gpu: FakeGpuWorld,
                                             exporter_for, tmp_path) -> None:
-    from gpuguard.exporter.scanner import user_name
+    from gpuguard.engine.scan.scanner import user_name
 
     me = user_name(os.getuid())
     config = write_config(tmp_path, 'quotas:\n  users: {"*": 1GiB}\n')

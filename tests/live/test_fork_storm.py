@@ -21,13 +21,13 @@ from collections.abc import Callable
 import pytest
 
 from gpuguard.config.remediate import Remediate
-from gpuguard.exporter.scanner import Scanner
+from gpuguard.engine.decision.chain_watch import ChainWatch
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.chain_watch import ChainWatch
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import (

@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from gpuguard.config import parse_config
+from gpuguard.engine.state.ledger import FILE_NAME
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.state.ledger import FILE_NAME
 from gpuguard.validation import ConfigError
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuguard.exporter.scanner import Scanner
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import MARKER_DIGITS, ProcessView, parse_environ_markers

@@ -491,7 +491,7 @@ def test_a_token_file_that_is_not_private_stops_start_up(tmp_path: Path, case: s
 
 
 def test_a_token_file_rotated_to_a_readable_one_is_refused(tmp_path: Path) -> None:
-    from gpuguard.remediator.intake.tokens import TokenFile
+    from gpuguard.engine.alerting.tokens import TokenFile
 
     path = private_token(tmp_path, text="first")
     token = TokenFile(str(path))

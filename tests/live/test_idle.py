@@ -11,8 +11,8 @@ import time
 from prometheus_client import CollectorRegistry
 
 from gpuguard.config.accounting import IdleAccounting
+from gpuguard.engine.scan.scanner import Scanner, user_name
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.ledger import Ledger
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason, Verdict
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.state.ledger import Ledger
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for, zombie_leader
 from tests.support.remediator_harness import (

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.engine.decision.idle_watch import watch_period
 from gpuguard.host.events.listener import ProcessEvents
-from gpuguard.remediator.decision.idle_watch import watch_period
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for

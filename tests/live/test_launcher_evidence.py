@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.scanner import Scanner
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard import build
 from gpuguard.config.accounting import Quotas
+from gpuguard.engine.scan.scanner import Scanner, user_name
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner, user_name
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters

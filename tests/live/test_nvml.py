@@ -1,4 +1,5 @@
-"""gpuguard.gpu.nvml (the NVML vendor of the GPU seam) over the real pynvml and the fake libnvidia-ml.so.1."""
+"""gpuguard.gpu.nvml (the GPU seam's NVML vendor) over the real pynvml and the fake
+libnvidia-ml.so.1."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuguard.exporter.accounting import WHY_V1_MEMORY, balance
+from gpuguard.engine.scan.accounting import WHY_V1_MEMORY, balance
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuSample
 from gpuguard.host.counters import Counters

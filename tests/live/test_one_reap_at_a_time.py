@@ -15,10 +15,10 @@ from typing import Any
 import yaml
 
 from gpuguard.console.contract import EXIT_REFUSED
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.ledger import Ledger
+from gpuguard.engine.state.reap_lock import ReapLock
 from gpuguard.host.procfs import boottime
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.state.ledger import Ledger
-from gpuguard.remediator.state.reap_lock import ReapLock
 from tests.live.test_kill_safety import freeze_and_crash
 from tests.live.test_restart_recovery import stopped
 from tests.support.fakenvml import FakeGpuWorld

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.exporter.orphan_clock import MAX_ENTRIES, ORPHAN_CLOCK_FILE, OrphanClock
+from gpuguard.engine.scan.orphan_clock import MAX_ENTRIES, ORPHAN_CLOCK_FILE, OrphanClock
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import CHAIN, Trees, wait_for
 from tests.support.remediator_harness import start_time_of

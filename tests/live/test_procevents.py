@@ -170,7 +170,7 @@ def test_store_counts_what_it_evicts_by_cause() -> None:
 def test_evictions_reach_the_metrics() -> None:
     from prometheus_client import CollectorRegistry
 
-    from gpuguard.exporter.metrics import event_metrics
+    from gpuguard.engine.reading_metrics import event_metrics
 
     events = ProcessEvents(max_records=1)
     events._store.add(record(1, time.time()), record(2, time.time()))

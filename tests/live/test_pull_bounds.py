@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from gpuguard.config import load_config
-from gpuguard.remediator.intake.alertmanager import MAX_PULL_ALERTS, SkipReason
-from gpuguard.remediator.intake.alerts import Notification
+from gpuguard.engine.alerting.alertmanager import MAX_PULL_ALERTS, SkipReason
+from gpuguard.engine.alerting.alerts import Notification
 from gpuguard.remediator.intake.pull import Puller
 from tests.e2e.test_alertmanager_client import (
     ORPHAN,

@@ -8,13 +8,13 @@ import random
 import time
 from collections.abc import Callable
 
-from gpuguard.remediator.cli import remediator_lifecycle
-from gpuguard.remediator.intake.polling import (
+from gpuguard.engine.alerting.polling import (
     FAILED_POLLS_UNHEALTHY,
     FIRST_BACKOFF_SECONDS,
     JITTER,
     PollResult,
 )
+from gpuguard.remediator.cli import remediator_lifecycle
 from gpuguard.remediator.intake.pull import Puller
 from gpuguard.remediator.status import HealthCode
 from tests.e2e.test_alertmanager_client import client

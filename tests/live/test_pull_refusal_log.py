@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuguard.remediator.decision.tree import TreeKey
+from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.remediator.intake.pull import Puller
 from tests.e2e.test_alertmanager_client import FakeAlertmanager, answer, api_alert
 from tests.live.test_pull_bounds import fake  # noqa: F401 - the fixture

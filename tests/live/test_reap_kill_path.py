@@ -25,14 +25,14 @@ import pytest
 import yaml
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.engine.decision.inspection import inspect_tree
+from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.reap.outcome import ReapResult
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.inspection import inspect_tree
-from gpuguard.remediator.decision.tree import Member, TreeKey
-from gpuguard.remediator.reap.outcome import ReapResult
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import Reaper
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for
 from tests.support.remediator_harness import (

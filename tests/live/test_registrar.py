@@ -33,8 +33,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir, mark_name

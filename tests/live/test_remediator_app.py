@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from gpuguard.config import load_config
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.ledger import Ledger
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
-from gpuguard.remediator.decision.tree import TreeKey
 from gpuguard.remediator.service import build_remediator
-from gpuguard.remediator.state.ledger import Ledger
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, stat_fields, wait_for
 from tests.support.promstack import free_port
@@ -355,7 +355,7 @@ def test_state_and_metrics(harness: Callable[..., Harness]) -> None:
 
 
 def test_token_file_rotation_without_restart(tmp_path: Path, fake_gpu: FakeGpuWorld) -> None:
-    from gpuguard.remediator.intake.tokens import TokenFile
+    from gpuguard.engine.alerting.tokens import TokenFile
 
     path = tmp_path / "token"
     path.write_text("first-token\n")

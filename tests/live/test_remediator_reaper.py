@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.engine.decision.inspection import inspect_tree, member_of
+from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.reap.outcome import KillPath, ReapResult
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reap_run import Journal
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
@@ -22,12 +28,6 @@ from gpuguard.launch.teardown.keeping import spare_for
 from gpuguard.orphans.process import walk_members
 from gpuguard.orphans.protections import KEEP_REGISTRATION
 from gpuguard.orphans.rules_config import KEEP_MARK, Rules
-from gpuguard.remediator.decision.inspection import inspect_tree, member_of
-from gpuguard.remediator.decision.tree import Member, TreeKey
-from gpuguard.remediator.reap.outcome import KillPath, ReapResult
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reap_run import Journal
-from gpuguard.remediator.reap.reaper import Reaper
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, live_threads, stat_fields, wait_for, zombie_leader
 from tests.support.remediator_harness import (

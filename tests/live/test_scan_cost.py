@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.procfs import ProcessView

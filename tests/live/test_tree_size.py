@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.engine.reap.freezing import DESCRIPTOR_RESERVE
 from gpuguard.host.descriptors import open_count
-from gpuguard.remediator.reap.freezing import DESCRIPTOR_RESERVE
 from tests.live.test_remediator_reaper import DriverLikeNvml, nvml, plan_for, reap, sent
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.fanout import build_fanout

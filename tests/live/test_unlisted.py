@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.config.accounting import UnlistedSettings
+from gpuguard.engine.scan.scanner import Scanner, Snapshot
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner, Snapshot
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.fdsearch import FdSearch, device_files

@@ -20,9 +20,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.engine.scan.scanner import GroupCache, Scanner
 from gpuguard.exporter.cli import make_app
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import GroupCache, Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView

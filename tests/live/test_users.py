@@ -20,18 +20,18 @@ from typing import Any
 import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.engine.alerting.alerts import Alert, parse_notification
+from gpuguard.engine.decision.inspection import inspect_tree
+from gpuguard.engine.decision.policy import Action, Decision, PolicyState, decide, user_refusal
+from gpuguard.engine.decision.tree import LiveTree, TreeKey
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.decision.inspection import inspect_tree
-from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide, user_refusal
-from gpuguard.remediator.decision.tree import LiveTree, TreeKey
-from gpuguard.remediator.intake.alerts import Alert, parse_notification
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import Reaper
 from tests.support.ci import require
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, environment_in_place, stat_fields, wait_for

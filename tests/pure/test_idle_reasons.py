@@ -11,17 +11,17 @@ import pytest
 
 from gpuguard.config import parse_config
 from gpuguard.config.remediate import Remediate
-from gpuguard.orphans.process import Holder
-from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.decision.policy import (
+from gpuguard.engine.alerting.alerts import Alert, parse_notification
+from gpuguard.engine.decision.policy import (
     Action,
     PolicyState,
     decide,
     reason_refusal,
     unwatched_refusal,
 )
-from gpuguard.remediator.decision.tree import HolderIdle, LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alerts import Alert, parse_notification
+from gpuguard.engine.decision.tree import HolderIdle, LiveTree, Member, TreeKey
+from gpuguard.orphans.process import Holder
+from gpuguard.orphans.vocabulary import Reason
 from gpuguard.validation import ConfigError
 from tests.support.remediator_harness import alert, payload
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpuguard.engine.decision.policy import idle_refusal
+from gpuguard.engine.decision.tree import HolderIdle, LiveTree, Member, TreeKey
 from gpuguard.orphans.idleness import (
     STEP_TOLERANCE_SECONDS,
     IdleBook,
@@ -16,8 +18,6 @@ from gpuguard.orphans.idleness import (
     sightings_of,
 )
 from gpuguard.orphans.process import Holder
-from gpuguard.remediator.decision.policy import idle_refusal
-from gpuguard.remediator.decision.tree import HolderIdle, LiveTree, Member, TreeKey
 
 GPU0, GPU1 = "GPU-0", "GPU-1"
 KEY = TreeKey("node", 10, 100)

@@ -4,7 +4,7 @@
 - No import cycle anywhere in gpuguard, counting imports inside functions and under
   `if TYPE_CHECKING:` (a module's types live at or below it).
 - The pure core imports nothing that does I/O: the classifier (gpuguard/orphans/) from an
-  explicit allow-list, the kill policy (remediator/decision/policy.py) from a deny-list.
+  explicit allow-list, the kill policy (gpuguard/engine/decision/policy.py) from a deny-list.
 - Nothing in exporter/ imports remediator/: the exporter ships and runs alone; and no
   module the daemons import imports either of them back (the config sections are shared).
 - Sizes: past the wall (WALL_LINES) a test fails; inside the review band (REVIEW_LINES)
@@ -42,14 +42,14 @@ IO_MODULES = frozenset({
     "gpuguard.host.users", "gpuguard.host.marks", "gpuguard.host.registrar",
     "gpuguard.host.launcher_memory", "gpuguard.host.descriptors", "gpuguard.host.fdsearch",
     "gpuguard.web", "gpuguard.console", "gpuguard.launch",
-    "gpuguard.periodic", "gpuguard.exporter.scanner", "gpuguard.exporter.cli",
+    "gpuguard.periodic", "gpuguard.engine.scan.scanner", "gpuguard.exporter.cli",
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",
-    "gpuguard.remediator.cli", "gpuguard.remediator.reap.reaper",
-    "gpuguard.remediator.state.ledger", "gpuguard.remediator.state.audit",
-    "gpuguard.remediator.intake.pull", "gpuguard.remediator.intake.alertmanager",
-    "gpuguard.remediator.reap.signalling", "gpuguard.remediator.reap.freezing",
-    "gpuguard.remediator.reap.killing", "gpuguard.remediator.reap.recheck",
-    "gpuguard.remediator.state.recovery", "gpuguard.remediator.state.thaw_guardian",
+    "gpuguard.remediator.cli", "gpuguard.engine.reap.reaper",
+    "gpuguard.engine.state.ledger", "gpuguard.engine.state.audit",
+    "gpuguard.remediator.intake.pull", "gpuguard.engine.alerting.alertmanager",
+    "gpuguard.engine.reap.signalling", "gpuguard.engine.reap.freezing",
+    "gpuguard.engine.reap.killing", "gpuguard.engine.reap.recheck",
+    "gpuguard.engine.state.recovery", "gpuguard.engine.state.thaw_guardian",
 })
 
 #: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
@@ -229,7 +229,7 @@ def test_the_parser_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_the_module_walk_sees_the_whole_package_through_its_links() -> None:
     for module in ("gpuguard.orphans.process", "gpuguard.host.procfs", "gpuguard.web.serving",
-                   "gpuguard.exporter.scanner", "gpuguard.remediator.decision.policy",
+                   "gpuguard.engine.scan.scanner", "gpuguard.engine.decision.policy",
                    "gpuguard.console", "gpuguard.launch.launcher"):
         assert module in MODULES, module
 
@@ -246,13 +246,32 @@ def test_no_import_cycle_in_the_package() -> None:
         " <-> ".join(c) for c in found)
 
 
-def test_nothing_in_exporter_imports_remediator() -> None:
-    files = [p for m, p in MODULES.items() if m.startswith("gpuguard.exporter")]
-    assert len(files) > 5
-    bad = [f"{path.relative_to(REPO)}:{line}: {module}" + (f".{name}" if name else "")
-           for path in files for line, module, name in imports(path)
-           if under(f"{module}.{name}" if name else module, {"gpuguard.remediator"})]
-    assert bad == [], "the exporter must not import the remediator:\n" + "\n".join(bad)
+#: The three programs: each may import the engine and the layers below it, never another
+#: program (docs/design.md, Layers). `gpuguard run` (gpuguard/launch/) is the console's.
+PROGRAMS = {
+    "exporter": frozenset({"gpuguard.exporter"}),
+    "remediator": frozenset({"gpuguard.remediator"}),
+    "console": frozenset({"gpuguard.console", "gpuguard.launch"}),
+}
+
+
+def program_of(module: str) -> str | None:
+    return next((name for name, roots in PROGRAMS.items() if under(module, roots) is not None),
+                None)
+
+
+def test_no_program_imports_another() -> None:
+    """What two programs share lives in the engine (gpuguard/engine/): a program that
+    imports another's module makes it a library of the first, and a change to either
+    breaks both (the console imported the remediator 29 times, the exporter's scanner 8)."""
+    for name, roots in PROGRAMS.items():
+        assert sum(under(m, roots) is not None for m in MODULES) > 3, f"{name}: none found"
+    bad = [f"{path.relative_to(REPO)}:{line}: {target}"
+           for module, path in MODULES.items() if (mine := program_of(module)) is not None
+           for line, imported, name in imports(path)
+           for target in [f"{imported}.{name}" if name else imported]
+           if (theirs := program_of(target)) is not None and theirs != mine]
+    assert bad == [], "a program imports another:\n" + "\n".join(bad)
 
 
 DAEMONS = frozenset({"gpuguard.exporter", "gpuguard.remediator"})
@@ -302,8 +321,8 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
 
 #: Pure modules besides the classifier: the kill policy, and the settlement of a reap's
 #: result (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
-@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.remediator.decision.policy",
-                                  "gpuguard.remediator.reap.settlement"])
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.engine.decision.policy",
+                                  "gpuguard.engine.reap.settlement"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
            for module, path in MODULES.items() if under(module, {pure})

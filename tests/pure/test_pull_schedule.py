@@ -1,4 +1,4 @@
-"""Pull mode's schedule (gpuguard.remediator.intake.polling): jittered polls, back-off after a busy
+"""Pull mode's schedule (gpuguard.engine.alerting.polling): jittered polls, back-off after a busy
 or slow Alertmanager, HA peers in a per-host order, and the poll accounting (issue 43)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from gpuguard.remediator.intake.polling import (
+from gpuguard.engine.alerting.polling import (
     DURATION_BUCKETS,
     FIRST_BACKOFF_SECONDS,
     JITTER,

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-import gpuguard.remediator.decision.policy
+import gpuguard.engine.decision.policy
 from gpuguard.config.remediate import RateLimit, Remediate, UserFilter
-from gpuguard.orphans.process import Holder
-from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.decision.policy import (
+from gpuguard.engine.alerting.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
+from gpuguard.engine.decision.policy import (
     Action,
     PolicyState,
     decide,
@@ -31,11 +30,12 @@ from gpuguard.remediator.decision.policy import (
     screen,
     user_refusal,
 )
-from gpuguard.remediator.decision.tree import LiveTree, Member, ReapMark, TreeKey
-from gpuguard.remediator.intake.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
-from gpuguard.remediator.state.audit import AuditLog
-from gpuguard.remediator.state.ledger import Ledger, LedgerError
-from gpuguard.remediator.state.pending import PendingItem
+from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
+from gpuguard.engine.state.audit import AuditLog
+from gpuguard.engine.state.ledger import Ledger, LedgerError
+from gpuguard.engine.state.pending import PendingItem
+from gpuguard.orphans.process import Holder
+from gpuguard.orphans.vocabulary import Reason
 from tests.support.remediator_harness import alert, payload
 
 NOW = 1_710_000_000.0  # after the helpers' default startsAt (2024-01-01)
@@ -389,9 +389,9 @@ def sealed() -> Iterator[None]:
         for module, name in places:
             mp.setattr(module, name, forbid(f"{module.__name__}.{name}"))
         # `from time import time` too
-        for name, value in vars(gpuguard.remediator.decision.policy).items():
+        for name, value in vars(gpuguard.engine.decision.policy).items():
             if callable(value) and value in banned:
-                mp.setattr(gpuguard.remediator.decision.policy, name, forbid(banned[value]))
+                mp.setattr(gpuguard.engine.decision.policy, name, forbid(banned[value]))
         mp.setattr(os, "environ", _NoEnviron())
         _watched.add(threading.get_ident())
         try:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from gpuguard.console import reap as console_reap
+from gpuguard.engine.decision.policy import Action, Decision
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
+from gpuguard.engine.reap.settlement import final_decision
 from gpuguard.remediator import worker
-from gpuguard.remediator.decision.policy import Action, Decision
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
-from gpuguard.remediator.reap.settlement import final_decision
 
 KEY = TreeKey("h", 10, 12345)
 PLANNED = Decision(Action.REAP, "session-ended", "policy allows it", KEY)
@@ -47,8 +47,8 @@ def test_a_reap_that_ran_keeps_its_decision_and_one_that_raised_is_an_error() ->
 def test_an_aborted_reap_says_what_it_signalled() -> None:
     """Why a reap aborted is written before anyone knows whether the tree was stopped
     yet (issue 43: "nothing signalled" after SIGSTOP and SIGCONT to every member)."""
-    from gpuguard.remediator.reap.outcome import SignalRecord
-    from gpuguard.remediator.reap.settlement import told
+    from gpuguard.engine.reap.outcome import SignalRecord
+    from gpuguard.engine.reap.settlement import told
 
     frozen = tuple(SignalRecord(pid, sig, "sent", 1.0) for sig in ("SIGSTOP", "SIGCONT")
                    for pid in (10, 11))

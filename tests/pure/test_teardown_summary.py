@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
+from gpuguard.engine.decision.tree import Member
+from gpuguard.engine.reap.outcome import Kept, Outcome, ReapResult, SignalRecord
 from gpuguard.launch.teardown.keeping import honoured, inherits_keep
 from gpuguard.launch.teardown.report import audit_line, summarise, teardown_line
 from gpuguard.orphans.protections import KEEP, KEEP_REGISTRATION
-from gpuguard.remediator.decision.tree import Member
-from gpuguard.remediator.reap.outcome import Kept, Outcome, ReapResult, SignalRecord
 
 CMD = Member(pid=100, ppid=1, start_time=5, uid=1000, user="u", comm="python")
 ROOTLY = Member(pid=200, ppid=100, start_time=7, uid=0, user="root", comm="setuid-root")

@@ -1,12 +1,12 @@
 """Which GPU a device file names, when the search runs, and the pids NVML lists that
-/proc lacks: exporter/unlisted.py's pure rules on synthetic input."""
+/proc lacks: gpuguard/engine/scan/unlisted.py's pure rules on synthetic input."""
 
 from __future__ import annotations
 
 import os
 
-from gpuguard.exporter.accounting import GpuBalance
-from gpuguard.exporter.unlisted import (
+from gpuguard.engine.scan.accounting import GpuBalance
+from gpuguard.engine.scan.unlisted import (
     UNLISTED_KIND,
     gpu_of,
     search_holders,
@@ -56,7 +56,7 @@ def test_node_check_is_not_clean_when_the_scan_failed_past_nvml() -> None:
     """A scan whose accounting or search raised has empty accounting: reading that as
     "nothing unattributed" would pass a node whose GPUs it never finished looking at."""
     from gpuguard.console.node_check import remaining
-    from gpuguard.exporter.scanner import Snapshot
+    from gpuguard.engine.scan.scanner import Snapshot
     from gpuguard.gpu.reading import GpuReading
 
     reading = GpuReading(True, "550.54.15", (), (), ())

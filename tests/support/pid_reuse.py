@@ -18,14 +18,14 @@ import subprocess
 import time
 
 from gpuguard.config.remediate import Remediate, UserFilter
+from gpuguard.engine.decision.inspection import member_of
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.inspection import member_of
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import Reaper
 from tests.support.proctree import reap_zombie_children
 
 POLICY = Remediate(mode="enforce", term_timeout_seconds=1.0, allow_root_owned=True,

@@ -22,12 +22,12 @@ import yaml
 from flask.testing import FlaskClient
 
 from gpuguard.config import load_config
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app
-from gpuguard.remediator.reap.reaper import Reaper
 from gpuguard.remediator.service import Remediator, build_remediator
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Tree, Trees, alive, stat_fields

@@ -26,18 +26,18 @@ from gpuguard.console.contract import (
 from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
+from gpuguard.engine.alerting.alerts import Alert, Notification, PayloadError, parse_notification
+from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
+from gpuguard.engine.decision.inspection import inspect_tree, protected_pids
+from gpuguard.engine.decision.policy import Action, PolicyState, decide, policy_state, screen
+from gpuguard.engine.decision.tree import ReapMark, TreeKey
+from gpuguard.engine.state.ledger import FILE_NAME as LEDGER_FILE
+from gpuguard.engine.state.ledger import Ledger, LedgerError, this_boot_id
+from gpuguard.engine.state.reap_window import WindowUnreadable, read_manual_reaps
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import vendor_source
 from gpuguard.host.counters import COUNTERS
 from gpuguard.host.procfs import boottime
-from gpuguard.remediator.decision.idle_watch import IdleWatch, watched_inspection
-from gpuguard.remediator.decision.inspection import inspect_tree, protected_pids
-from gpuguard.remediator.decision.policy import Action, PolicyState, decide, policy_state, screen
-from gpuguard.remediator.decision.tree import ReapMark, TreeKey
-from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_notification
-from gpuguard.remediator.state.ledger import FILE_NAME as LEDGER_FILE
-from gpuguard.remediator.state.ledger import Ledger, LedgerError, this_boot_id
-from gpuguard.remediator.state.reap_window import WindowUnreadable, read_manual_reaps
 
 
 def read_payload(path: str) -> Notification:

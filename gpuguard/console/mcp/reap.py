@@ -41,9 +41,9 @@ from gpuguard.console.reap import (
     tree_key,
 )
 from gpuguard.console.reports import ReapReport
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.reap.outcome import Outcome
 from gpuguard.orphans.vocabulary import AnyReason
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.reap.outcome import Outcome
 
 log = logging.getLogger("gpuguard.mcp")
 #: The tool's error code when a signal ends it mid-reap (docs/mcp.md, Errors): the

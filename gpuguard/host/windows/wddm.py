@@ -133,8 +133,8 @@ def attribute(holders: tuple[Holder, ...], usage: WddmUsage | None,
 
     A holder the library sized keeps its figure; one with no instance on its adapter, or on a
     GPU whose adapter is not known, stays None. The unattributed memory of a GPU
-    (exporter/accounting.py: used minus what its holders hold) then follows, as on Linux,
-    once every holder of it has a figure.
+    (gpuguard/engine/scan/accounting.py: used minus what its holders hold) then follows,
+    as on Linux, once every holder of it has a figure.
     """
     if usage is None:
         return holders

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpuguard.engine.reap.reap_run import Spare
 from gpuguard.host.procfs import boot_id, parse_environ_markers
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import KEEP, KEEP_REGISTRATION, ProcSource, Protection, protection
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.reap.reap_run import Spare
 
 #: Said at start when the launcher's environment holds the mark (launcher.py).
 INHERITED = ("gpuguard run: GPUGUARD_KEEP=1 is in the launcher's environment, so every "

@@ -12,6 +12,11 @@ import socket
 import time
 
 from gpuguard.config.remediate import Mode, Remediate, UserFilter
+from gpuguard.engine.decision.inspection import member_of, protected_pids
+from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.reap.outcome import ReapResult
+from gpuguard.engine.reap.reap_plan import ReapPlan
+from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
@@ -20,11 +25,6 @@ from gpuguard.launch.teardown.keeping import spare_for
 from gpuguard.orphans.process import ProcInfo, walk_members
 from gpuguard.orphans.protections import Protection
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.remediator.decision.inspection import member_of, protected_pids
-from gpuguard.remediator.decision.tree import Member, TreeKey
-from gpuguard.remediator.reap.outcome import ReapResult
-from gpuguard.remediator.reap.reap_plan import ReapPlan
-from gpuguard.remediator.reap.reaper import Reaper
 
 #: A tree that grows faster than it can be frozen this long is left (and reported).
 REAP_DEADLINE_SECONDS = 30.0

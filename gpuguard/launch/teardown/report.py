@@ -11,11 +11,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuguard.engine.decision.tree import Member
+from gpuguard.engine.reap.outcome import Kept, Outcome, ReapResult, SignalResult
 from gpuguard.launch.teardown.reaping import REAP_DEADLINE_SECONDS
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.vocabulary import DecisionReason
-from gpuguard.remediator.decision.tree import Member
-from gpuguard.remediator.reap.outcome import Kept, Outcome, ReapResult, SignalResult
 
 #: Rounds of reaps go on while dying members hand the launcher new children; no round
 #: starts once this long has passed since the first one ended (what is left is reported).

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
 from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.options import Options
@@ -23,7 +24,6 @@ from gpuguard.launch.teardown.reaping import RootReaper
 from gpuguard.launch.teardown.report import MORE_ROUNDS_SECONDS, Identity, Teardown, summarise
 from gpuguard.orphans.process import ProcInfo, live_children
 from gpuguard.orphans.protections import Protection
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
 
 #: While a member the kernel refused to stop still runs, the teardown watches it this long
 #: after a round for what a reap can catch: a new child (it forks when its last one is

@@ -14,11 +14,9 @@ import random
 import time
 from collections.abc import Callable
 
-from gpuguard.periodic import Periodic
-from gpuguard.remediator.decision.decision_log import DecisionSource
-from gpuguard.remediator.intake.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
-from gpuguard.remediator.intake.alerts import Alert, Notification, PayloadError, parse_alert
-from gpuguard.remediator.intake.polling import (
+from gpuguard.engine.alerting.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
+from gpuguard.engine.alerting.alerts import Alert, Notification, PayloadError, parse_alert
+from gpuguard.engine.alerting.polling import (
     FAILED_POLLS_UNHEALTHY,
     JITTER,
     STALLED_INTERVALS,
@@ -27,6 +25,8 @@ from gpuguard.remediator.intake.polling import (
     host_random,
     next_delay,
 )
+from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.periodic import Periodic
 from gpuguard.remediator.intake.screening import Intake
 from gpuguard.remediator.status import HealthCode
 

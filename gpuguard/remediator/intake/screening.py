@@ -10,14 +10,14 @@ from typing import Any
 
 from gpuguard.compat import StrEnum
 from gpuguard.config.remediate import Remediate
+from gpuguard.engine.alerting.alerts import AlertStatus, Notification
+from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.engine.decision.policy import Action, Decision, PolicyState, screen
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.metrics import RejectCause
+from gpuguard.engine.state.pending import PendingItem
+from gpuguard.engine.state.workstate import WorkState
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
-from gpuguard.remediator.decision.decision_log import DecisionSource
-from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, screen
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.intake.alerts import AlertStatus, Notification
-from gpuguard.remediator.metrics import RejectCause
-from gpuguard.remediator.state.pending import PendingItem
-from gpuguard.remediator.state.workstate import WorkState
 
 log = logging.getLogger("gpuguard.remediator")
 

@@ -21,13 +21,13 @@ from hypothesis.stateful import (
 )
 
 from gpuguard.config.remediate import Remediate
+from gpuguard.engine.alerting.alerts import parse_notification
+from gpuguard.engine.decision.policy import Action, Decision, PolicyState, decide
+from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
+from gpuguard.engine.reap.settlement import final_decision
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.decision.policy import Action, Decision, PolicyState, decide
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alerts import parse_notification
-from gpuguard.remediator.reap.outcome import Outcome, ReapResult
-from gpuguard.remediator.reap.settlement import final_decision
 from tests.pure.reap_model import states as model
 from tests.support.remediator_harness import alert, payload
 

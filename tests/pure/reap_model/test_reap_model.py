@@ -17,12 +17,12 @@ import textwrap
 
 import pytest
 
+from gpuguard.engine.decision.policy import Action
+from gpuguard.engine.reap import killing, reaper
+from gpuguard.engine.reap.freezing import Freezer
+from gpuguard.engine.reap.outcome import Outcome
+from gpuguard.engine.state.audit import Phase
 from gpuguard.orphans.vocabulary import DecisionReason
-from gpuguard.remediator.decision.policy import Action
-from gpuguard.remediator.reap import killing, reaper
-from gpuguard.remediator.reap.freezing import Freezer
-from gpuguard.remediator.reap.outcome import Outcome
-from gpuguard.remediator.state.audit import Phase
 from tests.pure.reap_model import model as m
 from tests.pure.reap_model import reap_steps as rs
 from tests.pure.reap_model import states as st

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuguard.exporter.accounting import balance
+from gpuguard.engine.scan.accounting import balance
 from gpuguard.gpu.nvml import _merge_holders
 from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.host.windows import jobs, wddm

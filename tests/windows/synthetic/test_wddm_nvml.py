@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from gpuguard.exporter.accounting import balance
+from gpuguard.engine.scan.accounting import balance
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import GpuSource

@@ -9,6 +9,9 @@ import pytest
 
 from gpuguard.config import Config, parse_config
 from gpuguard.config.remediate import ORPHAN_REASONS, Remediate, UserFilter
+from gpuguard.engine.alerting.alerts import Alert, parse_notification
+from gpuguard.engine.decision.policy import Action, PolicyState, decide
+from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import (
     DEFAULT_ADOPTERS,
@@ -17,9 +20,6 @@ from gpuguard.orphans.rules_config import (
     WINDOWS_PROTECT,
 )
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.remediator.decision.policy import Action, PolicyState, decide
-from gpuguard.remediator.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.remediator.intake.alerts import Alert, parse_notification
 from gpuguard.validation import ConfigError
 from tests.support.remediator_harness import alert, payload
 

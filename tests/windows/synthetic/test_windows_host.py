@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.ledger import Ledger
 from gpuguard.host.windows import accounts, boot, handles
-from gpuguard.remediator.decision.tree import TreeKey
-from gpuguard.remediator.state.ledger import Ledger
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32",
                                 reason="what Linux sees of the Windows edges")

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.exporter.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source

@@ -16,14 +16,14 @@ from collections.abc import Callable
 import pytest
 
 from gpuguard.config.remediate import Mode, Remediate
+from gpuguard.engine.decision.policy import Action, Decision, member_refusal
+from gpuguard.engine.decision.tree import LiveTree
+from gpuguard.engine.decision.windows_inspection import root_owned_sid, windows_member
+from gpuguard.engine.reap.outcome import Outcome, SignalResult
+from gpuguard.engine.reap.windows_control import RESUME, SUSPEND
+from gpuguard.engine.reap.windows_reaper import WindowsReaper
+from gpuguard.engine.state.audit import audit_record
 from gpuguard.orphans.windows import WinProc
-from gpuguard.remediator.decision.policy import Action, Decision, member_refusal
-from gpuguard.remediator.decision.tree import LiveTree
-from gpuguard.remediator.decision.windows_inspection import root_owned_sid, windows_member
-from gpuguard.remediator.reap.outcome import Outcome, SignalResult
-from gpuguard.remediator.reap.windows_control import RESUME, SUSPEND
-from gpuguard.remediator.reap.windows_reaper import WindowsReaper
-from gpuguard.remediator.state.audit import audit_record
 from tests.windows.synthetic.test_windows_reaper import (
     CHILD,
     MEMBERS,

@@ -1,0 +1,1 @@
+"""The scan: which processes hold GPUs, their trees and verdicts, accounting."""
