@@ -186,7 +186,7 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
     assert {n.split("/")[0] for n in names} == {"gpuguard", DIST_INFO}
     for name in assets.ASSETS:
         assert f"gpuguard/{name}" in names
-    for module in ("orphans/classify.py", "gpuguard/engine/reap/reaper.py", "console/reap.py",
+    for module in ("orphans/classify.py", "engine/reap/reaper.py", "console/reap.py",
                    "host/procfs.py", "web/serving.py", "launch/launcher.py", "__main__.py",
                    "compat.py"):
         assert f"gpuguard/{module}" in names
