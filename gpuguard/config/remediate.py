@@ -152,15 +152,17 @@ class Remediate:
         """Every reason a reap may rest on: `reasons`, then those `idle_reasons` adds."""
         return self.reasons + tuple(r for r, _ in self.idle_reasons if r not in self.reasons)
 
-    def rederivable(self, reason: str) -> tuple[Reason, ...]:
+    def rederivable(self, checked: float, decided: str = "") -> tuple[Reason, ...]:
         """The orphan reasons a verdict derived again at kill time may carry when the
-        decision rested on `reason`: the allowed ones whose idle requirement is no
-        stricter than the one checked for `reason`. A tree decided as launcher-killed
-        (no idle requirement) that reads session-ended under freeze, where
-        `idle_reasons` asks session-ended for 10 idle minutes nobody checked, is not
-        killed on the other reason's evidence."""
-        checked = self.idle_requirement(reason)[0]
-        return tuple(r for r in self.allowed_reasons if self.idle_requirement(r)[0] <= checked)
+        decision checked `checked` seconds of idleness (the worker: its decision's
+        `idle_checked`; a one-read manual reap: 0): the allowed ones whose idle
+        requirement is no stricter, and the allowed reason `decided` on itself (the
+        same verdict as decided). A tree decided as launcher-killed (no idle
+        requirement) that reads session-ended under freeze, where `idle_reasons` asks
+        session-ended for 10 idle minutes nobody checked, is not killed on the other
+        reason's evidence."""
+        return tuple(r for r in self.allowed_reasons
+                     if r == decided or self.idle_requirement(r)[0] <= checked)
 
     def idle_requirement(self, reason: str) -> tuple[float, str]:
         """How long a tree of this reason must be idle, and the key that says so: the

@@ -347,8 +347,8 @@ class ManualReap:
                                     if live.verdict != Verdict.ORPHAN else ""), key)
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
-                        reasons=None if args.force
-                        else self.config.remediate.allowed_reasons)
+                        reasons=None if args.force  # one read checks no idleness:
+                        else self.config.remediate.rederivable(0.0))
         brakes = self.brakes() if args.apply else None
         if brakes is not None:
             # One reap at a time on the host, counted in the remediator's window, from

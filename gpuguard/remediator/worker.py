@@ -296,7 +296,8 @@ class Worker:
         policy = work.policy
         plan = ReapPlan(key=key, members=live.members, holders=live.holders,
                         gpu_bytes=live.gpu_bytes, dry_run=decision.action == Action.DRY_RUN,
-                        gpus=live.gpus, reasons=policy.rederivable(decision.reason))
+                        gpus=live.gpus,
+                        reasons=policy.rederivable(decision.idle_checked, decision.reason))
         result: ReapResult | None = None
 
         def journal(phase: str, members: tuple[Member, ...]) -> None:

@@ -181,15 +181,41 @@ def test_a_bad_entry_is_one_line_naming_file_key_and_problem(text: str, key: str
 
 def test_a_verdict_derived_again_may_not_carry_a_reason_stricter_about_idleness() -> None:
     """The reap re-derives the verdict with the tree frozen (reap/recheck.py) and goes on
-    only with a reason in the plan's list, which the worker takes from `rederivable`: a
-    tree decided on launcher-killed (no idle requirement) that reads launcher-exited
-    under freeze (an hour idle, never checked for it) is not killed; one decided on
-    launcher-exited, whose hour was checked, may read launcher-killed."""
-    assert LAB.rederivable(Reason.LAUNCHER_KILLED) == (Reason.LAUNCHER_KILLED,)
-    assert set(LAB.rederivable(Reason.LAUNCHER_EXITED)) == {
+    only with a reason in the plan's list, which the worker takes from `rederivable`
+    over the idleness its decision checked: a tree decided on launcher-killed (no idle
+    requirement) that reads launcher-exited under freeze (an hour idle, never checked)
+    is not killed; one decided on launcher-exited, whose hour was checked, may read
+    launcher-killed."""
+    killed = decide(make_alert(Reason.LAUNCHER_KILLED), tree(Reason.LAUNCHER_KILLED, 5.0),
+                    state())
+    assert killed.action == Action.REAP and killed.idle_checked == 0
+    assert LAB.rederivable(killed.idle_checked, killed.reason) == (Reason.LAUNCHER_KILLED,)
+    exited = decide(make_alert(Reason.LAUNCHER_EXITED), tree(Reason.LAUNCHER_EXITED, 2 * HOUR),
+                    state())
+    assert exited.action == Action.REAP and exited.idle_checked == HOUR
+    assert set(LAB.rederivable(exited.idle_checked, exited.reason)) == {
         Reason.LAUNCHER_KILLED, Reason.LAUNCHER_EXITED, Reason.SESSION_ORPHANED}
     # A global requirement binds every reason alike: nothing is stricter than another.
     alike = dataclasses.replace(LAB, require_idle_seconds=2 * HOUR)
-    assert set(alike.rederivable(Reason.LAUNCHER_KILLED)) == set(alike.allowed_reasons)
+    assert set(alike.rederivable(2 * HOUR)) == set(alike.allowed_reasons)
+    # A one-read manual reap checks no idleness: only reasons that ask none.
+    assert LAB.rederivable(0.0) == (Reason.LAUNCHER_KILLED,)
     # A reason the policy does not allow is never one to go on with.
-    assert Reason.SESSION_ENDED not in LAB.rederivable(Reason.LAUNCHER_EXITED)
+    assert Reason.SESSION_ENDED not in LAB.rederivable(2 * HOUR)
+
+
+def test_the_idleness_checked_is_the_label_s_when_the_label_lowered_the_reason() -> None:
+    """decide() judges a tree by the alert's launcher reason where that is the less
+    reapable (the exporter knew more): its idle requirement is the one checked, and the
+    reap's re-derived verdict may carry nothing that asks more than that, besides the
+    reason decided on."""
+    odd = Remediate(mode="enforce", min_age_seconds=300,
+                    reasons=(Reason.LAUNCHER_KILLED, Reason.LAUNCHER_UNRECORDED),
+                    idle_reasons=((Reason.LAUNCHER_KILLED, HOUR), (Reason.SESSION_ENDED, HOUR)))
+    decision = decide(make_alert(Reason.LAUNCHER_UNRECORDED), tree(Reason.LAUNCHER_KILLED, 5.0),
+                      state(odd))
+    assert decision.action == Action.REAP and decision.reason == Reason.LAUNCHER_KILLED
+    assert decision.idle_checked == 0  # launcher-unrecorded's requirement, not killed's
+    allowed = odd.rederivable(decision.idle_checked, decision.reason)
+    assert Reason.SESSION_ENDED not in allowed  # its hour was never checked
+    assert set(allowed) == {Reason.LAUNCHER_KILLED, Reason.LAUNCHER_UNRECORDED}

@@ -677,3 +677,33 @@ def test_no_one_outside_the_os_seam_asks_whether_there_is_a_process_table() -> N
            for line in sorted(set(process_table_branches(path)))]
     assert bad == [], "branches on Platform.process_table outside gpuguard/host:\n" + "\n".join(
         bad)
+
+
+def os_questions(path: Path) -> list[int]:
+    """Lines that compare which operating system this is: `sys.platform`, `os.name`,
+    `platform.system()`, or anything compared with the back-ends' names LINUX/WINDOWS."""
+    def asks(node: ast.expr) -> bool:
+        text = ast.unparse(node)
+        return text in {"sys.platform", "os.name", "platform.system()"} or \
+            (isinstance(node, ast.Name) and node.id in {"LINUX", "WINDOWS"})
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Compare)
+            and any(asks(side) for side in (node.left, *node.comparators))]
+
+
+def test_os_questions_are_found(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("if sys.platform == 'win32':\n    pass\nx = os.name != 'nt'\n"
+                   "y = PLATFORM.name == WINDOWS\nz = platform.system()\n")
+    assert os_questions(src) == [1, 3, 4]
+
+
+def test_no_one_outside_the_os_seam_asks_which_os_it_runs_on() -> None:
+    """Only gpuguard/host/ (and gpuguard/__init__.py, which reads the parent pid before
+    anything is imported) compares which OS this is; everything else asks the Platform
+    for behaviour."""
+    bad = [f"{path.relative_to(REPO)}:{line}"
+           for module, path in MODULES.items()
+           if not under(module, {OS_SEAM}) and module != "gpuguard"
+           for line in os_questions(path)]
+    assert bad == [], "asks which OS it runs on outside gpuguard/host:\n" + "\n".join(bad)

@@ -88,6 +88,10 @@ class Decision:
     #: DEFER: when to re-check (boot clock); a not-idle IGNORE: the earliest time the
     #: tree could be idle long enough (the refusal memory re-inspects no later than that).
     recheck_at: float | None = None
+    #: REAP and DRY_RUN: the seconds of idleness this decision checked, for the reason it
+    #: judged (the alert's label where that lowered it): the reap's re-derived verdict
+    #: may carry no reason that asks more (Remediate.rederivable). Not written anywhere.
+    idle_checked: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"action": self.action, "reason": self.reason}
@@ -506,7 +510,7 @@ def decide(alert: Alert, live: LiveTree | None, state: PolicyState) -> Decision:
     # its reason: the orphan's.
     return Decision(action, cast(Reason, live.reason), f"orphan ({live.reason}), "
                     f"{len(live.members)} process(es), {live.gpu_bytes} GPU bytes", key,
-                    first_seen)
+                    first_seen, idle_checked=required)
 
 
 class ReapHistory(Protocol):

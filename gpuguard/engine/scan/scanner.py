@@ -65,7 +65,9 @@ from gpuguard.orphans.vocabulary import Reason, Verdict
 from gpuguard.orphans.windows import WinProcInfo, classify_windows
 from gpuguard.periodic import Periodic
 
-log = logging.getLogger(__name__)
+#: Its name from before the scan moved to the engine: log lines carry it (logger=...) and
+#: operators filter on it (tests/pure/test_logger_names.py).
+log = logging.getLogger("gpuguard.exporter.scanner")
 
 #: The boot clock orphan ages count on: the platform's (CLOCK_BOOTTIME on Linux; Windows'
 #: monotonic clock, which never steps either).
