@@ -143,3 +143,8 @@ class RemediatorCollector(Collector):
             "1 while no poll of Alertmanager has completed for several intervals "
             "(/healthz: poller-stalled).",
             value=1 if problem is not None and problem[0] == HealthCode.POLLER_STALLED else 0)
+        yield GaugeMetricFamily(
+            "gpuguard_remediator_recovery_waiting",
+            "1 while processes a crashed reap left stopped wait for the host's reap lock "
+            "to be continued (/healthz: recovery-waiting).",
+            value=0 if status.recovery_waiting() is None else 1)

@@ -127,7 +127,7 @@ class Remediator:
                              interrupted=self.interrupted)
         self._companions: list[Companion] = []
         self.status = Status(work, worker=self.worker, companions=self._companions,
-                             trail=self._trail)
+                             trail=self._trail, recovery=self.interrupted)
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ class HealthCode(StrEnum):
     WORKER_STUCK = "worker-stuck"
     POLLER_STALLED = "poller-stalled"  # no poll completed for STALLED_INTERVALS intervals
     POLLER_FAILING = "poller-failing"  # FAILED_POLLS_UNHEALTHY failed polls in a row
+    #: a reap a crash cut short left processes stopped, and their SIGCONT waits for the
+    #: host's reap lock, which another reaper holds
+    RECOVERY_WAITING = "recovery-waiting"
 
     @property
     def restart_mends(self) -> bool:
@@ -42,6 +45,15 @@ class Liveness(Protocol):
     def alive(self) -> bool: ...
 
 
+class RecoveryWait(Protocol):
+    """Crash recovery as /healthz sees it (engine/state/interrupted_reaps.py)."""
+
+    @property
+    def unsettled(self) -> Sequence[object]: ...
+    @property
+    def waiting(self) -> str | None: ...
+
+
 @runtime_checkable
 class Degradable(Protocol):
     """A companion that can be alive and still not doing its job (pull mode's poller)."""
@@ -57,11 +69,12 @@ class WorkerHealth(Liveness, Protocol):
 
 class Status:
     def __init__(self, work: WorkState, *, worker: WorkerHealth, companions: Sequence[Liveness],
-                 trail: AuditTrail) -> None:
+                 trail: AuditTrail, recovery: RecoveryWait | None = None) -> None:
         self._work = work
         self._worker = worker
         self._companions = companions
         self._trail = trail
+        self._recovery = recovery
 
     def health(self) -> tuple[bool, HealthCode, str]:
         """(ok, reason code, detail): /healthz answers the code alone (it is open to
@@ -94,6 +107,17 @@ class Status:
             yield HealthCode.WORKER_STUCK, f"worker stuck on one item for over {limit:g}s"
         if (problem := self.poller_problem()) is not None:
             yield problem
+        if (waiting := self.recovery_waiting()) is not None:
+            yield HealthCode.RECOVERY_WAITING, waiting
+
+    def recovery_waiting(self) -> str | None:
+        """What crash recovery waits for, while it waits: the processes an interrupted
+        reap left stopped stay stopped until the host's reap lock is free."""
+        recovery = self._recovery
+        if recovery is None or not recovery.unsettled or recovery.waiting is None:
+            return None
+        return (f"{len(recovery.unsettled)} interrupted reap(s) left processes stopped; "
+                f"continuing them waits for the host's reap lock ({recovery.waiting})")
 
     def worker_busy(self) -> tuple[float, float]:
         """(seconds the worker has been on its current item, 0 when idle; the most one item
@@ -141,4 +165,5 @@ class Status:
                            "next_slot_at": None if budget.next_slot_at is None
                            else on_wall(budget.next_slot_at)},
             "recent_decisions": recent[::-1],
+            "recovery_waiting": self.recovery_waiting(),
         }

@@ -212,10 +212,21 @@ def test_recovery_waits_while_another_reap_holds_the_lock(
         assert h.service.interrupted.unsettled and h.service.interrupted.waiting
         assert "gpuguard reap by someone" in h.service.interrupted.waiting
         assert all(stopped(p) for p in orphan.members)  # not continued under its feet
+        # ...and says so: processes left stopped are an operator's business.
+        answer = h.client.get("/healthz")
+        assert (answer.status_code, answer.get_data(as_text=True).strip()) == (
+            503, "recovery-waiting")
+        assert "gpuguard reap by someone" in h.service.snapshot()["recovery_waiting"]
+        assert "gpuguard_remediator_recovery_waiting 1.0" in h.client.get(
+            "/metrics").get_data(as_text=True)
     finally:
         other.release()
     wait_for(lambda: not any(stopped(p) for p in orphan.members), what="the thaw")
     wait_for(lambda: not h.service.interrupted.unsettled, what="recovery settled")
+    assert h.client.get("/healthz").status_code == 200
+    assert h.service.snapshot()["recovery_waiting"] is None
+    assert "gpuguard_remediator_recovery_waiting 0.0" in h.client.get(
+        "/metrics").get_data(as_text=True)
     settled = [r for r in audit(h.audit_path) if r["phase"] == "final"]
     assert settled and settled[-1]["decision"]["reason"] == "interrupted-thawed"
 
