@@ -49,6 +49,9 @@
     remediatorRejectingWindow: '10m',
     reapFailuresWindow: '15m',
     remediatorStuckFor: '2m',
+    // A manual reap holds the host's reap lock for seconds; recovery waiting longer has a
+    // holder that is stuck, and processes left stopped meanwhile.
+    recoveryWaitingFor: '5m',
     alertmanagerUnreachableWindow: '10m',
     alertmanagerUnreachableFor: '5m',
 

@@ -206,6 +206,16 @@
           },
         },
         {
+          alert: 'GPUGuardRecoveryWaiting',
+          expr: 'gpuguard_remediator_recovery_waiting{%(remediatorSelector)s} == 1' % c,
+          'for': c.recoveryWaitingFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'gpuguard remediator {{ $labels.instance }} cannot continue what a crashed reap left stopped',
+            description: 'The remediator at {{ $labels.instance }} has waited more than %(recoveryWaitingFor)s for the host\'s reap lock to continue (SIGCONT) the processes a reap cut short by a crash left stopped: another reaper (gpuguard reap --apply, an agent\'s gpu_reap) holds the lock. Those processes stay stopped until it lets go: GET /state names the holder.' % t,
+          },
+        },
+        {
           alert: 'GPUGuardAuditLogFailing',
           expr: 'gpuguard_remediator_audit_ok{%(remediatorSelector)s} == 0' % c,
           labels: { severity: 'critical' },

@@ -49,6 +49,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardReapFailed": "critical",
     "GPUGuardAuditLogFailing": "critical",
     "GPUGuardRemediatorStuck": "critical",
+    "GPUGuardRecoveryWaiting": "critical",
     "GPUGuardAlertmanagerUnreachable": "warning",
     "GPUUserOverQuota": "warning",
     "GPUIdleHolder": "warning",  # for people: never remediate="true"
@@ -108,6 +109,7 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_queue_depth",
         "gpuguard_remediator_worker_stuck",
         "gpuguard_remediator_alertmanager_poller_stalled",
+        "gpuguard_remediator_recovery_waiting",
     }
 )
 # Both daemons export the reload gauge (gpuguard/reload.py) and the process-event
