@@ -14,6 +14,7 @@ directory put at its path. Every open of it then fails (EISDIR), root's too.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -38,21 +39,37 @@ from tests.support.remediator_harness import (
     spawn_orphan,
 )
 
+#: renameat2(2)'s flag: swap two paths in one step (Linux 3.15, glibc 2.28).
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap what `a` and `b` name, atomically: no moment where either is missing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b),
+                      RENAME_EXCHANGE) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), str(a))
+
 
 class BrokenLog:
-    """The audit log replaced by a directory at its path, and put back."""
+    """The audit log replaced by a directory at its path, and put back. Both swaps are
+    atomic: the remediator retries its owed records every loop, and a log path missing
+    for a moment would take one into a file that the mend then replaced (a record the
+    test itself lost, seen on a loaded CI run)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.aside = path.with_name(path.name + ".aside")
 
     def break_it(self) -> None:
-        os.rename(self.path, self.aside)
-        self.path.mkdir()
+        self.aside.mkdir()
+        exchange(self.path, self.aside)  # the log aside, the directory at its path
 
     def mend(self) -> None:
-        self.path.rmdir()
-        os.rename(self.aside, self.path)
+        exchange(self.aside, self.path)  # the log back, the directory aside
+        self.aside.rmdir()
 
 
 def breaking_at_sigterm(log: BrokenLog) -> Callable[[int, int], None]:
