@@ -19,9 +19,7 @@ from __future__ import annotations
 import http.client
 import os
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuguard.config import Config
+from gpuguard.engine.alerting import bounded_http
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.procfs import UnheardExits, boot_id, identity_alive
 
@@ -56,7 +55,8 @@ def launcher_evidence(config: Config) -> tuple[UnheardExits, LauncherMemory]:
 #: --exporter-url names another, "" asks none.
 EXPORTER_URL = "http://127.0.0.1:9877"
 EXPORTER_URL_ENV = "GPUGUARD_EXPORTER_URL"
-#: One absolute bound on the question: a console command never waits on the exporter.
+#: One absolute bound on the question (connect, headers, body: bounded_http): a console
+#: command never waits on the exporter.
 EXPORTER_TIMEOUT_SECONDS = 1.0
 #: The most of /metrics read (the families asked for, about 150 bytes a holder).
 EXPORTER_MAX_BYTES = 8 << 20
@@ -128,23 +128,22 @@ def exporter_clocks(url: str, *, now: float | None = None,
     if not url:
         return ExporterClocks(url, why_not="no exporter asked (--exporter-url is empty)")
     query = urllib.parse.urlencode([("name[]", n) for n in CLOCK_FAMILIES])
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/metrics?{query}",
-                                    timeout=timeout) as resp:
-            body = resp.read(EXPORTER_MAX_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        why = ("asks for credentials this command does not send"
-               if exc.code in (401, 403) else "answered")
-        return ExporterClocks(url, why_not=f"the exporter at {url} {why} (HTTP {exc.code})")
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        return ExporterClocks(url, why_not=f"no exporter answered at {url} ({reason}; an "
-                                           "exporter behind TLS or basic auth is not asked)")
-    if len(body) > EXPORTER_MAX_BYTES:
+    try:  # one absolute deadline over connect, headers and body (a per-read timeout is none)
+        answer = bounded_http.get(f"{url.rstrip('/')}/metrics?{query}", {},
+                                  deadline=time.monotonic() + timeout,
+                                  max_body=EXPORTER_MAX_BYTES)
+    except bounded_http.TooLarge:
         return ExporterClocks(url, why_not=f"the exporter at {url} answered more than "
                                            f"{EXPORTER_MAX_BYTES} bytes")
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return ExporterClocks(url, why_not=f"no exporter answered at {url} ({exc}; an "
+                                           "exporter behind TLS or basic auth is not asked)")
+    if answer.status != 200:
+        why = ("asks for credentials this command does not send"
+               if answer.status in (401, 403) else "answered")
+        return ExporterClocks(url, why_not=f"the exporter at {url} {why} (HTTP {answer.status})")
     try:
-        return clocks_of(url, body.decode("utf-8"),
+        return clocks_of(url, answer.body.decode("utf-8"),
                          time.time() if now is None else now)
     except (ValueError, KeyError, UnicodeDecodeError) as exc:
         return ExporterClocks(url, why_not=f"the answer at {url} is not a gpuguard "

@@ -9,6 +9,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.support.remediator_harness import (
     write_config,
 )
 from tests.support.servers import Exporter, child_env, find
+from tests.support.slowpeer import Reply
 
 ATTACHED = "{holder} --pidfile {dir}/worker & wait"
 NOHUP = "nohup {holder} --pidfile {dir}/worker >/dev/null 2>&1 & wait"
@@ -634,3 +636,19 @@ def test_status_shows_the_running_exporters_orphan_age_and_idle_seconds(
         (0.0, "own-scan")]
     text = gpuguard("status", "--exporter-url", exporter.url).stdout
     assert "this command's own scan, idle counted from now" in text
+
+
+def test_a_dripping_exporter_holds_status_for_one_bound_only(peer: Any) -> None:
+    """`status` asks the exporter for its clocks under one absolute bound
+    (EXPORTER_TIMEOUT_SECONDS), not a per-read timeout: an answer dripped one byte every
+    0.3 s (anything on 127.0.0.1:9877 may answer so) would otherwise hold the command
+    for as long as it drips."""
+    from gpuguard.console.evidence import exporter_clocks
+
+    body = b"gpuguard_last_scan_timestamp_seconds 1\n" * 4
+    server = peer(lambda n: Reply(body=body, drip="body", every=0.3))
+    started = time.monotonic()
+    clocks = exporter_clocks(server.url, timeout=1.0)
+    elapsed = time.monotonic() - started
+    assert clocks.source == "own-scan" and clocks.why_not is not None, clocks
+    assert elapsed < 1.0 + 1.0, elapsed  # one bound, plus headroom for a loaded machine
