@@ -47,7 +47,7 @@ from benchmarks.harness import (  # noqa: E402
     run_benchmark,
 )
 from benchmarks.procevents_cost import spawn_load  # noqa: E402
-from gpuguard.periodic import MIN_GAP_S, SETTLE_S  # noqa: E402
+from gpuguard.base.periodic import MIN_GAP_S, SETTLE_S  # noqa: E402
 from tests.support.proctree import Tree, Trees, reap_zombie_children, wait_for  # noqa: E402
 from tests.support.servers import ServerProcess  # noqa: E402
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuguard.base.validation import CONFIG_FILE, At, ConfigError, mapping, parse_yaml
 from gpuguard.config.accounting import (
     AccountingSection,
     Audit,
@@ -25,7 +26,6 @@ from gpuguard.config.classify import parse_classify
 from gpuguard.config.remediate import Remediate, default_remediate, parse_remediate
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.rules_config import Rules, default_rules
-from gpuguard.validation import CONFIG_FILE, At, ConfigError, mapping, parse_yaml
 
 
 def platform_rules() -> Rules:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.base.validation import At, integer, mapping, number, string_list
 from gpuguard.config.classify import patterns
 from gpuguard.orphans.rules_config import CACHED_TEXT, Pattern, protect_search
-from gpuguard.validation import At, integer, mapping, number, string_list
 
 #: Quota units: binary (KiB = 1024 B) and decimal (KB = 1000 B), spelled exactly so.
 UNITS: dict[str, int] = {

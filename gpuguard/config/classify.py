@@ -11,6 +11,7 @@ from __future__ import annotations
 import ntpath
 from typing import Any
 
+from gpuguard.base.validation import At, integer, mapping, string_list
 from gpuguard.orphans.rules_config import (
     DEFAULT_MAX_DEPTH,
     ProtectPatternError,
@@ -18,7 +19,6 @@ from gpuguard.orphans.rules_config import (
     compile_protect,
     default_rules,
 )
-from gpuguard.validation import At, integer, mapping, string_list
 
 
 def patterns(at: At, value: Any) -> tuple[str, ...]:

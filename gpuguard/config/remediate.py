@@ -10,11 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpuguard.compat import StrEnum
-from gpuguard.orphans.rules_config import WINDOWS_DATA_DIR
-from gpuguard.orphans.vocabulary import ORPHAN_REASONS as VOCABULARY_ORPHAN_REASONS
-from gpuguard.orphans.vocabulary import Reason
-from gpuguard.validation import (
+from gpuguard.base.compat import StrEnum
+from gpuguard.base.validation import (
     At,
     boolean,
     choice,
@@ -27,6 +24,9 @@ from gpuguard.validation import (
     string,
     string_list,
 )
+from gpuguard.orphans.rules_config import WINDOWS_DATA_DIR
+from gpuguard.orphans.vocabulary import ORPHAN_REASONS as VOCABULARY_ORPHAN_REASONS
+from gpuguard.orphans.vocabulary import Reason
 
 
 class Mode(StrEnum):

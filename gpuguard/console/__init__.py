@@ -17,7 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from gpuguard import logformat
+from gpuguard.base import logformat
+from gpuguard.base.flags import VersionAction
 from gpuguard.console.assets import cmd_assets
 from gpuguard.console.checks.config import cmd_config_check
 from gpuguard.console.checks.policy import cmd_policy_check
@@ -49,7 +50,6 @@ from gpuguard.console.node_check import cmd_node_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
-from gpuguard.flags import VersionAction
 from gpuguard.host.platform import PLATFORM
 from gpuguard.launch.options import DEFAULT_GRACE_SECONDS, TIERS
 from gpuguard.orphans.rules_config import default_marks_dir

@@ -11,7 +11,8 @@ import difflib
 import sys
 from pathlib import Path
 
-from gpuguard import assets, build, monitoring_mixin
+from gpuguard import assets, monitoring_mixin
+from gpuguard.base import build
 from gpuguard.console.contract import EXIT_DIFFERS, EXIT_OK, EXIT_USAGE, Failure
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config
 from gpuguard.console.contract import EXIT_USAGE, Failure
-from gpuguard.validation import ConfigError
 
 
 def load(path: str | None) -> Config:

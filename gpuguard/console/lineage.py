@@ -3,7 +3,7 @@ tree's members, and how old each process is."""
 
 from __future__ import annotations
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree

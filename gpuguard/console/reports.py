@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.console.contract import REAP_SCHEMA, REFUSED
 from gpuguard.console.json_records import live_json
 from gpuguard.engine.decision.policy import Decision

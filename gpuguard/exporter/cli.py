@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
-from gpuguard import build, logformat
+from gpuguard.base import build, logformat
+from gpuguard.base.flags import add_common, served_url
+from gpuguard.base.reload import EarlyHangups, Reloader
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config
 from gpuguard.engine.scan.orphan_clock import ORPHAN_CLOCK_FILE, OrphanClock
 from gpuguard.engine.scan.scanner import Scanner, platform_scanner
 from gpuguard.exporter.metrics import GpuguardCollector
-from gpuguard.flags import add_common, served_url
 from gpuguard.host.allocator import one_malloc_arena
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.events.privilege import release_net_admin
@@ -26,8 +28,6 @@ from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView, boot_id, identity_alive
 from gpuguard.host.registrar import Registrar, start_registrar
-from gpuguard.reload import EarlyHangups, Reloader
-from gpuguard.validation import ConfigError
 from gpuguard.web.landing import landing_page
 from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import (

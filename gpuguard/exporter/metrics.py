@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuguard.build import version
+from gpuguard.base.build import version
 from gpuguard.engine.reading_metrics import event_metrics, foreign_marks_metric, inspector_metrics
 from gpuguard.engine.scan.attribution import NONE as NO_CONTAINER
 from gpuguard.engine.scan.scanner import Scanner, Snapshot

@@ -11,7 +11,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.launch.options import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
 from gpuguard.launch.options import EXIT_PARENT_DIED, EXIT_SIGINT, Options
 from gpuguard.launch.options import Exit as Exit

@@ -3,7 +3,7 @@ that decide them and the reasons it gives (Verdict, Rule, Reason); the remediato
 decision reasons (DecisionReason); and why a reap could not hold a process (Unheld).
 
 StrEnums: each value is the exact string that JSON, metric labels and audit logs carry
-(str() and format() give the value on every Python gpuguard runs on: gpuguard.compat).
+(str() and format() give the value on every Python gpuguard runs on: gpuguard.base.compat).
 No module outside this one spells a value as a bare string where it decides or records
 something (tests/pure/test_layering.py, test_no_vocabulary_literal_outside_the_vocabulary).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NewType, Union
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 
 
 class Verdict(StrEnum):

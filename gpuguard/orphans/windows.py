@@ -46,7 +46,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.orphans.members import MemberJudgement, settle_members
 from gpuguard.orphans.process import Holder, ProcInfo, breadth_first
 from gpuguard.orphans.rules_config import Rules

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from gpuguard.build import version
+from gpuguard.base.build import version
 from gpuguard.engine.alerting.alerts import Notification, PayloadError, parse_notification
 from gpuguard.engine.alerting.tokens import TokenSource
 from gpuguard.engine.state.ledger import LedgerError

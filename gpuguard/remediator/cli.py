@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import ProcessCollector
 
-from gpuguard import build, logformat
+from gpuguard.base import build, logformat
+from gpuguard.base.flags import add_common
+from gpuguard.base.reload import EarlyHangups, Reloader, ReloadRefused
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config
 from gpuguard.engine.state.audit import UnsafePathError
 from gpuguard.engine.state.ledger import LedgerError, StateUnavailable
-from gpuguard.flags import add_common
 from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import other_users_problem
-from gpuguard.reload import EarlyHangups, Reloader, ReloadRefused
-from gpuguard.validation import ConfigError
 from gpuguard.web.lifecycle import PROBES, Lifecycle, with_lifecycle
 from gpuguard.web.serving import create_server, listen_address, serve_until_signalled
 from gpuguard.web.webconfig import WebConfigSource

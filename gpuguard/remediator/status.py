@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.engine.decision.policy import rate_budget
 from gpuguard.engine.reap.killing import KILL_CONFIRM_SECONDS
 from gpuguard.engine.state.audit_trail import AuditTrail

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpuguard import logformat
+from gpuguard.base import logformat
 
 if TYPE_CHECKING:
     from gpuguard.web.tlsfront import TlsFront

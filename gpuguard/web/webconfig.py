@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.reload import ReloadRefused
-from gpuguard.validation import (
+from gpuguard.base.reload import ReloadRefused
+from gpuguard.base.validation import (
     CONFIG_FILE,
     At,
     ConfigError,

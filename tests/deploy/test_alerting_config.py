@@ -112,7 +112,7 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_recovery_waiting",
     }
 )
-# Both daemons export the reload gauge (gpuguard/reload.py) and the process-event
+# Both daemons export the reload gauge (gpuguard/base/reload.py) and the process-event
 # listener's families (gpuguard/engine/reading_metrics.py event_metrics).
 DAEMON_METRICS = frozenset({"gpuguard_config_last_reload_successful",
                             "gpuguard_process_events_up",

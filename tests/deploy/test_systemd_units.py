@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config, parse_config
 from gpuguard.exporter import cli as exporter_cli
 from gpuguard.remediator import cli as remediator_cli
-from gpuguard.validation import ConfigError
 from tests.support.ci import require
 from tests.support.servers import REPO
 

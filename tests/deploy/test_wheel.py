@@ -256,7 +256,7 @@ def names(wheel: Path, version: str, commit: str, tmp_path: Path) -> None:
         assert done.stdout.splitlines()[0] == \
             f"{program}, version {version} (revision: {commit})", done.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import gpuguard.build as b; from prometheus_client import "
+        [sys.executable, "-c", "import gpuguard.base.build as b; from prometheus_client import "
          "CollectorRegistry, generate_latest as g; r = CollectorRegistry(); "
          "r.register(b.BuildInfoCollector()); print(g(r).decode())"], cwd=tmp_path,
         env=outside_env(PYTHONPATH=str(unpacked)), capture_output=True, text=True, timeout=60)

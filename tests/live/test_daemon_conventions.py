@@ -224,7 +224,7 @@ def test_a_sighup_before_the_daemon_serves_is_kept_for_the_reloader() -> None:
     import logging
     import os
 
-    from gpuguard.reload import EarlyHangups, Reloader
+    from gpuguard.base.reload import EarlyHangups, Reloader
 
     previous = signal.getsignal(signal.SIGHUP)
     calls: list[int] = []

@@ -1,6 +1,6 @@
 """Event-driven rescans: an exit on a GPU holder's chain wakes an early scan, bounded.
 
-The loop itself (gpuguard/periodic.py) is driven by real threads and the real clock; the
+The loop itself (gpuguard/base/periodic.py) is driven by real threads and the real clock; the
 exporter's tests run a real exporter at --scan-interval 30 over real trees and the fake
 NVML, and are marked `initial_pidns` (the kernel's exits name host pids: .ci/run runs them
 outside the namespace it gives the rest of the suite). Latencies are measured from the
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuguard.periodic import MIN_GAP_S, SETTLE_S, Periodic
+from gpuguard.base.periodic import MIN_GAP_S, SETTLE_S, Periodic
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import CHAIN, Trees, exit_burst, reap_zombie_children, wait_for
 from tests.support.servers import Exporter, child_env, find

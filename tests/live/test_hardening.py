@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import requests
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import parse_config
 from gpuguard.engine.state.ledger import FILE_NAME
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.validation import ConfigError
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, wait_for
 from tests.support.remediator_harness import (

@@ -6,7 +6,7 @@ import os
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuguard import build
+from gpuguard.base import build
 from gpuguard.config.accounting import Quotas
 from gpuguard.engine.scan.scanner import Scanner, user_name
 from gpuguard.exporter.metrics import GpuguardCollector

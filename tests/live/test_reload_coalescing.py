@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from gpuguard.reload import Reloader
+from gpuguard.base.reload import Reloader
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import wait_for
 from tests.support.servers import ServerProcess, child_env, find, parse_samples

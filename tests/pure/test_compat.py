@@ -1,4 +1,4 @@
-"""gpuguard.compat: on 3.10 the shims must behave as 3.11's standard library does, which is
+"""gpuguard.base.compat: on 3.10 the shims must behave as 3.11's standard library does, which is
 what the same tests check on 3.11+ (.ci/run runs tests/pure on 3.10, 3.11 and 3.13)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpuguard.compat import StrEnum, fromisoformat
+from gpuguard.base.compat import StrEnum, fromisoformat
 from gpuguard.orphans.vocabulary import Reason, Verdict
 
 

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import load_config, parse_config
 from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.orphans.rules_config import DEFAULT_PROTECT
-from gpuguard.validation import ConfigError
 
 FULL = """
 classify:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import parse_config
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.alerting.alerts import Alert, parse_notification
@@ -22,7 +23,6 @@ from gpuguard.engine.decision.policy import (
 from gpuguard.engine.decision.tree import HolderIdle, LiveTree, Member, TreeKey
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.validation import ConfigError
 from tests.support.remediator_harness import alert, payload
 
 NOW = 1_710_000_000.0

@@ -42,7 +42,7 @@ IO_MODULES = frozenset({
     "gpuguard.host.users", "gpuguard.host.marks", "gpuguard.host.registrar",
     "gpuguard.host.launcher_memory", "gpuguard.host.descriptors", "gpuguard.host.fdsearch",
     "gpuguard.web", "gpuguard.console", "gpuguard.launch",
-    "gpuguard.periodic", "gpuguard.engine.scan.scanner", "gpuguard.exporter.cli",
+    "gpuguard.base.periodic", "gpuguard.engine.scan.scanner", "gpuguard.exporter.cli",
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",
     "gpuguard.remediator.cli", "gpuguard.engine.reap.reaper",
     "gpuguard.engine.state.ledger", "gpuguard.engine.state.audit",
@@ -70,7 +70,7 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "typing": None,
     "gpuguard.host.counters": frozenset({"COUNTERS"}),
     # What Python 3.10 lacks (StrEnum): definitions only, no I/O.
-    "gpuguard.compat": frozenset({"StrEnum"}),
+    "gpuguard.base.compat": frozenset({"StrEnum"}),
 }
 
 #: Sizes in lines, a review signal rather than a wall to press against (CONTRIBUTING.md,
@@ -296,7 +296,7 @@ def test_nothing_the_daemons_import_imports_a_daemon_back() -> None:
     would tie the daemons together: the exporter would load the remediator's modules."""
     graph = import_graph()
     shared = imported_by_the_daemons(graph)
-    assert "gpuguard.config" in shared and "gpuguard.validation" in shared
+    assert "gpuguard.config" in shared and "gpuguard.base.validation" in shared
     bad = sorted(f"{module} -> {dest}" for module in shared for dest in graph[module]
                  if under(dest, DAEMONS))
     assert bad == [], "shared modules import a daemon back:\n" + "\n".join(bad)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.validation import ConfigError
+from gpuguard.base.validation import ConfigError
 from gpuguard.web.ratelimit import TokenBucket, go_duration
 from gpuguard.web.webconfig import parse_web_config
 

@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.exporter.cli import build_parser
-from gpuguard.validation import ConfigError
 from gpuguard.web.webauth import protect
 from gpuguard.web.webconfig import WebConfig, load_web_config, san_allowed
 

@@ -75,7 +75,7 @@ def test_every_word_writes_as_its_value_wherever_it_is_written() -> None:
     """The audit log, the ledger, JSON answers, log lines and metric labels write a
     member where they used to write its string: each way of writing it gives the value
     alone, on every Python gpuguard runs on (3.11 and 3.12 changed what str() and
-    format() of a (str, Enum) give; gpuguard.compat.StrEnum pins both)."""
+    format() of a (str, Enum) give; gpuguard.base.compat.StrEnum pins both)."""
     import json
 
     from gpuguard.orphans.vocabulary import Rule, Unheld, Verdict

@@ -13,8 +13,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuguard.reload import ReloadRefused
-from gpuguard.validation import ConfigError
+from gpuguard.base.reload import ReloadRefused
+from gpuguard.base.validation import ConfigError
 from gpuguard.web.webauth import BasicAuth
 from gpuguard.web.webconfig import (
     RECHECK_SECONDS,

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.console.checks.risks import policy_line, risks
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
-from gpuguard.validation import ConfigError
 from gpuguard.web.webconfig import load_web_config
 
 

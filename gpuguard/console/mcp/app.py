@@ -25,7 +25,7 @@ from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 from pydantic import BaseModel, WithJsonSchema
 from typing_extensions import TypedDict
 
-from gpuguard import build
+from gpuguard.base import build
 from gpuguard.console.mcp.reap import reap_document, reap_summary
 from gpuguard.console.mcp.tools import (
     ARGUMENTS,

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import logging
 
-from gpuguard import logformat
+from gpuguard.base import logformat
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, PROG, Failure
 from gpuguard.console.mcp.tools import ServeSettings

@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
+from gpuguard.base.validation import (
+    JSON_TYPES,
+    At,
+    Format,
+    Invalid,
+    of_type,
+    optional_string,
+    string_list,
+    string_map,
+)
 from gpuguard.config.remediate import AlertmanagerConfig
 from gpuguard.engine.alerting import bounded_http
 from gpuguard.engine.alerting.alerts import (
@@ -38,16 +48,6 @@ from gpuguard.engine.alerting.polling import (
     PollStats,
     peer_order,
     retry_after_seconds,
-)
-from gpuguard.validation import (
-    JSON_TYPES,
-    At,
-    Format,
-    Invalid,
-    of_type,
-    optional_string,
-    string_list,
-    string_map,
 )
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")

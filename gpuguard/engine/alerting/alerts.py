@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.compat import StrEnum, fromisoformat
-from gpuguard.validation import (
+from gpuguard.base.compat import StrEnum, fromisoformat
+from gpuguard.base.validation import (
     JSON_TYPES,
     At,
     Format,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 
 
 class ConfirmationState(StrEnum):

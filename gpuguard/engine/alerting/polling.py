@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 
 #: Each interval is interval * (1 +- JITTER).
 JITTER = 0.1

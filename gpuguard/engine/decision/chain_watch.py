@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gpuguard.base.periodic import Periodic
 from gpuguard.engine.decision.inspection import HolderSource, read_within
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import Counters
@@ -41,7 +42,6 @@ from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.chain import holder_chain, session_set
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.periodic import Periodic
 
 log = logging.getLogger("gpuguard.remediator")
 

@@ -6,7 +6,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.engine.alerting.alerts import Alert
 from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.state.audit import iso_time

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.config.remediate import Mode, Remediate, UserFilter, uid_rule
 from gpuguard.engine.alerting.alerts import (
     REMEDIATE_LABEL,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from gpuguard.base.periodic import Periodic
 from gpuguard.config.accounting import (
     AccountingSection,
     Audit,
@@ -63,7 +64,6 @@ from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Reason, Verdict
 from gpuguard.orphans.windows import WinProcInfo, classify_windows
-from gpuguard.periodic import Periodic
 
 #: Its name from before the scan moved to the engine: log lines carry it (logger=...) and
 #: operators filter on it (tests/pure/test_logger_names.py).
@@ -506,7 +506,7 @@ class Scanner:
 
     def wake(self) -> None:
         """An exit of a process the last scan found on a GPU holder's chain: scan early,
-        debounced and bounded (gpuguard/periodic.py), so its orphan, or its holder's end,
+        debounced and bounded (gpuguard/base/periodic.py), so its orphan, or its holder's end,
         is on /metrics within a few tens of ms, not at the next interval. Never blocks:
         the process-event reader calls it (ProcessEvents.on_watched_exit)."""
         if self._loop is not None:

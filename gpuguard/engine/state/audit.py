@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.engine.decision.policy import Decision
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.engine.reap.outcome import ReapResult, SignalRecord

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.engine.decision.tree import ReapMark, TreeKey
 from gpuguard.engine.reap.outcome import Outcome
 from gpuguard.engine.state.audit import UnsafePathError, check_private_dir

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 
 
 class RejectCause(StrEnum):

@@ -223,7 +223,7 @@ def _log() -> logging.Logger:
 
 
 def _daemon_log_format() -> str:
-    from gpuguard import logformat
+    from gpuguard.base import logformat
 
     return logformat.current_format()
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 
 
 class EvictionCause(StrEnum):

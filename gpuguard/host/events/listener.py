@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.host.events.connector import (
     CN_IDX_PROC,
     EXIT_DATAGRAM,

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 
+from gpuguard.base.periodic import Periodic
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
 from gpuguard.engine.alerting.alerts import Alert, Notification, PayloadError, parse_alert
 from gpuguard.engine.alerting.polling import (
@@ -26,7 +27,6 @@ from gpuguard.engine.alerting.polling import (
     next_delay,
 )
 from gpuguard.engine.decision.decision_log import DecisionSource
-from gpuguard.periodic import Periodic
 from gpuguard.remediator.intake.screening import Intake
 from gpuguard.remediator.status import HealthCode
 

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.compat import StrEnum
+from gpuguard.base.compat import StrEnum
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.alerting.alerts import AlertStatus, Notification
 from gpuguard.engine.decision.decision_log import DecisionSource

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, parse_config
 from gpuguard.config.remediate import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.engine.alerting.alerts import Alert, parse_notification
@@ -20,7 +21,6 @@ from gpuguard.orphans.rules_config import (
     WINDOWS_PROTECT,
 )
 from gpuguard.orphans.vocabulary import Reason
-from gpuguard.validation import ConfigError
 from tests.support.remediator_harness import alert, payload
 
 NOW = 1_710_000_000.0

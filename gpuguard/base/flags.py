@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from gpuguard import build, logformat
+from gpuguard.base import build, logformat
 
 
 def _level(text: str) -> str:
