@@ -264,9 +264,9 @@ def chain_watch_cost(result: Result, tmp: Path) -> None:
     """The remediator's chain watch over 8 fake GPUs and 64 holders (16 trees of 4, 6 of
     them orphaned): CPU per refresh, and its share of one core at its period."""
     from benchmarks.harness import FakeNvml, spawn_gpu_trees
+    from gpuguard.base.counters import Counters
     from gpuguard.engine.decision.chain_watch import WATCH_PERIOD_SECONDS, ChainWatch
     from gpuguard.gpu.nvml import Nvml
-    from gpuguard.host.counters import Counters
     from gpuguard.host.events.listener import ProcessEvents
     from gpuguard.orphans.rules_config import Rules
     from tests.support.proctree import Trees

@@ -58,7 +58,7 @@ FANNED = ('sh -c "{fanout} {n} {{dir}}/fanned & {{holder}} --pidfile {{dir}}/hol
 CHILD = r"""
 import json, os, sys, time
 import gpuguard
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.engine.decision.inspection import inspect_tree

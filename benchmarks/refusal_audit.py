@@ -27,9 +27,9 @@ TARGET_RATIO = 20.0  # at least this many times fewer bytes than a record per de
 
 
 def body(result: Result, tmp: Path) -> None:
+    from gpuguard.base.counters import Counters
     from gpuguard.config import load_config
     from gpuguard.gpu.nvml import Nvml
-    from gpuguard.host.counters import Counters
     from gpuguard.remediator.app import create_app
     from gpuguard.remediator.service import build_remediator
     from tests.support.proctree import Trees, children_of, wait_for

@@ -76,9 +76,9 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()  # before anything imports pynvml's library
     fake.world.add_gpu(0)
 
+    from gpuguard.base.counters import CALLSITES, Counters
     from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
-    from gpuguard.host.counters import CALLSITES, Counters
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.rules_config import Rules
     from gpuguard.orphans.vocabulary import Verdict

@@ -39,9 +39,9 @@ def body(result: Result, tmp: Path) -> None:
     fake.load_here()
     fake.world.add_gpu(0)
 
+    from gpuguard.base.counters import Counters
     from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
-    from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
     from gpuguard.orphans.rules_config import Rules
     from tests.support.proctree import Trees, wait_for

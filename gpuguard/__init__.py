@@ -13,7 +13,7 @@ if sys.platform != "win32":
     #: The pid that started this process, read when the package is first imported: before
     #: any of the console's imports, the earliest point `gpuguard run` can read it. Until
     #: the launcher has asked for its parent-death signal and compared getppid() with this,
-    #: a parent that dies goes unnoticed (gpuguard/launch/launcher.py); reading it here
+    #: a parent that dies goes unnoticed (gpuguard/console/run/launcher.py); reading it here
     #: rather than after the imports narrows that window (about 0.3 s less). A getppid(),
     #: nothing more.
     PARENT_AT_START = os.getppid()

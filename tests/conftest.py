@@ -90,7 +90,7 @@ def check_own_ancestry() -> None:
     that has exited), every tree the tests build would be rooted there instead of
     where the tests expect, and the remediator would rightly refuse to touch it.
     """
-    from gpuguard.host.counters import Counters
+    from gpuguard.base.counters import Counters
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.classify import classify_holder
     from gpuguard.orphans.process import Holder

@@ -1,9 +1,8 @@
-"""`python -m gpuguard.console`: the `gpuguard` console script."""
+"""`python -m gpuguard.console`: the `gpuguard` console script (gpuguard.console.cli), run
+by module name so that the console's folder does not import the one above it."""
 
 from __future__ import annotations
 
-import sys
+import runpy
 
-from gpuguard.console import main
-
-sys.exit(main())
+runpy.run_module("gpuguard.console.cli", run_name="__main__", alter_sys=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpuguard.base.counters import COUNTERS
 from gpuguard.config import Config
 from gpuguard.console.alert_state import alert_state
 from gpuguard.console.config_file import load
@@ -21,7 +22,6 @@ from gpuguard.console.render import (
 from gpuguard.console.reports import Explanation, LeaderState
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.gpu.vendors import vendor_source
-from gpuguard.host.counters import COUNTERS
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.registration import run_launchers

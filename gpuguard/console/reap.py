@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from gpuguard.base.counters import COUNTERS
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.console.alert_state import alert_line, alert_state
@@ -71,7 +72,6 @@ from gpuguard.engine.state.reap_lock import runtime_dir_of
 from gpuguard.engine.state.thaw_guardian import ThawGuardian
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
-from gpuguard.host.counters import COUNTERS
 from gpuguard.host.platform import PLATFORM
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 

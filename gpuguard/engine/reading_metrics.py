@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuguard.host.counters import CALLSITES, Counters
+from gpuguard.base.counters import CALLSITES, Counters
 from gpuguard.host.events.exit_store import EVICTION_CAUSES
 from gpuguard.host.events.listener import KINDS, ProcessEvents
 from gpuguard.host.marks import FOREIGN

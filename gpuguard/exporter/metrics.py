@@ -13,11 +13,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuguard.base.build import version
+from gpuguard.base.counters import Counters
 from gpuguard.engine.reading_metrics import event_metrics, foreign_marks_metric, inspector_metrics
 from gpuguard.engine.scan.attribution import NONE as NO_CONTAINER
 from gpuguard.engine.scan.scanner import Scanner, Snapshot
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.orphans.vocabulary import Verdict
 

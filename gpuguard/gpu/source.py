@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from gpuguard.base.counters import Counters
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 
 
 class GpuSource(Protocol):

@@ -1,4 +1,4 @@
-"""What an operating system's back-end provides (`Platform`); gpuguard/host/platform.py
+"""What an operating system's back-end provides (`Platform`); gpuguard/host/platform/__init__.py
 chooses the one this process runs on, once (as psutil picks its `_psplatform` once and
 every call goes through it).
 
@@ -8,7 +8,7 @@ process table; the caller hands both ways and never asks which OS it runs on), t
 per-process GPU memory (Windows' WDDM; the GPU vendor is chosen apart, in gpuguard/gpu/),
 the boot clock and boot id, whether kernel process events, registrations, NSS groups, PID
 namespaces, a thaw guardian and POSIX permissions exist, how a rename is made durable,
-and how a process's start time reads and ages. Linux's is gpuguard/host/linux.py, Windows'
+and how a process's start time reads and ages. Linux's is gpuguard/host/platform/linux.py, Windows'
 gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
 entry points (gpuguard-exporter, gpuguard-remediator, gpuguard) hand it to what they
 build; a layer above host/ that must pick an implementation of its own (the reaper,
@@ -38,7 +38,7 @@ class ProcessGpuMemory(Protocol):
     """The operating system's own count of each process's GPU memory, for the holders a GPU
     vendor's library lists but cannot size (Windows: WDDM's counters, any vendor's
     adapter). The GPU seam applies it (gpuguard/gpu/os_memory.py); the GPU vendor is
-    chosen apart from the OS (gpuguard/gpu/vendors.py)."""
+    chosen apart from the OS (gpuguard/gpu/vendors/__init__.py)."""
 
     def size(self, holders: tuple[Holder, ...]) -> tuple[Holder, ...]:
         """`holders` with the OS's figure for each one unsized (used_bytes None) where it

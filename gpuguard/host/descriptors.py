@@ -72,7 +72,7 @@ def raise_open_file_limit() -> str:
 
     Never raises: a limit that cannot be raised (a seccomp filter, Windows) only makes
     the largest reapable tree smaller, and such a tree is refused as `tree-too-large`.
-    Linux's (gpuguard.host.linux); Windows' back-end has none to raise.
+    Linux's (gpuguard.host.platform.linux); Windows' back-end has none to raise.
     """
     import resource
 

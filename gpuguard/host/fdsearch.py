@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.base.counters import COUNTERS, Counters
 
 #: How many descriptors of one process are stat()ed between two looks at the clock.
 CLOCK_EVERY = 64

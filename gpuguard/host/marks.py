@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.base.counters import COUNTERS, Counters
 
 log = logging.getLogger("gpuguard.marks")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gpuguard.host.counters import COUNTERS, Counters
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.host.identity_cache import IdentityCache, ThreadTurns
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.marks import Marks

@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.host.marks import (
     DIR_MODE,
     MarkError,

@@ -20,7 +20,7 @@ import select
 import signal
 from dataclasses import dataclass
 
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.subreaper import PR_SET_PDEATHSIG, prctl
 

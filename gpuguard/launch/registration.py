@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.host.marks import MarkError, Marks, mark_name, registrar_socket
 from gpuguard.host.procfs import ProcessView, boot_id
 from gpuguard.host.registrar import request

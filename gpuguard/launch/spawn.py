@@ -8,7 +8,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.host.procfs import RUN_MARKER, ProcessView
 from gpuguard.launch.pidns import fresh_proc
 from gpuguard.launch.subreaper import PR_SET_PDEATHSIG, prctl

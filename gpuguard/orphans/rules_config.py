@@ -7,7 +7,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuguard.host.counters import COUNTERS
+from gpuguard.base.counters import COUNTERS
 
 DEFAULT_PROTECT = (
     "jupyter",

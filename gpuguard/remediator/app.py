@@ -26,7 +26,7 @@ from gpuguard.engine.alerting.tokens import TokenSource
 from gpuguard.engine.state.ledger import LedgerError
 from gpuguard.engine.state.metrics import RejectCause
 from gpuguard.remediator.exposition import RemediatorCollector
-from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.service import Remediator
 from gpuguard.web.landing import landing_page
 from gpuguard.web.serving import SMALL_BODY_BYTES, BodyPolicy, Refusal, RequestHead

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
@@ -36,14 +37,13 @@ from gpuguard.engine.state.reap_lock import host_reap_lock
 from gpuguard.engine.state.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.gpu.vendors import gpu_source, vendor_source
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediator.intake.pull import Puller
-from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.status import HealthCode, Liveness, Status
 from gpuguard.remediator.worker import Worker
 

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 
+from gpuguard.base.counters import Counters
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
@@ -34,7 +35,6 @@ from gpuguard.engine.state.pending import PendingItem
 from gpuguard.engine.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
 from gpuguard.engine.state.reap_window import read_manual_reaps
 from gpuguard.engine.state.workstate import WorkState
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.orphans.process import STOPPED_STATES

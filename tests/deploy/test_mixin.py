@@ -212,7 +212,7 @@ def test_a_config_jsonnet_refuses_is_a_value_error() -> None:
 
 
 _WITHOUT_JSONNET = ("import sys; sys.modules['_jsonnet'] = None\n"
-                    "from gpuguard.console import main\n"
+                    "from gpuguard.console.cli import main\n"
                     "sys.exit(main(sys.argv[1:]))")
 
 

@@ -187,8 +187,8 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
     for name in assets.ASSETS:
         assert f"gpuguard/{name}" in names
     for module in ("orphans/classify.py", "engine/reap/reaper.py", "console/reap.py",
-                   "host/procfs.py", "web/serving.py", "launch/launcher.py", "__main__.py",
-                   "compat.py"):
+                   "host/procfs.py", "web/serving.py", "console/run/launcher.py", "__main__.py",
+                   "base/compat.py"):
         assert f"gpuguard/{module}" in names
     # Of deploy/, only the systemd folder's files ship (not the Dockerfile, not Kubernetes).
     assert {n for n in names if n.startswith("gpuguard/deploy/")} == {
@@ -198,7 +198,7 @@ def test_the_wheel_installs_one_top_level_package_with_the_assets(dist: Path) ->
     entry_points = zipfile.ZipFile(wheel).read(f"{DIST_INFO}/entry_points.txt")
     for script in (b"gpuguard-exporter = gpuguard.exporter.cli:main",
                    b"gpuguard-remediator = gpuguard.remediator.cli:main",
-                   b"gpuguard = gpuguard.console:main"):
+                   b"gpuguard = gpuguard.console.cli:main"):
         assert script in entry_points
     metadata = zipfile.ZipFile(wheel).read(f"{DIST_INFO}/METADATA").decode()
     assert f"\nVersion: {VERSION}\n" in metadata

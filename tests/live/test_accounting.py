@@ -497,9 +497,9 @@ def test_accounting_reads_only_holders_and_only_once_per_process(trees, fake_gpu
     import shlex
     import sys
 
+    from gpuguard.base.counters import Counters
     from gpuguard.engine.scan.scanner import Scanner
     from gpuguard.gpu.nvml import Nvml
-    from gpuguard.host.counters import Counters
     from gpuguard.host.procfs import ProcessView
     from gpuguard.orphans.classify import classify
     from gpuguard.orphans.rules_config import Rules

@@ -32,7 +32,7 @@ def hook(event, args):
         os.write(2, f"OFFLINE BROKEN: open {args[0]}\\n".encode()); os._exit(99)
     if event == "ctypes.dlopen" and "nvidia" in str(args[0]).lower():
         os.write(2, f"OFFLINE BROKEN: dlopen {args[0]}\\n".encode()); os._exit(99)
-from gpuguard.console import main
+from gpuguard.console.cli import main
 sys.addaudithook(hook)
 sys.exit(main(sys.argv[1:]))
 """

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.chain_watch import ChainWatch
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules

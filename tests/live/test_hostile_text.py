@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import MARKER_DIGITS, ProcessView, parse_environ_markers
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import Holder, ProcUnreadable

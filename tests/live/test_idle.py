@@ -10,11 +10,11 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.accounting import IdleAccounting
 from gpuguard.engine.scan.scanner import Scanner, user_name
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld, default_uuid

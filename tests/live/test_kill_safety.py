@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.state.ledger import Ledger
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import PROC_PID_INIT_INO, ProcessView, in_host_pid_namespace
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.rules_config import Rules

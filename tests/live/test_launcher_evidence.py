@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ProcessView, boot_id, identity_alive

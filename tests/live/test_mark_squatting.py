@@ -63,7 +63,7 @@ def as_user(uid: int) -> tuple[str, ...]:
     root may enter (a pyenv under /root), with CAP_DAC_READ_SEARCH alone to reach it (as
     tests/live/test_run.py does): it reads, it writes nothing the uid could not."""
     plain = ("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups")
-    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.launch.launcher; "
+    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.console.run.launcher; "
              "subprocess.run([sys.executable, '-c', ''], check=True)"]
     if subprocess.run([*plain, *probe], cwd="/", env=child_env(), capture_output=True,
                       check=False, timeout=60).returncode == 0:

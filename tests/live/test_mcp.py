@@ -615,7 +615,7 @@ def test_sigterm_during_a_confirmed_reap_continues_the_tree_and_audits_it(
 # -- without the extra --------------------------------------------------------------------
 
 #: `gpuguard ARGS` in a Python that cannot import the SDK (None in sys.modules).
-WITHOUT_SDK = ("import sys; sys.modules['mcp'] = None; from gpuguard.console import main; "
+WITHOUT_SDK = ("import sys; sys.modules['mcp'] = None; from gpuguard.console.cli import main; "
                "sys.exit(main(sys.argv[1:]))")
 
 

@@ -7,12 +7,12 @@ import os
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.base import build
+from gpuguard.base.counters import Counters
 from gpuguard.config.accounting import Quotas
 from gpuguard.engine.scan.scanner import Scanner, user_name
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import Rules

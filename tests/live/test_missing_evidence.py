@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.console.contract import EXIT_REFUSED
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.procfs import ProcessView

@@ -15,10 +15,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.accounting import WHY_V1_MEMORY, balance
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuSample
-from gpuguard.host.counters import Counters
 from gpuguard.orphans.process import Holder
 from tests.support.fakenvml import FakeGpuWorld, default_uuid
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.host.counters import Counters
+from gpuguard.base.counters import Counters
 from gpuguard.host.procfs import (
     CMDLINE_CAP,
     ENVIRON_CAP,

@@ -19,7 +19,7 @@ import yaml
 from gpuguard.config import load_config
 from gpuguard.engine.alerting.alertmanager import MAX_PULL_ALERTS, SkipReason
 from gpuguard.engine.alerting.alerts import Notification
-from gpuguard.remediator.intake.pull import Puller
+from gpuguard.remediator.pull import Puller
 from tests.e2e.test_alertmanager_client import (
     ORPHAN,
     FakeAlertmanager,

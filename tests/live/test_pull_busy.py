@@ -15,7 +15,7 @@ from gpuguard.engine.alerting.polling import (
     PollResult,
 )
 from gpuguard.remediator.cli import remediator_lifecycle
-from gpuguard.remediator.intake.pull import Puller
+from gpuguard.remediator.pull import Puller
 from gpuguard.remediator.status import HealthCode
 from tests.e2e.test_alertmanager_client import client
 from tests.live.test_pull_bounds import Intake

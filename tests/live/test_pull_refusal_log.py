@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 
 from gpuguard.engine.decision.tree import TreeKey
-from gpuguard.remediator.intake.pull import Puller
+from gpuguard.remediator.pull import Puller
 from tests.e2e.test_alertmanager_client import FakeAlertmanager, answer, api_alert
 from tests.live.test_pull_bounds import fake  # noqa: F401 - the fixture
 from tests.support.fakenvml import FakeGpuWorld

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.decision.inspection import inspect_tree
 from gpuguard.engine.decision.tree import Member, TreeKey
@@ -31,7 +32,6 @@ from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.orphans.rules_config import Rules
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, stat_fields, wait_for

@@ -33,10 +33,10 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.marks import ensure_marks_dir, mark_name
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.registrar import NO_PROCESS, PRUNE_EVERY, Registrar, request

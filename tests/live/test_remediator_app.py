@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.config import load_config
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.state.ledger import Ledger
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.remediator.app import MAX_BODY_BYTES, create_app
 from gpuguard.remediator.service import build_remediator
 from tests.support.fakenvml import FakeGpuWorld

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.decision.inspection import inspect_tree, member_of
 from gpuguard.engine.decision.tree import Member, TreeKey
@@ -21,7 +22,6 @@ from gpuguard.engine.reap.reap_run import Journal
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.marks import Marks
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.teardown.keeping import spare_for

@@ -249,7 +249,7 @@ def unprivileged_prefix() -> tuple[str, ...]:
         return ()
     plain = (setpriv, "--reuid", str(UID), "--regid", str(UID), "--clear-groups")
     # As the launcher does: a process of that user starts this Python.
-    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.launch.launcher; "
+    probe = [sys.executable, "-c", "import subprocess, sys; import gpuguard.console.run.launcher; "
              "subprocess.run([sys.executable, '-c', ''], check=True)"]
     if subprocess.run([*plain, *probe], cwd="/", env=child_env(), capture_output=True,
                       check=False, timeout=60).returncode == 0:
@@ -485,7 +485,7 @@ def test_a_parent_gone_before_the_launcher_watched_it_starts_nothing(rundir: Pat
     above the kernel's PID_MAX_LIMIT, never anybody's)."""
     marker = rundir / "started"
     code = ("import sys; from gpuguard.launch.events import Options; "
-            "from gpuguard.launch.launcher import run; "
+            "from gpuguard.console.run.launcher import run; "
             f"sys.exit(run(['touch', {str(marker)!r}], Options(), parent={NO_PID}).code)")
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                           text=True, timeout=60, check=False)
@@ -501,7 +501,7 @@ STOP_AT_LAUNCHER_IMPORT = """
 import os, runpy, signal, sys
 pidfile = sys.argv.pop(1)
 def hook(event, args):
-    if event == "import" and args[0] == "gpuguard.launch.launcher":
+    if event == "import" and args[0] == "gpuguard.console.run.launcher":
         with open(pidfile, "w") as fh:
             fh.write(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -790,7 +790,7 @@ def test_a_library_caller_that_forked_since_the_import_runs_cmd(tmp_path: Path) 
     forked later has another parent and must compare with that one, not refuse CMD."""
     script = ("import os, sys\n"
               "from gpuguard.launch.events import Options\n"
-              "from gpuguard.launch.launcher import end, run\n"
+              "from gpuguard.console.run.launcher import end, run\n"
               "pid = os.fork()\n"
               "if pid == 0:\n"
               "    sys.exit(end(run(['sh', '-c', 'exit 7'], Options())))\n"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpuguard.base.counters import CALLSITES, Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import CALLSITES, Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.ci import RUN_INITIAL_PIDNS, require

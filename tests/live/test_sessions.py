@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules

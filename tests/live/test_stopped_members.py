@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.decision.tree import Member
 from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
-from gpuguard.host.counters import Counters
 from tests.live.test_remediator_reaper import (
     POLICY,
     RULES,

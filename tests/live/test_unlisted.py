@@ -24,11 +24,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.accounting import UnlistedSettings
 from gpuguard.engine.scan.scanner import Scanner, Snapshot
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.procfs import ProcessView, in_host_pid_namespace
 from gpuguard.orphans.rules_config import Rules

@@ -20,11 +20,11 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import GroupCache, Scanner
 from gpuguard.exporter.cli import make_app
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import (
     FAILURE_TTL_SECONDS,

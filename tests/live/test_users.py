@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.alerting.alerts import Alert, parse_notification
 from gpuguard.engine.decision.inspection import inspect_tree
@@ -27,7 +28,6 @@ from gpuguard.engine.decision.tree import LiveTree, TreeKey
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import boottime
 from gpuguard.host.users import UserNames
 from gpuguard.orphans.rules_config import Rules

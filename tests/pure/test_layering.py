@@ -46,7 +46,7 @@ IO_MODULES = frozenset({
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",
     "gpuguard.remediator.cli", "gpuguard.engine.reap.reaper",
     "gpuguard.engine.state.ledger", "gpuguard.engine.state.audit",
-    "gpuguard.remediator.intake.pull", "gpuguard.engine.alerting.alertmanager",
+    "gpuguard.remediator.pull", "gpuguard.engine.alerting.alertmanager",
     "gpuguard.engine.reap.signalling", "gpuguard.engine.reap.freezing",
     "gpuguard.engine.reap.killing", "gpuguard.engine.reap.recheck",
     "gpuguard.engine.state.recovery", "gpuguard.engine.state.thaw_guardian",
@@ -68,7 +68,7 @@ CLASSIFY_ALLOWED: dict[str, frozenset[str] | None] = {
     "signal": None,
     "time": None,
     "typing": None,
-    "gpuguard.host.counters": frozenset({"COUNTERS"}),
+    "gpuguard.base.counters": frozenset({"COUNTERS"}),
     # What Python 3.10 lacks (StrEnum): definitions only, no I/O.
     "gpuguard.base.compat": frozenset({"StrEnum"}),
 }
@@ -230,7 +230,7 @@ def test_the_parser_sees_every_kind_of_import(tmp_path: Path) -> None:
 def test_the_module_walk_sees_the_whole_package_through_its_links() -> None:
     for module in ("gpuguard.orphans.process", "gpuguard.host.procfs", "gpuguard.web.serving",
                    "gpuguard.engine.scan.scanner", "gpuguard.engine.decision.policy",
-                   "gpuguard.console", "gpuguard.launch.launcher"):
+                   "gpuguard.console", "gpuguard.console.run.launcher"):
         assert module in MODULES, module
 
 
@@ -707,3 +707,4 @@ def test_no_one_outside_the_os_seam_asks_which_os_it_runs_on() -> None:
            if not under(module, {OS_SEAM}) and module != "gpuguard"
            for line in os_questions(path)]
     assert bad == [], "asks which OS it runs on outside gpuguard/host:\n" + "\n".join(bad)
+

@@ -17,13 +17,13 @@ import signal
 import subprocess
 import time
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 from tests.support.proctree import reap_zombie_children

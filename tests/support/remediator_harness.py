@@ -21,10 +21,10 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
+from gpuguard.base.counters import Counters
 from gpuguard.config import load_config
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import boottime
 from gpuguard.remediator.app import create_app

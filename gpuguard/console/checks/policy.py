@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuguard.base.counters import COUNTERS
 from gpuguard.config import Config
 from gpuguard.console.checks.risks import policy_line, risks
 from gpuguard.console.config_file import load
@@ -36,7 +37,6 @@ from gpuguard.engine.state.ledger import Ledger, LedgerError, this_boot_id
 from gpuguard.engine.state.reap_window import WindowUnreadable, read_manual_reaps
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import vendor_source
-from gpuguard.host.counters import COUNTERS
 from gpuguard.host.procfs import boottime
 
 

@@ -33,10 +33,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from gpuguard.base.counters import Counters
 from gpuguard.base.periodic import Periodic
 from gpuguard.engine.decision.inspection import HolderSource, read_within
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.chain import holder_chain, session_set

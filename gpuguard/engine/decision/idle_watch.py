@@ -17,11 +17,11 @@ import logging
 import threading
 from collections.abc import Callable
 
+from gpuguard.base.counters import Counters
 from gpuguard.base.periodic import Periodic
 from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.tree import HolderIdle, LiveTree
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.idleness import IdleBook, observe, sightings_of
 

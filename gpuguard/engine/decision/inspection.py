@@ -13,9 +13,9 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ExitSource, ProcessView

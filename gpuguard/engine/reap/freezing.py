@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.policy import member_refusal
 from gpuguard.engine.decision.tree import Member
@@ -19,7 +20,6 @@ from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
 from gpuguard.engine.reap.signalling import Signaller
 from gpuguard.engine.state.audit import Phase
-from gpuguard.host.counters import Counters
 from gpuguard.host.descriptors import Budget, descriptor_budget
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member

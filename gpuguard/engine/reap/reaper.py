@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.reap.freezing import Freezer
@@ -47,7 +48,6 @@ from gpuguard.engine.reap.skeleton import NO_PIDFD, Interrupted, ReaperCore
 from gpuguard.engine.state.audit import Phase
 from gpuguard.engine.state.recovery import thaw_interrupted
 from gpuguard.engine.state.thaw_guardian import ThawGuardian
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules

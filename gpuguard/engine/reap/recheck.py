@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.decision.inspection import (
     HolderSource,
     NvmlTimeout,
@@ -19,7 +20,6 @@ from gpuguard.engine.decision.tree import LiveTree, Member
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules

@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.engine.decision.policy import member_refusal
@@ -64,7 +65,6 @@ from gpuguard.engine.reap.windows_control import (
 )
 from gpuguard.engine.state.audit import Phase
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.rules_config import Rules

@@ -9,7 +9,7 @@ Where the platform has a process table (Windows, gpuguard.host.platform) a scan 
 (`table`) and judges it with classify_windows(); the Snapshot is the same, so the
 metrics are too (`root_start_time`: the creation time in integer ms). NVML cannot size
 processes under WDDM: there the `nvml` is the GPU seam's source sized by WDDM's figures
-(gpuguard/gpu/vendors.py, platform_scanner).
+(gpuguard/gpu/vendors/__init__.py, platform_scanner).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.base.periodic import Periodic
 from gpuguard.config.accounting import (
     AccountingSection,
@@ -43,7 +44,6 @@ from gpuguard.engine.scan.unlisted import (
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
@@ -529,7 +529,7 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                      view: Callable[[], ScanSource] | None = None,
                      orphan_clock: OrphanClock | None = None,
                      watch: Callable[[Mapping[int, int]], None] | None = None) -> Scanner:
-    """The scanner of `platform`: its GPU source (gpuguard/gpu/vendors.py), boot clock
+    """The scanner of `platform`: its GPU source (gpuguard/gpu/vendors/__init__.py), boot clock
     and groups, over its process table where it has one (Windows: psutil's, judged by the
     Windows rules), else over the /proc view `view` builds (called only then); `watch`:
     see Scanner. The exporter and `gpuguard status` both build theirs here."""

@@ -7,11 +7,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.reap.outcome import KillPath, SignalRecord
 from gpuguard.engine.reap.reap_run import NoPidfd, ReapRun
 from gpuguard.engine.reap.signalling import Signaller
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 

@@ -1,7 +1,7 @@
 """NVIDIA's GPUs through NVML, the GPU seam's one vendor today (gpuguard/gpu/source.py,
 GpuSource), and the only package that imports pynvml: one pass over NVML becomes a
 GpuReading (gpuguard/gpu/reading.py). Only the GPU seam imports this package; everything
-else asks gpuguard/gpu/vendors.py for a GpuSource.
+else asks gpuguard/gpu/vendors/__init__.py for a GpuSource.
 
 NVML fails in pieces on real hosts: the driver is not loaded yet, one GPU falls
 off the bus, a consumer card does not report power. A scan must report what it

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.gpu.nvml.failures import (
     DRIVER_GONE,
     LOGGER,
@@ -23,7 +24,6 @@ from gpuguard.gpu.nvml.failures import (
 from gpuguard.gpu.nvml.identity import GpuIdentities
 from gpuguard.gpu.nvml.utilization import ProcessUse
 from gpuguard.gpu.reading import GpuReading, GpuSample
-from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.procfs import boottime
 from gpuguard.orphans.process import Holder
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 
+from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Mode, Remediate, UserFilter
 from gpuguard.engine.decision.inspection import member_of, protected_pids
 from gpuguard.engine.decision.tree import Member, TreeKey
@@ -18,7 +19,6 @@ from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.reading import GpuReading
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.options import Options
 from gpuguard.launch.teardown.keeping import spare_for

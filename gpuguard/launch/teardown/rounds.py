@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.options import Options
 from gpuguard.launch.subreaper import collect_zombies

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.accounting import balance
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
-from gpuguard.host.counters import Counters
-from gpuguard.host.linux import BACKEND as LINUX_BACKEND
+from gpuguard.host.platform.linux import BACKEND as LINUX_BACKEND
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
 from tests.support.fakenvml import FakeGpuWorld, default_uuid

@@ -17,11 +17,11 @@ import types
 import pytest
 
 from gpuguard.console import contract, reap
-from gpuguard.console import main as console_main
+from gpuguard.console.cli import main as console_main
 from gpuguard.console.contract import EXIT_USAGE, START_TIME_WORDS, Failure
 from gpuguard.console.mcp import reap as mcp_reap
 from gpuguard.console.mcp import tools as mcp_tools
-from gpuguard.host import linux
+from gpuguard.host.platform import linux
 from gpuguard.host.windows import platform as windows_platform
 
 #: Windows' signal module: no SIGHUP, a SIGBREAK (Ctrl-Break), numbered as there.

@@ -9,12 +9,12 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpuguard.base.counters import Counters
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
-from gpuguard.host.counters import Counters
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of

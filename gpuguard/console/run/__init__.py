@@ -48,7 +48,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _launch_linux(command: list[str], options: Options) -> Exit:
-    from gpuguard.launch.launcher import run
+    from gpuguard.console.run.launcher import run
 
     return run(command, options)
 
@@ -67,7 +67,7 @@ def _launch_windows(command: list[str], options: Options) -> Exit:
 def _finish_linux(how: Exit) -> int:
     """After SIGINT, SIGTERM or SIGHUP the Linux launcher dies of it, as a plain command
     would."""
-    from gpuguard.launch.launcher import end
+    from gpuguard.console.run.launcher import end
 
     return end(how)
 

@@ -1,7 +1,7 @@
 """The operating system's back-end, chosen once: the one place gpuguard asks which
 platform it runs on (as psutil picks its `_psplatform` once and every call goes through
 it). What a back-end holds is gpuguard/host/backend.py's `Platform`; Linux's is
-gpuguard/host/linux.py, Windows' gpuguard/host/windows/platform.py (each importable on
+gpuguard/host/platform/linux.py, Windows' gpuguard/host/windows/platform.py (each importable on
 either platform: the Windows DLLs load on first use).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from gpuguard.host.backend import LINUX, WINDOWS, Platform, TableSource
-from gpuguard.host.linux import BACKEND as LINUX_BACKEND
+from gpuguard.host.platform.linux import BACKEND as LINUX_BACKEND
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 
 __all__ = ["LINUX", "PLATFORM", "WINDOWS", "Platform", "TableSource", "BACKENDS"]

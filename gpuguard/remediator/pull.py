@@ -27,7 +27,7 @@ from gpuguard.engine.alerting.polling import (
     next_delay,
 )
 from gpuguard.engine.decision.decision_log import DecisionSource
-from gpuguard.remediator.intake.screening import Intake
+from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.status import HealthCode
 
 log = logging.getLogger("gpuguard.remediator.pull")

@@ -6,10 +6,10 @@ GPU vendor)."""
 
 from __future__ import annotations
 
+from gpuguard.base.counters import Counters
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import Clock, GpuSource, GpuSourceFactory
 from gpuguard.host.backend import Platform
-from gpuguard.host.counters import Counters
 
 #: The vendor read when none is named.
 NVIDIA = "nvidia"
