@@ -55,21 +55,21 @@ from gpuguard.engine.decision.policy import (
     unwatched_refusal,
     verify_live,
 )
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.engine.reap.reap_plan import ReapPlan
-from gpuguard.engine.reap.reapers import platform_reaper
-from gpuguard.engine.reap.settlement import final_decision, told
-from gpuguard.engine.reap.skeleton import INTERRUPTED, Interrupted
-from gpuguard.engine.state.audit import (
+from gpuguard.engine.reap.audit import (
     AuditLog,
     UnsafePathError,
     audit_record,
     check_private_dir,
 )
+from gpuguard.engine.reap.outcome import Outcome, ReapResult
+from gpuguard.engine.reap.reapers import platform_reaper
+from gpuguard.engine.reap.settlement import final_decision, told
+from gpuguard.engine.reap.skeleton import INTERRUPTED, Interrupted
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.manual_brakes import ManualBrakes
 from gpuguard.engine.state.reap_lock import runtime_dir_of
-from gpuguard.engine.state.thaw_guardian import ThawGuardian
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.platform import PLATFORM

@@ -30,7 +30,7 @@ from gpuguard.base.flags import add_common
 from gpuguard.base.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config
-from gpuguard.engine.state.audit import UnsafePathError
+from gpuguard.engine.reap.audit import UnsafePathError
 from gpuguard.engine.state.ledger import LedgerError, StateUnavailable
 from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.platform import PLATFORM, Platform

@@ -26,7 +26,7 @@ from gpuguard.engine.alerting.polling import (
     host_random,
     next_delay,
 )
-from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.status import HealthCode
 

@@ -11,11 +11,11 @@ from typing import Any
 from gpuguard.base.compat import StrEnum
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.alerting.alerts import AlertStatus, Notification
-from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Action, Decision, PolicyState, screen
 from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.engine.state.metrics import RejectCause
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 

@@ -22,19 +22,19 @@ from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
 from gpuguard.engine.decision.chain_watch import ChainWatch
-from gpuguard.engine.decision.decision_log import DecisionLog
 from gpuguard.engine.decision.idle_watch import IdleWatch
 from gpuguard.engine.decision.inspection import HolderSource
-from gpuguard.engine.decision.refusals import RefusalMemory
+from gpuguard.engine.reap.audit import AuditLog, UnsafePathError
 from gpuguard.engine.reap.reapers import TreeReaper, platform_reaper
-from gpuguard.engine.state.audit import AuditLog, UnsafePathError
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.clocks import Clocks
+from gpuguard.engine.state.decision_log import DecisionLog
 from gpuguard.engine.state.interrupted_reaps import InterruptedReaps
 from gpuguard.engine.state.ledger import Ledger, StateUnavailable
 from gpuguard.engine.state.metrics import Counts, RemediatorMetrics
 from gpuguard.engine.state.reap_lock import host_reap_lock
-from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.state.refusals import RefusalMemory
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.gpu.vendors import gpu_source, vendor_source
 from gpuguard.host.events.listener import ProcessEvents

@@ -17,23 +17,23 @@ from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
 from gpuguard.engine.alerting.confirmation import Confirmation, ConfirmationState
-from gpuguard.engine.decision.decision_log import DecisionSource
 from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.engine.decision.inspection import HolderSource, inspect_tree, protected_pids
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Action, Decision, decide
-from gpuguard.engine.decision.refusals import RefusalMemory
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
+from gpuguard.engine.reap.audit import audit_record
 from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reapers import TreeReaper
 from gpuguard.engine.reap.settlement import final_decision, told
-from gpuguard.engine.state.audit import audit_record
 from gpuguard.engine.state.audit_trail import AuditTrail
+from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.engine.state.interrupted_reaps import InterruptedReaps
 from gpuguard.engine.state.ledger import LedgerError
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.engine.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock
 from gpuguard.engine.state.reap_window import read_manual_reaps
+from gpuguard.engine.state.refusals import RefusalMemory
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.engine.decision.tree import TreeKey
-from gpuguard.engine.state.audit import as_written
+from gpuguard.engine.reap.audit import as_written
 from gpuguard.engine.state.audit_trail import MAX_OWED_RECORDS
 from gpuguard.engine.state.ledger import Ledger
 from tests.support.fakenvml import FakeGpuWorld

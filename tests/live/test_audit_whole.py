@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.engine.state.audit import LOCK_WAIT_SECONDS, AuditLog
+from gpuguard.engine.reap.audit import LOCK_WAIT_SECONDS, AuditLog
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, stat_fields, wait_for
 from tests.support.remediator_harness import Harness, account, payload, spawn_orphan

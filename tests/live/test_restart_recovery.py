@@ -265,7 +265,7 @@ def test_an_unwritable_state_dir_at_restart_still_continues_the_frozen_tree(
     assert not any(stopped(p) for p in orphan.members) and orphan.all_alive()
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("gpuguard-remediator: ")]
     assert "state" in line and "restart" in line, line
-    from gpuguard.engine.state.audit import AuditLog
+    from gpuguard.engine.reap.audit import AuditLog
 
     records = AuditLog(tmp_path / "audit.jsonl").records()
     assert [(r["phase"], r["decision"]["reason"]) for r in records] == [
@@ -317,7 +317,7 @@ def test_an_unwritable_audit_log_too_still_continues_the_frozen_tree(
                               "--allow-pid-namespace"], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        from gpuguard.engine.state.audit import AuditLog
+        from gpuguard.engine.reap.audit import AuditLog
 
         log = AuditLog(logs / "audit.jsonl")
         wait_for(lambda: len(log.records()) == 2, what="the owed records written")

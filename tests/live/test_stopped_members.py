@@ -24,9 +24,9 @@ from collections.abc import Callable
 import pytest
 
 from gpuguard.base.counters import Counters
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member
 from gpuguard.engine.reap.outcome import ReapResult
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from tests.live.test_remediator_reaper import (
     POLICY,

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from tests.support.fakenvml import FakeGpuWorld
 from tests.support.proctree import Trees, alive, children_of, stat_fields, wait_for
 from tests.support.remediator_harness import (
@@ -81,11 +81,11 @@ def pidfds(pid: int) -> dict[int, int]:
 
 
 def guardian_of(reaper: int) -> int:
-    """The reaper's thaw guardian: its child running gpuguard.engine.state.thaw_guardian."""
+    """The reaper's thaw guardian: its child running gpuguard.engine.reap.thaw_guardian."""
     for kid in children_of(reaper):
         try:
             cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
-            if b"gpuguard.engine.state.thaw_guardian" in cmdline:
+            if b"gpuguard.engine.reap.thaw_guardian" in cmdline:
                 return kid
         except OSError:
             continue

@@ -45,11 +45,11 @@ IO_MODULES = frozenset({
     "gpuguard.base.periodic", "gpuguard.engine.scan.scanner", "gpuguard.exporter.cli",
     "gpuguard.exporter.metrics", "gpuguard.remediator.worker", "gpuguard.remediator.app",
     "gpuguard.remediator.cli", "gpuguard.engine.reap.reaper",
-    "gpuguard.engine.state.ledger", "gpuguard.engine.state.audit",
+    "gpuguard.engine.state.ledger", "gpuguard.engine.reap.audit",
     "gpuguard.remediator.pull", "gpuguard.engine.alerting.alertmanager",
     "gpuguard.engine.reap.signalling", "gpuguard.engine.reap.freezing",
     "gpuguard.engine.reap.killing", "gpuguard.engine.reap.recheck",
-    "gpuguard.engine.state.recovery", "gpuguard.engine.state.thaw_guardian",
+    "gpuguard.engine.reap.recovery", "gpuguard.engine.reap.thaw_guardian",
 })
 
 #: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
@@ -708,3 +708,75 @@ def test_no_one_outside_the_os_seam_asks_which_os_it_runs_on() -> None:
            for line in os_questions(path)]
     assert bad == [], "asks which OS it runs on outside gpuguard/host:\n" + "\n".join(bad)
 
+
+
+def folder_of(module: str) -> str:
+    """The package folder a module's file lies in, as a path from the repository root
+    (gpuguard/exporter for gpuguard.exporter.cli, through the links)."""
+    return str(MODULES[module].parent.relative_to(REPO))
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import."""
+    folders: dict[str, set[str]] = {folder_of(m): set() for m in graph}
+    for module, dests in graph.items():
+        for dest in dests:
+            if folder_of(dest) != folder_of(module):
+                folders[folder_of(module)].add(folder_of(dest))
+    return folders
+
+
+def test_the_folder_graph_sees_a_cycle_through_a_parent_and_its_child() -> None:
+    graph = {"gpuguard.gpu.vendors": {"gpuguard.gpu.nvml.reader"},
+             "gpuguard.gpu.nvml.reader": {"gpuguard.gpu.reading"}, "gpuguard.gpu.reading": set()}
+    assert folder_graph(graph) == {"gpuguard/gpu/vendors": {"gpuguard/gpu/nvml"},
+                                   "gpuguard/gpu/nvml": {"gpuguard/gpu"}, "gpuguard/gpu": set()}
+    assert cycles({"gpuguard/gpu": {"gpuguard/gpu/nvml"},
+                   "gpuguard/gpu/nvml": {"gpuguard/gpu"}}) != []
+
+
+def test_no_import_cycle_between_folders() -> None:
+    """A folder is a unit a reader takes in whole: when two folders import each other
+    (a parent and its child included), neither can be read, changed or moved alone. Where a
+    folder must choose among its children (the platform, the GPU vendor, the console's
+    subcommands), the choosing module lives in a child of its own (host/platform/,
+    gpu/vendors/, console/cli/)."""
+    found = cycles(folder_graph(import_graph()))
+    assert found == [], "folders that import each other:\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+#: The layers, bottom first (docs/design.md, Layers), by folder: a module imports from its
+#: own layer or a lower one. The package root holds only what the launcher reads first
+#: (__init__), the shipped assets and `python -m gpuguard`, which imports nothing.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("gpuguard", "gpuguard/base")),
+    ("pure core", ("gpuguard/orphans",)),
+    ("OS seam", ("gpuguard/host",)),
+    ("GPU seam", ("gpuguard/gpu",)),
+    ("shared", ("gpuguard/config", "gpuguard/web")),
+    ("engine", ("gpuguard/engine",)),
+    ("programs", ("gpuguard/exporter", "gpuguard/remediator", "gpuguard/console",
+                  "gpuguard/launch")),
+)
+
+
+def layer_of(folder: str) -> int:
+    """The index in LAYERS of a folder: the longest prefix that names it (the package
+    root only itself)."""
+    best = (-1, -1)
+    for rank, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if folder == prefix or (prefix != "gpuguard" and folder.startswith(prefix + "/")):
+                best = max(best, (len(prefix), rank))
+    assert best[1] >= 0, f"{folder} is in no layer: add it to LAYERS"
+    return best[1]
+
+
+def test_every_folder_has_a_layer_and_imports_only_down() -> None:
+    graph = import_graph()
+    bad = sorted(f"{module} ({LAYERS[layer_of(folder_of(module))][0]}) -> {dest} "
+                 f"({LAYERS[layer_of(folder_of(dest))][0]})"
+                 for module, dests in graph.items() for dest in dests
+                 if layer_of(folder_of(dest)) > layer_of(folder_of(module)))
+    assert bad == [], "imports that point up a layer:\n" + "\n".join(bad)

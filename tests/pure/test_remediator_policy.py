@@ -20,6 +20,7 @@ import pytest
 import gpuguard.engine.decision.policy
 from gpuguard.config.remediate import RateLimit, Remediate, UserFilter
 from gpuguard.engine.alerting.alerts import MAX_ALERTS, Alert, PayloadError, parse_notification
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import (
     Action,
     PolicyState,
@@ -31,9 +32,8 @@ from gpuguard.engine.decision.policy import (
     user_refusal,
 )
 from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
-from gpuguard.engine.state.audit import AuditLog
+from gpuguard.engine.reap.audit import AuditLog
 from gpuguard.engine.state.ledger import Ledger, LedgerError
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.vocabulary import Reason
 from tests.support.remediator_harness import alert, payload

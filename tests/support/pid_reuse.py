@@ -20,8 +20,8 @@ import time
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.decision.inspection import member_of
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import TreeKey
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.procfs import ProcessView

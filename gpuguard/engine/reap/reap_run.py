@@ -10,8 +10,8 @@ from typing import ClassVar, Generic, Literal, TypeVar
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.tree import Member
+from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.outcome import Kept, KillPath, SignalRecord
-from gpuguard.engine.state.audit import Phase
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.process import ProcInfo
@@ -34,7 +34,7 @@ Confirm = Callable[[], "tuple[AnyReason, str] | None"]
 #: Tells the caller's crash ledger which members this reap may be holding stopped:
 #: (pid, start_time) pairs with True right before their SIGSTOP (durably: raising means
 #: they are not stopped), with False once the reap has continued them. Crash recovery
-#: continues only members marked True (see gpuguard/engine/state/recovery.py).
+#: continues only members marked True (see gpuguard/engine/reap/recovery.py).
 Holding = Callable[[tuple[tuple[int, int], ...], bool], None]
 
 #: What a reap does when the kernel refuses a member's SIGSTOP (EPERM): "abort" the whole

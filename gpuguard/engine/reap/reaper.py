@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.decision.reap_plan import ReapPlan
+from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.freezing import Freezer
 from gpuguard.engine.reap.killing import Killer
 from gpuguard.engine.reap.outcome import (
@@ -24,7 +26,6 @@ from gpuguard.engine.reap.outcome import (
     ReapResult,
     SignalRecord,
 )
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import (
     Abort,
     Confirm,
@@ -37,6 +38,7 @@ from gpuguard.engine.reap.reap_run import (
     check_wanted,
 )
 from gpuguard.engine.reap.recheck import recheck_frozen
+from gpuguard.engine.reap.recovery import thaw_interrupted
 from gpuguard.engine.reap.signalling import (
     PIDFD_OPEN,
     PIDFD_SEND,
@@ -45,9 +47,7 @@ from gpuguard.engine.reap.signalling import (
     Signaller,
 )
 from gpuguard.engine.reap.skeleton import NO_PIDFD, Interrupted, ReaperCore
-from gpuguard.engine.state.audit import Phase
-from gpuguard.engine.state.recovery import thaw_interrupted
-from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.orphans.rules_config import Rules
@@ -150,7 +150,7 @@ class Reaper(ReaperCore):
 
     def thaw_interrupted(self, members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]:
         """SIGCONT every (pid, start_time) that is still that process and stopped: crash
-        recovery of a reap's held marks (gpuguard/engine/state/recovery.py says which to pass)."""
+        recovery of a reap's held marks (gpuguard/engine/reap/recovery.py says which to pass)."""
         return thaw_interrupted(self._signaller, self.counters, members)
 
     # -- phases ----------------------------------------------------------------------

@@ -12,10 +12,10 @@ from typing import Protocol
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.reap.outcome import ReapResult, SignalRecord
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Confirm, Holding, Journal
-from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
 from gpuguard.host.procfs import ExitSource

@@ -16,8 +16,8 @@ from gpuguard.engine.decision.inspection import (
     read_within,
 )
 from gpuguard.engine.decision.policy import verify_live
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.reap.outcome import Outcome, ReapResult, SignalResult
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort, Confirm, Run
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason

@@ -42,14 +42,15 @@ from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource, inspect_windows_tree
 from gpuguard.engine.decision.policy import member_refusal
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member
 from gpuguard.engine.decision.windows_inspection import windows_member
+from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.outcome import (
     Outcome,
     ReapResult,
     SignalRecord,
 )
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort, Confirm, Holding, Journal, check_wanted
 from gpuguard.engine.reap.recheck import recheck_frozen
 from gpuguard.engine.reap.skeleton import Interrupted, ReaperCore
@@ -63,7 +64,6 @@ from gpuguard.engine.reap.windows_control import (
     WinRun,
     WinTarget,
 )
-from gpuguard.engine.state.audit import Phase
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
@@ -124,7 +124,7 @@ class WindowsReaper(ReaperCore):
 
     def thaw_interrupted(self, members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]:
         """Resume every (pid, creation time) that is still that process: crash recovery
-        of a reap's held marks (gpuguard/engine/state/recovery.py's rules; the caller
+        of a reap's held marks (gpuguard/engine/reap/recovery.py's rules; the caller
         audits first)."""
         run = WinRun(started=self._monotonic(), policy=Remediate(), rules=Rules(),
                      protected=frozenset(), journal=None)

@@ -17,18 +17,18 @@ import logging
 from typing import Any
 
 from gpuguard.engine.alerting.confirmation import Confirmation
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.decision.tree import LiveTree
-from gpuguard.engine.reap.outcome import ReapResult
-from gpuguard.engine.state.audit import (
+from gpuguard.engine.reap.audit import (
     RETRIED_AT,
     AuditLog,
     as_written,
     audit_record,
     iso_time,
 )
+from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.state.ledger import LedgerError
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.orphans.vocabulary import DecisionReason
 

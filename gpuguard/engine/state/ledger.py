@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.base.compat import StrEnum
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.tree import ReapMark, TreeKey
+from gpuguard.engine.reap.audit import UnsafePathError, check_private_dir
 from gpuguard.engine.reap.outcome import Outcome
-from gpuguard.engine.state.audit import UnsafePathError, check_private_dir
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.host.platform import PLATFORM
 from gpuguard.host.procfs import BOOT_ID, boottime
 from gpuguard.orphans.vocabulary import DecisionReason

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuguard.engine.state.audit import UnsafePathError, check_private_dir
+from gpuguard.engine.reap.audit import UnsafePathError, check_private_dir
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.orphans.vocabulary import DecisionReason
 

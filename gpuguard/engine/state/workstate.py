@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from gpuguard.config import Config
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.decision_log import DecisionLog
 from gpuguard.engine.decision.inspection import protected_pids
 from gpuguard.engine.decision.policy import PolicyState, policy_state
 from gpuguard.engine.decision.tree import ReapMark, TreeKey
 from gpuguard.engine.state.clocks import Clocks
+from gpuguard.engine.state.decision_log import DecisionLog
 from gpuguard.engine.state.ledger import Ledger
 from gpuguard.engine.state.metrics import RemediatorMetrics
 

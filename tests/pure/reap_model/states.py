@@ -95,7 +95,7 @@ STEPS: dict[str, tuple[str, str]] = {
     FINAL: ("gpuguard.engine.state.audit_trail", "AuditTrail.decision"),
     SETTLE: ("gpuguard.engine.state.ledger", "Ledger.finish_reap"),
     RECOVER: ("gpuguard.engine.state.interrupted_reaps", "InterruptedReaps._settle_one"),
-    RECOVER_CONT: ("gpuguard.engine.state.recovery", "thaw_interrupted"),
+    RECOVER_CONT: ("gpuguard.engine.reap.recovery", "thaw_interrupted"),
 }
 
 #: The reasons an aborted reap ends with, each where the code names it.

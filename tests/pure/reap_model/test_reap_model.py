@@ -19,9 +19,9 @@ import pytest
 
 from gpuguard.engine.decision.policy import Action
 from gpuguard.engine.reap import killing, reaper
+from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.freezing import Freezer
 from gpuguard.engine.reap.outcome import Outcome
-from gpuguard.engine.state.audit import Phase
 from gpuguard.orphans.vocabulary import DecisionReason
 from tests.pure.reap_model import model as m
 from tests.pure.reap_model import reap_steps as rs

@@ -20,14 +20,14 @@ import pytest
 
 from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.engine.decision.policy import Action, Decision
+from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.engine.decision.windows_inspection import windows_member, windows_protected_pids
+from gpuguard.engine.reap.audit import Phase, audit_record
 from gpuguard.engine.reap.outcome import KillPath, Outcome, SignalResult
-from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Interrupted
 from gpuguard.engine.reap.windows_control import RESUME, SUSPEND, TERMINATE
 from gpuguard.engine.reap.windows_reaper import WindowsReaper
-from gpuguard.engine.state.audit import Phase, audit_record
 from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules

@@ -211,7 +211,7 @@ class GuardianError(Exception):
 
 #: Run by `python -I -S -c`: the package's own directory first, nothing from cwd or site.
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-         "from gpuguard.engine.state.thaw_guardian import main; "
+         "from gpuguard.engine.reap.thaw_guardian import main; "
          "sys.exit(main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))")
 
 

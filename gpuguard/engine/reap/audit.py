@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.base.compat import StrEnum
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Decision
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.engine.reap.outcome import ReapResult, SignalRecord
-from gpuguard.engine.state.pending import PendingItem
 from gpuguard.host.platform import PLATFORM
 
 try:

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gpuguard.engine.decision.decision_log import DecisionSource
+from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Decision
 from gpuguard.engine.decision.tree import LiveTree, TreeKey
 from gpuguard.engine.state.audit_trail import AuditTrail
-from gpuguard.engine.state.pending import PendingItem
+from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.engine.state.workstate import WorkState
 
 REFUSAL_RECHECK_SECONDS = 60.0

@@ -9,7 +9,7 @@ from typing import Any
 from gpuguard.base.compat import StrEnum
 from gpuguard.engine.alerting.alerts import Alert
 from gpuguard.engine.decision.policy import Action, Decision
-from gpuguard.engine.state.audit import iso_time
+from gpuguard.engine.reap.audit import iso_time
 from gpuguard.engine.state.clocks import Clocks
 from gpuguard.engine.state.metrics import RemediatorMetrics
 
