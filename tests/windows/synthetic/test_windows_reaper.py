@@ -24,7 +24,7 @@ from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.engine.decision.windows_inspection import windows_member, windows_protected_pids
 from gpuguard.engine.reap.outcome import KillPath, Outcome, SignalResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
-from gpuguard.engine.reap.reaper import Interrupted
+from gpuguard.engine.reap.skeleton import Interrupted
 from gpuguard.engine.reap.windows_control import RESUME, SUSPEND, TERMINATE
 from gpuguard.engine.reap.windows_reaper import WindowsReaper
 from gpuguard.engine.state.audit import Phase, audit_record
@@ -259,6 +259,18 @@ def test_an_orphan_tree_is_suspended_whole_then_terminated_root_first(by_pid: bo
     assert [s.signal for s in result.signals] == [SUSPEND] * 4 + [TERMINATE] * 4
     assert all(s.result == SignalResult.SENT for s in result.signals)
     assert reap.held == dict.fromkeys(MEMBERS, True)  # marked before the suspends
+
+
+def test_a_keep_mark_it_cannot_honour_refuses_the_reap_before_any_step() -> None:
+    """The skeleton's reap() takes `spare` (the launcher's keep marks, Linux's); the
+    Windows reaper has none to honour, so it refuses the reap rather than ignore them."""
+    kernel = world()
+    reaper = WindowsReaper(nvml=Nvml(kernel, (WORKER,)), control=kernel)
+    with pytest.raises(ValueError, match="keeps no launcher marks"):
+        reaper.reap(plan_of(kernel), policy=POLICY, rules=RULES,
+                    protected_pids=frozenset({0, 4}), deadline=1e12,
+                    journal=lambda _phase, _members: None, spare=lambda _info, _view: "kept")
+    assert kernel.log == []  # not even the table was read
 
 
 @pytest.mark.parametrize("by_pid", [False, True])
