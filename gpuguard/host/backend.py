@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from gpuguard.host.windows.tree import WinProc
     from gpuguard.orphans.process import Holder
-    from gpuguard.orphans.windows import WinProc
 
 #: Platform names: the keys of every per-platform table above host/.
 LINUX = "linux"

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.engine.decision.inspection import inspect_tree
 from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.engine.decision.inspection import inspect_tree, member_of
+from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.reap.outcome import KillPath, ReapResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Journal

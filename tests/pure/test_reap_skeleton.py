@@ -13,7 +13,7 @@ import pytest
 
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.engine.reap.skeleton import ReaperCore
-from gpuguard.engine.reap.windows_reaper import WindowsReaper
+from gpuguard.engine.windows.reaper import WindowsReaper
 
 PACKAGE = Path(__file__).resolve().parents[2] / "gpuguard"
 SKELETON = PACKAGE / "engine" / "reap" / "skeleton.py"

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.decision.inspection import HolderSource, inspect_proc_tree
+from gpuguard.engine.decision.tree import LiveTree
 from gpuguard.engine.reap.freezing import Freezer
 from gpuguard.engine.reap.killing import Killer
 from gpuguard.engine.reap.outcome import (
@@ -35,6 +36,7 @@ from gpuguard.engine.reap.reap_run import (
     Spare,
     Target,
 )
+from gpuguard.engine.reap.recheck import Inspect
 from gpuguard.engine.reap.signalling import (
     PIDFD_OPEN,
     PIDFD_SEND,
@@ -45,6 +47,7 @@ from gpuguard.engine.reap.signalling import (
 from gpuguard.engine.reap.skeleton import NO_PIDFD, ReaperCore, ReapTexts
 from gpuguard.engine.state.recovery import thaw_interrupted
 from gpuguard.engine.state.thaw_guardian import ThawGuardian
+from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView
@@ -145,6 +148,15 @@ class Reaper(ReaperCore[ReapRun]):
 
     def _rejudge(self, run: ReapRun) -> None:
         self._freezer.rejudge(run, list(run.targets.values()), refuse=True)
+
+    def _inspector(self, run: ReapRun, plan: ReapPlan) -> Inspect:
+        """recheck_frozen's inspection: /proc's (a fresh view, classify()), with the
+        process events and launcher memory the inspection had."""
+        def inspect(reading: GpuReading, gpus: set[str]) -> LiveTree:
+            return inspect_proc_tree(plan.key, nvml=self.nvml, rules=run.rules,
+                                     counters=self.counters, expected_gpus=gpus,
+                                     events=run.events, memory=run.memory, reading=reading)
+        return inspect
 
     def _terminate(self, run: ReapRun) -> list[Target]:
         """SIGTERM, the grace period, SIGKILL (killing.py): the members that survived."""

@@ -1,21 +1,23 @@
 """The one reap skeleton: the order of a reap's phases and the thaw on every way out,
 written once for every platform. Linux's Reaper (reaper.py) and Windows' WindowsReaper
-(windows_reaper.py) derive from ReaperCore and supply only their steps (hold, collect,
-freeze, re-judge, terminate, thaw, close) and their words (ReapTexts): what is done in
-which order, and what every exit continues, cannot differ between them. The write-ahead
-audit record and the crash ledger's marks are the run's (reap_run.Run)."""
+(gpuguard/engine/windows/reaper.py) derive from ReaperCore and supply only their steps
+(hold, collect, freeze, re-judge, the recheck's inspection, terminate, thaw, close) and
+their words (ReapTexts): what is done in which order, and what every exit continues,
+cannot differ between them. The write-ahead audit record and the crash ledger's marks
+are the run's (reap_run.Run). TreeReaper is what the worker, crash recovery and
+`gpuguard reap` hold (gpuguard/engine/platforms.py builds the platform's)."""
 
 from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from gpuguard.config.remediate import Remediate
 from gpuguard.engine.decision.inspection import HolderSource
-from gpuguard.engine.reap.outcome import Outcome, ReapResult, SignalResult
+from gpuguard.engine.reap.outcome import Outcome, ReapResult, SignalRecord, SignalResult
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import (
     Abort,
@@ -72,6 +74,23 @@ class ReapTexts:
     all_gone: str  # the detail when none did
 
 
+class TreeReaper(Protocol):
+    """What a reaper offers (ReaperCore.reap for the contract), on any platform."""
+
+    @property
+    def nvml(self) -> HolderSource: ...
+
+    def reap(self, plan: ReapPlan, *, policy: Remediate, rules: Rules,
+             protected_pids: frozenset[int], deadline: float, journal: Journal | None,
+             cancelled: Callable[[], bool] = ..., confirm: Confirm | None = None,
+             force: bool = False, holding: Holding | None = None,
+             events: ExitSource | None = None,
+             memory: LauncherMemory | None = None) -> ReapResult: ...
+
+    def thaw_interrupted(self,
+                         members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]: ...
+
+
 #: A platform's run (Linux's ReapRun, Windows' WinRun).
 R = TypeVar("R", bound=Run[Any])
 
@@ -80,8 +99,7 @@ class ReaperCore(ABC, Generic[R]):
     """The reap of every platform: reap() owns the phases' order and continues what the
     reap stopped on every way out; a platform's reaper sets `nvml`, `counters` and
     `_monotonic` and supplies the steps (the abstract methods) and, where its reap
-    differs, the optional hooks (_refuse_early, _guard_begin/_guard_end, _kill_refused,
-    _inspector)."""
+    differs, the optional hooks (_refuse_early, _guard_begin/_guard_end, _kill_refused)."""
 
     TEXTS: ClassVar[ReapTexts]
     nvml: HolderSource
@@ -183,8 +201,8 @@ class ReaperCore(ABC, Generic[R]):
         self._freeze(run, deadline, cancelled)
         # Judged again now that nothing can exec or change a disposition any more.
         self._rejudge(run)
-        recheck_frozen(run, plan, deadline, nvml=self.nvml, counters=self.counters,
-                       now=self._monotonic, inspect=self._inspector(run, plan))
+        recheck_frozen(run, plan, deadline, nvml=self.nvml, now=self._monotonic,
+                       inspect=self._inspector(run, plan))
         # Freezing and judging take a while: the last question right before the kill.
         self._confirm(run, confirm)
         check_wanted(cancelled, deadline, self._monotonic)
@@ -242,6 +260,10 @@ class ReaperCore(ABC, Generic[R]):
         """Every member judged again with the tree frozen (Abort refuses)."""
 
     @abstractmethod
+    def _inspector(self, run: R, plan: ReapPlan) -> Inspect:
+        """recheck_frozen's inspection: this platform's, over the facts the decision had."""
+
+    @abstractmethod
     def _terminate(self, run: R) -> Sequence[Held]:
         """Kill the frozen tree; the members that survived (left running)."""
 
@@ -269,10 +291,6 @@ class ReaperCore(ABC, Generic[R]):
         """An Abort in the kill phase (called in its handler). Default: nothing there
         refuses, so it is a failure like any exception."""
         return self._kill_failed(run, plan, abort)
-
-    def _inspector(self, run: R, plan: ReapPlan) -> Inspect | None:
-        """recheck_frozen's inspection (None: its default)."""
-        return None
 
     # -- what every platform does the same way -------------------------------------------
 

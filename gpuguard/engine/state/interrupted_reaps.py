@@ -11,7 +11,7 @@ from typing import Any
 from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.reap.outcome import SignalRecord, SignalResult
-from gpuguard.engine.reap.reapers import TreeReaper
+from gpuguard.engine.reap.skeleton import TreeReaper
 from gpuguard.engine.state.audit import Phase, as_written, audit_record
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.ledger import LedgerError, may_have_signalled

@@ -2,7 +2,7 @@
 
 The same ReapPlan in and ReapResult out as the Linux reaper (gpuguard/engine/reap/reaper.py), with
 the same audit records, ledger marks, confirmations and refusals, over what Windows has
-instead of signals (gpuguard/engine/reap/windows_control.py): a handle held on every member since
+instead of signals (gpuguard/engine/windows/control.py): a handle held on every member since
 its identity check, NtSuspendProcess for SIGSTOP, TerminateProcess for SIGKILL. Windows
 has no SIGTERM for an arbitrary process, so there is no grace period: the tree is
 suspended whole, judged again while nothing in it can run, and terminated.
@@ -38,16 +38,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource, inspect_windows_tree
+from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.policy import member_refusal
 from gpuguard.engine.decision.tree import LiveTree, Member
-from gpuguard.engine.decision.windows_inspection import windows_member
 from gpuguard.engine.reap.outcome import SignalRecord
 from gpuguard.engine.reap.reap_plan import ReapPlan
 from gpuguard.engine.reap.reap_run import Abort, Holding, Journal, Spare, check_wanted
 from gpuguard.engine.reap.recheck import Inspect
 from gpuguard.engine.reap.skeleton import ReaperCore, ReapTexts
-from gpuguard.engine.reap.windows_control import (
+from gpuguard.engine.state.audit import Phase
+from gpuguard.engine.windows.control import (
     SUSPEND,
     SUSPEND_CONFIRM_SECONDS,
     Handle,
@@ -57,14 +57,14 @@ from gpuguard.engine.reap.windows_control import (
     WinRun,
     WinTarget,
 )
-from gpuguard.engine.state.audit import Phase
+from gpuguard.engine.windows.inspection import inspect_windows_tree, windows_member
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.counters import COUNTERS, Counters
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
+from gpuguard.host.windows.tree import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
-from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
 
 #: How long terminated members get to be gone before they count as survivors.
 KILL_CONFIRM_SECONDS = 5.0
