@@ -61,7 +61,7 @@ import gpuguard
 from gpuguard.base.counters import Counters
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.engine.decision.inspection import inspect_tree
+from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.config.remediate import Remediate, UserFilter

@@ -38,7 +38,7 @@ class Mode(StrEnum):
 #: errors list them: the launcher killed by a signal, gone where no listener runs, exited
 #: by itself, gone with its exit not recorded by the listener that runs; or only a parent
 #: in between died; or the holder's own session lives under a process whose launcher is gone;
-#: then Windows' (gpuguard/orphans/windows.py): the parent pid is in no process table, or
+#: then Windows' (gpuguard/host/windows/tree.py): the parent pid is in no process table, or
 #: names a later process. A config on Linux may name those two: they never occur there.
 #: The default (Remediate.reasons) names neither: Windows cannot say how a launcher went.
 #: Reason declares them in this order (gpuguard.orphans.vocabulary.ORPHAN_REASONS).

@@ -28,7 +28,7 @@ EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 
 #: What a start time (`--start-time`, `root_start_time`) is, in help and messages: each
-#: platform has its one encoding (gpuguard.orphans.windows.encode_create_time on Windows).
+#: platform has its one encoding (gpuguard.host.windows.tree.encode_create_time on Windows).
 START_TIME_WORDS = ("the start time as gpuguard reports it: clock ticks since boot on Linux, "
                     "milliseconds since the epoch on Windows")
 

@@ -24,12 +24,12 @@ from gpuguard.gpu.reading import GpuReading
 from gpuguard.gpu.vendors import vendor_source
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ProcessView
+from gpuguard.host.windows.tree import as_proc_info, classify_windows, judge_windows_holder
 from gpuguard.launch.registration import run_launchers
 from gpuguard.orphans.classify import classify, classify_holder
 from gpuguard.orphans.process import Holder, ProcInfo
 from gpuguard.orphans.verdicts import HolderVerdict, Tree
 from gpuguard.orphans.vocabulary import Verdict
-from gpuguard.orphans.windows import as_proc_info, classify_windows, judge_windows_holder
 
 
 def explain_pid(pid: int, config: Config, hostname: str,

@@ -61,7 +61,7 @@ def chain_roles(hv: HolderVerdict) -> list[tuple[ChainRole, ProcInfo]]:
 def process_age(start_time: int | None, platform: Platform = PLATFORM) -> float | None:
     """Age from a start time in the platform's encoding, no /proc read: Linux's ticks
     since boot against CLOCK_BOOTTIME, Windows' creation time in ms since the epoch
-    (gpuguard.orphans.windows.encode_create_time) against the wall clock."""
+    (gpuguard.host.windows.tree.encode_create_time) against the wall clock."""
     if start_time is None:
         return None
     return platform.age_seconds(start_time)

@@ -47,7 +47,6 @@ from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.render import make_console, print_json, reap_renderable
 from gpuguard.console.reports import ReapReport
 from gpuguard.engine.alerting.confirmation import ConfirmationState
-from gpuguard.engine.decision.inspection import inspect_tree, protected_pids
 from gpuguard.engine.decision.policy import (
     Action,
     Decision,
@@ -57,6 +56,7 @@ from gpuguard.engine.decision.policy import (
 )
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.engine.platforms import inspect_tree, platform_reaper, protected_pids
 from gpuguard.engine.reap.audit import (
     AuditLog,
     UnsafePathError,
@@ -64,7 +64,6 @@ from gpuguard.engine.reap.audit import (
     check_private_dir,
 )
 from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.engine.reap.reapers import platform_reaper
 from gpuguard.engine.reap.settlement import final_decision, told
 from gpuguard.engine.reap.skeleton import INTERRUPTED, Interrupted
 from gpuguard.engine.reap.thaw_guardian import ThawGuardian
@@ -224,7 +223,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def tree_key(args: argparse.Namespace) -> TreeKey:
     """ROOT_PID with --start-time, or with its start time now (a dry run's; on Windows its
-    creation time, in the integer milliseconds of gpuguard.orphans.windows)."""
+    creation time, in the integer milliseconds of gpuguard.host.windows.tree)."""
     now = PLATFORM.start_time(args.root_pid)
     if now is None:
         raise Failure(EXIT_NO_PROCESS, f"no such process: {args.root_pid}")

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from gpuguard.orphans.process import Holder
-    from gpuguard.orphans.windows import WinProc
 
 #: Platform names: the keys of every per-platform table above host/.
 LINUX = "linux"
@@ -48,8 +47,11 @@ class ProcessGpuMemory(Protocol):
     def close(self) -> None: ...
 
 
-#: A process table read in one snapshot per scan (Windows: psutil's).
-TableSource = Callable[[], "Mapping[int, WinProc]"]
+#: A process table read in one snapshot per scan (Windows: psutil's), by pid. Its rows are
+#: the back-end's own (gpuguard/host/windows/tree.py's WinProc), which this interface does
+#: not name: host/windows/ builds on this module, and naming its type here would make the
+#: two folders import each other.
+TableSource = Callable[[], "Mapping[int, Any]"]
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """What `gpuguard run` is asked and how it ends, on every platform: its Options, its Exit,
 the exit statuses it gives, and the two ways it refuses to start. The Linux launcher
-(launcher.py, events.py) and the Windows one (windows.py) share these; neither module
-imports on the other's platform."""
+(launcher.py, events.py) and the Windows one (gpuguard/engine/windows/launcher.py)
+share these; neither module imports on the other's platform."""
 
 from __future__ import annotations
 

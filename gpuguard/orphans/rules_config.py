@@ -24,7 +24,7 @@ DEFAULT_PROTECT = (
 )
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
-#: Windows' defaults (gpuguard/orphans/windows.py), which the config loader applies on
+#: Windows' defaults (gpuguard/host/windows/tree.py), which the config loader applies on
 #: Windows where the config names none (the platform back-end's `windows_defaults`).
 #: Protect patterns match names and whole command lines, case-insensitively as every
 #: protect pattern: notebooks, `nohup` (MSYS, Cygwin), VS Code, the shell, the services

@@ -1,10 +1,10 @@
 """Holder verdicts grouped into trees: the step after the rules, shared by every platform.
 
-Linux's rules (classify.py) and Windows' (windows.py) each judge one holder at a time;
-what they answer is grouped, ordered and settled here once: holders under one root
-identity make one tree, the safest verdict speaks for it (the least reapable reason
-among orphans: `Reason.reapability`), and an orphan tree is then handed to its
-platform's member judgement (members.settle_members).
+Linux's rules (classify.py) and Windows' (gpuguard/host/windows/tree.py) each judge one
+holder at a time; what they answer is grouped, ordered and settled here once: holders
+under one root identity make one tree, the safest verdict speaks for it (the least
+reapable reason among orphans: `Reason.reapability`), and an orphan tree is then handed
+to its platform's member judgement (members.settle_members).
 """
 
 from __future__ import annotations

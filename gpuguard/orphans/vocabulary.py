@@ -92,7 +92,7 @@ class Reason(StrEnum):
     #: it) lost its own launcher: alerted, reaped only where the policy names it.
     #: The least reapable: a setsid'd job's must not ride on its sibling's launcher-killed.
     SESSION_ORPHANED = "session-orphaned", 1
-    #: Windows orphan reasons (gpuguard/orphans/windows.py; never given on Linux): the
+    #: Windows orphan reasons (gpuguard/host/windows/tree.py; never given on Linux): the
     #: parent pid is in no process table (the parent is gone), or names a process created
     #: after the child (the pid was reused: the parent is gone too). Windows cannot say how
     #: the launcher went (killed, or exited by itself): not reaped by default.

@@ -24,8 +24,8 @@ from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
 from gpuguard.engine.decision.chain_watch import ChainWatch
 from gpuguard.engine.decision.idle_watch import IdleWatch
 from gpuguard.engine.decision.inspection import HolderSource
+from gpuguard.engine.platforms import TreeReaper, platform_reaper, protected_pids
 from gpuguard.engine.reap.audit import AuditLog, UnsafePathError
-from gpuguard.engine.reap.reapers import TreeReaper, platform_reaper
 from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.clocks import Clocks
@@ -102,7 +102,7 @@ class Remediator:
         # due times are on the ledger's boot clock, which no wall-clock step moves.
         clocks = Clocks(wall=clock, boot=ledger.boot_clock, monotonic=monotonic)
         work = WorkState(config, hostname, ledger, clocks, self.metrics,
-                         DecisionLog(self.metrics, clocks))
+                         DecisionLog(self.metrics, clocks), protected=protected_pids())
         self._work = work
         self._trail = AuditTrail(work, audit)
         #: One reap at a time on this host: the worker's, recovery's, and those of

@@ -26,9 +26,9 @@ import yaml
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.engine.decision.inspection import inspect_tree
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member, TreeKey
+from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml

@@ -22,10 +22,10 @@ import pytest
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
 from gpuguard.engine.alerting.alerts import Alert, parse_notification
-from gpuguard.engine.decision.inspection import inspect_tree
 from gpuguard.engine.decision.policy import Action, Decision, PolicyState, decide, user_refusal
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, TreeKey
+from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.reap.reaper import Reaper
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.procfs import boottime

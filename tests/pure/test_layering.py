@@ -13,6 +13,8 @@
 - One import name per module: exporter/ and remediator/ import only as gpuguard.X.
 - One vocabulary (gpuguard/orphans/vocabulary.py): no module outside it spells one of its
   values as a bare string where the string decides or records something.
+- Windows code in two folders (gpuguard/host/windows/, gpuguard/engine/windows/), and
+  nothing below the engine's Windows half imports it or engine/platforms.py.
 """
 
 from __future__ import annotations
@@ -247,11 +249,12 @@ def test_no_import_cycle_in_the_package() -> None:
 
 
 #: The three programs: each may import the engine and the layers below it, never another
-#: program (docs/design.md, Layers). `gpuguard run` (gpuguard/launch/) is the console's.
+#: program (docs/design.md, Layers). `gpuguard run` is the console's (console/run/); the
+#: parts its launcher is built of (gpuguard/launch/) lie in the engine's layer.
 PROGRAMS = {
     "exporter": frozenset({"gpuguard.exporter"}),
     "remediator": frozenset({"gpuguard.remediator"}),
-    "console": frozenset({"gpuguard.console", "gpuguard.launch"}),
+    "console": frozenset({"gpuguard.console"}),
 }
 
 
@@ -302,8 +305,13 @@ def test_nothing_the_daemons_import_imports_a_daemon_back() -> None:
     assert bad == [], "shared modules import a daemon back:\n" + "\n".join(bad)
 
 
+#: The classifier: gpuguard/orphans/ and the Windows table's rules, which live with the
+#: Windows code (gpuguard/host/windows/tree.py) and are as pure as the rest.
+CLASSIFIER = frozenset({"gpuguard.orphans", "gpuguard.host.windows.tree"})
+
+
 def orphans_modules() -> dict[str, Path]:
-    return {m: p for m, p in MODULES.items() if under(m, {"gpuguard.orphans"})}
+    return {m: p for m, p in MODULES.items() if under(m, CLASSIFIER)}
 
 
 def test_the_classifier_imports_only_its_allow_list() -> None:
@@ -321,7 +329,8 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
 
 #: Pure modules besides the classifier: the kill policy, and the settlement of a reap's
 #: result (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
-@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.engine.decision.policy",
+@pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.host.windows.tree",
+                                  "gpuguard.engine.decision.policy",
                                   "gpuguard.engine.reap.settlement"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")
@@ -755,9 +764,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("OS seam", ("gpuguard/host",)),
     ("GPU seam", ("gpuguard/gpu",)),
     ("shared", ("gpuguard/config", "gpuguard/web")),
-    ("engine", ("gpuguard/engine",)),
-    ("programs", ("gpuguard/exporter", "gpuguard/remediator", "gpuguard/console",
-                  "gpuguard/launch")),
+    ("engine", ("gpuguard/engine", "gpuguard/launch")),
+    ("programs", ("gpuguard/exporter", "gpuguard/remediator", "gpuguard/console")),
 )
 
 
@@ -780,3 +788,60 @@ def test_every_folder_has_a_layer_and_imports_only_down() -> None:
                  for module, dests in graph.items() for dest in dests
                  if layer_of(folder_of(dest)) > layer_of(folder_of(module)))
     assert bad == [], "imports that point up a layer:\n" + "\n".join(bad)
+
+
+#: Where Windows code lives (issue 51): the OS seam's Windows back-end and the engine's
+#: Windows half (its reaper, inspection and launcher, built on engine/reap/ and
+#: engine/decision/).
+WINDOWS_FOLDERS = frozenset({"gpuguard.host.windows", "gpuguard.engine.windows"})
+#: The Windows rules: pure, judged by the scan and `gpuguard explain` over a table that
+#: Platform.processes hands them (no Windows API in them).
+WINDOWS_RULES = "gpuguard.host.windows.tree"
+#: The tables that name each platform's back-end, one entry per platform: the OS seam's,
+#: the engine's, and `gpuguard run`'s launchers (console/run.py's LAUNCHERS).
+PLATFORM_TABLES = frozenset({"gpuguard.host.platform", "gpuguard.engine.platforms",
+                             "gpuguard.console.run"})
+#: What lies below gpuguard/engine/windows/ (it builds on them): none may import it.
+BELOW_ENGINE_WINDOWS = frozenset({
+    "gpuguard.engine.decision", "gpuguard.engine.reap", "gpuguard.engine.state",
+    "gpuguard.engine.scan", "gpuguard.host", "gpuguard.orphans", "gpuguard.launch"})
+
+
+def _loads(module: str, imported: str, name: str | None) -> str:
+    return target(imported, name) or imported
+
+
+def test_windows_code_lives_in_two_folders() -> None:
+    """A module named for Windows, or one that uses Windows' back-end (handles, Job
+    Objects, the psutil table, the DLLs), lies in gpuguard/host/windows/ or
+    gpuguard/engine/windows/; elsewhere only the platform tables name it."""
+    named = [m for m, path in MODULES.items()
+             if "windows" in path.stem and not under(m, WINDOWS_FOLDERS)]
+    assert named == [], f"modules named for Windows outside {sorted(WINDOWS_FOLDERS)}"
+    users = sorted(f"{module}:{line}: {dest}"
+                   for module, path in MODULES.items()
+                   if not under(module, WINDOWS_FOLDERS) and module not in PLATFORM_TABLES
+                   for line, imported, name in imports(path, module)
+                   if under(dest := _loads(module, imported, name), WINDOWS_FOLDERS)
+                   and dest != WINDOWS_RULES)
+    assert users == [], "Windows' back-end used outside its two folders:\n" + "\n".join(users)
+
+
+def test_nothing_below_the_engines_windows_half_imports_it() -> None:
+    """gpuguard/engine/windows/ builds on engine/reap/ and engine/decision/: their
+    folders, and those below them, importing it back would be a cycle between folders.
+    The platform's choice is gpuguard/engine/platforms.py's, which only the programs
+    import; what lies below is handed what it needs (a reaper, protected pids, the
+    recheck's inspection)."""
+    assert any(under(m, {"gpuguard.engine.windows"}) for m in MODULES)
+    bad = sorted(f"{module}:{line}: {dest}"
+                 for module, path in MODULES.items()
+                 if under(module, BELOW_ENGINE_WINDOWS) and not under(module, WINDOWS_FOLDERS)
+                 for line, imported, name in imports(path, module)
+                 if (dest := _loads(module, imported, name)) == "gpuguard.engine.platforms"
+                 or under(dest, {"gpuguard.engine.windows"}))
+    assert bad == [], "imports the engine's Windows half from below:\n" + "\n".join(bad)
+    importers = sorted({module for module, path in MODULES.items()
+                        for _line, imported, name in imports(path, module)
+                        if _loads(module, imported, name) == "gpuguard.engine.platforms"})
+    assert importers and all(program_of(m) is not None for m in importers), importers

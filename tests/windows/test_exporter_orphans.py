@@ -27,7 +27,7 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
 
 
 def ms(create_time: float) -> str:
-    """gpuguard.orphans.windows.encode_create_time, as the label carries it."""
+    """gpuguard.host.windows.tree.encode_create_time, as the label carries it."""
     return str(round(create_time * 1000))
 
 

@@ -12,7 +12,7 @@ PROBE = r'''
 import json, os, subprocess, sys
 import psutil
 from gpuguard.host.windows import accounts, boot, handles, processes
-from gpuguard.engine.decision.windows_inspection import root_owned_sid, windows_member
+from gpuguard.engine.windows.inspection import root_owned_sid, windows_member
 me = os.getpid()
 child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                          stdin=subprocess.PIPE)

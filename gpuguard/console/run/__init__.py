@@ -1,8 +1,9 @@
 """`gpuguard run [--grace SECONDS] [--keep-leftovers] -- CMD [ARGS...]`: parse and hand off.
 
-The launcher itself is gpuguard/launch/ (launcher.py on Linux, windows.py on Windows: a
-Job Object); this module turns the command line into its Options and its start-up
-failures into the console's one-line exits.
+The launcher itself is gpuguard/console/run/launcher.py on Linux and
+gpuguard/engine/windows/launcher.py on Windows (a Job Object); this module turns the
+command line into its Options and its start-up failures into the console's one-line
+exits.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _launch_linux(command: list[str], options: Options) -> Exit:
 
 
 def _launch_windows(command: list[str], options: Options) -> Exit:
-    from gpuguard.launch import windows
+    from gpuguard.engine.windows import launcher as windows
 
     # One tier there, the Job Object (kill-on-close): as strong as the cgroup's.
     if options.tier is not None:

@@ -1,23 +1,23 @@
 """Live, read-only inspection of one tree: the facts policy.decide() and a reap judge.
 
 Reads /proc (through a fresh ProcessView) and NVML, re-runs classify(), and never
-signals anything; the reaper (gpuguard/engine/reap/reaper.py) is the module that acts. On Windows
-the same questions are answered from a fresh process table and the Windows rules
-(gpuguard/engine/decision/windows_inspection.py).
+signals anything; the reaper (gpuguard/engine/reap/reaper.py) is the module that acts. On
+Windows the same questions are answered from a fresh process table and the Windows rules
+(gpuguard/engine/windows/inspection.py); gpuguard/engine/platforms.py's inspect_tree and
+protected_pids give the platform's (the programs call those).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Protocol
 
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import ExitSource, ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
@@ -25,7 +25,6 @@ from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import DecisionReason
-from gpuguard.orphans.windows import WinProc
 
 
 class HolderSource(Protocol):
@@ -105,30 +104,12 @@ def read_within(nvml: HolderSource, seconds: float) -> GpuReading:
     return answer
 
 
-def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                 counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
-                 events: ExitSource | None = None,
-                 memory: LauncherMemory | None = None,
-                 reading: GpuReading | None = None,
-                 platform: Platform = PLATFORM) -> LiveTree:
-    """Re-read the root, re-query NVML, re-run classify(): the facts policy.decide() judges,
-    over the platform's processes (Platform.processes): /proc (inspect_proc_tree), or a
-    fresh process table and the Windows rules (inspect_windows_tree)."""
-    return platform.processes(
-        procfs=lambda: inspect_proc_tree(key, nvml=nvml, rules=rules, counters=counters,
-                                         expected_gpus=expected_gpus, events=events,
-                                         memory=memory, reading=reading),
-        table=lambda read: inspect_windows_tree(key, nvml=nvml, rules=rules,
-                                                expected_gpus=expected_gpus, reading=reading,
-                                                table=read()))
-
-
 def inspect_proc_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                       counters: Counters = COUNTERS, expected_gpus: Iterable[str] = (),
                       events: ExitSource | None = None,
                       memory: LauncherMemory | None = None,
                       reading: GpuReading | None = None) -> LiveTree:
-    """inspect_tree() over /proc.
+    """The live tree over /proc (engine/platforms.py's inspect_tree on Linux).
 
     Every call reads /proc afresh through a new ProcessView: a fact cached at an
     earlier check (a SIGHUP disposition, a cgroup) may have changed since. `events`
@@ -162,51 +143,9 @@ def inspect_proc_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
                     gpu_bytes=tree.gpu_bytes, gpus=gpus)
 
 
-def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
-                         expected_gpus: Iterable[str] = (), reading: GpuReading | None = None,
-                         table: Mapping[int, WinProc] | None = None) -> LiveTree:
-    """inspect_tree() on Windows: the root by identity in a fresh table (`table`, when
-    given: the Windows reaper's back-end's), NVML, then classify_windows() over that table
-    (the same order and the same refusals)."""
-    from gpuguard.engine.decision.windows_inspection import windows_live_tree, windows_member
-
-    if table is None:
-        from gpuguard.host.windows.processes import read_table
-
-        table = read_table()
-    row = table.get(key.root_pid)
-    if row is None:
-        return LiveTree(root=None)
-    if row.create_time != key.root_start_time:
-        return LiveTree(root=windows_member(row))
-    if reading is None:
-        reading = nvml.read()
-    gpus = tuple(gpu.uuid for gpu in reading.gpus)
-    problem = nvml_problem(reading, expected_gpus)
-    if problem is not None:
-        return LiveTree(root=windows_member(row), nvml_reason=problem[0],
-                        nvml_error=problem[1], gpus=gpus)
-    return windows_live_tree(key, table, reading, rules, gpus)
-
-
-def protected_pids(view: ProcSource | None = None,
-                   platform: Platform = PLATFORM) -> frozenset[int]:
-    """PID 1, this process and every ancestor: never to be signalled, whatever the alert
-    says (on Windows: System Idle, System, this process and its ancestors). `view` given:
-    its /proc, whatever the platform."""
-    if view is not None:
-        return proc_protected_pids(view)
-    return platform.processes(procfs=proc_protected_pids, table=_table_protected_pids)
-
-
-def _table_protected_pids(read: TableSource) -> frozenset[int]:
-    from gpuguard.engine.decision.windows_inspection import windows_protected_pids
-
-    return windows_protected_pids(read())
-
-
 def proc_protected_pids(view: ProcSource | None = None) -> frozenset[int]:
-    """protected_pids() over /proc (`view`, default a fresh one)."""
+    """PID 1, this process and every ancestor, over /proc (`view`, default a fresh one):
+    never to be signalled (engine/platforms.py's protected_pids on Linux)."""
     view = view if view is not None else ProcessView(counters=Counters())
     pids = {1, os.getpid()}
     pid = os.getpid()

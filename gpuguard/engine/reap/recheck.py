@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gpuguard.base.counters import Counters
 from gpuguard.engine.decision.inspection import (
     HolderSource,
     NvmlTimeout,
-    inspect_tree,
     nvml_problem,
     read_within,
 )
@@ -35,7 +33,7 @@ class _Held(Protocol):
 
 class FrozenRun(Protocol):
     """What the re-check reads of a reap in progress: Linux's ReapRun, or the Windows
-    reaper's run (gpuguard/engine/reap/windows_reaper.py)."""
+    reaper's run (gpuguard/engine/windows/control.py's WinRun)."""
 
     @property
     def targets(self) -> Mapping[int, _Held]: ...
@@ -50,14 +48,13 @@ class FrozenRun(Protocol):
 
 
 #: The inspection a re-check derives the verdict with: (the reading just taken, the GPUs
-#: expected) -> LiveTree. Default: inspection.inspect_tree (Linux's /proc, or Windows'
-#: table); the Windows reaper passes one over its own back-end's table.
+#: expected) -> LiveTree. Each platform's reaper passes its own (ReaperCore._inspector):
+#: Linux's over /proc, Windows' over its back-end's table.
 Inspect = Callable[[GpuReading, set[str]], LiveTree]
 
 
 def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: HolderSource,
-                   counters: Counters, now: Callable[[], float],
-                   inspect: Inspect | None = None) -> None:
+                   now: Callable[[], float], inspect: Inspect) -> None:
     """With the tree frozen, NVML once more, waited for no longer than the deadline (a
     driver that hangs must not keep the tree stopped): complete, no GPU holder nobody
     judged, and (plan.classified) the root still the orphan the decision was made on."""
@@ -86,19 +83,16 @@ def recheck_frozen(run: FrozenRun, plan: ReapPlan, deadline: float, *, nvml: Hol
                         "holds GPU memory but was not a GPU holder when the tree was "
                         "classified")
     if plan.classified:
-        _rederive(run, plan, reading, gpus, nvml=nvml, counters=counters, inspect=inspect)
+        _rederive(run, plan, reading, gpus, inspect=inspect)
 
 
 def _rederive(run: FrozenRun, plan: ReapPlan, reading: GpuReading, gpus: set[str], *,
-              nvml: HolderSource, counters: Counters, inspect: Inspect | None) -> None:
+              inspect: Inspect) -> None:
     """The verdict the decision rested on, derived again: the inspection's own path
-    (inspect_tree: a fresh view, classify()) over the frozen tree and the reading just
-    taken, and the decision's own verification (policy.verify_live). Anything but the
+    (`inspect`: on Linux a fresh view, classify()) over the frozen tree and the reading
+    just taken, and the decision's own verification (policy.verify_live). Anything but the
     same root, still an orphan (unless a person forced it) with an allowed reason, aborts."""
-    live = (inspect(reading, gpus) if inspect is not None else
-            inspect_tree(plan.key, nvml=nvml, rules=run.rules, counters=counters,
-                         expected_gpus=gpus, events=run.events, memory=run.memory,
-                         reading=reading))
+    live = inspect(reading, gpus)
     refused = verify_live(plan.key, live, named_by="the decision",
                           require_orphan=not run.force)
     if refused is not None:

@@ -55,6 +55,7 @@ from gpuguard.host.users import (
     label_groups,
     label_names,
 )
+from gpuguard.host.windows.tree import WinProcInfo, classify_windows
 from gpuguard.orphans.chain import chain_set
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.idleness import IdleBook, UseSighting, observe, sightings_of
@@ -63,7 +64,6 @@ from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Reason, Verdict
-from gpuguard.orphans.windows import WinProcInfo, classify_windows
 
 #: Its name from before the scan moved to the engine: log lines carry it (logger=...) and
 #: operators filter on it (tests/pure/test_logger_names.py).

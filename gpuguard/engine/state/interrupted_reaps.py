@@ -12,7 +12,7 @@ from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.reap.audit import Phase, as_written, audit_record
 from gpuguard.engine.reap.outcome import SignalRecord, SignalResult
-from gpuguard.engine.reap.reapers import TreeReaper
+from gpuguard.engine.reap.skeleton import TreeReaper
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.ledger import LedgerError, may_have_signalled
 from gpuguard.engine.state.reap_lock import ReapLock, ReapLockRefused, host_reap_lock

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from gpuguard.config import Config
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import protected_pids
 from gpuguard.engine.decision.policy import PolicyState, policy_state
 from gpuguard.engine.decision.tree import ReapMark, TreeKey
 from gpuguard.engine.state.clocks import Clocks
@@ -35,8 +34,9 @@ class WorkState:
     current: TreeKey | None = None  # the key the worker holds now
     cancelled: set[TreeKey] = field(default_factory=set)  # withdrawn while in flight
     busy_since: float | None = None  # monotonic clock
-    #: pid 1, the remediator and its ancestors; the worker refreshes it per item.
-    protected: frozenset[int] = field(default_factory=protected_pids)
+    #: pid 1, the remediator and its ancestors (the platform's, handed in by the program:
+    #: gpuguard/engine/platforms.py's protected_pids); the worker refreshes it per item.
+    protected: frozenset[int] = field(kw_only=True)
 
     @property
     def policy(self) -> Remediate:

@@ -4,7 +4,7 @@ A name is no identity: psutil's `username()` is the account's display name, whic
 Windows localises (`NT-AUTORITÄT\\SYSTEM`, `AUTORITE NT\\Système`) and which virtual
 service accounts spell in ways no list keeps up with (`NT SERVICE\\...`,
 `Window Manager\\DWM-1`, `Font Driver Host\\UMFD-0`, `IIS APPPOOL\\...`). The SID is
-the same in every language; gpuguard/engine/decision/windows_inspection.py judges it
+the same in every language; gpuguard/engine/windows/inspection.py judges it
 (root_owned_sid). This is the thin edge that reads it: OpenProcess, OpenProcessToken,
 GetTokenInformation(TokenUser) and ConvertSidToStringSidW over ctypes, touched only when
 called (importable on Linux, where it reads nothing and says None).

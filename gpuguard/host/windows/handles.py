@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuguard.host.windows.tree import encode_create_time
 from gpuguard.host.windows.winapi import (
     ERROR_ACCESS_DENIED,
     ERROR_INVALID_PARAMETER,
@@ -22,7 +23,6 @@ from gpuguard.host.windows.winapi import (
     nt_error,
     win_error,
 )
-from gpuguard.orphans.windows import encode_create_time
 
 PROCESS_TERMINATE = 0x0001
 PROCESS_SET_QUOTA = 0x0100

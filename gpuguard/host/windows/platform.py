@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gpuguard.host.backend import WINDOWS, Platform, ProcessGpuMemory, over_table
 
 if TYPE_CHECKING:
-    from gpuguard.orphans.windows import WinProc
+    from gpuguard.host.windows.tree import WinProc
 
 
 def _wddm_memory() -> ProcessGpuMemory:
@@ -39,7 +39,7 @@ def _boot_id() -> str:
 
 
 def _start_time(pid: int) -> int | None:
-    """The creation time (integer ms, gpuguard.orphans.windows.encode_create_time)."""
+    """The creation time (integer ms, gpuguard.host.windows.tree.encode_create_time)."""
     from gpuguard.host.windows.processes import read_one
 
     row = read_one(pid)

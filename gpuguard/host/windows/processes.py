@@ -1,4 +1,4 @@
-"""The Windows process table, through psutil: the rows gpuguard/orphans/windows.py judges.
+"""The Windows process table, through psutil: the rows gpuguard/host/windows/tree.py judges.
 
 One system snapshot of every pid and its ppid per scan (`read_table`), each row read
 only when the classifier asks for it (`ProcessTable`): a scan reads the holders, their
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpuguard.host.windows.accounts import process_sid
+from gpuguard.host.windows.tree import UNKNOWN_CREATE_TIME, WinProc, encode_create_time
 from gpuguard.host.windows.winapi import dll
-from gpuguard.orphans.windows import UNKNOWN_CREATE_TIME, WinProc, encode_create_time
 
 
 def _psutil() -> Any:
@@ -120,7 +120,7 @@ def _optional(read: Callable[[], Any], gone: tuple[type[BaseException], ...],
 
 class ProcessTable(Mapping[int, WinProc]):
     """The processes of one snapshot, by pid; each row read from psutil on first access
-    and kept (orphans.windows.ParentIndexed: `ppids` answers without reading a row).
+    and kept (host.windows.tree.ParentIndexed: `ppids` answers without reading a row).
     A pid listed but gone by its read has no row. Iterating reads every row."""
 
     def __init__(self, psutil: Any, ppids: Mapping[int, int]) -> None:

@@ -13,7 +13,7 @@ import time
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Mode, Remediate, UserFilter
-from gpuguard.engine.decision.inspection import member_of, protected_pids
+from gpuguard.engine.decision.inspection import member_of, proc_protected_pids
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member, TreeKey
 from gpuguard.engine.reap.outcome import ReapResult
@@ -68,7 +68,7 @@ class RootReaper:
         # unprivileged launcher) is let go of; the rest of the tree is still reaped.
         self._reaper = Reaper(nvml=_NoGpus(), counters=counters, refused_stop="release")
         self._policy = policy_for(options)
-        self._guarded = protected_pids()
+        self._guarded = proc_protected_pids()  # Linux's Reaper: /proc's
         self._hostname = socket.gethostname()
         self._rules = Rules(marks_dir=options.marks_dir)  # where `gpuguard keep` registers
         self._spare = spare_for(marks, self._rules)

@@ -80,7 +80,7 @@ def _record(config: Config, state: State, names: frozenset[Handle]) -> State:
 
 
 def plan(config: Config) -> tuple[str, ...]:
-    """The steps from the decision to SIGTERM, in order: Reaper._freeze_and_judge's (the
+    """The steps from the decision to SIGTERM, in order: ReaperCore._freeze_and_judge's (the
     freeze being Freezer.freeze's mark, stop, collect); a broken variant moves or drops
     one. `State.at` is the position in it."""
     steps = [DECIDE, HOLD, CHECK, INTENT, CONFIRM, CHECK, MARK, STOP, COLLECT, REJUDGE,

@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from gpuguard.engine.decision.policy import Action
-from gpuguard.engine.reap import killing, reaper
+from gpuguard.engine.reap import killing, reaper, skeleton
 from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.freezing import Freezer
 from gpuguard.engine.reap.outcome import Outcome
@@ -250,8 +250,8 @@ CODE_CALLS = {
 
 def test_the_model_reaps_in_the_order_the_code_does() -> None:
     """The happy path of the model is plan() then KILL_PLAN, and those are the order of
-    Reaper._freeze_and_judge (the freeze: Freezer.freeze's), then of Killer.kill. A step
-    moved in one and not the other fails here."""
+    the skeleton's _freeze_and_judge (Linux's freeze: Freezer.freeze's), then of
+    Killer.kill. A step moved in one and not the other fails here."""
     config = st.Config()
     path = _happy_path(config)
     assert path == [*rs.plan(config), *rs.KILL_PLAN], path
@@ -260,9 +260,15 @@ def test_the_model_reaps_in_the_order_the_code_does() -> None:
     assert before_term[frozen:frozen + 3] == [st.MARK, st.STOP, st.COLLECT]
     collapsed = [*before_term[:frozen], "freeze", *before_term[frozen + 3:]]
     expected = [call for step in collapsed for call in CODE_CALLS.get(step, [step])]
-    assert _calls(reaper.Reaper._freeze_and_judge, {
-        "_hold", "check_wanted", "write", "_confirm", "freeze", "rejudge",
-        "recheck_frozen"}) == expected
+    # The order is the skeleton's (every platform's); Linux's freeze and re-judgement
+    # are its Freezer's.
+    steps = {"_freeze": "freeze", "_rejudge": "rejudge"}
+    assert [steps.get(call, call) for call in _calls(skeleton.ReaperCore._freeze_and_judge, {
+        "_hold", "check_wanted", "write", "_confirm", "_freeze", "_rejudge",
+        "recheck_frozen"})] == expected
+    assert _calls(reaper.Reaper._hold, {"hold_planned"}) == ["hold_planned", "hold_planned"]
+    assert _calls(reaper.Reaper._freeze, {"freeze"}) == ["freeze"]
+    assert _calls(reaper.Reaper._rejudge, {"rejudge"}) == ["rejudge"]
     assert _calls(Freezer.freeze, {"mark", "stop", "collect"}) == ["mark", "stop", "collect"]
     # Killer.kill: both of its rejudge calls (the joiners', everyone's) are one model step.
     kill_steps = [s for s in rs.KILL_PLAN if s not in (st.FINAL, st.SETTLE)]

@@ -17,9 +17,9 @@ from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
+from gpuguard.host.windows.tree import WinProc, encode_create_time
 from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
 from gpuguard.orphans.rules_config import default_rules
-from gpuguard.orphans.windows import WinProc, encode_create_time
 from tests.support.fakenvml import FakeGpuWorld
 
 GIB = 1 << 30

@@ -4,7 +4,7 @@ No Windows kernel runs on Linux, so its process objects are modelled here (the o
 these tests mock; the Wine tier, tests/windows/, runs the real ctypes back-end): a handle
 names one process object and keeps naming it after the pid is reused, suspends count, a
 terminated process is gone. Everything else is real: the reaper, the Windows rules
-(gpuguard/orphans/windows.py) judging a table that changes while the reap runs, the
+(gpuguard/host/windows/tree.py) judging a table that changes while the reap runs, the
 recheck, the policy, the records. A second model names processes by pid at every call
 (as a psutil-style back-end would), to show that the creation-time check before each step
 is what keeps a reused pid safe there.
@@ -22,16 +22,16 @@ from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.engine.decision.windows_inspection import windows_member, windows_protected_pids
 from gpuguard.engine.reap.audit import Phase, audit_record
 from gpuguard.engine.reap.outcome import KillPath, Outcome, SignalResult
-from gpuguard.engine.reap.reaper import Interrupted
-from gpuguard.engine.reap.windows_control import RESUME, SUSPEND, TERMINATE
-from gpuguard.engine.reap.windows_reaper import WindowsReaper
+from gpuguard.engine.reap.skeleton import Interrupted
+from gpuguard.engine.windows.control import RESUME, SUSPEND, TERMINATE
+from gpuguard.engine.windows.inspection import windows_member, windows_protected_pids
+from gpuguard.engine.windows.reaper import WindowsReaper
 from gpuguard.gpu.reading import GpuReading, GpuSample
+from gpuguard.host.windows.tree import WinProc
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules
-from gpuguard.orphans.windows import WinProc
 
 RULES = Rules(protect=WINDOWS_PROTECT, adopters=WINDOWS_ADOPTERS)
 POLICY = Remediate(mode=Mode.ENFORCE, worker_timeout_seconds=30.0)
@@ -259,6 +259,18 @@ def test_an_orphan_tree_is_suspended_whole_then_terminated_root_first(by_pid: bo
     assert [s.signal for s in result.signals] == [SUSPEND] * 4 + [TERMINATE] * 4
     assert all(s.result == SignalResult.SENT for s in result.signals)
     assert reap.held == dict.fromkeys(MEMBERS, True)  # marked before the suspends
+
+
+def test_a_keep_mark_it_cannot_honour_refuses_the_reap_before_any_step() -> None:
+    """The skeleton's reap() takes `spare` (the launcher's keep marks, Linux's); the
+    Windows reaper has none to honour, so it refuses the reap rather than ignore them."""
+    kernel = world()
+    reaper = WindowsReaper(nvml=Nvml(kernel, (WORKER,)), control=kernel)
+    with pytest.raises(ValueError, match="keeps no launcher marks"):
+        reaper.reap(plan_of(kernel), policy=POLICY, rules=RULES,
+                    protected_pids=frozenset({0, 4}), deadline=1e12,
+                    journal=lambda _phase, _members: None, spare=lambda _info, _view: "kept")
+    assert kernel.log == []  # not even the table was read
 
 
 @pytest.mark.parametrize("by_pid", [False, True])

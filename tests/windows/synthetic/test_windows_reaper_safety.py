@@ -18,12 +18,12 @@ import pytest
 from gpuguard.config.remediate import Mode, Remediate
 from gpuguard.engine.decision.policy import Action, Decision, member_refusal
 from gpuguard.engine.decision.tree import LiveTree
-from gpuguard.engine.decision.windows_inspection import root_owned_sid, windows_member
 from gpuguard.engine.reap.audit import audit_record
 from gpuguard.engine.reap.outcome import Outcome, SignalResult
-from gpuguard.engine.reap.windows_control import RESUME, SUSPEND
-from gpuguard.engine.reap.windows_reaper import WindowsReaper
-from gpuguard.orphans.windows import WinProc
+from gpuguard.engine.windows.control import RESUME, SUSPEND
+from gpuguard.engine.windows.inspection import root_owned_sid, windows_member
+from gpuguard.engine.windows.reaper import WindowsReaper
+from gpuguard.host.windows.tree import WinProc
 from tests.windows.synthetic.test_windows_reaper import (
     CHILD,
     MEMBERS,

@@ -1,4 +1,4 @@
-"""classify_windows(): the Windows rules (gpuguard/orphans/windows.py) on synthetic tables.
+"""classify_windows(): the Windows rules (gpuguard/host/windows/tree.py) on synthetic tables.
 
 What Wine cannot show (tests/windows/ runs the rest for real): AccessDenied rows,
 SYSTEM and the services, session 0, ppid 0 and 4 at the top, explorer.exe under a dead
@@ -28,11 +28,7 @@ import dataclasses
 
 import pytest
 
-from gpuguard.orphans.process import Holder
-from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules, default_rules
-from gpuguard.orphans.verdicts import Tree
-from gpuguard.orphans.vocabulary import Reason, Rule, Verdict
-from gpuguard.orphans.windows import (
+from gpuguard.host.windows.tree import (
     UNKNOWN_CREATE_TIME,
     WinProc,
     WinProcInfo,
@@ -42,6 +38,10 @@ from gpuguard.orphans.windows import (
     judge_windows_member,
     windows_members,
 )
+from gpuguard.orphans.process import Holder
+from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules, default_rules
+from gpuguard.orphans.verdicts import Tree
+from gpuguard.orphans.vocabulary import Reason, Rule, Verdict
 
 RULES = default_rules(windows=True)
 #: Windows' adopters without explorer.exe among the protect patterns: what the adopter

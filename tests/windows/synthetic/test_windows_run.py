@@ -10,9 +10,8 @@ import signal
 
 import pytest
 
-from gpuguard.launch import events, options, windows
-from gpuguard.launch.options import EXIT_PARENT_DIED, EXIT_SIGINT, Options
-from gpuguard.launch.windows import (
+from gpuguard.engine.windows import launcher as windows
+from gpuguard.engine.windows.launcher import (
     CmdExited,
     CtrlC,
     Finish,
@@ -22,6 +21,8 @@ from gpuguard.launch.windows import (
     decide,
     teardown_line,
 )
+from gpuguard.launch import events, options
+from gpuguard.launch.options import EXIT_PARENT_DIED, EXIT_SIGINT, Options
 
 OPTS = Options(grace=2.5)
 

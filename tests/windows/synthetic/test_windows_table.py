@@ -21,8 +21,7 @@ import pytest
 
 from gpuguard.host import platform
 from gpuguard.host.windows import processes
-from gpuguard.orphans.rules_config import default_rules
-from gpuguard.orphans.windows import (
+from gpuguard.host.windows.tree import (
     UNKNOWN_CREATE_TIME,
     ParentIndexed,
     WinProc,
@@ -30,6 +29,7 @@ from gpuguard.orphans.windows import (
     encode_create_time,
     windows_members,
 )
+from gpuguard.orphans.rules_config import default_rules
 from tests.support.ci import require
 from tests.support.proctree import wait_for
 

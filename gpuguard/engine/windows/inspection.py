@@ -1,8 +1,9 @@
 """The live inspection on Windows: the tree an alert names, from a fresh process table.
 
-The same LiveTree the Linux inspection gives (inspection.inspect_tree asks this module on
-Windows), from gpuguard/host/windows/processes.py's table and the Windows rules
-(gpuguard/orphans/windows.py). A Windows process has no uid: its owner is its account
+The same LiveTree the Linux inspection gives (gpuguard/engine/platforms.py's
+inspect_tree and protected_pids ask this module on Windows), from
+gpuguard/host/windows/processes.py's table and the Windows rules
+(gpuguard/host/windows/tree.py). A Windows process has no uid: its owner is its account
 (DOMAIN\\user, `Member.user`, for people and the name patterns of `remediate.users`).
 What Windows itself runs counts as root (uid 0), so `remediate.allow_root_owned` guards
 it as it guards root on Linux; that is decided by the token's user SID (root_owned_sid),
@@ -14,12 +15,14 @@ other account has uid -1 (no `uid:N` rule names it).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from gpuguard.engine.decision.inspection import HolderSource, nvml_problem
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.gpu.reading import GpuReading
+from gpuguard.host.platform import TableSource
+from gpuguard.host.windows.tree import TOP_PIDS, WinProc, classify_windows, display_name
 from gpuguard.orphans.rules_config import Rules
-from gpuguard.orphans.windows import TOP_PIDS, WinProc, classify_windows, display_name
 
 #: The SIDs of the accounts that own what Windows itself runs, root's equivalent:
 #: LocalSystem, LOCAL SERVICE, NETWORK SERVICE.
@@ -57,6 +60,31 @@ def windows_member(proc: WinProc) -> Member:
                   user=user if user is not None else "unknown", comm=display_name(proc),
                   state="R", kernel_thread=proc.pid in TOP_PIDS or proc.ppid == 4,
                   user_known=user is not None)
+
+
+def inspect_windows_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,
+                         expected_gpus: Iterable[str] = (), reading: GpuReading | None = None,
+                         table: Mapping[int, WinProc] | None = None) -> LiveTree:
+    """inspect_tree() on Windows: the root by identity in a fresh table (`table`, when
+    given: the Windows reaper's back-end's), NVML, then classify_windows() over that table
+    (the same order and the same refusals)."""
+    if table is None:
+        from gpuguard.host.windows.processes import read_table
+
+        table = read_table()
+    row = table.get(key.root_pid)
+    if row is None:
+        return LiveTree(root=None)
+    if row.create_time != key.root_start_time:
+        return LiveTree(root=windows_member(row))
+    if reading is None:
+        reading = nvml.read()
+    gpus = tuple(gpu.uuid for gpu in reading.gpus)
+    problem = nvml_problem(reading, expected_gpus)
+    if problem is not None:
+        return LiveTree(root=windows_member(row), nvml_reason=problem[0],
+                        nvml_error=problem[1], gpus=gpus)
+    return windows_live_tree(key, table, reading, rules, gpus)
 
 
 def windows_live_tree(key: TreeKey, table: Table, reading: GpuReading, rules: Rules,
@@ -106,3 +134,8 @@ def windows_protected_pids(table: Table | None = None, *,
         pids.add(parent.pid)
         current = parent
     return frozenset(pids)
+
+
+def table_protected_pids(read: TableSource) -> frozenset[int]:
+    """protected_pids() over the process table `read` reads (Platform.processes' table)."""
+    return windows_protected_pids(read())

@@ -2,7 +2,7 @@
 
 The same ReapPlan in and ReapResult out as the Linux reaper (gpuguard/engine/reap/reaper.py), with
 the same audit records, ledger marks, confirmations and refusals, over what Windows has
-instead of signals (gpuguard/engine/reap/windows_control.py): a handle held on every member since
+instead of signals (gpuguard/engine/windows/control.py): a handle held on every member since
 its identity check, NtSuspendProcess for SIGSTOP, TerminateProcess for SIGKILL. Windows
 has no SIGTERM for an arbitrary process, so there is no grace period: the tree is
 suspended whole, judged again while nothing in it can run, and terminated.
@@ -34,27 +34,21 @@ no Windows kernel runs there, and the Wine tier (tests/windows/) runs the real o
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource, inspect_windows_tree
+from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.policy import member_refusal
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member
-from gpuguard.engine.decision.windows_inspection import windows_member
 from gpuguard.engine.reap.audit import Phase
-from gpuguard.engine.reap.outcome import (
-    Outcome,
-    ReapResult,
-    SignalRecord,
-)
-from gpuguard.engine.reap.reap_run import Abort, Confirm, Holding, Journal, check_wanted
-from gpuguard.engine.reap.recheck import recheck_frozen
-from gpuguard.engine.reap.skeleton import Interrupted, ReaperCore
-from gpuguard.engine.reap.windows_control import (
+from gpuguard.engine.reap.outcome import SignalRecord
+from gpuguard.engine.reap.reap_run import Abort, Holding, Journal, Spare, check_wanted
+from gpuguard.engine.reap.recheck import Inspect
+from gpuguard.engine.reap.skeleton import ReaperCore, ReapTexts
+from gpuguard.engine.windows.control import (
     SUSPEND,
     SUSPEND_CONFIRM_SECONDS,
     Handle,
@@ -64,22 +58,30 @@ from gpuguard.engine.reap.windows_control import (
     WinRun,
     WinTarget,
 )
+from gpuguard.engine.windows.inspection import inspect_windows_tree, windows_member
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource
+from gpuguard.host.windows.tree import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
-from gpuguard.orphans.windows import WinProc, judge_windows_member, pids_by_parent
-
-log = logging.getLogger("gpuguard.remediator.reaper")
 
 #: How long terminated members get to be gone before they count as survivors.
 KILL_CONFIRM_SECONDS = 5.0
 
 
-class WindowsReaper(ReaperCore):
-    """Linux's Reaper on Windows: the same reap() and thaw_interrupted(), the same
-    results and records (module doc). One reap at a time per instance."""
+class WindowsReaper(ReaperCore[WinRun]):
+    """Linux's Reaper on Windows: the same reap() (the skeleton's, ReaperCore.reap) and
+    thaw_interrupted(), the same results and records (module doc), over handles,
+    suspends and TerminateProcess. One reap at a time per instance."""
+
+    TEXTS = ReapTexts(
+        needs_journal="a reap that may suspend or terminate needs a journal",
+        dry_run="dry run: nothing suspended or terminated",
+        failed_before_kill="reap of %s failed before any kill; resuming what it suspended",
+        failed_killing="reap of %s failed while terminating; resuming what it suspended",
+        survived="{} process(es) survived TerminateProcess (resumed)",
+        all_gone="every member is gone")
 
     def __init__(self, *, nvml: HolderSource, counters: Counters = COUNTERS,
                  control: ProcessControl | None = None,
@@ -93,34 +95,15 @@ class WindowsReaper(ReaperCore):
     def control(self) -> ProcessControl:
         return self._hands.control
 
-    def reap(self, plan: ReapPlan, *, policy: Remediate, rules: Rules,
-             protected_pids: frozenset[int], deadline: float, journal: Journal | None,
-             cancelled: Callable[[], bool] = lambda: False, confirm: Confirm | None = None,
-             force: bool = False, holding: Holding | None = None,
-             events: ExitSource | None = None,
-             memory: LauncherMemory | None = None) -> ReapResult:
-        """Run one reap (or dry run) of `plan`; never raises for process-level trouble
-        (Reaper.reap's contract: `journal` before anything is suspended, `confirm` right
-        before the first suspend and again right before the first terminate)."""
-        if journal is None and not plan.dry_run:
-            raise ValueError("a reap that may suspend or terminate needs a journal")
-        run = WinRun(started=self._monotonic(), policy=policy, rules=rules,
-                     protected=protected_pids, journal=None if plan.dry_run else journal,
-                     force=force, holding=None if plan.dry_run else holding, events=events,
-                     memory=memory)
-        hands = self._hands
-        try:
-            try:
-                early = self._prepare(run, plan, deadline, cancelled, confirm)
-                return early if early is not None else self._kill(run, plan)
-            except Interrupted as stop:
-                hands.resume(run, run.targets.values())
-                return self._interrupted(run, plan, stop)
-            except BaseException:  # KeyboardInterrupt, SystemExit: resumed, then raised
-                hands.resume(run, run.targets.values())
-                raise
-        finally:
-            hands.close(run)
+    def _open_run(self, plan: ReapPlan, *, policy: Remediate, rules: Rules,
+                  protected: frozenset[int], journal: Journal | None, force: bool,
+                  holding: Holding | None, events: ExitSource | None,
+                  memory: LauncherMemory | None, spare: Spare | None) -> WinRun:
+        if spare is not None:  # a keep mark this reap would not honour: refused, not ignored
+            raise ValueError("the Windows reaper keeps no launcher marks (spare)")
+        return WinRun(started=self._monotonic(), policy=policy, rules=rules,
+                      protected=protected, journal=journal, force=force, holding=holding,
+                      events=events, memory=memory)
 
     def thaw_interrupted(self, members: Iterable[tuple[int, int]]) -> tuple[SignalRecord, ...]:
         """Resume every (pid, creation time) that is still that process: crash recovery
@@ -142,46 +125,19 @@ class WindowsReaper(ReaperCore):
             hands.close(run)
         return tuple(run.signals)
 
-    # -- phases ----------------------------------------------------------------------
+    # -- Windows' steps --------------------------------------------------------------
 
-    def _prepare(self, run: WinRun, plan: ReapPlan, deadline: float,
-                 cancelled: Callable[[], bool], confirm: Confirm | None) -> ReapResult | None:
-        """Everything before the first terminate; a result when the reap ends there."""
-        try:
-            return self._freeze_and_judge(run, plan, deadline, cancelled, confirm)
-        except Abort as abort:
-            self._hands.resume(run, run.targets.values())
-            return self._result(run, plan, Outcome.ABORTED, abort.reason, abort.detail)
-        except Exception as exc:  # a bug or a surprise from Windows: never leave it suspended
-            log.exception("reap of %s failed before any kill; resuming what it suspended",
-                          plan.key)
-            self._hands.resume(run, run.targets.values())
-            return self._result(run, plan, Outcome.ABORTED, DecisionReason.INTERNAL_ERROR,
-                                f"{type(exc).__name__}: {exc}")
+    def _collect_dry(self, run: WinRun) -> None:
+        """One table: a tree that keeps spawning never keeps a dry run."""
+        self._collect(run, suspend=False)
 
-    def _freeze_and_judge(self, run: WinRun, plan: ReapPlan, deadline: float,
-                          cancelled: Callable[[], bool],
-                          confirm: Confirm | None) -> ReapResult | None:
-        self._hold_planned(run, plan)
-        if plan.dry_run:  # one table: a tree that keeps spawning never keeps a dry run
-            self._collect(run, suspend=False)
-            self._confirm(run, confirm)
-            return self._result(run, plan, Outcome.DRY_RUN, "", "dry run: nothing suspended "
-                                "or terminated")
-        check_wanted(cancelled, deadline, self._monotonic)
-        run.write(Phase.INTENT, list(run.targets.values()))
-        self._confirm(run, confirm)
-        check_wanted(cancelled, deadline, self._monotonic)
-        self._freeze(run, deadline, cancelled)
-        check_wanted(cancelled, deadline, self._monotonic)
-        self._rejudge(run)  # nothing in the tree runs now: judged for the last time
-        recheck_frozen(run, plan, deadline, nvml=self.nvml, counters=self.counters,
-                       now=self._monotonic, inspect=self._inspector(run, plan))
-        self._confirm(run, confirm)
-        check_wanted(cancelled, deadline, self._monotonic)
-        return None
+    def _thaw(self, run: WinRun) -> None:
+        self._hands.resume(run, run.targets.values())
 
-    def _hold_planned(self, run: WinRun, plan: ReapPlan) -> None:
+    def _close(self, run: WinRun) -> None:
+        self._hands.close(run)
+
+    def _hold(self, run: WinRun, plan: ReapPlan) -> None:
         """Hold and judge every planned member, root first, against a fresh table; a
         member's parent must be the one the plan named (a Windows ppid never changes)."""
         table = self.control.table()
@@ -247,7 +203,8 @@ class WindowsReaper(ReaperCore):
         """Suspend root first, then whatever appears below, until nothing new does (or the
         deadline passes, or the reap is withdrawn: each pass checks). Each pass first
         waits (bounded) for the suspends to take: a thread inside CreateProcess finishes
-        it before it stops, and its child is in the table then."""
+        it before it stops, and its child is in the table then. Still wanted at the end
+        (check_wanted), or the reap is refused."""
         hands = self._hands
         for target in list(run.targets.values()):
             hands.suspend(run, target)
@@ -256,11 +213,13 @@ class WindowsReaper(ReaperCore):
             hands.wait_suspended(run, min(SUSPEND_CONFIRM_SECONDS,
                                           max(0.0, deadline - self._monotonic())))
             if not self._collect(run, suspend=True):
-                return
+                break
             if self._monotonic() > deadline:
                 raise Abort(DecisionReason.WORKER_TIMEOUT,
                             "the tree kept growing while being suspended")
             check_wanted(cancelled, deadline, self._monotonic)
+        # Windows asks once more with the tree whole and suspended, before the re-judging.
+        check_wanted(cancelled, deadline, self._monotonic)
 
     def _rejudge(self, run: WinRun) -> None:
         """Every member again, on a table read with the tree suspended."""
@@ -288,31 +247,17 @@ class WindowsReaper(ReaperCore):
             raise Abort(Reason.MEMBER_UNKNOWN, f"process {late[0].pid} appeared below member "
                         f"{late[0].ppid} with the tree suspended: not judged, not terminated")
 
-    def _kill(self, run: WinRun, plan: ReapPlan) -> ReapResult:
+    def _terminate(self, run: WinRun) -> list[WinTarget]:
+        """TerminateProcess every member, wait for each to be gone; the survivors are
+        resumed (what the terminate did not end runs on) and returned."""
         hands = self._hands
-        try:
-            for target in list(run.targets.values()):
-                hands.terminate(run, target)
-            survivors = hands.wait_gone(run, KILL_CONFIRM_SECONDS)
-            hands.resume(run, survivors)  # what the terminate did not end runs on
-        except Exception as exc:
-            log.exception("reap of %s failed while terminating; resuming what it "
-                          "suspended", plan.key)
-            hands.resume(run, run.targets.values())
-            return self._result(run, plan, Outcome.FAILED, DecisionReason.INTERNAL_ERROR,
-                                f"{type(exc).__name__}: {exc}")
-        outcome = Outcome.FAILED if survivors else Outcome.REAPED
-        detail = (f"{len(survivors)} process(es) survived TerminateProcess (resumed)"
-                  if survivors else "every member is gone")
-        return self._result(run, plan, outcome, DecisionReason.SURVIVORS if survivors else "",
-                            "; ".join([detail, *run.notes]),
-                            survivors=tuple(t.member.pid for t in survivors), reclaim=True)
+        for target in list(run.targets.values()):
+            hands.terminate(run, target)
+        survivors = hands.wait_gone(run, KILL_CONFIRM_SECONDS)
+        hands.resume(run, survivors)
+        return survivors
 
-    def _interrupted(self, run: WinRun, plan: ReapPlan, stop: Interrupted) -> ReapResult:
-        return self._interrupted_result(run, plan, stop)  # _run resumed what it suspended
-
-    def _inspector(self, run: WinRun, plan: ReapPlan) -> Callable[[GpuReading, set[str]],
-                                                                   LiveTree]:
+    def _inspector(self, run: WinRun, plan: ReapPlan) -> Inspect:
         """recheck_frozen's inspection: the Windows one over this back-end's table."""
         def inspect(reading: GpuReading, gpus: set[str]) -> LiveTree:
             return inspect_windows_tree(plan.key, nvml=self.nvml, rules=run.rules,

@@ -39,6 +39,7 @@ from gpuguard.host.windows.handles import (
     wait_any_interruptibly,
 )
 from gpuguard.host.windows.jobs import KILLED_EXIT_CODE, JobAssignError, JobObject, spawn_in_job
+from gpuguard.host.windows.tree import TOP_PIDS, WinProc, display_name
 from gpuguard.launch.options import (
     EXIT_PARENT_DIED,
     EXIT_SIGINT,
@@ -48,7 +49,6 @@ from gpuguard.launch.options import (
     Unsupported,
 )
 from gpuguard.launch.stderr import say
-from gpuguard.orphans.windows import TOP_PIDS, WinProc, display_name
 
 #: How long the teardown waits for the job to be empty before it reports who is left.
 TEARDOWN_CONFIRM_SECONDS = 5.0

@@ -1,7 +1,7 @@
 """Holding and acting on Windows processes for a reap: the back-end protocol (a handle by
 pid, the process table), the state of one reap (WinRun, WinTarget) and the hands that
 suspend, resume and terminate targets, each step checked and recorded
-(gpuguard/engine/reap/windows_reaper.py runs the phases).
+(gpuguard/engine/windows/reaper.py runs the phases).
 
 A handle is opened before a process's identity (pid and creation time) is checked; while
 it is open the process object, and so its pid, outlives the process's exit, so every
@@ -19,8 +19,8 @@ from typing import ClassVar, Protocol
 
 from gpuguard.engine.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.engine.reap.reap_run import Abort, Held, Run
+from gpuguard.host.windows.tree import WinProc
 from gpuguard.orphans.vocabulary import Reason, Unheld
-from gpuguard.orphans.windows import WinProc
 
 log = logging.getLogger("gpuguard.remediator.reaper")  # the reaper's log: one for all its parts
 
