@@ -28,7 +28,7 @@ run: $(RUN_STAMP)
 	$(VENV)/bin/gpuguard-exporter $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check build_backend gpuguard/*.py gpuguard/host gpuguard/gpu gpuguard/orphans gpuguard/web gpuguard/launch gpuguard/console gpuguard/config gpuguard/exporter gpuguard/remediator alerts grafana tests benchmarks deploy
+	$(VENV)/bin/ruff check build_backend gpuguard/*.py gpuguard/base gpuguard/engine gpuguard/host gpuguard/gpu gpuguard/orphans gpuguard/web gpuguard/launch gpuguard/console gpuguard/config gpuguard/exporter gpuguard/remediator alerts grafana tests benchmarks deploy
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -67,9 +67,9 @@ def revision() -> str:
     PYTHONPATH), the checkout's HEAD now, which may have moved since `pip install -e`
     wrote the version; anywhere else (a wheel, an sdist's build) the commit the build
     was made from; "unknown" when neither says."""
-    here = Path(__file__).resolve().parent
-    if (here.parent / ".git").exists():  # a checkout (a worktree's .git is a file)
-        live = _git_head(here)
+    checkout = Path(__file__).resolve().parents[2]  # above gpuguard/base/
+    if (checkout / ".git").exists():  # a checkout (a worktree's .git is a file)
+        live = _git_head(checkout)
         if live is not None:
             return live
     _, built = _built()
