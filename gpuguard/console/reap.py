@@ -54,24 +54,30 @@ from gpuguard.engine.decision.policy import (
     unwatched_refusal,
     verify_live,
 )
-from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
-from gpuguard.engine.platforms import inspect_tree, platform_reaper, protected_pids
+from gpuguard.engine.platforms import (
+    inspect_tree,
+    platform_guardian,
+    platform_reaper,
+    protected_pids,
+)
 from gpuguard.engine.reap.audit import (
     AuditLog,
+    Phase,
     UnsafePathError,
     audit_record,
     check_private_dir,
 )
 from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.engine.reap.settlement import final_decision, told
+from gpuguard.engine.reap.session import ReapSession, WriteAhead
 from gpuguard.engine.reap.skeleton import INTERRUPTED, Interrupted
-from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.manual_brakes import ManualBrakes
 from gpuguard.engine.state.reap_lock import runtime_dir_of
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
+from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.platform import PLATFORM
+from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 
 log = logging.getLogger("gpuguard.console.reap")
@@ -232,8 +238,8 @@ def tree_key(args: argparse.Namespace) -> TreeKey:
 
 
 class ManualReap:
-    """One `gpuguard reap`: what it was asked, and what it found as it went (the reaper's
-    journal() and confirm() read it while they run)."""
+    """One `gpuguard reap`: what it was asked, and what it found as it went (its record()
+    and confirm() read it while the reap session runs)."""
 
     named_by = f"{PROG} reap"  # who names the process, in an identity refusal
     hints = True  # refusals say what a person can do (--force)
@@ -273,7 +279,7 @@ class ManualReap:
         self.stop = StopOnSignal() if args.apply else None
         #: Continues what the reap stopped if this process is SIGKILLed mid-reap: one per
         #: reap, started before the inspection (its start overlaps it), closed after.
-        self.guardian = ThawGuardian() if args.apply and PLATFORM.thaw_guardian else None
+        self.guardian = platform_guardian() if args.apply else None
         self.live = LiveTree(root=None)
         self.result: ReapResult | None = None
         self.decision = Decision(Action.IGNORE, INTERRUPTED, "not inspected", key)  # replaced
@@ -281,11 +287,11 @@ class ManualReap:
         self.deadline: float | None = None  # the reap's (time.monotonic()), once it starts
         self.reap_id = uuid.uuid4().hex
 
-    def journal(self, phase: str, members: tuple[Member, ...]) -> None:
-        self.audit.append(audit_record(self.args.hostname, time.time(), self.decision,
-                                       self.live, None, key=self.key, mode=self.mode,
-                                       phase=phase, members=members, reap_id=self.reap_id,
-                                       manual=self.manual))
+    def record(self, phase: Phase, members: tuple[Member, ...]) -> dict[str, Any]:
+        """The intent (or joined) record the session writes before any signal."""
+        return audit_record(self.args.hostname, time.time(), self.decision, self.live, None,
+                            key=self.key, mode=self.mode, phase=phase, members=members,
+                            reap_id=self.reap_id, manual=self.manual)
 
     def confirm(self) -> tuple[AnyReason, str] | None:
         """A silenced tree (or an Alertmanager that cannot say) needs --force."""
@@ -344,10 +350,6 @@ class ManualReap:
                                  f"manual reap by {operator()}"
                                  + (f" (--force over verdict {live.verdict})"
                                     if live.verdict != Verdict.ORPHAN else ""), key)
-        plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                        gpu_bytes=live.gpu_bytes, dry_run=not args.apply, gpus=live.gpus,
-                        reasons=None if args.force  # one read checks no idleness:
-                        else self.config.remediate.rederivable(0.0))
         brakes = self.brakes() if args.apply else None
         if brakes is not None:
             # One reap at a time on the host, counted in the remediator's window, from
@@ -365,16 +367,26 @@ class ManualReap:
             # the policy's guards: pid 1, kernel threads, root-owned, remediate.users. A
             # signal during the reap reaches the reaper as Interrupted: it continues what
             # it stopped.
-            result = self.result = told(platform_reaper(
-                nvml=self.nvml, guardian=self.guardian).reap(
-                plan, policy=self.config.remediate, rules=self.config.classify,
-                protected_pids=protected_pids(), deadline=deadline,
-                journal=self.journal if args.apply else None, force=args.force,
-                confirm=self.confirm, events=events, memory=memory))
+            settled = self.session(events, memory).run(deadline=deadline,
+                                                       protected_pids=protected_pids())
+            self.result = settled.result
         finally:
             if brakes is not None:
                 brakes.release(signalled=self.result is None or self.result.signalled)
-        self.decision = final_decision(self.decision, result, key)
+        self.decision = settled.decision
+
+    def session(self, events: ExitSource | None, memory: LauncherMemory | None) -> ReapSession:
+        """The engine's reap session, on this path's decision and words: the plan's reasons
+        (any with --force), the audit record marked `manual` (a dry run writes none
+        ahead), the alert state asked at kill time, the platform's reaper."""
+        args = self.args
+        return ReapSession(
+            platform_reaper(nvml=self.nvml, guardian=self.guardian), self.key, self.decision,
+            self.live, policy=self.config.remediate, rules=self.config.classify,
+            reasons=None if args.force  # one read checks no idleness:
+            else self.config.remediate.rederivable(0.0),
+            write_ahead=WriteAhead(self.record, self.audit.append) if args.apply else None,
+            confirm=self.confirm, force=args.force, events=events, memory=memory)
 
     def brakes(self) -> ManualBrakes:
         """The host's reap lock and the policy's brakes, as this path meets them."""

@@ -1,12 +1,13 @@
 """The engine of this platform, chosen once: its reaper (signals through pidfds on Linux,
 gpuguard/engine/reap/reaper.py; handles, suspends and TerminateProcess on Windows,
-gpuguard/engine/windows/reaper.py), its live inspection of a tree and the pids it never
-signals. Both reapers answer the same reap() with the same ReapResult, so the worker,
-crash recovery and `gpuguard reap` hold a TreeReaper and never ask which.
+gpuguard/engine/windows/reaper.py), whether its reaps have a thaw guardian, its live
+inspection of a tree and the pids it never signals. Both reapers answer the same reap()
+with the same ReapResult, so the worker, crash recovery and `gpuguard reap` hold a
+TreeReaper and never ask which.
 
 Only the programs (gpuguard/remediator/, gpuguard/console/) import this module: it is
 the one place above host/ that names both back-ends, each by gpuguard.host.platform's
-name (REAPERS) or through Platform.processes (inspect_tree, protected_pids). What lies
+name (REAPERS, GUARDIANS) or through Platform.processes (inspect_tree, protected_pids). What lies
 below (engine/decision, engine/reap, engine/state) is handed what it needs."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 
-__all__ = ["REAPERS", "TreeReaper", "inspect_tree", "platform_reaper", "protected_pids"]
+__all__ = ["GUARDIANS", "REAPERS", "TreeReaper", "inspect_tree", "platform_guardian",
+           "platform_reaper", "protected_pids"]
 
 
 def _linux_reaper(nvml: HolderSource, counters: Counters, monotonic: Callable[[], float],
@@ -61,6 +63,19 @@ def platform_reaper(platform: Platform = PLATFORM, *, nvml: HolderSource,
     """The reaper of `platform` (its name picks it from REAPERS); `guardian` (where the
     platform has one) continues what a reap stopped if the process doing it dies."""
     return REAPERS[platform.name](nvml, counters, monotonic, guardian)
+
+
+#: Whether each platform's reaps have a thaw guardian, by gpuguard.host.platform's name:
+#: Linux's reaper hands it the pidfd of every member before its SIGSTOP; Windows has none
+#: (a Job Object's handles die with the process that holds them).
+GUARDIANS: dict[str, Callable[[], ThawGuardian | None]] = {
+    LINUX: ThawGuardian, WINDOWS: lambda: None}
+
+
+def platform_guardian(platform: Platform = PLATFORM) -> ThawGuardian | None:
+    """A new thaw guardian for `platform`'s reaper (platform_reaper's `guardian`), or None
+    where the platform has none; its owner starts it and closes it."""
+    return GUARDIANS[platform.name]()
 
 
 def inspect_tree(key: TreeKey, *, nvml: HolderSource, rules: Rules,

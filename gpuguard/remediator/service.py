@@ -24,7 +24,12 @@ from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
 from gpuguard.engine.decision.chain_watch import ChainWatch
 from gpuguard.engine.decision.idle_watch import IdleWatch
 from gpuguard.engine.decision.inspection import HolderSource
-from gpuguard.engine.platforms import TreeReaper, platform_reaper, protected_pids
+from gpuguard.engine.platforms import (
+    TreeReaper,
+    platform_guardian,
+    platform_reaper,
+    protected_pids,
+)
 from gpuguard.engine.reap.audit import AuditLog, UnsafePathError
 from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.state.audit_trail import AuditTrail
@@ -287,7 +292,7 @@ def build_remediator(
         log.info("%s", problem)
     guardian = None
     if reaper is None:
-        guardian = ThawGuardian() if platform.thaw_guardian else None
+        guardian = platform_guardian(platform)
         reaper = platform_reaper(platform, nvml=nvml, counters=counters, monotonic=monotonic,
                                  guardian=guardian)
     if alertmanager is None and policy.alertmanager is not None:

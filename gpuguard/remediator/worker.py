@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import Any
 
 from gpuguard.base.counters import Counters
 from gpuguard.config import Config
@@ -21,12 +22,11 @@ from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Action, Decision, decide
-from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
 from gpuguard.engine.platforms import inspect_tree, protected_pids
-from gpuguard.engine.reap.audit import audit_record
-from gpuguard.engine.reap.outcome import Outcome, ReapResult
-from gpuguard.engine.reap.settlement import final_decision, told
+from gpuguard.engine.reap.audit import Phase, audit_record
+from gpuguard.engine.reap.outcome import Outcome
+from gpuguard.engine.reap.session import ReapSession, Settled, WriteAhead
 from gpuguard.engine.reap.skeleton import TreeReaper
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.decision_log import DecisionSource
@@ -38,7 +38,6 @@ from gpuguard.engine.state.refusals import RefusalMemory
 from gpuguard.engine.state.workstate import WorkState
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 
 log = logging.getLogger("gpuguard.remediator")
@@ -295,24 +294,12 @@ class Worker:
         work = self._work
         key = item.key
         policy = work.policy
-        plan = ReapPlan(key=key, members=live.members, holders=live.holders,
-                        gpu_bytes=live.gpu_bytes, dry_run=decision.action == Action.DRY_RUN,
-                        gpus=live.gpus,
-                        reasons=policy.rederivable(decision.idle_checked, decision.reason))
-        result: ReapResult | None = None
 
-        def journal(phase: str, members: tuple[Member, ...]) -> None:
-            """Ledger (for crash recovery) and audit log name them before any signal."""
-            work.ledger.add_members(key, [(m.pid, m.start_time, m.state in STOPPED_STATES)
-                                          for m in members])
-            self._trail.append(audit_record(work.hostname, work.clocks.wall(), decision, live,
-                                            None, key=key, mode=policy.mode, item=item,
-                                            phase=phase, members=members, reap_id=reap_id))
-
-        def holding(members: tuple[tuple[int, int], ...], held: bool) -> None:
-            """The ledger: which members this reap may hold stopped (crash recovery
-            continues only those)."""
-            work.ledger.mark_held(key, members, held)
+        def record(phase: Phase, members: tuple[Member, ...]) -> dict[str, Any]:
+            """The intent (or joined) record, after the ledger named them (the session)."""
+            return audit_record(work.hostname, work.clocks.wall(), decision, live, None,
+                                key=key, mode=policy.mode, item=item, phase=phase,
+                                members=members, reap_id=reap_id)
 
         confirmations: list[Confirmation] = []
 
@@ -329,26 +316,27 @@ class Worker:
             confirmations.append(answer)
             return None if answer.firing else refusal_of(answer)
 
-        try:
-            result = self._reaper.reap(
-                plan, policy=policy, rules=self._config.classify,
-                protected_pids=work.protected, deadline=deadline, journal=journal,
-                cancelled=lambda: key in work.cancelled,
-                confirm=confirm if self._alertmanager is not None else None,
-                holding=holding, events=self._events, memory=self._launchers)
-        except Exception:
+        def raised() -> None:
             log.exception("reaping %s raised; the key stays settled, the tree is not retried",
                           key)
-        self._settle(item, decision, live, result, reap_id,
+
+        session = ReapSession(
+            self._reaper, key, decision, live, policy=policy, rules=self._config.classify,
+            reasons=policy.rederivable(decision.idle_checked, decision.reason),
+            write_ahead=WriteAhead(record, self._trail.append, marks=work.ledger),
+            confirm=confirm if self._alertmanager is not None else None,
+            cancelled=lambda: key in work.cancelled, events=self._events,
+            memory=self._launchers)
+        settled = session.run(deadline=deadline, protected_pids=work.protected,
+                              on_raise=raised)
+        self._settle(item, decision, live, settled, reap_id,
                      confirmations[-1] if confirmations else None)
 
     def _settle(self, item: PendingItem, decision: Decision, live: LiveTree,
-                result: ReapResult | None, reap_id: str,
-                confirmation: Confirmation | None) -> None:
-        """Count, audit and settle a reap that ran (or raised: `result` None)."""
+                settled: Settled, reap_id: str, confirmation: Confirmation | None) -> None:
+        """Count, audit and settle a reap that ran (or raised: no result)."""
         work = self._work
-        result = told(result) if result is not None else None
-        final = final_decision(decision, result, item.key)
+        result, final = settled.result, settled.decision
         with work.lock:
             if result is not None:
                 work.metrics.reaped_processes += result.killed

@@ -8,6 +8,7 @@ import pytest
 from gpuguard.console import reap as console_reap
 from gpuguard.engine.decision.policy import Action, Decision
 from gpuguard.engine.decision.tree import TreeKey
+from gpuguard.engine.reap import session
 from gpuguard.engine.reap.outcome import Outcome, ReapResult
 from gpuguard.engine.reap.settlement import final_decision
 from gpuguard.remediator import worker
@@ -21,8 +22,10 @@ def aborted(reason: str) -> ReapResult:
 
 
 def test_both_paths_settle_with_the_same_step() -> None:
-    assert worker.final_decision is final_decision
-    assert console_reap.final_decision is final_decision
+    """Through the one reap session (engine/reap/session.py), which settles with
+    final_decision (tests/pure/test_reap_session.py: no one else calls it)."""
+    assert worker.ReapSession is console_reap.ReapSession is session.ReapSession
+    assert session.final_decision is final_decision
 
 
 @pytest.mark.parametrize(("reason", "action", "code"), [

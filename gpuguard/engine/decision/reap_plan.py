@@ -1,5 +1,6 @@
 """What a reap is asked to do (ReapPlan): the tree as inspected and what the decision
-rested on. Plain data, built by the worker, `gpuguard reap` and `gpuguard run`."""
+rested on. Plain data, built by the reap session (gpuguard/engine/reap/session.py: the
+worker's reaps, `gpuguard reap`'s) and by `gpuguard run`'s teardown."""
 
 from __future__ import annotations
 

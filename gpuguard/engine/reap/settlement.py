@@ -1,5 +1,6 @@
 """What a reap that ran amounts to, audited one way whoever ran it: the remediator's
-worker and `gpuguard reap --apply` both settle a reaper's result here."""
+worker and `gpuguard reap --apply` both settle a reaper's result here, through the one
+reap session (session.py)."""
 
 from __future__ import annotations
 
