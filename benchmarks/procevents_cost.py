@@ -265,7 +265,7 @@ def chain_watch_cost(result: Result, tmp: Path) -> None:
     them orphaned): CPU per refresh, and its share of one core at its period."""
     from benchmarks.harness import FakeNvml, spawn_gpu_trees
     from gpuguard.base.counters import Counters
-    from gpuguard.engine.decision.chain_watch import WATCH_PERIOD_SECONDS, ChainWatch
+    from gpuguard.engine.scan.chain_watch import WATCH_PERIOD_SECONDS, ChainWatch
     from gpuguard.gpu.nvml import Nvml
     from gpuguard.host.events.listener import ProcessEvents
     from gpuguard.orphans.rules_config import Rules

@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Iterable
 
 from gpuguard.base.counters import COUNTERS, Counters
-from gpuguard.engine.decision.inspection import (
+from gpuguard.engine.decision.tree import LiveTree, TreeKey
+from gpuguard.engine.reap.skeleton import TreeReaper
+from gpuguard.engine.reap.thaw_guardian import ThawGuardian
+from gpuguard.engine.scan.inspection import (
     HolderSource,
     inspect_proc_tree,
     proc_protected_pids,
 )
-from gpuguard.engine.decision.tree import LiveTree, TreeKey
-from gpuguard.engine.reap.skeleton import TreeReaper
-from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.windows.inspection import inspect_windows_tree, table_protected_pids
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory

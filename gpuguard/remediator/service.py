@@ -21,9 +21,6 @@ from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
-from gpuguard.engine.decision.chain_watch import ChainWatch
-from gpuguard.engine.decision.idle_watch import IdleWatch
-from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.platforms import (
     TreeReaper,
     platform_guardian,
@@ -32,6 +29,9 @@ from gpuguard.engine.platforms import (
 )
 from gpuguard.engine.reap.audit import AuditLog, UnsafePathError
 from gpuguard.engine.reap.thaw_guardian import ThawGuardian
+from gpuguard.engine.scan.chain_watch import ChainWatch
+from gpuguard.engine.scan.idle_watch import IdleWatch
+from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.clocks import Clocks
 from gpuguard.engine.state.decision_log import DecisionLog

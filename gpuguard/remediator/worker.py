@@ -18,8 +18,6 @@ from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
 from gpuguard.engine.alerting.confirmation import Confirmation, ConfirmationState
-from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
-from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.pending import PendingItem
 from gpuguard.engine.decision.policy import Action, Decision, decide
 from gpuguard.engine.decision.tree import LiveTree, Member, ReapMark, TreeKey
@@ -28,6 +26,8 @@ from gpuguard.engine.reap.audit import Phase, audit_record
 from gpuguard.engine.reap.outcome import Outcome
 from gpuguard.engine.reap.session import ReapSession, Settled, WriteAhead
 from gpuguard.engine.reap.skeleton import TreeReaper
+from gpuguard.engine.scan.idle_watch import IdleWatch, watched_inspection
+from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.engine.state.audit_trail import AuditTrail
 from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.engine.state.interrupted_reaps import InterruptedReaps

@@ -22,7 +22,7 @@ import pytest
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.chain_watch import ChainWatch
+from gpuguard.engine.scan.chain_watch import ChainWatch
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.events.listener import ProcessEvents

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.engine.decision.idle_watch import watch_period
+from gpuguard.engine.scan.idle_watch import watch_period
 from gpuguard.host.events.listener import ProcessEvents
 from tests.support.ci import RUN_INITIAL_PIDNS, require
 from tests.support.fakenvml import FakeGpuWorld

@@ -14,13 +14,13 @@ import pytest
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member, TreeKey
 from gpuguard.engine.platforms import inspect_tree
 from gpuguard.engine.reap.outcome import KillPath, ReapResult
 from gpuguard.engine.reap.reap_run import Journal
 from gpuguard.engine.reap.reaper import Reaper
+from gpuguard.engine.scan.inspection import member_of
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.marks import Marks

@@ -52,6 +52,8 @@ IO_MODULES = frozenset({
     "gpuguard.engine.reap.signalling", "gpuguard.engine.reap.freezing",
     "gpuguard.engine.reap.killing", "gpuguard.engine.reap.recheck",
     "gpuguard.engine.reap.recovery", "gpuguard.engine.reap.thaw_guardian",
+    "gpuguard.engine.scan.inspection", "gpuguard.engine.scan.idle_watch",
+    "gpuguard.engine.scan.chain_watch",
 })
 
 #: gpuguard/orphans/: each module it may import, with the names it may take from it (None:
@@ -327,10 +329,11 @@ def test_the_classifier_imports_only_its_allow_list() -> None:
     assert bad == [], "gpuguard/orphans/ is pure; not allowed:\n" + "\n".join(bad)
 
 
-#: Pure modules besides the classifier: the kill policy, and the settlement of a reap's
-#: result (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
+#: Pure modules besides the classifier: the decision (the kill policy, the tree, the reap
+#: plan and pending-item records: the whole folder), and the settlement of a reap's result
+#: (the worker and `gpuguard reap` share it; it must not pull the HTTP client in).
 @pytest.mark.parametrize("pure", ["gpuguard.orphans", "gpuguard.host.windows.tree",
-                                  "gpuguard.engine.decision.policy",
+                                  "gpuguard.engine.decision",
                                   "gpuguard.engine.reap.settlement"])
 def test_pure_modules_import_no_io(pure: str) -> None:
     bad = [f"{module}:{line}: {imported}" + (f" ({name})" if name else "")

@@ -19,10 +19,10 @@ import time
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate, UserFilter
-from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import TreeKey
 from gpuguard.engine.reap.reaper import Reaper
+from gpuguard.engine.scan.inspection import member_of
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules

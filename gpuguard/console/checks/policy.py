@@ -28,10 +28,10 @@ from gpuguard.console.evidence import launcher_evidence
 from gpuguard.console.json_records import live_json
 from gpuguard.console.render import make_console, policy_renderable, print_json
 from gpuguard.engine.alerting.alerts import Alert, Notification, PayloadError, parse_notification
-from gpuguard.engine.decision.idle_watch import IdleWatch, watched_inspection
 from gpuguard.engine.decision.policy import Action, PolicyState, decide, policy_state, screen
 from gpuguard.engine.decision.tree import ReapMark, TreeKey
 from gpuguard.engine.platforms import inspect_tree, protected_pids
+from gpuguard.engine.scan.idle_watch import IdleWatch, watched_inspection
 from gpuguard.engine.state.ledger import FILE_NAME as LEDGER_FILE
 from gpuguard.engine.state.ledger import Ledger, LedgerError, this_boot_id
 from gpuguard.engine.state.reap_window import WindowUnreadable, read_manual_reaps

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable
 
 from gpuguard.base.counters import Counters
-from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.decision.policy import member_refusal
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member
@@ -20,6 +19,7 @@ from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.outcome import Kept, KillPath
 from gpuguard.engine.reap.reap_run import Abort, ReapRun, RefusedStop, Target, check_wanted
 from gpuguard.engine.reap.signalling import Signaller
+from gpuguard.engine.scan.inspection import member_of
 from gpuguard.host.descriptors import Budget, descriptor_budget
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.members import judge_member

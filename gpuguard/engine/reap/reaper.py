@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource, inspect_proc_tree
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree
 from gpuguard.engine.reap.freezing import Freezer
@@ -48,6 +47,7 @@ from gpuguard.engine.reap.signalling import (
 )
 from gpuguard.engine.reap.skeleton import NO_PIDFD, ReaperCore, ReapTexts
 from gpuguard.engine.reap.thaw_guardian import ThawGuardian
+from gpuguard.engine.scan.inspection import HolderSource, inspect_proc_tree
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource, ProcessView

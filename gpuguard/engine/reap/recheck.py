@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gpuguard.engine.decision.inspection import (
+from gpuguard.engine.decision.policy import verify_live
+from gpuguard.engine.decision.reap_plan import ReapPlan
+from gpuguard.engine.decision.tree import LiveTree, Member
+from gpuguard.engine.reap.reap_run import Abort
+from gpuguard.engine.scan.inspection import (
     HolderSource,
     NvmlTimeout,
     nvml_problem,
     read_within,
 )
-from gpuguard.engine.decision.policy import verify_live
-from gpuguard.engine.decision.reap_plan import ReapPlan
-from gpuguard.engine.decision.tree import LiveTree, Member
-from gpuguard.engine.reap.reap_run import Abort
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource

@@ -12,10 +12,10 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
-from gpuguard.engine.decision.inspection import member_of
 from gpuguard.engine.reap.outcome import KillPath, SignalRecord, SignalResult
 from gpuguard.engine.reap.reap_run import Abort, NoPidfd, ReapRun, Target
 from gpuguard.engine.reap.thaw_guardian import GuardianError, ThawGuardian
+from gpuguard.engine.scan.inspection import member_of
 from gpuguard.orphans.process import (
     EXITED_STATES,
     STOPPED_STATES,

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.outcome import Outcome, ReapResult, SignalRecord, SignalResult
@@ -32,6 +31,7 @@ from gpuguard.engine.reap.reap_run import (
     check_wanted,
 )
 from gpuguard.engine.reap.recheck import Inspect, recheck_frozen
+from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
 from gpuguard.host.procfs import ExitSource

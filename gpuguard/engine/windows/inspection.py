@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-from gpuguard.engine.decision.inspection import HolderSource, nvml_problem
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.engine.scan.inspection import HolderSource, nvml_problem
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.platform import TableSource
 from gpuguard.host.windows.tree import TOP_PIDS, WinProc, classify_windows, display_name

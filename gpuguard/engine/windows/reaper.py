@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config.remediate import Remediate
-from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.policy import member_refusal
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import LiveTree, Member
@@ -48,6 +47,7 @@ from gpuguard.engine.reap.outcome import SignalRecord
 from gpuguard.engine.reap.reap_run import Abort, Holding, Journal, Spare, check_wanted
 from gpuguard.engine.reap.recheck import Inspect
 from gpuguard.engine.reap.skeleton import ReaperCore, ReapTexts
+from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.engine.windows.control import (
     SUSPEND,
     SUSPEND_CONFIRM_SECONDS,

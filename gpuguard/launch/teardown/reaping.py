@@ -13,11 +13,11 @@ import time
 
 from gpuguard.base.counters import Counters
 from gpuguard.config.remediate import Mode, Remediate, UserFilter
-from gpuguard.engine.decision.inspection import member_of, proc_protected_pids
 from gpuguard.engine.decision.reap_plan import ReapPlan
 from gpuguard.engine.decision.tree import Member, TreeKey
 from gpuguard.engine.reap.outcome import ReapResult
 from gpuguard.engine.reap.reaper import Reaper
+from gpuguard.engine.scan.inspection import member_of, proc_protected_pids
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.options import Options

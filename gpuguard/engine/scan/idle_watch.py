@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from gpuguard.base.counters import Counters
 from gpuguard.base.periodic import Periodic
-from gpuguard.engine.decision.inspection import HolderSource
 from gpuguard.engine.decision.tree import HolderIdle, LiveTree
+from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.idleness import IdleBook, observe, sightings_of

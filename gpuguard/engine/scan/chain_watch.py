@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from gpuguard.base.counters import Counters
 from gpuguard.base.periodic import Periodic
-from gpuguard.engine.decision.inspection import HolderSource, read_within
+from gpuguard.engine.scan.inspection import HolderSource, read_within
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.procfs import ProcessView
