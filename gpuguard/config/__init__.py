@@ -22,20 +22,21 @@ from gpuguard.config.accounting import (
     parse_audit,
     parse_quotas,
 )
-from gpuguard.config.classify import parse_classify
+from gpuguard.config.classify import default_rules, parse_classify
 from gpuguard.config.remediate import Remediate, default_remediate, parse_remediate
+from gpuguard.host.backend import Defaults
 from gpuguard.host.platform import PLATFORM
-from gpuguard.orphans.rules_config import Rules, default_rules
+from gpuguard.orphans.rules_config import Rules
 
 
 def platform_rules() -> Rules:
     """The `classify:` defaults of the platform this runs on (Windows' or Linux')."""
-    return default_rules(windows=PLATFORM.windows_defaults)
+    return default_rules(PLATFORM.defaults)
 
 
 def platform_remediate() -> Remediate:
     """The `remediate:` defaults of the platform this runs on (its paths differ)."""
-    return default_remediate(windows=PLATFORM.windows_defaults)
+    return default_remediate(PLATFORM.defaults)
 
 
 @dataclass(frozen=True)
@@ -50,18 +51,18 @@ class Config:
 
 
 def parse_config(text: str, *, source: str = "<string>",
-                 windows: bool = PLATFORM.windows_defaults) -> Config:
-    """The config file's text, validated; `windows`: which platform's `classify:` and
-    `remediate:` defaults (patterns, adopters, paths) fill in the keys it leaves out
-    (the one this runs on, unless told)."""
+                 defaults: Defaults = PLATFORM.defaults) -> Config:
+    """The config file's text, validated; `defaults`: the platform's `classify:` and
+    `remediate:` defaults (patterns, adopters, paths) that fill in the keys it leaves
+    out (the one this runs on, unless told)."""
     data = parse_yaml(text, source=source)
     got = mapping(At(CONFIG_FILE, source=source), data, {
-        "classify": lambda at, v: parse_classify(at, v, windows=windows),
-        "remediate": lambda at, v: parse_remediate(at, v, windows=windows),
+        "classify": lambda at, v: parse_classify(at, v, defaults=defaults),
+        "remediate": lambda at, v: parse_remediate(at, v, defaults=defaults),
         "quotas": parse_quotas, "audit": parse_audit, "accounting": parse_accounting})
     return Config(
-        classify=got.get("classify", default_rules(windows=windows)),
-        remediate=got.get("remediate", default_remediate(windows=windows)),
+        classify=got.get("classify", default_rules(defaults)),
+        remediate=got.get("remediate", default_remediate(defaults)),
         quotas=got.get("quotas", Quotas()),
         audit=got.get("audit", Audit()),
         accounting=got.get("accounting", AccountingSection()),

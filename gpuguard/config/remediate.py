@@ -24,7 +24,7 @@ from gpuguard.base.validation import (
     string,
     string_list,
 )
-from gpuguard.orphans.rules_config import WINDOWS_DATA_DIR
+from gpuguard.host.backend import Defaults
 from gpuguard.orphans.vocabulary import ORPHAN_REASONS as VOCABULARY_ORPHAN_REASONS
 from gpuguard.orphans.vocabulary import Reason
 
@@ -188,23 +188,16 @@ class Remediate:
                 else -(-self.max_pending // 2))
 
 
-#: `remediate.state_dir` and `remediate.audit_log` on Windows (the loader passes
-#: gpuguard.host.platform.PLATFORM; this module never asks which platform it runs on).
-WINDOWS_STATE_DIR = WINDOWS_DATA_DIR + "\\state"
-WINDOWS_AUDIT_LOG = WINDOWS_DATA_DIR + "\\log\\audit.jsonl"
+def default_paths(defaults: Defaults) -> dict[str, Any]:
+    """The `remediate:` path defaults of a platform (`Platform.defaults`: Linux's are
+    Remediate's own, Windows' lie under C:\\ProgramData\\gpuguard). The loader passes
+    gpuguard.host.platform.PLATFORM's; this module never asks which platform it runs on."""
+    return {"state_dir": defaults.state_dir, "audit_log": defaults.audit_log}
 
 
-def default_paths(*, windows: bool) -> dict[str, Any]:
-    """The `remediate:` path defaults of a platform: Linux's (Remediate's own), or
-    Windows' under C:\\ProgramData\\gpuguard."""
-    if windows:
-        return {"state_dir": WINDOWS_STATE_DIR, "audit_log": WINDOWS_AUDIT_LOG}
-    return {}
-
-
-def default_remediate(*, windows: bool) -> Remediate:
+def default_remediate(defaults: Defaults) -> Remediate:
     """The `remediate:` section a config leaves out, on a platform."""
-    return Remediate(**default_paths(windows=windows))
+    return Remediate(**default_paths(defaults))
 
 
 def _user_entries(at: At, value: Any) -> tuple[str, ...]:
@@ -305,9 +298,9 @@ def _alertmanager(at: At, value: Any) -> AlertmanagerConfig:
     return config
 
 
-def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
-    """The `remediate:` section; `windows`: which platform's path defaults fill in the
-    keys it leaves out."""
+def parse_remediate(at: At, value: Any, *, defaults: Defaults) -> Remediate:
+    """The `remediate:` section; `defaults`: the platform's, whose paths fill in the keys
+    it leaves out."""
     got = mapping(at, value, {
         "mode": lambda at, v: choice(at, v, tuple(Mode)),
         "alerts": string_list,
@@ -327,4 +320,4 @@ def parse_remediate(at: At, value: Any, *, windows: bool = False) -> Remediate:
         "audit_log": lambda at, v: string(at, v, non_empty=True),
         "alertmanager": _alertmanager,
     })
-    return Remediate(**{**default_paths(windows=windows), **got})
+    return Remediate(**{**default_paths(defaults), **got})

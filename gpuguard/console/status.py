@@ -133,13 +133,14 @@ def tree_json(tree: Tree, snap: Snapshot, alerts: dict[int, dict[str, Any]] | No
 
 def launchers_of(tree: Tree, marks_dir: str | None,
                  platform: Platform = PLATFORM) -> list[dict[str, Any]]:
-    """The `gpuguard run` launchers among the tree's members, with their tiers (Linux:
-    the registrations in classify.marks_dir); [] without a directory to read."""
-    if marks_dir is None or not platform.registrations:
+    """The `gpuguard run` launchers among the tree's members, with their tiers (the
+    registrations in classify.marks_dir); [] without a directory to read (none given,
+    or a platform that keeps no registrations)."""
+    if (directory := platform.registrations.read_from(marks_dir)) is None:
         return []
     from gpuguard.launch.registration import run_launchers
 
-    return run_launchers(marks_dir, tree_members(tree))
+    return run_launchers(directory, tree_members(tree))
 
 
 def status_json(snap: Snapshot, hostname: str,

@@ -24,7 +24,6 @@ from gpuguard.host.allocator import one_malloc_arena
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.events.privilege import release_net_admin
 from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
-from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView, boot_id, identity_alive
 from gpuguard.host.registrar import Registrar, start_registrar
@@ -162,7 +161,7 @@ def reload_config(args: argparse.Namespace, scanner: Scanner, web: WebConfigSour
         config = load_config(args.config)
         if web is not None:
             web.reload()
-        if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
+        if problem := platform.registrations.prepare(config.classify.marks_dir):
             log.info("%s", problem)
         scanner.reconfigure(rules=config.classify, quotas=config.quotas, audit=config.audit,
                            accounting=config.accounting.idle,
@@ -192,12 +191,11 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         # First, before any other thread: the subscription needs CAP_NET_ADMIN, dropped
         # right after it, and a thread started earlier would keep its own copy.
         events.start(after_subscribe=release_net_admin)
-    if platform.registrations and (problem := ensure_marks_dir(config.classify.marks_dir)):
+    if problem := platform.registrations.prepare(config.classify.marks_dir):
         log.info("%s", problem)
     # A new classify.marks_dir takes a restart here; where its directory could not be
-    # made, ensure_marks_dir has said why registrations are off (and none is expected).
-    registrar = (Registrar(config.classify.marks_dir) if platform.registrations
-                 and os.path.isdir(config.classify.marks_dir) else None)
+    # made, prepare has said why registrations are off (and none is expected).
+    registrar = platform.registrations.registrar(config.classify.marks_dir)
     registrar_health = registrar.health if registrar is not None else None
     registry = CollectorRegistry()
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,

@@ -25,7 +25,7 @@ DEFAULT_PROTECT = (
 #: Processes that adopt orphans (PID 1 aside): rule 6 trusts E1 under them as proof.
 DEFAULT_ADOPTERS = ("systemd", "containerd-shim", "tini", "dumb-init", "docker-init")
 #: Windows' defaults (gpuguard/host/windows/tree.py), which the config loader applies on
-#: Windows where the config names none (the platform back-end's `windows_defaults`).
+#: Windows where the config names none (the Windows back-end's `Defaults`).
 #: Protect patterns match names and whole command lines, case-insensitively as every
 #: protect pattern: notebooks, `nohup` (MSYS, Cygwin), VS Code, the shell, the services
 #: (issue 30's six); then what DEFAULT_PROTECT guards on Linux, as Windows spells it:
@@ -226,18 +226,3 @@ class Rules:
         orphans (the remediator's killer is the `Reaper`; this is not it)."""
         return any(comm == name[:COMM_LEN] for name in self.adopters)
 
-
-def default_rules(*, windows: bool) -> Rules:
-    """The `classify:` defaults of a platform: Linux's, or Windows' protect patterns,
-    adopters and marks directory. The loader asks it with the platform back-end's
-    `windows_defaults` (gpuguard.host.platform); this module never asks which platform
-    it runs on."""
-    if windows:
-        return Rules(protect=WINDOWS_PROTECT, adopters=WINDOWS_ADOPTERS,
-                     marks_dir=WINDOWS_MARKS_DIR)
-    return Rules()
-
-
-def default_marks_dir(*, windows: bool) -> str:
-    """`classify.marks_dir`'s default on a platform (the CLI's --marks-dir shows it)."""
-    return default_rules(windows=windows).marks_dir

@@ -35,6 +35,7 @@ from gpuguard.host.users import (
     group_names,
     label_names,
 )
+from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.web.serving import create_server
 from tests.live.test_users import Answers, Clock
@@ -266,7 +267,7 @@ def test_a_hung_group_lookup_costs_a_scan_its_bound_once_a_minute() -> None:
     (their own quota or "*" applies) for FAILURE_TTL_SECONDS, then NSS is asked again."""
     nss = HangingGroups("staff")
     clock = Clock()
-    groups = GroupCache(clock=clock, nss=True, lookup=BoundedLookup(
+    groups = GroupCache(clock=clock, lookup=BoundedLookup(
         nss, timeout=0.05, what="the groups of", meanwhile="no group quota applies"))
     try:
         started = time.monotonic()
@@ -297,8 +298,10 @@ def test_the_exporters_group_lookup_is_bounded_and_asks_nss() -> None:
     me = pwd.getpwuid(os.getuid())
     assert grp.getgrgid(me.pw_gid).gr_name in group_names(me.pw_name)
     assert group_names("no-such-user-gpuguard-test") == frozenset()
-    never = HangingGroups("staff")
-    assert GroupCache(nss=False, lookup=never)("alice") == frozenset() and never.asked == []
+    # Windows has no NSS groups: its platform's lookup answers none and starts no NSS ask.
+    no_groups = WINDOWS_BACKEND.group_lookup()
+    assert not isinstance(no_groups, BoundedLookup)
+    assert GroupCache(lookup=no_groups)("alice") == frozenset()
 
 
 def test_the_group_cache_keeps_at_most_max_entries_users() -> None:
@@ -310,7 +313,7 @@ def test_the_group_cache_keeps_at_most_max_entries_users() -> None:
         asked.append(user)
         return frozenset({"staff"})
 
-    groups = GroupCache(clock=Clock(), nss=True, lookup=nss, max_entries=2)
+    groups = GroupCache(clock=Clock(), lookup=nss, max_entries=2)
     for user in ("100001", "100002", "100003"):
         assert groups(user) == {"staff"}
     assert groups("100003") == {"staff"} and groups("100002") == {"staff"}

@@ -54,12 +54,11 @@ from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
 from gpuguard.host.platform import PLATFORM
 from gpuguard.launch.options import DEFAULT_GRACE_SECONDS, TIERS
-from gpuguard.orphans.rules_config import default_marks_dir
 from gpuguard.web.serving import positive_float
 
 RAW = argparse.RawDescriptionHelpFormatter
 #: classify.marks_dir's default on this platform (--marks-dir's).
-MARKS_DIR = default_marks_dir(windows=PLATFORM.windows_defaults)
+MARKS_DIR = PLATFORM.defaults.marks_dir
 #: What add_subparsers() returns (argparse names its class privately).
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

@@ -24,23 +24,13 @@ TokenSource = Callable[[], "bytes | None"]
 def private_file_problem(path: str, st: os.stat_result) -> str | None:
     """Why a file holding a secret is not private, or None.
 
-    Private means a regular file that only its owner can read or write (mode 0600 or
-    stricter), owned by this daemon's user or by root: a file another user owns is one
-    they can rewrite (and so choose the token), a group- or world-readable one leaks it."""
+    Private means a regular file that only its owner may read or write; who that may be
+    is the platform's to say (`Platform.secret_file_problem`: on Linux mode 0600 or
+    stricter, owned by this daemon's user or by root; on Windows the file's ACL, which is
+    not read here: docs/windows.md, restrict it with icacls)."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file"
-    if not PLATFORM.posix_permissions:
-        # No mode bits and no uid there: who may read it is the file's ACL, which is not
-        # read here (docs/windows.md: restrict it with icacls).
-        return None
-    if st.st_mode & 0o077:
-        return (f"{path} is mode {stat.S_IMODE(st.st_mode):04o}: a token file must be "
-                "readable by its owner only (chmod 600)")
-    euid = os.geteuid()
-    if st.st_uid not in (euid, 0):
-        return (f"{path} is owned by uid {st.st_uid}: a token file must belong to this "
-                f"daemon's user (uid {euid}) or root")
-    return None
+    return PLATFORM.secret_file_problem(path, st)
 
 
 def _signature(st: os.stat_result) -> tuple[int, ...]:

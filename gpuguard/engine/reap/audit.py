@@ -155,7 +155,8 @@ def _reparse_point(st: os.stat_result) -> bool:
 
 
 def check_private_dir(path: Path, what: str) -> None:
-    """`path` must be a real directory (no symlink), owned by us, writable by no one else.
+    """`path` must be a real directory (no symlink), owned by us, writable by no one else
+    (as the platform says who owns and may write it).
 
     The remediator runs as root and writes where its config says; a directory someone
     else owns or can write lets them plant a symlink at the audit log or swap the
@@ -168,16 +169,11 @@ def check_private_dir(path: Path, what: str) -> None:
     if (stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode)
             or _reparse_point(st)):
         raise UnsafePathError(f"{path}: {what} must be a directory, not a symlink or file")
-    if not PLATFORM.posix_permissions:
-        # Windows: no uid and no mode bits there: who may write it is the folder's ACL, which is
-        # not read here (docs/windows.md: an Administrators-only folder).
-        return
-    if st.st_uid != os.geteuid():
-        raise UnsafePathError(f"{path}: {what} is owned by uid {st.st_uid}, not by this "
-                              f"process's uid {os.geteuid()}")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafePathError(f"{path}: {what} is writable by group or others "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}); chmod go-w it")
+    # Who else may write it is the platform's to say: POSIX owner and mode bits, or on
+    # Windows the folder's ACL, which is not read here (docs/windows.md: an
+    # Administrators-only folder).
+    if (problem := PLATFORM.private_dir_problem(path, what, st)) is not None:
+        raise UnsafePathError(problem)
 
 
 class AuditLog:

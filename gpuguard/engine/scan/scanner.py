@@ -52,7 +52,6 @@ from gpuguard.host.users import (
     FAILURE_TTL_SECONDS,
     USERS,
     UserNames,
-    label_groups,
     label_names,
 )
 from gpuguard.host.windows.tree import WinProcInfo, classify_windows
@@ -182,25 +181,22 @@ class GroupCache:
     """
 
     def __init__(self, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
-                 nss: bool = PLATFORM.nss_groups,
                  lookup: Callable[[str], frozenset[str]] | None = None,
                  failure_ttl: float = FAILURE_TTL_SECONDS,
                  max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        """`nss`: the platform has NSS groups (Windows has none: only per-user quotas and
-        "*" apply there). `lookup`: user -> group names, bounded by default."""
-        self._nss = nss
+        """`lookup`: user -> group names; by default the platform's (`group_lookup`: NSS,
+        bounded, on Linux; Windows has no groups, so only per-user quotas and "*" apply
+        there)."""
         self._ttl = ttl
         self._failure_ttl = failure_ttl
         self._max = max(1, max_entries)
         self._clock = clock
-        self._lookup = lookup if lookup is not None else label_groups()
+        self._lookup = lookup if lookup is not None else PLATFORM.group_lookup()
         #: user -> (asked at, group names, whether NSS answered)
         self._cache: dict[str, tuple[float, frozenset[str], bool]] = {}
         self.lookups = 0
 
     def __call__(self, user: str) -> frozenset[str]:
-        if not self._nss:
-            return frozenset()
         now = self._clock()
         hit = self._cache.get(user)
         if hit is not None and now - hit[0] < (self._ttl if hit[2] else self._failure_ttl):
@@ -542,7 +538,7 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
     scan_view, table = platform.processes(procfs=over_procfs, table=over_table)
     return Scanner(rules=rules, nvml=gpu_source(platform, COUNTERS), interval=interval,
                    view=scan_view, table=table, boot_clock=platform.boot_clock,
-                   groups=GroupCache(nss=platform.nss_groups), quotas=quotas, audit=audit,
+                   groups=GroupCache(lookup=platform.group_lookup()), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,
                    unlisted=accounting.unlisted if accounting is not None else None,
                    orphan_clock=orphan_clock, watch=watch,

@@ -1,16 +1,26 @@
 """Linux's back-end (gpuguard.host.platform.Platform): /proc, CLOCK_BOOTTIME and the
-kernel's boot id, the process-events connector, registrations, NSS, PID namespaces,
-pidfds with a thaw guardian, POSIX permissions."""
+kernel's boot id, the process-events connector, registrations served by the registrar,
+NSS groups, PID namespaces, pidfds with a thaw guardian, POSIX permissions, and the
+config's defaults under /run, /var/lib and /var/log."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuguard.host.backend import LINUX, Platform, over_procfs
+from gpuguard.host.backend import (
+    LINUX,
+    Defaults,
+    GroupLookup,
+    Platform,
+    Registrations,
+    over_procfs,
+)
 from gpuguard.host.descriptors import raise_open_file_limit
+from gpuguard.host.marks import ensure_marks_dir
+from gpuguard.host.permissions import private_dir_problem, secret_file_problem
 from gpuguard.host.procfs import (
     ProcessView,
     boottime,
@@ -18,6 +28,40 @@ from gpuguard.host.procfs import (
     other_users_problem,
     read_boot_id,
 )
+from gpuguard.orphans.rules_config import DEFAULT_ADOPTERS, DEFAULT_MARKS_DIR, DEFAULT_PROTECT
+
+if TYPE_CHECKING:
+    from gpuguard.host.registrar import Registrar
+
+#: What a config file leaves out, on Linux (gpuguard.config's `Rules()` and `Remediate()`
+#: hold the same: tests/pure/test_platform_behaviour.py checks that they agree).
+DEFAULTS = Defaults(protect=DEFAULT_PROTECT, adopters=DEFAULT_ADOPTERS,
+                    marks_dir=DEFAULT_MARKS_DIR, state_dir="/var/lib/gpuguard",
+                    audit_log="/var/log/gpuguard/audit.jsonl",
+                    absolute_path=lambda path: path.startswith("/"))
+
+
+def _registrar(marks_dir: str) -> Registrar | None:
+    """The registrar for `marks_dir`, where the directory is there: where it could not be
+    made, ensure_marks_dir has said why registrations are off (and none is expected).
+    Its module loads on first use: only the exporter serves registrations."""
+    if not os.path.isdir(marks_dir):
+        return None
+    from gpuguard.host.registrar import Registrar
+
+    return Registrar(marks_dir)
+
+
+#: Keep and run registrations: files in classify.marks_dir, written by the registrar.
+REGISTRATIONS = Registrations(prepare=ensure_marks_dir, registrar=_registrar,
+                              read_from=lambda marks_dir: marks_dir)
+
+
+def _group_lookup() -> GroupLookup:
+    """NSS's groups, each lookup bounded (a hung SSSD must not hold the scan thread)."""
+    from gpuguard.host.users import label_groups
+
+    return label_groups()
 
 
 def _process_events() -> Any:
@@ -49,20 +93,21 @@ def _age_seconds(start_time: int) -> float:
 
 BACKEND = Platform(
     name=LINUX,
-    windows_defaults=False,
+    defaults=DEFAULTS,
     process_gpu_memory=None,
     processes=over_procfs,
     boot_clock=boottime,
     boot_id=read_boot_id,
     process_events=_process_events,
-    registrations=True,
-    nss_groups=True,
+    registrations=REGISTRATIONS,
+    group_lookup=_group_lookup,
     thaw_guardian=True,
     outside_host_pid_namespace=lambda: not in_host_pid_namespace(),
     other_users_problem=other_users_problem,
     start_time=_start_time,
     age_seconds=_age_seconds,
     raise_open_file_limit=raise_open_file_limit,
-    posix_permissions=True,
+    secret_file_problem=secret_file_problem,
+    private_dir_problem=private_dir_problem,
     fsync_directory=_fsync_directory,
 )

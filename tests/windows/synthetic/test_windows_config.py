@@ -9,10 +9,14 @@ import pytest
 
 from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, parse_config
+from gpuguard.config.classify import default_rules
 from gpuguard.config.remediate import ORPHAN_REASONS, Remediate, UserFilter
 from gpuguard.engine.alerting.alerts import Alert, parse_notification
 from gpuguard.engine.decision.policy import Action, PolicyState, decide
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
+from gpuguard.host.backend import Defaults
+from gpuguard.host.platform.linux import DEFAULTS as LINUX
+from gpuguard.host.windows.platform import DEFAULTS as WINDOWS
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import (
     DEFAULT_ADOPTERS,
@@ -33,11 +37,11 @@ def test_the_windows_reasons_have_their_names() -> None:
     assert ORPHAN_REASONS[-2:] == (Reason.PARENT_GONE, Reason.PARENT_REUSED)
 
 
-@pytest.mark.parametrize("windows", [False, True])
-def test_the_loader_accepts_the_windows_reasons_on_either_platform(windows: bool) -> None:
+@pytest.mark.parametrize("defaults", [LINUX, WINDOWS], ids=["linux", "windows"])
+def test_the_loader_accepts_the_windows_reasons_on_either_platform(defaults: Defaults) -> None:
     """A config shared by Linux and Windows hosts may name them; on Linux they never occur."""
     cfg = parse_config("remediate:\n  reasons: [launcher-killed, parent-gone, parent-reused]\n",
-                       source="/etc/gpuguard.yml", windows=windows)
+                       source="/etc/gpuguard.yml", defaults=defaults)
     assert cfg.remediate.reasons == ("launcher-killed", "parent-gone", "parent-reused")
     assert all(isinstance(r, Reason) for r in cfg.remediate.reasons)
 
@@ -45,7 +49,7 @@ def test_the_loader_accepts_the_windows_reasons_on_either_platform(windows: bool
 def test_a_misspelt_windows_reason_is_one_line_naming_file_key_and_choices() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config("remediate:\n  reasons: [parent-gon]\n", source="/etc/gpuguard.yml",
-                     windows=True)
+                     defaults=WINDOWS)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("/etc/gpuguard.yml: remediate.reasons: 'parent-gon' is not one "
@@ -54,19 +58,19 @@ def test_a_misspelt_windows_reason_is_one_line_naming_file_key_and_choices() -> 
 
 
 def test_the_default_policy_names_neither_windows_reason() -> None:
-    for reasons in (Remediate().reasons, parse_config("{}", windows=True).remediate.reasons):
+    for reasons in (Remediate().reasons, parse_config("{}", defaults=WINDOWS).remediate.reasons):
         assert Reason.PARENT_GONE not in reasons and Reason.PARENT_REUSED not in reasons
 
 
 def test_windows_classify_defaults_apply_where_the_config_names_none() -> None:
-    win = parse_config("classify:\n  max_depth: 10\n", windows=True).classify
+    win = parse_config("classify:\n  max_depth: 10\n", defaults=WINDOWS).classify
     assert (win.protect, win.adopters, win.max_depth) == (WINDOWS_PROTECT, WINDOWS_ADOPTERS, 10)
-    assert parse_config("{}", windows=True).classify.protect == WINDOWS_PROTECT
-    linux = parse_config("classify:\n  max_depth: 10\n", windows=False).classify
+    assert parse_config("{}", defaults=WINDOWS).classify.protect == WINDOWS_PROTECT
+    linux = parse_config("classify:\n  max_depth: 10\n", defaults=LINUX).classify
     assert (linux.protect, linux.adopters) == (DEFAULT_PROTECT, DEFAULT_ADOPTERS)
     # Named keys win on both platforms.
     own = parse_config("classify:\n  protect: [tensorboard]\n  adopters: [launcher.exe]\n",
-                       windows=True).classify
+                       defaults=WINDOWS).classify
     assert (own.protect, own.adopters) == (("tensorboard",), ("launcher.exe",))
 
 
@@ -77,12 +81,12 @@ def test_config_defaults_follow_the_platform_this_runs_on() -> None:
 
 def test_a_windows_marks_dir_is_absolute_only_on_windows() -> None:
     text = "classify:\n  marks_dir: 'C:\\ProgramData\\gpuguard\\marks'\n"
-    assert parse_config(text, windows=True).classify.marks_dir == \
+    assert parse_config(text, defaults=WINDOWS).classify.marks_dir == \
         "C:\\ProgramData\\gpuguard\\marks"
     with pytest.raises(ConfigError, match="classify.marks_dir: must be an absolute path"):
-        parse_config(text, windows=False)
+        parse_config(text, defaults=LINUX)
     with pytest.raises(ConfigError, match="classify.marks_dir: must be an absolute path"):
-        parse_config("classify:\n  marks_dir: 'relative\\marks'\n", windows=True)
+        parse_config("classify:\n  marks_dir: 'relative\\marks'\n", defaults=WINDOWS)
 
 
 # -- the kill policy ------------------------------------------------------------------------
@@ -143,9 +147,7 @@ EDITORS = ("Code - Insiders.exe", "Cursor.exe", "Windsurf.exe", "VSCodium.exe", 
 
 
 def test_windows_protects_what_linux_protects_as_windows_spells_it() -> None:
-    from gpuguard.orphans.rules_config import default_rules
-
-    rules = default_rules(windows=True)
+    rules = default_rules(WINDOWS)
     assert WINDOWS_PROTECT[:6] == ISSUE_SIX
     assert set(DEFAULT_PROTECT) == {"jupyter"} | set(WINDOWS_SPELLINGS) | LINUX_ONLY
     for linux, cmdline in WINDOWS_SPELLINGS.items():
@@ -157,25 +159,25 @@ def test_windows_protects_what_linux_protects_as_windows_spells_it() -> None:
 
 
 def test_windows_paths_default_under_programdata() -> None:
-    cfg = parse_config("{}", windows=True)
+    cfg = parse_config("{}", defaults=WINDOWS)
     assert cfg.remediate.state_dir == "C:\\ProgramData\\gpuguard\\state"
     assert cfg.remediate.audit_log == "C:\\ProgramData\\gpuguard\\log\\audit.jsonl"
     assert cfg.classify.marks_dir == "C:\\ProgramData\\gpuguard\\marks"
     # A section that names other keys still gets them.
     partial = parse_config("remediate:\n  mode: enforce\nclassify:\n  max_depth: 9\n",
-                           windows=True)
+                           defaults=WINDOWS)
     assert partial.remediate.state_dir == "C:\\ProgramData\\gpuguard\\state"
     assert partial.remediate.audit_log.startswith("C:\\ProgramData\\gpuguard\\")
     assert partial.classify.marks_dir == "C:\\ProgramData\\gpuguard\\marks"
     # What a config names wins.
     own = parse_config("remediate:\n  state_dir: 'D:\\gg\\state'\n  audit_log: 'D:\\gg\\a.jsonl'"
-                       "\n", windows=True).remediate
+                       "\n", defaults=WINDOWS).remediate
     assert (own.state_dir, own.audit_log) == ("D:\\gg\\state", "D:\\gg\\a.jsonl")
 
 
 def test_linux_paths_are_unchanged() -> None:
-    for cfg in (parse_config("{}", windows=False),
-                parse_config("remediate:\n  mode: enforce\n", windows=False), Config()):
+    for cfg in (parse_config("{}", defaults=LINUX),
+                parse_config("remediate:\n  mode: enforce\n", defaults=LINUX), Config()):
         assert cfg.remediate.state_dir == "/var/lib/gpuguard"
         assert cfg.remediate.audit_log == "/var/log/gpuguard/audit.jsonl"
         assert cfg.classify.marks_dir == "/run/gpuguard/marks"

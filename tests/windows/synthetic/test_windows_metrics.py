@@ -10,16 +10,17 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.base.counters import Counters
+from gpuguard.config.classify import default_rules
 from gpuguard.engine.scan.scanner import Scanner
 from gpuguard.exporter.metrics import GpuguardCollector
 from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
+from gpuguard.host.platform.linux import BACKEND as LINUX_BACKEND
 from gpuguard.host.procfs import ProcessView
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.host.windows.tree import WinProc, encode_create_time
 from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
-from gpuguard.orphans.rules_config import default_rules
 from tests.support.fakenvml import FakeGpuWorld
 
 GIB = 1 << 30
@@ -50,7 +51,7 @@ def windows_table() -> dict[int, WinProc]:
 def make(table: Mapping[int, WinProc],
          nvml: GpuSource | None = None) -> tuple[Scanner, CollectorRegistry]:
     counters = Counters()
-    scanner = Scanner(rules=default_rules(windows=True),
+    scanner = Scanner(rules=default_rules(WINDOWS_BACKEND.defaults),
                       nvml=nvml if nvml is not None else Nvml(counters=counters),
                       counters=counters, table=lambda: table,
                       host_pids=True)  # as Windows' platform says: no PID namespaces
@@ -133,7 +134,7 @@ def test_without_a_table_the_scanner_reads_proc_as_before(fake_gpu: FakeGpuWorld
     in /proc's words."""
     fake_gpu.add_process(0, 2**22 + 7, GIB)
     counters = Counters()
-    scanner = Scanner(rules=default_rules(windows=False), nvml=Nvml(counters=counters),
+    scanner = Scanner(rules=default_rules(LINUX_BACKEND.defaults), nvml=Nvml(counters=counters),
                       view=ProcessView(counters=counters), counters=counters)
     (tree,) = scanner.scan_once().trees
     assert (tree.verdict, tree.reason) == ("unknown", "not-visible")

@@ -28,6 +28,9 @@ import dataclasses
 
 import pytest
 
+from gpuguard.config.classify import default_rules
+from gpuguard.host.platform.linux import BACKEND as LINUX_BACKEND
+from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.host.windows.tree import (
     UNKNOWN_CREATE_TIME,
     WinProc,
@@ -39,11 +42,11 @@ from gpuguard.host.windows.tree import (
     windows_members,
 )
 from gpuguard.orphans.process import Holder
-from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules, default_rules
+from gpuguard.orphans.rules_config import WINDOWS_ADOPTERS, WINDOWS_PROTECT, Rules
 from gpuguard.orphans.verdicts import Tree
 from gpuguard.orphans.vocabulary import Reason, Rule, Verdict
 
-RULES = default_rules(windows=True)
+RULES = default_rules(WINDOWS_BACKEND.defaults)
 #: Windows' adopters without explorer.exe among the protect patterns: what the adopter
 #: rule alone says of a chain that tops out at explorer.exe.
 NO_EXPLORER = Rules(protect=tuple(p for p in WINDOWS_PROTECT if "explorer" not in p),
@@ -437,10 +440,10 @@ def test_the_root_start_time_is_the_encoded_creation_time() -> None:
 # -- the defaults ---------------------------------------------------------------------------
 
 def test_windows_defaults_protect_the_issues_patterns() -> None:
-    rules = default_rules(windows=True)
+    rules = default_rules(WINDOWS_BACKEND.defaults)
     for text in ("jupyter-lab.exe", "nohup", "Code.exe", "EXPLORER.EXE", "services.exe",
                  "C:\\Windows\\System32\\svchost.exe -k netsvcs"):
         assert rules.protects(text), text
     assert not rules.protects("python.exe train.py")
     assert set(rules.adopters) >= {"explorer.exe", "wininit.exe", "csrss.exe", "winlogon.exe"}
-    assert default_rules(windows=False) == Rules()
+    assert default_rules(LINUX_BACKEND.defaults) == Rules()

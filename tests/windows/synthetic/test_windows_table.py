@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.config.classify import default_rules
 from gpuguard.host import platform
 from gpuguard.host.windows import processes
 from gpuguard.host.windows.tree import (
@@ -29,7 +30,6 @@ from gpuguard.host.windows.tree import (
     encode_create_time,
     windows_members,
 )
-from gpuguard.orphans.rules_config import default_rules
 from tests.support.ci import require
 from tests.support.proctree import wait_for
 
@@ -157,7 +157,8 @@ def test_a_scan_reads_the_rows_of_its_holders_chain_and_no_others(psutil: Any) -
         table = processes.read_table()
         assert isinstance(table, processes.ProcessTable)
         assert {holder.pid, bystander.pid} <= set(table.ppids)
-        [tree] = classify_windows(table, [holder.pid], default_rules(windows=True))
+        windows = platform.BACKENDS[platform.WINDOWS].defaults
+        [tree] = classify_windows(table, [holder.pid], default_rules(windows))
         assert holder.pid in {h.pid for h in tree.holders}
         assert {holder.pid, os.getpid()} <= table.read_pids
         assert bystander.pid not in table.read_pids
