@@ -9,15 +9,16 @@ own count of per-process GPU memory (Windows' WDDM; the GPU vendor is chosen apa
 gpuguard/gpu/), the boot clock and boot id, the config's defaults (`Defaults`: data the
 config applies), how keep and run registrations are kept (`Registrations`), where a
 user's groups come from, who may read a secret or write a state directory, whether
-kernel process events, PID namespaces and a thaw guardian exist, how a rename is made
-durable, and how a process's start time reads and ages. Each is what the caller does,
-not a yes/no it branches on (tests/pure/test_platform_behaviour.py; the thaw guardian's
-flag is the one left). Linux's is gpuguard/host/platform/linux.py, Windows'
-gpuguard/host/windows/platform.py; gpuguard.host.platform.PLATFORM is this process's. The
-entry points (gpuguard-exporter, gpuguard-remediator, gpuguard) hand it to what they
-build; a layer above host/ that must pick an implementation of its own (the reaper,
-`gpuguard run`'s launcher) keys it by `Platform.name`, in one table.
-CONTRIBUTING.md, How to add a platform, says what a new one fills in.
+kernel process events and PID namespaces exist, how a rename is made durable, and how a
+process's start time reads and ages. Each is what the caller does, not a yes/no it
+branches on (tests/pure/test_platform_behaviour.py); whether a reap has a thaw guardian
+is the engine's to say (gpuguard/engine/platforms.py, GUARDIANS). Linux's is
+gpuguard/host/platform/linux.py, Windows' gpuguard/host/windows/platform.py;
+gpuguard.host.platform.PLATFORM is this process's. The entry points (gpuguard-exporter,
+gpuguard-remediator, gpuguard) hand it to what they build; a layer above host/ that must
+pick an implementation of its own (the reaper, `gpuguard run`'s launcher) keys it by
+`Platform.name`, in one table. CONTRIBUTING.md, How to add a platform, says what a new
+one fills in.
 """
 
 from __future__ import annotations
@@ -147,8 +148,6 @@ class Platform:
     #: The group lookup a scan's quotas by group ask (Linux: NSS, bounded), made once per
     #: scanner; where there are no groups (Windows) it answers none for every user.
     group_lookup: Callable[[], GroupLookup]
-    #: A thaw guardian continues a reap's frozen members if the reaper dies.
-    thaw_guardian: bool
     #: Whether this process sits outside the host PID namespace (NVML's pids name others).
     outside_host_pid_namespace: Callable[[], bool]
     #: What this process lacks to inspect other users' processes (None: nothing).

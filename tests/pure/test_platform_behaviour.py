@@ -12,9 +12,9 @@ from gpuguard.host.backend import Platform
 from gpuguard.host.platform import BACKENDS, LINUX, WINDOWS
 from gpuguard.orphans.rules_config import Rules
 
-#: Boolean fields still allowed, each with why: the thaw guardian's uses move in another
-#: step of issue 51 (remediator/service.py, console/reap.py).
-BOOLEAN_EXCEPTIONS = frozenset({"thaw_guardian"})
+#: Boolean fields still allowed, each with why: none (the thaw guardian, the last, is
+#: engine/platforms.py's GUARDIANS).
+BOOLEAN_EXCEPTIONS: frozenset[str] = frozenset()
 
 
 def test_no_boolean_flag_field_on_platform() -> None:

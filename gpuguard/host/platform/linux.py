@@ -101,7 +101,6 @@ BACKEND = Platform(
     process_events=_process_events,
     registrations=REGISTRATIONS,
     group_lookup=_group_lookup,
-    thaw_guardian=True,
     outside_host_pid_namespace=lambda: not in_host_pid_namespace(),
     other_users_problem=other_users_problem,
     start_time=_start_time,

@@ -99,7 +99,6 @@ BACKEND = Platform(
     process_events=None,
     registrations=NO_REGISTRATIONS,
     group_lookup=lambda: _no_groups,
-    thaw_guardian=False,
     outside_host_pid_namespace=lambda: False,  # Windows has no PID namespaces
     other_users_problem=lambda: None,
     start_time=_start_time,
