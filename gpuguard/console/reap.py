@@ -76,8 +76,8 @@ from gpuguard.engine.state.reap_lock import runtime_dir_of
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
 from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.launchers import ExitSource
 from gpuguard.host.platform import PLATFORM
-from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Verdict
 
 log = logging.getLogger("gpuguard.console.reap")

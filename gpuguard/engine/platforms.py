@@ -27,8 +27,8 @@ from gpuguard.engine.scan.inspection import (
 from gpuguard.engine.windows.inspection import inspect_windows_tree, table_protected_pids
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.launchers import ExitSource
 from gpuguard.host.platform import LINUX, PLATFORM, WINDOWS, Platform
-from gpuguard.host.procfs import ExitSource
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules
 

@@ -16,11 +16,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.host.identity_cache import IdentityCache, ThreadTurns
 from gpuguard.host.launcher_memory import LauncherMemory
+from gpuguard.host.launchers import RUN_MARKER, ExitSource
 from gpuguard.host.marks import Marks
 from gpuguard.orphans.process import (
     EXITED_STATES,
@@ -43,14 +44,6 @@ def clock_ticks() -> int:
     return os.sysconf("SC_CLK_TCK")
 
 
-class ExitSource(Protocol):
-    """The process-event listener as procfs needs it (gpuguard/host/events/listener.py)."""
-
-    available: bool  # subscribed: exits from then on are recorded (or counted as dropped)
-
-    def exit_of(self, pid: int, *, after: float) -> Any: ...
-
-
 class UnheardExits:
     """The exit source of a process that listens to no process events itself (the console,
     `gpuguard mcp`) on a host where a daemon may: an exit it has no record of is one it
@@ -63,8 +56,6 @@ class UnheardExits:
         return None
 
 
-#: The environment variable `gpuguard run` gives CMD: "LAUNCHER_PID:START_TIME".
-RUN_MARKER = "GPUGUARD_RUN"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Sequence
 
 from gpuguard.base.counters import Counters
-from gpuguard.host.procfs import RUN_MARKER, ProcessView
+from gpuguard.host.launchers import RUN_MARKER
+from gpuguard.host.procfs import ProcessView
 from gpuguard.launch.pidns import fresh_proc
 from gpuguard.launch.subreaper import PR_SET_PDEATHSIG, prctl
 

@@ -848,3 +848,30 @@ def test_nothing_below_the_engines_windows_half_imports_it() -> None:
                         for _line, imported, name in imports(path, module)
                         if _loads(module, imported, name) == "gpuguard.engine.platforms"})
     assert importers and all(program_of(m) is not None for m in importers), importers
+
+
+#: The Linux back-end's own modules: /proc, the kernel's process events, fd search,
+#: descriptor limits, registrations and POSIX permissions (Platform's Linux record).
+LINUX_ONLY = frozenset({
+    "gpuguard.host.procfs", "gpuguard.host.events", "gpuguard.host.platform.linux",
+    "gpuguard.host.fdsearch", "gpuguard.host.descriptors", "gpuguard.host.registrar",
+    "gpuguard.host.permissions"})
+
+
+def test_the_os_back_ends_never_import_each_other() -> None:
+    """Windows' code asks nothing of Linux's /proc reader or its process events (what
+    both need, RUN_MARKER and the ExitSource interface, is host/backend.py's), and
+    Linux's modules never import Windows'; each is reached only through the seam."""
+    assert all(m in MODULES or any(x.startswith(m + ".") for x in MODULES) for m in LINUX_ONLY)
+    windows_to_linux = sorted(
+        f"{module}:{line}: {dest}" for module, path in MODULES.items()
+        if under(module, WINDOWS_FOLDERS)
+        for line, imported, name in imports(path, module)
+        if under(dest := _loads(module, imported, name), LINUX_ONLY))
+    linux_to_windows = sorted(
+        f"{module}:{line}: {dest}" for module, path in MODULES.items()
+        if under(module, LINUX_ONLY)
+        for line, imported, name in imports(path, module)
+        if under(dest := _loads(module, imported, name), WINDOWS_FOLDERS))
+    assert windows_to_linux == [] and linux_to_windows == [], (
+        "one OS back-end imports the other's:\n" + "\n".join(windows_to_linux + linux_to_windows))

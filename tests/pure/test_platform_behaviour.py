@@ -5,6 +5,7 @@ asks which kind of platform it runs on. A boolean field would bring the question
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from gpuguard.config.classify import default_rules
 from gpuguard.config.remediate import Remediate, default_remediate
@@ -17,10 +18,24 @@ from gpuguard.orphans.rules_config import Rules
 BOOLEAN_EXCEPTIONS: frozenset[str] = frozenset()
 
 
+def is_flag(annotation: object) -> bool:
+    """A yes/no field's annotation: bool, or bool with None (a function returning bool
+    is behaviour, not a flag)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return re.fullmatch(r"\s*(bool|bool \| None|None \| bool|Optional\[bool\])\s*", text) \
+        is not None
+
+
+def test_the_flag_finder_sees_optional_bools_and_not_callables() -> None:
+    assert is_flag("bool") and is_flag(bool) and is_flag("bool | None")
+    assert is_flag("Optional[bool]")
+    assert not is_flag("Callable[[], bool]") and not is_flag("Registrations")
+
+
 def test_no_boolean_flag_field_on_platform() -> None:
     """A yes/no field makes each caller branch on the platform's kind; give a hook or a
     record instead (CONTRIBUTING.md, How to add a platform)."""
-    flags = {f.name for f in dataclasses.fields(Platform) if f.type in ("bool", bool)}
+    flags = {f.name for f in dataclasses.fields(Platform) if is_flag(f.type)}
     assert flags <= BOOLEAN_EXCEPTIONS, (
         f"boolean flags on Platform: {sorted(flags - BOOLEAN_EXCEPTIONS)}")
 

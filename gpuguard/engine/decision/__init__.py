@@ -1,2 +1,3 @@
-"""What a tree is and whether it may be reaped: the live inspection (Linux, Windows), the
-pure kill policy, and the decisions and refusals it hands out, counted and logged."""
+"""What a tree is and whether it may be reaped, pure (no module here does I/O): the tree
+and the reap plan as plain data, an accepted alert waiting for the worker, and the kill
+policy."""

@@ -13,7 +13,7 @@ from gpuguard.engine.decision.tree import Member
 from gpuguard.engine.reap.audit import Phase
 from gpuguard.engine.reap.outcome import Kept, KillPath, SignalRecord
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
+from gpuguard.host.launchers import ExitSource
 from gpuguard.orphans.process import ProcInfo
 from gpuguard.orphans.protections import ProcSource
 from gpuguard.orphans.rules_config import Rules

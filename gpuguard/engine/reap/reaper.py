@@ -50,7 +50,8 @@ from gpuguard.engine.reap.thaw_guardian import ThawGuardian
 from gpuguard.engine.scan.inspection import HolderSource, inspect_proc_tree
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource, ProcessView
+from gpuguard.host.launchers import ExitSource
+from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.rules_config import Rules
 
 

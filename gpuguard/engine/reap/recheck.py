@@ -19,7 +19,7 @@ from gpuguard.engine.scan.inspection import (
 )
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
+from gpuguard.host.launchers import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import DecisionReason, Reason
 

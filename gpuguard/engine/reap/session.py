@@ -32,7 +32,7 @@ from gpuguard.engine.reap.reap_run import Confirm, Holding, Journal
 from gpuguard.engine.reap.settlement import final_decision, told
 from gpuguard.engine.reap.skeleton import TreeReaper
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
+from gpuguard.host.launchers import ExitSource
 from gpuguard.orphans.process import STOPPED_STATES
 from gpuguard.orphans.rules_config import Rules
 

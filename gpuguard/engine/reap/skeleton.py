@@ -34,7 +34,7 @@ from gpuguard.engine.reap.recheck import Inspect, recheck_frozen
 from gpuguard.engine.scan.inspection import HolderSource
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
+from gpuguard.host.launchers import ExitSource
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason
 

@@ -18,7 +18,8 @@ from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.engine.decision.tree import LiveTree, Member, TreeKey
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource, ProcessView
+from gpuguard.host.launchers import ExitSource
+from gpuguard.host.procfs import ProcessView
 from gpuguard.host.users import USERS
 from gpuguard.orphans.classify import classify
 from gpuguard.orphans.process import ProcInfo

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
-from gpuguard.host.procfs import RUN_MARKER
+from gpuguard.host.launchers import RUN_MARKER
 from gpuguard.host.windows.handles import (
     PROCESS_QUERY_LIMITED_INFORMATION,
     SYNCHRONIZE,

@@ -61,7 +61,7 @@ from gpuguard.engine.windows.control import (
 from gpuguard.engine.windows.inspection import inspect_windows_tree, windows_member
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.launcher_memory import LauncherMemory
-from gpuguard.host.procfs import ExitSource
+from gpuguard.host.launchers import ExitSource
 from gpuguard.host.windows.tree import WinProc, judge_windows_member, pids_by_parent
 from gpuguard.orphans.rules_config import Rules
 from gpuguard.orphans.vocabulary import AnyReason, DecisionReason, Reason, Unheld
