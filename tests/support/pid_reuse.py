@@ -41,6 +41,14 @@ def wait_until(predicate, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def take_pid(pid: int) -> tuple[int, int]:
     """Fork Q at exactly `pid` (ns_last_pid); Q forks C and reports it. Returns (Q, C)."""
     read, write = os.pipe()
@@ -70,6 +78,10 @@ def main() -> None:
                             stdout=subprocess.PIPE, text=True)
     assert root.stdout is not None
     member = int(root.stdout.readline())
+    # `$!` is printed right after sh forks, before the child execs sleep: a member read in
+    # between is sh's copy, whose environment the reaper cannot read yet, and it refuses
+    # (member-unknown) before the race this stages. Wait for the exec.
+    wait_until(lambda: _comm(member) == "sleep", "the member to exec sleep")
     view = ProcessView(counters=Counters())
     infos = [view.fresh_stat(root.pid), view.fresh_stat(member)]
     assert all(infos)
