@@ -20,6 +20,7 @@ from gpuguard.config import Config, load_config
 from gpuguard.engine.scan.orphan_clock import ORPHAN_CLOCK_FILE, OrphanClock
 from gpuguard.engine.scan.scanner import Scanner, platform_scanner
 from gpuguard.exporter.metrics import GpuguardCollector
+from gpuguard.gpu.vendors import BACKENDS, Choice, choose
 from gpuguard.host.allocator import one_malloc_arena
 from gpuguard.host.events.listener import ProcessEvents
 from gpuguard.host.events.privilege import release_net_admin
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    action=argparse.BooleanOptionalAction,
                    help="the per-GPU gauges (info, memory, utilization, temperature, power), "
                         "which dcgm-exporter also exports (default on)")
+    for backend in BACKENDS:  # node_exporter's spelling, one per GPU back-end
+        p.add_argument(f"--collector.{backend.name}", dest=f"collector_{backend.name}",
+                       default=None, action=argparse.BooleanOptionalAction,
+                       help=f"read GPUs through the {backend.name} back-end (default: where "
+                            "its library or devices are found; docs/gpu-vendors.md)")
     p.add_argument("--collector.processes", dest="collector_processes", default=True,
                    action=argparse.BooleanOptionalAction,
                    help="the per-process series gpuguard_gpu_process_info and "
@@ -186,7 +192,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
         print(logformat.failure("gpuguard-exporter", f"config error: {exc}"), file=sys.stderr)
         return 2
 
-    events, scanner = _scanner(args, config, platform)
+    gpus = gpu_choice(args)
+    events, scanner = _scanner(args, config, platform, gpus)
     if events is not None:
         # First, before any other thread: the subscription needs CAP_NET_ADMIN, dropped
         # right after it, and a thread started earlier would keep its own copy.
@@ -201,7 +208,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
     registry.register(GpuguardCollector(scanner, hostname=args.hostname, events=events,
                                         gpu=args.collector_gpu,
                                         processes=args.collector_processes,
-                                        registrar=registrar_health))
+                                        registrar=registrar_health,
+                                        inactive_backends=gpus.inactive))
     reloader = Reloader("gpuguard-exporter", reload_config(args, scanner, web, platform),
                         log=log)
     for collector in (reloader, build.BuildInfoCollector(), ProcessCollector(registry=None)):
@@ -259,8 +267,13 @@ def _start_registrar(registrar: Registrar) -> None:
         log.info("registrations served at %s", registrar.socket_path)
 
 
-def _scanner(args: argparse.Namespace, config: Config,
-             platform: Platform) -> tuple[ProcessEvents | None, Scanner]:
+def gpu_choice(args: argparse.Namespace) -> Choice:
+    """The GPU back-ends the --collector.BACKEND flags ask for."""
+    return choose({b.name: getattr(args, f"collector_{b.name}") for b in BACKENDS})
+
+
+def _scanner(args: argparse.Namespace, config: Config, platform: Platform,
+             gpus: Choice) -> tuple[ProcessEvents | None, Scanner]:
     """The scanner of this platform, and the process-event listener it reads where the
     platform has one (Linux)."""
     if platform.process_events is None:
@@ -268,7 +281,7 @@ def _scanner(args: argparse.Namespace, config: Config,
         # cannot say how a launcher went) and no launcher memory (nothing to remember).
         return None, platform_scanner(platform, rules=config.classify, quotas=config.quotas,
                                       audit=config.audit, accounting=config.accounting,
-                                      interval=args.scan_interval)
+                                      interval=args.scan_interval, gpus=gpus)
     # How launchers die (launcher-killed / launcher-exited); without the connector (a
     # container, an old kernel) it logs once and orphans read session-ended, as before.
     events: ProcessEvents = platform.process_events()
@@ -284,7 +297,7 @@ def _scanner(args: argparse.Namespace, config: Config,
                                interval=args.scan_interval,
                                view=lambda: ProcessView(events=events, memory=memory,
                                                         thread_turns=SCAN_THREAD_TURNS),
-                               orphan_clock=clock, watch=events.watch)
+                               orphan_clock=clock, watch=events.watch, gpus=gpus)
     # An exit on a holder's chain (its launcher's, its own) wakes an early scan.
     events.on_watched_exit(scanner.wake)
     return events, scanner

@@ -25,7 +25,7 @@ from gpuguard.orphans.vocabulary import Verdict
 #: dcgm-exporter's label names: gpu (the index), UUID, and the host as dcgm-exporter before
 #: 4.5.3-4.8.2's rename spelled it (Hostname, which older dcgm-exporters' joins use; the
 #: alert contract's `hostname` stays on gpuguard_host_info alone: docs/metrics.md, Labels).
-GPU_LABELS = ["gpu", "UUID", "Hostname"]
+GPU_LABELS = ["gpu", "UUID", "Hostname", "vendor"]
 #: gpuguard_gpu_info's identity labels, in dcgm-exporter's names and order.
 INFO_LABELS = [*GPU_LABELS, "pci_bus_id", "device", "modelName"]
 TREE_LABELS = ["root_pid", "root_start_time", "comm", "user", "reason"]
@@ -35,8 +35,11 @@ class GpuguardCollector(Collector):
     def __init__(self, scanner: Scanner, *, hostname: str | None = None,
                  counters: Counters | None = None, events: ProcessEvents | None = None,
                  gpu: bool = True, processes: bool = True,
-                 registrar: Callable[[], str | None] | None = None) -> None:
+                 registrar: Callable[[], str | None] | None = None,
+                 inactive_backends: tuple[tuple[str, str], ...] = ()) -> None:
         self.scanner = scanner
+        #: The GPU back-ends that do not run here, and why (gpuguard/gpu/vendors/, choose).
+        self.inactive_backends = inactive_backends
         #: The registrar's health (Registrar.health), where this exporter serves one.
         self.registrar = registrar
         #: node_exporter-style switches: the GPU gauges (which dcgm-exporter also exports)
@@ -75,15 +78,37 @@ class GpuguardCollector(Collector):
                                     "Unix time the last scan completed.", value=snap.taken_at)
         yield from self._counter_metrics()
 
-    def _gpu(self, index: int, uuid: str) -> list[str]:
-        """GPU_LABELS' values for one GPU of this host."""
-        return [str(index), uuid, self.hostname]
+    def _gpu(self, index: int, uuid: str, reading: GpuReading) -> list[str]:
+        """GPU_LABELS' values for one GPU of this host (its vendor as `reading` names it)."""
+        vendor = next((g.vendor for g in reading.gpus if g.uuid == uuid), "")
+        return [str(index), uuid, self.hostname, vendor]
+
+    def _backend_metrics(self, reading: GpuReading) -> Iterator[Metric]:
+        """Each GPU back-end's state: up per active one (gpuguard_nvml_up for NVML's, kept
+        from before there were others), and why each other one does not run."""
+        nvml = [b.up for b in reading.backends if b.name == "nvml"]
+        if nvml or not reading.backends:  # no back-end list: a single NVML reading
+            yield GaugeMetricFamily("gpuguard_nvml_up",
+                                    "1 when the last scan could talk to NVML, else 0.",
+                                    value=1 if (nvml[0] if nvml else reading.up) else 0)
+        up = GaugeMetricFamily("gpuguard_gpu_backend_up",
+                               "1 when the last scan could read this GPU back-end (nvml, "
+                               "amdsmi, drm), else 0; one series per back-end that runs.",
+                               labels=["backend"])
+        for state in reading.backends:
+            up.add_metric([state.name], 1 if state.up else 0)
+        yield up
+        off = GaugeMetricFamily("gpuguard_gpu_backend_disabled",
+                                "A GPU back-end that does not run here, and why (switched "
+                                "off, or its library or devices are not found).",
+                                labels=["backend", "reason"])
+        for name, reason in self.inactive_backends:
+            off.add_metric([name, reason], 1)
+        yield off
 
     def _gpu_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         reading = snap.reading
-        yield GaugeMetricFamily("gpuguard_nvml_up",
-                                "1 when the last scan could talk to NVML, else 0.",
-                                value=1 if reading.up else 0)
+        yield from self._backend_metrics(reading)
         if not (self.gpu or self.processes):
             return
         # dcgm-exporter's label names (UUID, pci_bus_id, device, modelName), so series join
@@ -107,9 +132,10 @@ class GpuguardCollector(Collector):
                 "gpuguard_gpu_power_watts", "GPU power draw.", labels=GPU_LABELS),
         }
         for gpu in reading.gpus if self.gpu else ():
-            labels = self._gpu(gpu.index, gpu.uuid)
+            labels = self._gpu(gpu.index, gpu.uuid, reading)
             info.add_metric([*labels, gpu.pci_bus_id or "", gpu.device or "",
-                             gpu.name or "", reading.driver_version or ""], 1)
+                             gpu.name or "", gpu.driver_version or reading.driver_version or ""],
+                            1)
             for attr, family in gauges.items():
                 value = getattr(gpu, attr)
                 if value is not None:  # a field the driver cannot give is absent, not zero
@@ -124,7 +150,7 @@ class GpuguardCollector(Collector):
                                 labels=[*GPU_LABELS, "pid"])
         for holder in reading.holders:
             if holder.used_bytes is not None:
-                mem.add_metric([*self._gpu(holder.gpu_index, holder.gpu_uuid),
+                mem.add_metric([*self._gpu(holder.gpu_index, holder.gpu_uuid, reading),
                                 str(holder.pid)], holder.used_bytes)
         yield mem
         idle = GaugeMetricFamily(
@@ -140,7 +166,8 @@ class GpuguardCollector(Collector):
                 value = snap.idle_seconds(hv.holder.pid, hv.chain[0].start_time,
                                           hv.holder.gpu_uuid)
                 if value is not None:
-                    idle.add_metric([*self._gpu(hv.holder.gpu_index, hv.holder.gpu_uuid),
+                    idle.add_metric([*self._gpu(hv.holder.gpu_index, hv.holder.gpu_uuid,
+                                               snap.reading),
                                      str(hv.holder.pid)], value)
         yield idle
 
@@ -244,7 +271,8 @@ class GpuguardCollector(Collector):
             labels=GPU_LABELS)
         for gpu in acc.gpus:
             if gpu.unattributed_bytes is not None:
-                unattributed.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.unattributed_bytes)
+                unattributed.add_metric(self._gpu(gpu.index, gpu.uuid, snap.reading),
+                                        gpu.unattributed_bytes)
         yield used
         yield idle
         yield quota
@@ -267,7 +295,8 @@ class GpuguardCollector(Collector):
             holder.add_metric([str(h.pid), str(h.start_time), h.comm, h.user, h.device_file,
                                h.verdict, h.reason,
                                "" if h.gpu_index is None else str(h.gpu_index),
-                               h.gpu_uuid or "", self.hostname], 1)
+                               h.gpu_uuid or "", self.hostname,
+                               self._gpu(0, h.gpu_uuid or "", snap.reading)[3]], 1)
         yield holder
         count = GaugeMetricFamily(
             "gpuguard_gpu_unseen_processes",
@@ -278,8 +307,8 @@ class GpuguardCollector(Collector):
             "GPU memory NVML says the processes of gpuguard_gpu_unseen_processes hold.",
             labels=GPU_LABELS)
         for gpu in snap.unseen:
-            count.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.processes)
-            memory.add_metric(self._gpu(gpu.index, gpu.uuid), gpu.memory_bytes)
+            count.add_metric(self._gpu(gpu.index, gpu.uuid, snap.reading), gpu.processes)
+            memory.add_metric(self._gpu(gpu.index, gpu.uuid, snap.reading), gpu.memory_bytes)
         yield count
         yield memory
         search = snap.search

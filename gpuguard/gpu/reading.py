@@ -37,6 +37,12 @@ class GpuSample:
     device: str | None = None
     #: The PCI address as the driver formats it, "00000000:3B:00.0" (dcgm's `pci_bus_id`).
     pci_bus_id: str | None = None
+    #: Who made the GPU ("nvidia", "amd", "intel", or a DRM driver's name): the `vendor`
+    #: label, which with `gpu` (each back-end numbers its own GPUs from 0) names a GPU.
+    vendor: str = "nvidia"
+    #: The driver version of the back-end that read this GPU, where it differs per GPU (a
+    #: host with GPUs of two vendors); None: the reading's driver_version.
+    driver_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,16 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True)
+class BackendState:
+    """One GPU back-end's part in a reading (gpuguard/gpu/vendors/): its collector name
+    ("nvml", "amdsmi", "drm"), whether it answered, and why not."""
+
+    name: str
+    up: bool
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One pass over a vendor's GPUs: what could be read, and what failed (stage, message).
     `up` False: the vendor's library itself is unusable (not loaded, no driver)."""
@@ -64,3 +80,6 @@ class GpuReading:
     gpus: tuple[GpuSample, ...]
     holders: tuple[Holder, ...]
     errors: tuple[tuple[str, str], ...]
+    #: Each active back-end's state, in the chooser's order (empty: a single vendor's own
+    #: reading, not yet combined).
+    backends: tuple[BackendState, ...] = ()

@@ -27,7 +27,7 @@ NVML_ERROR_UNKNOWN = 999
 NEW, LEGACY = "processes_utilization", "process_utilization"
 
 #: GPU 0's per-GPU labels, as the collector below (hostname "node-1") writes them.
-GPU0 = {"gpu": "0", "UUID": default_uuid(0), "Hostname": "node-1"}
+GPU0 = {"gpu": "0", "UUID": default_uuid(0), "Hostname": "node-1", "vendor": "nvidia"}
 
 
 def make(boot: list[float], wall: list[float] | None = None,

@@ -254,7 +254,7 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     scanner.scan_once()
 
     # Used memory is _v2's (without the reserved GiB): 10 GiB used, 7 GiB held by processes.
-    gpu0 = {"gpu": "0", "UUID": fake_gpu.gpus[0].uuid, "Hostname": "node-1"}
+    gpu0 = {"gpu": "0", "UUID": fake_gpu.gpus[0].uuid, "Hostname": "node-1", "vendor": "nvidia"}
     assert registry.get_sample_value("gpuguard_gpu_memory_used_bytes", gpu0) == 10 * GIB
     assert samples_of(registry, "gpuguard_gpu_memory_unattributed_bytes") == [
         (gpu0, 3 * GIB)]  # GPU 1: absent, not 0
@@ -270,7 +270,7 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     fake_gpu.remove_process(c)  # now every process on GPU 1 is sized: 6 - 2 GiB unattributed
     scanner.scan_once()
     assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes", {
-        "gpu": "1", "UUID": fake_gpu.gpus[1].uuid, "Hostname": "node-1"}) == 4 * GIB
+        "gpu": "1", "UUID": fake_gpu.gpus[1].uuid, "Hostname": "node-1", "vendor": "nvidia"}) == 4 * GIB
 
 
 def test_no_quota_no_quota_series(trees: Trees, fake_gpu: FakeGpuWorld) -> None:

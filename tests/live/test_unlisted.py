@@ -209,7 +209,7 @@ def test_a_pid_nvml_lists_that_proc_lacks_is_counted_with_its_memory(
     (gpu,) = snap.unseen
     assert (gpu.index, gpu.processes, gpu.memory_bytes) == (0, 2, 3 * GIB)
     got = scrape(scanner, snap)
-    labels = (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0"))
+    labels = (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0"), ("vendor", "nvidia"))
     assert got[("gpuguard_gpu_unseen_processes", labels)] == 2
     assert got[("gpuguard_gpu_unseen_process_memory_bytes", labels)] == 3 * GIB
 
@@ -239,7 +239,7 @@ def test_a_holder_nvml_lists_after_it_exited_is_exited_since_not_a_scan_error(
     assert (gpu.processes, gpu.memory_bytes) == (1, GIB)
     got = scrape(scanner, snap)
     assert got[("gpuguard_gpu_unseen_processes",
-                (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0")))] == 1
+                (("Hostname", "h"), ("UUID", gpu.uuid), ("gpu", "0"), ("vendor", "nvidia")))] == 1
     errors = got[("gpuguard_scan_errors_total", (("stage", "procfs"),))]
     if in_host_pid_namespace():
         assert snap.errors == () and errors == 0  # was 1: GPUGuardScanErrors fired
@@ -275,7 +275,7 @@ def test_the_unlisted_holder_series(trees: Trees, fake_gpu: FakeGpuWorld,
         "pid": str(holder), "start_time": str(found.start_time), "comm": found.comm,
         "user": found.user, "device_file": str(tmp_path / "dev" / "nvidia0"),
         "verdict": "normal", "reason": "attached", "gpu": "", "UUID": "",
-        "Hostname": "h"})]
+        "Hostname": "h", "vendor": ""})]
 
 
 def test_the_remediator_refuses_a_tree_nvml_does_not_list(

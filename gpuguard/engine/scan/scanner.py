@@ -43,7 +43,7 @@ from gpuguard.engine.scan.unlisted import (
 )
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.gpu.source import GpuSource
-from gpuguard.gpu.vendors import gpu_source
+from gpuguard.gpu.vendors import Choice, gpu_source
 from gpuguard.host.fdsearch import FdSearch, device_files
 from gpuguard.host.platform import PLATFORM, Platform, TableSource
 from gpuguard.host.procfs import SCAN_THREAD_TURNS, ProcessView
@@ -524,11 +524,13 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
                      accounting: AccountingSection | None = None, interval: float = 5.0,
                      view: Callable[[], ScanSource] | None = None,
                      orphan_clock: OrphanClock | None = None,
-                     watch: Callable[[Mapping[int, int]], None] | None = None) -> Scanner:
+                     watch: Callable[[Mapping[int, int]], None] | None = None,
+                     gpus: Choice | None = None) -> Scanner:
     """The scanner of `platform`: its GPU source (gpuguard/gpu/vendors/__init__.py), boot clock
     and groups, over its process table where it has one (Windows: psutil's, judged by the
     Windows rules), else over the /proc view `view` builds (called only then); `watch`:
-    see Scanner. The exporter and `gpuguard status` both build theirs here."""
+    see Scanner; `gpus`: the GPU back-ends (None: those found). The exporter and `gpuguard
+    status` both build theirs here."""
     def over_procfs() -> tuple[ScanSource | None, TableSource | None]:
         return (view() if view is not None else None), None
 
@@ -536,7 +538,7 @@ def platform_scanner(platform: Platform, *, rules: Rules, quotas: Quotas, audit:
         return None, read
 
     scan_view, table = platform.processes(procfs=over_procfs, table=over_table)
-    return Scanner(rules=rules, nvml=gpu_source(platform, COUNTERS), interval=interval,
+    return Scanner(rules=rules, nvml=gpu_source(platform, COUNTERS, choice=gpus), interval=interval,
                    view=scan_view, table=table, boot_clock=platform.boot_clock,
                    groups=GroupCache(lookup=platform.group_lookup()), quotas=quotas, audit=audit,
                    accounting=accounting.idle if accounting is not None else None,

@@ -1,18 +1,39 @@
-"""The GPU source of this host, chosen apart from the operating system: a vendor's library
-(VENDORS), completed where the OS counts per-process GPU memory itself
-(Platform.process_gpu_memory: Windows' WDDM). NVML is the one vendor today; a second one
-is a package beside gpuguard/gpu/nvml/ and an entry here (CONTRIBUTING.md, How to add a
-GPU vendor)."""
+"""The GPU source of this host, chosen apart from the operating system: every back-end
+(BACKENDS) that is switched on or, left to itself, finds its library or devices, read as
+one (combined.py), each completed where the OS counts per-process GPU memory itself
+(Platform.process_gpu_memory: Windows' WDDM). A new vendor is a package beside
+gpuguard/gpu/nvml/ and a Backend here (CONTRIBUTING.md, How to add a GPU vendor)."""
 
 from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from gpuguard.base.counters import Counters
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import Clock, GpuSource, GpuSourceFactory
+from gpuguard.gpu.vendors.combined import Combined
 from gpuguard.host.backend import Platform
 
-#: The vendor read when none is named.
+log = logging.getLogger("gpuguard.gpu")
+
+#: The vendor read when none is named (the NVML back-end's vendor).
 NVIDIA = "nvidia"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way of reading GPUs. `name` is its collector's (`--collector.NAME`, the
+    `backend` label); `probe` says why it cannot run on this host (None: it can), cheaply
+    and without side effects; `source` makes its GpuSource; `drivers` are the kernel DRM
+    drivers whose GPUs it reads (so the DRM back-end leaves them to it)."""
+
+    name: str
+    probe: Callable[[], str | None]
+    source: GpuSourceFactory
+    drivers: frozenset[str] = frozenset()
 
 
 def _nvml(counters: Counters, *, process_utilization: bool = True, wall: Clock | None = None,
@@ -24,26 +45,97 @@ def _nvml(counters: Counters, *, process_utilization: bool = True, wall: Clock |
     return Nvml(counters=counters, process_utilization=process_utilization, **clocks)
 
 
-#: Each vendor's source, by name.
-VENDORS: dict[str, GpuSourceFactory] = {NVIDIA: _nvml}
+def _nvml_probe() -> str | None:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return f"libnvidia-ml.so.1 cannot be loaded ({exc})"
+    return None
+
+
+NVML = Backend("nvml", _nvml_probe, _nvml, frozenset({"nvidia"}))
+
+#: Every back-end, in the order their GPUs are listed.
+BACKENDS: tuple[Backend, ...] = (NVML,)
+
+#: Which back-ends to run, by name: True on, False off, absent or None: on where its probe
+#: finds it (NVML also where no other back-end runs, so a host whose driver is not loaded
+#: yet reads NVML down and picks it up later, as before there were others).
+Selection = Mapping[str, "bool | None"]
+
+
+#: The reasons already logged (choose() runs once per reader: the scan, each watch).
+_said: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The back-ends that run, and why each other one does not (name, reason)."""
+
+    active: tuple[Backend, ...]
+    inactive: tuple[tuple[str, str], ...]
+
+
+def choose(selection: Selection | None = None, *,
+           backends: tuple[Backend, ...] | None = None) -> Choice:
+    """The back-ends `selection` asks for: a named one runs even if its probe fails (it
+    then reads down, which the metrics and alerts show), an unnamed one where its probe
+    passes. Each one that does not run is logged once, at info, with its reason."""
+    selection = selection or {}
+    backends = BACKENDS if backends is None else backends
+    active: list[Backend] = []
+    inactive: list[tuple[str, str]] = []
+    auto_nvml_missing: str | None = None
+    for backend in backends:
+        wanted = selection.get(backend.name)
+        if wanted is False:
+            inactive.append((backend.name, f"switched off (--no-collector.{backend.name})"))
+            continue
+        problem = None if wanted else backend.probe()
+        if problem is None:
+            active.append(backend)
+        elif backend is NVML:
+            auto_nvml_missing = problem
+        else:
+            inactive.append((backend.name, problem))
+    if auto_nvml_missing is not None:
+        if active:
+            inactive.insert(0, (NVML.name, auto_nvml_missing))
+        else:
+            active.insert(0, NVML)  # no GPU library at all: NVML reads down until it appears
+    for name, reason in inactive:
+        if (name, reason) not in _said:  # once per process, not per reader that chooses
+            _said.add((name, reason))
+            log.info("GPU back-end %s not used: %s", name, reason)
+    return Choice(tuple(sorted(active, key=backends.index)), tuple(inactive))
+
+
+def _sources(choice: Choice, counters: Counters, *, process_utilization: bool,
+             wall: Clock | None, boot: Clock | None) -> list[tuple[str, GpuSource]]:
+    return [(b.name, b.source(counters, process_utilization=process_utilization, wall=wall,
+                              boot=boot)) for b in choice.active]
 
 
 def vendor_source(counters: Counters, *, process_utilization: bool = True,
                   wall: Clock | None = None, boot: Clock | None = None,
-                  vendor: str = NVIDIA) -> GpuSource:
-    """`vendor`'s own reading, nothing added by the OS (GpuSourceFactory says what the
-    arguments are): the readers that have never had the OS's sizes read it (the
+                  choice: Choice | None = None) -> GpuSource:
+    """Every active back-end's own reading, nothing added by the OS (GpuSourceFactory says
+    what the arguments are): the readers that have never had the OS's sizes read it (the
     remediator's idle watch, which needs only who used a GPU, on its own clocks;
-    `gpuguard explain` and `check`)."""
-    return VENDORS[vendor](counters, process_utilization=process_utilization, wall=wall,
-                           boot=boot)
+    `gpuguard explain` and `check`). `choice`: None, the back-ends choose() finds."""
+    choice = choice if choice is not None else choose()
+    return Combined(_sources(choice, counters, process_utilization=process_utilization,
+                             wall=wall, boot=boot))
 
 
 def gpu_source(platform: Platform, counters: Counters, *, process_utilization: bool = True,
-               vendor: str = NVIDIA) -> GpuSource:
-    """`vendor`'s source on `platform`: sized by the OS where the vendor cannot size a
-    holder and the platform counts it (Windows); process_utilization: GpuSourceFactory."""
-    source = vendor_source(counters, process_utilization=process_utilization, vendor=vendor)
-    if platform.process_gpu_memory is None:
-        return source
-    return OsSized(source, platform.process_gpu_memory())
+               choice: Choice | None = None) -> GpuSource:
+    """The active back-ends' source on `platform`: each sized by the OS where it cannot size
+    a holder and the platform counts it (Windows); process_utilization: GpuSourceFactory."""
+    choice = choice if choice is not None else choose()
+    parts = _sources(choice, counters, process_utilization=process_utilization, wall=None,
+                     boot=None)
+    if platform.process_gpu_memory is not None:
+        parts = [(name, OsSized(source, platform.process_gpu_memory()))
+                 for name, source in parts]
+    return Combined(parts)

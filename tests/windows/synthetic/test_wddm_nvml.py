@@ -17,6 +17,7 @@ from gpuguard.gpu.nvml import Nvml
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import GpuSource
 from gpuguard.gpu.vendors import gpu_source
+from gpuguard.gpu.vendors.combined import Combined
 from gpuguard.host.platform.linux import BACKEND as LINUX_BACKEND
 from gpuguard.host.windows.platform import BACKEND as WINDOWS_BACKEND
 from gpuguard.host.windows.wddm import WddmMemory, WddmUsage, usage_of
@@ -117,9 +118,12 @@ def test_the_vendor_is_chosen_apart_from_the_os(fake_gpu: FakeGpuWorld) -> None:
     linux = gpu_source(LINUX_BACKEND, Counters())
     windows = gpu_source(WINDOWS_BACKEND, Counters())
     try:
-        assert type(linux) is Nvml
-        assert isinstance(windows, OsSized) and type(windows.source) is Nvml
-        assert isinstance(windows.memory, WddmMemory)
+        assert isinstance(linux, Combined) and isinstance(windows, Combined)
+        ((name, nvml),) = linux.parts
+        assert name == "nvml" and type(nvml) is Nvml
+        ((name, sized),) = windows.parts
+        assert name == "nvml" and isinstance(sized, OsSized) and type(sized.source) is Nvml
+        assert isinstance(sized.memory, WddmMemory)
     finally:
         linux.close()
         windows.close()
