@@ -28,12 +28,15 @@ class Backend:
     """One way of reading GPUs. `name` is its collector's (`--collector.NAME`, the
     `backend` label); `probe` says why it cannot run on this host (None: it can), cheaply
     and without side effects; `source` makes its GpuSource; `drivers` are the kernel DRM
-    drivers whose GPUs it reads (so the DRM back-end leaves them to it)."""
+    drivers whose GPUs it reads (so the DRM back-end leaves them to it); `privileges`
+    says what this process lacks to see every user's GPU use through it (one line each;
+    `gpuguard config check` prints them)."""
 
     name: str
     probe: Callable[[], str | None]
     source: GpuSourceFactory
     drivers: frozenset[str] = frozenset()
+    privileges: Callable[[], list[str]] = list
 
 
 def _nvml(counters: Counters, *, process_utilization: bool = True, wall: Clock | None = None,
