@@ -83,10 +83,12 @@ REFUSED = "refused"
 STATUS_EPILOG = f"""\
 --json prints one document, schema {STATUS_SCHEMA} (keys are only ever added):
   {{"schema": "{STATUS_SCHEMA}", "hostname": str, "taken_at": float,
-   "nvml": {{"up": bool, "driver_version": str|null, "errors": [{{"stage", "message"}}]}},
+   "nvml": {{"up": bool, "driver_version": str|null, "errors": [{{"stage", "message"}}],
+            "backends": [{{"name": nvml|amdsmi|drm, "up": bool, "detail": str|null}}]}},
    "errors": [{{"stage": str, "message": str}}],
    "gpus": [{{"index", "uuid", "name", "memory_total_bytes", "memory_used_bytes",
-             "utilization_ratio", "temperature_celsius", "power_watts"}}],
+             "utilization_ratio", "temperature_celsius", "power_watts", "vendor",
+             "driver_version"}}],
    "trees": [{{"root_pid": int, "root_start_time": int|null, "root_comm", "root_user",
               "root_age_seconds": float|null, "orphan_since": float|null,
               "orphan_age_seconds": float|null,
@@ -134,7 +136,7 @@ were a holder, and the output says so.
   {{"schema", "pid", "start_time", "gpu_holder": bool, "note": str|null,
    "holdings": [{{"pid", "gpu", "uuid", "used_bytes", "kind", "sm_busy": bool|null,
                  "idle_seconds": float|null}}],
-   "nvml": {{"up", "driver_version", "errors"}}, "verdict", "reason", "rule",
+   "nvml": {{"up", "driver_version", "errors", "backends"}}, "verdict", "reason", "rule",
    "rule_name", "evidence": {{"rule", "detail", "pids"}}, "root_pid", "root_start_time",
    "chain": [{{"role": holder|ancestor|root|above-root, "pid", "ppid", "sid", "pgid",
               "start_time", "state", "uid", "user", "comm", "age_seconds"}}],
@@ -200,7 +202,7 @@ accounting.unlisted_threshold_bytes or of unknown size) and when the node cannot
 clean (NVML down or incomplete); {EXIT_USAGE} for a bad config. Never signals anything.
 --json prints {NODE_CHECK_SCHEMA}:
   {{"schema", "hostname", "taken_at", "clean": bool, "why": [str], "threshold_bytes",
-   "nvml": {{"up", "driver_version", "errors"}},
+   "nvml": {{"up", "driver_version", "errors", "backends"}},
    "remaining": {{"trees": [{{"root_pid", "root_start_time", "root_comm", "root_user",
                              "verdict", "reason", "gpu_bytes", "holders": [...]}}],
                  "unattributed": [{{"index", "uuid", "unattributed_bytes": int|null,

@@ -55,6 +55,8 @@ def nvml_json(reading: GpuReading) -> dict[str, Any]:
         "up": reading.up,
         "driver_version": reading.driver_version,
         "errors": [{"stage": s, "message": m} for s, m in reading.errors],
+        "backends": [{"name": b.name, "up": b.up, "detail": b.detail}
+                     for b in reading.backends],
     }
 
 
@@ -68,6 +70,8 @@ def gpu_json(gpu: GpuSample) -> dict[str, Any]:
         "utilization_ratio": gpu.utilization_ratio,
         "temperature_celsius": gpu.temperature_celsius,
         "power_watts": gpu.power_watts,
+        "vendor": gpu.vendor,
+        "driver_version": gpu.driver_version,
     }
 
 

@@ -96,11 +96,34 @@ def print_json(doc: dict[str, Any]) -> None:
 
 def nvml_down_line(reading: GpuReading) -> str:
     why = "; ".join(f"{stage}: {msg}" for stage, msg in reading.errors) or "no reason given"
-    return f"NVML unavailable ({why}): no GPUs or GPU holders to inspect"
+    names = ", ".join(BACKEND_NAMES.get(b.name, b.name) for b in reading.backends) or "NVML"
+    return f"{names} unavailable ({why}): no GPUs or GPU holders to inspect"
+
+
+#: How the status line names each back-end.
+BACKEND_NAMES = {"nvml": "NVML", "amdsmi": "AMD SMI", "drm": "DRM"}
+
+
+def backends_line(reading: GpuReading) -> str:
+    """'NVML up, driver 550.54' for the one back-end of most hosts; each one's state on a
+    host with several ('NVML up, driver 550.54; AMD SMI down (why)')."""
+    states = reading.backends
+    if len(states) <= 1:
+        name = BACKEND_NAMES.get(states[0].name, states[0].name) if states else "NVML"
+        return f"{name} up, driver {reading.driver_version or '?'}"
+    drivers = {g.vendor: g.driver_version for g in reading.gpus}
+    parts = []
+    for state in states:
+        name = BACKEND_NAMES.get(state.name, state.name)
+        parts.append(f"{name} up" if state.up else f"{name} down ({state.detail})")
+    versions = ", ".join(f"{vendor} {version}" for vendor, version in drivers.items()
+                         if version)
+    return "; ".join(parts) + (f", drivers {versions}" if versions else "")
 
 
 def gpu_table(reading: GpuReading) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
+    vendors = len({gpu.vendor for gpu in reading.gpus}) > 1  # a mixed host: say whose
     for name, justify in (("GPU", "right"), ("NAME", "left"), ("MEMORY USED/TOTAL", "right"),
                           ("UTIL", "right"), ("TEMP", "right"), ("POWER", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -108,7 +131,8 @@ def gpu_table(reading: GpuReading) -> Table:
         util = "?" if gpu.utilization_ratio is None else f"{gpu.utilization_ratio:.0%}"
         temp = "?" if gpu.temperature_celsius is None else f"{gpu.temperature_celsius:.0f}°C"
         power = "?" if gpu.power_watts is None else f"{gpu.power_watts:.0f} W"
-        table.add_row(str(gpu.index), gpu.name or "?",
+        table.add_row(f"{gpu.vendor}:{gpu.index}" if vendors else str(gpu.index),
+                      gpu.name or "?",
                       f"{fmt_bytes(gpu.memory_used_bytes)} / {fmt_bytes(gpu.memory_total_bytes)}",
                       util, temp, power)
     return table
@@ -258,7 +282,7 @@ def status_renderable(snap: Snapshot, hostname: str,
     if not reading.up:
         return Text(nvml_down_line(reading), style="bold red")
     head = Text.assemble(
-        (f"{hostname}", "bold"), "  NVML up, driver ", reading.driver_version or "?",
+        (f"{hostname}", "bold"), "  ", backends_line(reading),
         f"  {len(reading.gpus)} GPU(s), {len(reading.holders)} holder(s)",
     )
     parts: list[RenderableType] = [head, Text(""), Text("GPUs", style="bold underline"),

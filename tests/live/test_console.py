@@ -70,10 +70,13 @@ def test_status_json_schema_with_orphan_and_normal_tree(trees: Trees, fake_gpu: 
     doc = json.loads(proc.stdout)
     assert doc["schema"] == "gpuguard.status/v1"
     assert isinstance(doc["hostname"], str) and isinstance(doc["taken_at"], float)
-    assert doc["nvml"] == {"up": True, "driver_version": "550.54.15", "errors": []}
+    assert doc["nvml"] == {"up": True, "driver_version": "550.54.15", "errors": [],
+                           "backends": [{"name": "nvml", "up": True, "detail": None}]}
     gpu, = doc["gpus"]
+    assert (gpu["vendor"], gpu["driver_version"]) == ("nvidia", "550.54.15")
     assert set(gpu) == {"index", "uuid", "name", "memory_total_bytes", "memory_used_bytes",
-                        "utilization_ratio", "temperature_celsius", "power_watts"}
+                        "utilization_ratio", "temperature_celsius", "power_watts", "vendor",
+                        "driver_version"}
     assert gpu["index"] == 0 and gpu["memory_total_bytes"] == 80 * GIB
     by_root = {t["root_pid"]: t for t in doc["trees"]}
     tree_keys = {"root_pid", "root_start_time", "root_comm", "root_user", "root_age_seconds",

@@ -89,6 +89,7 @@ def choose(selection: Selection | None = None, *,
     active: list[Backend] = []
     inactive: list[tuple[str, str]] = []
     auto_nvml_missing: str | None = None
+    nvml = NVML
     for backend in backends:
         wanted = selection.get(backend.name)
         if wanted is False:
@@ -97,15 +98,16 @@ def choose(selection: Selection | None = None, *,
         problem = None if wanted else backend.probe()
         if problem is None:
             active.append(backend)
-        elif backend is NVML:
+        elif backend.name == NVML.name:
             auto_nvml_missing = problem
+            nvml = backend
         else:
             inactive.append((backend.name, problem))
     if auto_nvml_missing is not None:
         if active:
-            inactive.insert(0, (NVML.name, auto_nvml_missing))
+            inactive.insert(0, (nvml.name, auto_nvml_missing))
         else:
-            active.insert(0, NVML)  # no GPU library at all: NVML reads down until it appears
+            active.insert(0, nvml)  # no GPU library at all: NVML reads down until it appears
     for name, reason in inactive:
         if (name, reason) not in _said:  # once per process, not per reader that chooses
             _said.add((name, reason))

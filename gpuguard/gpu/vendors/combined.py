@@ -24,7 +24,7 @@ class Combined:
     GpuSource. The reading is `up` when any back-end is; one that is down while another is
     up adds an error naming it, so a reap's check reads the whole as incomplete. Each GPU
     keeps its back-end's driver version. With one part, that part's reading as read, with
-    its BackendState added."""
+    its BackendState and the GPUs' driver version added."""
 
     def __init__(self, parts: list[tuple[str, GpuSource]]) -> None:
         self.parts = parts
@@ -32,8 +32,11 @@ class Combined:
     def read(self) -> GpuReading:
         readings = [(name, self._read_one(name, source)) for name, source in self.parts]
         states = tuple(BackendState(name, r.up, _detail(r)) for name, r in readings)
+        gpus = tuple(g if g.driver_version is not None or r.driver_version is None
+                     else dataclasses.replace(g, driver_version=r.driver_version)
+                     for _, r in readings for g in r.gpus)
         if len(readings) == 1:
-            return dataclasses.replace(readings[0][1], backends=states)
+            return dataclasses.replace(readings[0][1], gpus=gpus, backends=states)
         if not readings:
             return GpuReading(False, None, (), (), (("backends", "no GPU back-end is active"),),
                               backends=())
@@ -45,9 +48,6 @@ class Combined:
                 errors.append((name, f"the {name} back-end is down"))
         driver = next((r.driver_version for _, r in readings if r.up and r.driver_version),
                       None)
-        gpus = tuple(g if g.driver_version is not None or r.driver_version is None
-                     else dataclasses.replace(g, driver_version=r.driver_version)
-                     for _, r in readings for g in r.gpus)
         return GpuReading(up=up, driver_version=driver, gpus=gpus,
                           holders=tuple(h for _, r in readings for h in r.holders),
                           errors=tuple(errors), backends=states)
