@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,3 +255,18 @@ def test_node_check_and_explain_per_host_and_the_worst_status(fleet: Fleet,
     a, b = proc.stdout.index("── host-a"), proc.stdout.index("── host-b")
     assert "holds 1.0 GiB on GPU 0" in proc.stdout[a:b]
     assert "holds no GPU memory" in proc.stdout[b:]
+
+
+
+def test_a_host_past_the_timeout_is_killed_and_named(fleet: Fleet) -> None:
+    """ssh is killed at --timeout; the host reads timed-out. The remote command writes a
+    line every 0.2 s for 20 s, so it ends at its next write once the connection is gone."""
+    slow = "sh -c 'for i in $(seq 100); do sleep 0.2; echo .; done'"
+    started = time.monotonic()
+    code, doc = fleet.json("--remote", "host-b", "--timeout", "2", "node-check", "--json",
+                           remote_command=slow)
+    elapsed = time.monotonic() - started
+    host, = doc["hosts"]
+    assert code == 10 and host["failure"]["kind"] == "timed-out", doc
+    assert host["failure"]["detail"].startswith("no whole answer within 2s")
+    assert elapsed < 15, f"{elapsed:.1f}s: ssh was not killed at the timeout"
