@@ -23,6 +23,11 @@ EXIT_BAD_PAYLOAD = 5
 EXIT_REFUSED = 6
 EXIT_REAP_FAILED = 7
 EXIT_NOT_AUDITED = 8
+#: --remote: a host answered nothing the console can render (no gpuguard there, an older
+#: gpuguard's document without a key it renders, not JSON).
+EXIT_REMOTE_NO_ANSWER = 9
+#: --remote: a host could not be asked (ssh could not connect or log in, or --timeout).
+EXIT_REMOTE_UNREACHABLE = 10
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
@@ -49,6 +54,12 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record)"),
     (EXIT_NOT_AUDITED, "reap --apply: the final audit record could not be written (the intent "
                        "record was)"),
+    (EXIT_REMOTE_NO_ANSWER, "--remote: a host's answer cannot be rendered: no gpuguard there "
+                            "(the remote shell's 127), an older gpuguard whose JSON lacks a "
+                            "key, not JSON"),
+    (EXIT_REMOTE_UNREACHABLE, "--remote: a host could not be asked: ssh could not connect, "
+                              "log in or run the command (its 255), or no answer within "
+                              "--timeout"),
     (EXIT_CANNOT_EXECUTE, "run: CMD could not be executed (permission denied, not a program)"),
     (EXIT_NOT_FOUND, "run: CMD not found"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); `status --watch` exits 0 on Ctrl-C; `reap "
@@ -68,6 +79,7 @@ EXIT_TABLE = (
 )
 
 STATUS_SCHEMA = "gpuguard.status/v1"
+REMOTE_SCHEMA = "gpuguard.remote/v1"
 EXPLAIN_SCHEMA = "gpuguard.explain/v1"
 POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
@@ -214,6 +226,23 @@ clean (NVML down or incomplete); {EXIT_USAGE} for a bad config. Never signals an
                             "reported"}}|null}}}}
 
 """ + EXIT_TABLE
+
+#: What `gpuguard --help` says of --remote, after the exit codes.
+REMOTE_EPILOG = f"""\
+--remote HOST[,HOST...] (or --hosts-file) before status, explain, reap or node-check runs
+`gpuguard SUBCOMMAND --json ARGS` on each host over the system ssh (your ~/.ssh/config,
+agent and known_hosts; BatchMode, host key checking as ssh has it, never off), at most
+--parallel hosts at a time, and renders each host's document here under its name; a
+host that gives none is one line (unreachable, timed-out, no-gpuguard, older-gpuguard,
+bad-json, failed). ARGS are the remote's (--config names its file); reap keeps every
+guard: a dry run unless --apply, which needs --start-time and one host; the remote
+policy decides and its audit record is written there. The exit status is the worst
+host's, the highest: {EXIT_REMOTE_UNREACHABLE}, then {EXIT_REMOTE_NO_ANSWER}, then each host's own.
+--json prints one document, schema {REMOTE_SCHEMA}:
+  {{"schema", "command": [str], "exit_code": int,
+   "hosts": [{{"host", "exit_code", "failure": {{"kind", "detail"}}|null,
+              "document": the host's own --json document|null}}]}}
+"""
 
 #: `run`'s own statuses, around CMD's (CMD may itself exit 2, 126, 127 or 130: these mean
 #: the launcher's when its one-line message is on stderr).

@@ -220,6 +220,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise Failure(EXIT_USAGE, "refusing --apply outside the host PID namespace: NVML "
                       "reports host pids; pass --allow-pid-namespace only if NVML reports "
                       "this namespace's pids")
+    check_start_time(args)
+
+
+def check_start_time(args: argparse.Namespace) -> None:
+    """--apply names the process by its start time too: here, and before `--remote` asks
+    a host to reap."""
     if args.apply and args.start_time is None:
         raise Failure(EXIT_USAGE, f"--apply needs --start-time START_TIME of the process you "
                       f"mean (a dry run, `{PROG} status --json` or `{PROG} explain PID` shows "

@@ -23,7 +23,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +48,8 @@ from tests.support.proctree import (
     stat_fields,
     wait_for,
 )
+from tests.support.sshd import Sshd as PrivateSshd
+from tests.support.sshd import tail
 
 GIB = 2**30
 HOLD = f"{shlex.quote(sys.executable)} {shlex.quote(str(HOLDER))}"
@@ -169,90 +170,13 @@ def reaper() -> Iterator[Reaper]:
 
 # -- sshd and logins --------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, n: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-class Sshd:
-    """A private sshd on 127.0.0.1: its own config, host key and authorized key."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        base.mkdir()
-        for name in ("host_key", "user_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuguard-test",
-                            "-f", str(base / name)], check=True, timeout=30)
-        (base / "authorized_keys").write_text((base / "user_key.pub").read_text())
-        config = base / "sshd_config"
-        config.write_text("\n".join([
-            "ListenAddress 127.0.0.1",
-            f"HostKey {base / 'host_key'}",
-            "PidFile none",
-            f"AuthorizedKeysFile {base / 'authorized_keys'}",
-            "PermitRootLogin yes",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",  # the key lives under /tmp, which is world-writable
-            "PrintMotd no",
-            "PrintLastLog no",
-            "UseDNS no",
-            "X11Forwarding no",
-            "AllowTcpForwarding no",
-            "LogLevel VERBOSE",
-            "",
-        ]))
-        # sshd refuses to start without its privilege-separation directory (the Debian
-        # service makes it at boot; a container that never ran the service has none).
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        self.log = base / "sshd.log"
-        self.logins: list[Login] = []
-        for attempt in range(3):  # another process may take the free port before sshd does
-            self.port = free_port()
-            self.proc = subprocess.Popen(
-                ["/usr/sbin/sshd", "-D", "-f", str(config), "-p", str(self.port),
-                 "-E", str(self.log)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
-            try:
-                wait_for(self._listening, what=f"sshd on 127.0.0.1:{self.port}")
-                break
-            except AssertionError:
-                self.stop()
-                if attempt == 2:
-                    raise
-
-    def _listening(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"sshd exited {self.proc.returncode}: {tail(self.log)}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
+class Sshd(PrivateSshd):
+    """The private sshd, whose logins are people typing into `ssh -tt`."""
 
     def login(self, command: str | None = None, *, tty: bool = True) -> Login:
         made = Login(self, self.base / f"login{len(self.logins) + 1}", command, tty=tty)
         self.logins.append(made)
         return made
-
-    def stop(self) -> None:
-        for made in self.logins:
-            made.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
 
 
 class Login:

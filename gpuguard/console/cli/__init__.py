@@ -17,7 +17,7 @@ import argparse
 import socket
 import sys
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from gpuguard.base import logformat
 from gpuguard.base.flags import VersionAction
@@ -34,6 +34,7 @@ from gpuguard.console.contract import (
     POLICY_EPILOG,
     PROG,
     REAP_EPILOG,
+    REMOTE_EPILOG,
     RUN_EPILOG,
     START_TIME_WORDS,
     STATUS_EPILOG,
@@ -50,6 +51,8 @@ from gpuguard.console.keep import cmd_keep
 from gpuguard.console.mcp.server import cmd_mcp
 from gpuguard.console.node_check import cmd_node_check
 from gpuguard.console.reap import cmd_reap
+from gpuguard.console.remote import REMOTE_COMMAND_ENV, SSH_CONFIG_ENV, cmd_remote, remote_defaults
+from gpuguard.console.remote.command import REMOTE_SUBCOMMANDS
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
 from gpuguard.host.platform import PLATFORM
@@ -63,10 +66,55 @@ MARKS_DIR = PLATFORM.defaults.marks_dir
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+class SubcommandWords(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """The subparsers' action, keeping the words after the subcommand as typed
+    (`subcommand_argv`): --remote hands them to the remote gpuguard as they are."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        namespace.subcommand_argv = list(values[1:])
+        super().__call__(parser, namespace, values, option_string)
+
+
 def pid_arg(value: str) -> int:
     if not (0 < len(value) <= 10 and value.isascii() and value.isdigit()) or int(value) <= 0:
         raise argparse.ArgumentTypeError(f"expected a process id, got {value!r}")
     return int(value)
+
+
+def count_arg(value: str) -> int:
+    if not (0 < len(value) <= 4 and value.isascii() and value.isdigit()) or int(value) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a count from 1, got {value!r}")
+    return int(value)
+
+
+def add_remote(parser: argparse.ArgumentParser) -> None:
+    """--remote and its options, before the subcommand (REMOTE_EPILOG)."""
+    defaults = remote_defaults()
+    g = parser.add_argument_group(
+        f"remote hosts (before {', '.join(REMOTE_SUBCOMMANDS[:-1])} or {REMOTE_SUBCOMMANDS[-1]})")
+    g.add_argument("--remote", action="append", metavar="HOST[,HOST...]",
+                   help="run the subcommand on each HOST's own gpuguard over ssh and show "
+                        "each answer here, under its host name (repeatable)")
+    g.add_argument("--hosts-file", action="append", metavar="FILE",
+                   help="hosts, one per line (# starts a comment), as --remote's")
+    g.add_argument("--parallel", type=count_arg, default=8, metavar="N",
+                   help="ask at most N hosts at a time (default: %(default)s)")
+    g.add_argument("--timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                   help="each host's whole answer, connecting included, within SECONDS, "
+                        "else its ssh is killed (default: %(default)g)")
+    g.add_argument("--connect-timeout", type=count_arg, default=10, metavar="SECONDS",
+                   help="ssh's ConnectTimeout (default: %(default)s)")
+    g.add_argument("--ssh-option", action="append", metavar="KEY=VALUE",
+                   help="an ssh -o option, after gpuguard's own BatchMode=yes and "
+                        "ConnectTimeout (repeatable); none that turns host key checking off")
+    g.add_argument("--ssh-config", default=defaults["ssh_config"], metavar="FILE",
+                   help="ssh -F FILE instead of ~/.ssh/config (default: "
+                        f"${SSH_CONFIG_ENV}, else ssh's own)")
+    g.add_argument("--remote-command", default=defaults["remote_command"], metavar="COMMAND",
+                   help="the gpuguard to run on each host, split into words as a shell would "
+                        "(`sudo -n /opt/gpuguard/venv/bin/gpuguard`) and each word quoted "
+                        f"(default: ${REMOTE_COMMAND_ENV}, else %(default)s)")
 
 
 def add_common(p: argparse.ArgumentParser, *, config_required: bool = False) -> None:
@@ -306,11 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect GPU-holding process trees, explain verdicts, check the kill "
                     "policy and reap orphans by hand, through the same code as "
                     "gpuguard-exporter and gpuguard-remediator.",
-        epilog=EXIT_TABLE,
+        epilog=EXIT_TABLE + "\n" + REMOTE_EPILOG,
     )
     parser.add_argument("--version", action=VersionAction, nargs=0, default=PROG,
                         help="print the version, source revision and Python, and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_remote(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                action=SubcommandWords)
     for add in (add_status, add_explain, add_policy, add_config, add_reap, add_keep,
                 add_assets, add_run, add_mcp, add_node_check):
         add(sub)
@@ -325,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("gpuguard.host.nvml").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     try:
+        if args.remote or args.hosts_file:
+            return cmd_remote(args)
         return int(args.func(args))
     except Failure as failure:
         print(f"{PROG}: {failure.message}", file=sys.stderr)
