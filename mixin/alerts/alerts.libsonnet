@@ -85,6 +85,16 @@
           },
         },
         {
+          alert: 'GPUGuardGPUBackendDown',
+          expr: 'gpuguard_gpu_backend_up{%(exporterSelector)s, backend!="nvml"} == 0' % c,
+          'for': c.nvmlDownFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'gpuguard on {{ $labels.instance }} cannot read its {{ $labels.backend }} GPUs',
+            description: 'The exporter at {{ $labels.instance }} has reported gpuguard_gpu_backend_up{backend="{{ $labels.backend }}"} == 0 for more than %(nvmlDownFor)s: it sees none of that back-end\'s GPUs or processes, and while any back-end is down no tree on the host is reaped (its holders may be on those GPUs). Check the driver and the exporter\'s access (docs/gpu-vendors.md). NVML has GPUGuardNVMLDown.' % t,
+          },
+        },
+        {
           alert: 'GPUGuardScanStale',
           expr: 'time() - gpuguard_last_scan_timestamp_seconds{%(exporterSelector)s} > %(scanStaleThresholdSeconds)s' % c,
           'for': c.scanStaleFor,

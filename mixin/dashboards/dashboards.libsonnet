@@ -1065,8 +1065,8 @@
         },
         {
           type: "timeseries",
-          title: "NVML up",
-          description: "1 when the exporter's NVML calls succeed.",
+          title: "GPU back-ends up",
+          description: "1 when the exporter's calls to a GPU back-end (nvml, amdsmi, drm) succeed; one line per back-end that runs (docs/gpu-vendors.md).",
           id: 17,
           datasource: datasource,
           gridPos: {
@@ -1079,8 +1079,8 @@
             {
               datasource: datasource,
               refId: "A",
-              expr: "gpuguard_nvml_up{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}}",
+              expr: "gpuguard_gpu_backend_up{%(exporterSelector)s, instance=~\"$instance\"}" % c,
+              legendFormat: "{{instance}} {{backend}}",
               range: true,
               instant: false,
               format: "time_series"

@@ -37,6 +37,7 @@ EXPECTED_SEVERITY = {
     "GPUGuardExporterDown": "critical",
     "GPUGuardExporterAbsent": "critical",
     "GPUGuardNVMLDown": "critical",
+    "GPUGuardGPUBackendDown": "critical",
     "GPUGuardScanStale": "critical",
     "GPUGuardScanErrors": "warning",
     "GPUGuardScanSlow": "warning",
@@ -82,6 +83,7 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_inspector_seconds_total",
         "gpuguard_inspector_proc_reads_total",
         "gpuguard_nvml_up",
+        "gpuguard_gpu_backend_up",
         "gpuguard_host_info",
         # accounting (issue 15): for people, never for the remediator
         "gpuguard_user_gpu_memory_bytes",

@@ -270,7 +270,8 @@ def test_accounting_series_in_a_fake_world(trees: Trees, fake_gpu: FakeGpuWorld)
     fake_gpu.remove_process(c)  # now every process on GPU 1 is sized: 6 - 2 GiB unattributed
     scanner.scan_once()
     assert registry.get_sample_value("gpuguard_gpu_memory_unattributed_bytes", {
-        "gpu": "1", "UUID": fake_gpu.gpus[1].uuid, "Hostname": "node-1", "vendor": "nvidia"}) == 4 * GIB
+        "gpu": "1", "UUID": fake_gpu.gpus[1].uuid, "Hostname": "node-1",
+        "vendor": "nvidia"}) == 4 * GIB
 
 
 def test_no_quota_no_quota_series(trees: Trees, fake_gpu: FakeGpuWorld) -> None:

@@ -112,7 +112,8 @@ def test_wddm_sizes_what_nvml_could_not(fake_gpu: FakeGpuWorld) -> None:
     uuid = fake_gpu.gpus[0].uuid
     assert registry.get_sample_value(
         "gpuguard_gpu_process_memory_bytes",
-        {"gpu": "0", "UUID": uuid, "Hostname": "win-a", "vendor": "nvidia", "pid": "7008"}) == 3 * GIB
+        {"gpu": "0", "UUID": uuid, "Hostname": "win-a", "vendor": "nvidia",
+         "pid": "7008"}) == 3 * GIB
 
 
 def test_a_holder_missing_from_the_table_exited_since_and_is_no_scan_error(
@@ -126,7 +127,8 @@ def test_a_holder_missing_from_the_table_exited_since_and_is_no_scan_error(
     assert registry.get_sample_value("gpuguard_scan_errors_total", {"stage": "procfs"}) == 0
     uuid = fake_gpu.gpus[0].uuid
     assert registry.get_sample_value("gpuguard_gpu_unseen_processes",
-                                     {"gpu": "0", "UUID": uuid, "Hostname": "win-a", "vendor": "nvidia"}) == 1
+                                     {"gpu": "0", "UUID": uuid, "Hostname": "win-a",
+                                      "vendor": "nvidia"}) == 1
 
 
 def test_without_a_table_the_scanner_reads_proc_as_before(fake_gpu: FakeGpuWorld) -> None:
