@@ -162,10 +162,11 @@ class Alertmanager(_Proc):
 
 
 class Prometheus(_Proc):
-    def __init__(self, workdir: Path, *, targets: dict[str, str], rules_text: str,
-                 alertmanager_url: str | None,
+    def __init__(self, workdir: Path, *, targets: Mapping[str, str | list[str]],
+                 rules_text: str, alertmanager_url: str | None,
                  scrape: Mapping[str, Any] | None = None) -> None:
-        """`scrape`: keys added to every scrape job (scheme, tls_config, basic_auth)."""
+        """`targets`: each job's target, or its targets (several hosts' exporters).
+        `scrape`: keys added to every scrape job (scheme, tls_config, basic_auth)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -175,7 +176,9 @@ class Prometheus(_Proc):
                        "scrape_timeout": "900ms"},
             "rule_files": [str(workdir / "rules.yml")],
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}], **(scrape or {})}
+                {"job_name": job, "static_configs": [
+                    {"targets": [target] if isinstance(target, str) else list(target)}],
+                 **(scrape or {})}
                 for job, target in targets.items()
             ],
         }
