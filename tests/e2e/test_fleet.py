@@ -230,3 +230,52 @@ def test_gpu_fleet_is_the_same_view(stack: Stack) -> None:
     assert states == {SILENCED: "silenced", FIRING: "firing"}
     silenced = next(t for t in doc["trees"] if t["hostname"] == SILENCED)
     assert silenced["alerts"][0]["silences"][0]["created_by"] == "gpuguard-e2e"
+
+
+def test_prometheus_behind_tls_and_basic_auth(tmp_path: Path) -> None:
+    """The flags a Prometheus behind its own web config needs: a private CA and basic auth
+    from a private password file; without the password it is refused (HTTP 401, exit 3),
+    and a password over http:// is refused before any request (exit 2)."""
+    require_binaries()
+    import bcrypt
+
+    from tests.support.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    password = tmp_path / "password"
+    password.write_text("fleet-password\n")
+    password.chmod(0o600)
+    digest = bcrypt.hashpw(b"fleet-password", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": certs.path("server.crt"),
+                              "key_file": certs.path("server.key")},
+        "basic_auth_users": {"oncall": digest}}))
+    prometheus = Prometheus(tmp_path / "prom", targets={}, rules_text="groups: []\n",
+                            alertmanager_url=None, web_config=str(web),
+                            client={"verify": certs.path("ca.crt"),
+                                    "auth": ("oncall", "fleet-password")})
+    try:
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "gpuguard", "fleet", "--json", *args], cwd=REPO,
+                env=child_env(), capture_output=True, text=True, timeout=60, check=False)
+
+        ok = run("--prometheus", prometheus.url, "--prometheus-ca-file", certs.path("ca.crt"),
+                 "--prometheus-username", "oncall", "--prometheus-password-file", str(password))
+        assert ok.returncode == 0, ok.stderr
+        doc = json.loads(ok.stdout)
+        assert (doc["trees"], doc["hosts"], doc["errors"]) == ([], [], [])
+
+        refused = run("--prometheus", prometheus.url, "--prometheus-ca-file",
+                      certs.path("ca.crt"))
+        assert refused.returncode == 3 and "HTTP 401" in json.loads(refused.stdout)["errors"][0]
+        untrusted = run("--prometheus", prometheus.url, "--prometheus-username", "oncall",
+                        "--prometheus-password-file", str(password))
+        assert untrusted.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+        plain = run("--prometheus", prometheus.url.replace("https:", "http:"),
+                    "--prometheus-username", "oncall", "--prometheus-password-file",
+                    str(password))
+        assert plain.returncode == 2 and "in clear" in plain.stderr and plain.stdout == ""
+    finally:
+        prometheus.stop()
