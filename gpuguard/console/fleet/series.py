@@ -74,8 +74,8 @@ def vector(data: Any, query: str) -> list[Sample]:
     body = of_type(at, data, dict)
     if body.get("status") != "success":
         why = body.get("error")
-        raise at.child("status").error(f"not success ({why if isinstance(why, str) else '?'})"
-                                       [:200])
+        why = why[:200] if isinstance(why, str) else "no error given"
+        raise at.child("status").error(f"not success ({why})")
     result = of_type(at.child("data"), body.get("data"), dict)
     if result.get("resultType") != "vector":
         raise at.child("data.resultType").error("not vector")

@@ -16,6 +16,7 @@ to MAX_BODY_BYTES each.
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import json
 import time
@@ -232,8 +233,12 @@ def ask_prometheus(conn: Connection, options: FleetOptions) -> dict[str, list[se
     out = {}
     for name, expr in queries(options.exporter_job, options.remediator_job).items():
         path = "/api/v1/query?" + urlencode({"query": expr}, quote_via=quote)
-        out[name] = conn.get(base, path, lambda data, q=expr: series.vector(data, q))
+        out[name] = conn.get(base, path, functools.partial(_vector_of, expr))
     return out
+
+
+def _vector_of(query: str, data: Any) -> list[series.Sample]:
+    return series.vector(data, query)
 
 
 def ask_alertmanager(conn: Connection) -> tuple[list[series.AmAlert],
