@@ -307,6 +307,8 @@ Serves the Model Context Protocol on stdin and stdout only (no HTTP transport): 
 client (an agent's host, Claude Desktop) starts it as a subprocess. Tools (arguments):
   gpu_status {{}}          read-only: the {STATUS_SCHEMA} document of `status --json`
   gpu_explain {{pid}}      read-only: the {EXPLAIN_SCHEMA} document of `explain --json`
+  gpu_fleet {{}}           read-only: the {FLEET_SCHEMA} document of `fleet --json`
+                         (with --prometheus; an error without it)
   gpu_reap {{root_pid, root_start_time?, confirm?}}
                          destructive: a dry run unless confirm is true (nothing signalled,
                          nothing written); with confirm and root_start_time it is `reap

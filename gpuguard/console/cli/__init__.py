@@ -1,8 +1,8 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
 Each subcommand (one module each: status, explain, reap, keep, assets, run, node_check;
-checks/config and checks/policy; mcp, which serves status, explain and reap as MCP tools:
-the mcp/ package)
+checks/config and checks/policy; fleet, the fleet/ package; mcp, which serves status,
+explain, fleet and reap as MCP tools: the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -282,9 +282,9 @@ def add_mcp(sub: Subparsers) -> None:
                        help="serve status, explain and reap as MCP tools for an agent, over "
                             "stdio (needs gpuguard[mcp])",
                        description="Serve the Model Context Protocol over stdio (only): the "
-                                   "tools gpu_status, gpu_explain and gpu_reap, each the "
-                                   "document of the console command, gpu_reap a dry run "
-                                   "unless confirm=true.")
+                                   "tools gpu_status, gpu_explain, gpu_fleet (with "
+                                   "--prometheus) and gpu_reap, each the document of the "
+                                   "console command, gpu_reap a dry run unless confirm=true.")
     p.add_argument("--config", metavar="FILE",
                    help="gpuguard YAML config, read again at every call (default: built-in "
                         "defaults)")
