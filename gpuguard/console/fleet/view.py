@@ -270,12 +270,13 @@ def _hosts(answers: Answers, exporter_hosts: Mapping[tuple[str, str], str],
     # A remediator without its info series (one older than it) is the host's whose
     # exporter shares its address: the units and the DaemonSet run them side by side.
     by_address: dict[str, set[str]] = {}
-    for target, name in exporter_hosts.items():
-        by_address.setdefault(_address(target[1]), set()).add(name)
 
     def key_of(target: tuple[str, str], names: Mapping[tuple[str, str], str]) -> str:
         if target in names:
             return names[target]
+        if not by_address:  # built on the first target that needs it
+            for known, name in exporter_hosts.items():
+                by_address.setdefault(_address(known[1]), set()).add(name)
         same = by_address.get(_address(target[1]), set())
         return next(iter(same)) if len(same) == 1 else f"\0{target[1]}"
 
