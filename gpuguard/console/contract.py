@@ -18,6 +18,8 @@ EXIT_NOT_CLEAN = 1
 EXIT_DIFFERS = 1
 EXIT_USAGE = 2
 EXIT_NVML_DOWN = 3
+#: fleet: its source of truth, Prometheus, did not answer (status's NVML, for the fleet).
+EXIT_SOURCE_DOWN = EXIT_NVML_DOWN
 EXIT_NO_PROCESS = 4
 EXIT_BAD_PAYLOAD = 5
 EXIT_REFUSED = 6
@@ -46,7 +48,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_USAGE, f"usage error or invalid config (one line: {PROG}: config error: FILE: KEY: "
                  "PROBLEM); policy check: the payload file cannot be read; mcp: the MCP SDK "
                  "is not installed"),
-    (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected"),
+    (EXIT_NVML_DOWN, "status: NVML unavailable, nothing could be inspected; fleet: "
+                     "Prometheus did not answer"),
     (EXIT_NO_PROCESS, "explain, reap, keep: no such process (or not the given start time)"),
     (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),
     (EXIT_REFUSED, "reap: refused (not an orphan without --force, identity changed, a guard "
@@ -84,6 +87,7 @@ EXPLAIN_SCHEMA = "gpuguard.explain/v1"
 POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
 NODE_CHECK_SCHEMA = "gpuguard.node-check/v1"
+FLEET_SCHEMA = "gpuguard.fleet/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
 #: (the reaper's own outcomes are gpuguard.engine.reap.outcome.Outcome).
@@ -244,6 +248,48 @@ host's, the highest: {EXIT_REMOTE_UNREACHABLE}, then {EXIT_REMOTE_NO_ANSWER}, th
               "document": the host's own --json document|null}}]}}
 """
 
+FLEET_EPILOG = f"""\
+Asks Prometheus 10 instant queries (the four gpuguard_orphan_tree_* families,
+gpuguard_host_info and gpuguard_remediator_info now and over the last hour, up of
+--exporter-job and --remediator-job, ALERTS{{root_pid!=""}}) and Alertmanager two requests
+(/api/v2/alerts naming a tree, /api/v2/silences), whatever the number of hosts; every
+request within --timeout in all, each answer read up to 32 MiB. Never signals anything.
+Alertmanager: --alertmanager, else the --config file's remediate.alertmanager (its URLs,
+credentials_file and ca_file). A tree's alert_state: silenced, inhibited, firing, pending or
+none, the first that any of its alerts is (a silence stops the remediator whatever a sibling
+alert says); without an answer from Alertmanager only firing and pending can be told.
+--json prints {FLEET_SCHEMA} (keys are only ever added):
+  {{"schema", "taken_at": float,
+   "sources": {{"prometheus": str, "alertmanager": str|null,
+               "alertmanager_error": str|null}},
+   "errors": [str],
+   "hosts": [{{"hostname": str|null, "orphan_trees": int,
+              "exporters": [{{"job", "instance", "up": bool|null}}],
+              "remediators": [{{"job", "instance", "up": bool|null,
+                               "mode": dry-run|enforce|null}}]}}],
+   "trees": [{{"hostname": str|null, "job", "instance", "root_pid": int,
+              "root_start_time": int, "comm", "user", "reason",
+              "age_seconds": float|null, "memory_bytes": int|null,
+              "idle_seconds": float|null, "processes": int|null,
+              "alert_state": silenced|inhibited|firing|pending|none,
+              "alerts": [{{"alertname", "state", "prometheus": firing|pending|null,
+                          "alertmanager": active|suppressed|unprocessed|null,
+                          "starts_at": str|null,
+                          "silences": [{{"id", "created_by": str|null,
+                                        "comment": str|null, "ends_at": str|null,
+                                        "state": str|null}}],
+                          "inhibited_by": [str]}}]}}],
+   "stray_alerts": [{{"hostname", "root_pid": int|null, "root_start_time": int|null,
+                     "alertname", "state", ...as alerts[]}}]}}
+  hostname: the exporter's gpuguard_host_info (the last hour's, for one that is down); a
+  remediator's host is its gpuguard_remediator_info's, else the exporter's at the same
+  address. up: null where Prometheus has no `up` for the target under the job asked for.
+  mode: a remediator's remediate.mode while it answers. stray_alerts: alerts that name a
+  tree no exporter shows now (its exporter is down, or the tree is gone and the alert has
+  yet to resolve). Exit {EXIT_SOURCE_DOWN} when Prometheus does not answer (the document says why).
+
+""" + EXIT_TABLE
+
 #: `run`'s own statuses, around CMD's (CMD may itself exit 2, 126, 127 or 130: these mean
 #: the launcher's when its one-line message is on stderr).
 RUN_EXIT_CODES: tuple[tuple[str, str], ...] = (
@@ -292,6 +338,8 @@ Serves the Model Context Protocol on stdin and stdout only (no HTTP transport): 
 client (an agent's host, Claude Desktop) starts it as a subprocess. Tools (arguments):
   gpu_status {{}}          read-only: the {STATUS_SCHEMA} document of `status --json`
   gpu_explain {{pid}}      read-only: the {EXPLAIN_SCHEMA} document of `explain --json`
+  gpu_fleet {{}}           read-only: the {FLEET_SCHEMA} document of `fleet --json`
+                         (with --prometheus; an error without it)
   gpu_reap {{root_pid, root_start_time?, confirm?}}
                          destructive: a dry run unless confirm is true (nothing signalled,
                          nothing written); with confirm and root_start_time it is `reap

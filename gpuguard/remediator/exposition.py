@@ -35,6 +35,7 @@ class RemediatorCollector(Collector):
             yield family
 
     def collect(self) -> Iterator[Metric]:
+        yield self._info()
         yield from self._own()
         yield from self._alertmanager()
         yield from self._polls()
@@ -45,6 +46,16 @@ class RemediatorCollector(Collector):
         yield from inspector_metrics(self.service.counters)
         yield from event_metrics(self.service.events)
         yield foreign_marks_metric()
+
+    def _info(self) -> Metric:
+        """This remediator's host and mode, in one info series (the exporter's
+        gpuguard_host_info's convention): its target carries neither, and `gpuguard fleet`
+        joins it to the host's exporter on `hostname`."""
+        info = GaugeMetricFamily("gpuguard_remediator_info",
+                                 "This remediator: the host it acts for (--hostname) and its "
+                                 "policy's mode.", labels=["hostname", "mode"])
+        info.add_metric([self.service.hostname, str(self.service.policy.mode)], 1)
+        return info
 
     def _own(self) -> Iterator[Metric]:
         c = self.service.counts()

@@ -109,6 +109,7 @@ REMEDIATOR_METRICS = frozenset(
         "gpuguard_remediator_audit_ok",
         "gpuguard_remediator_alertmanager_requests_total",
         "gpuguard_remediator_queue_depth",
+        "gpuguard_remediator_info",
         "gpuguard_remediator_worker_stuck",
         "gpuguard_remediator_alertmanager_poller_stalled",
         "gpuguard_remediator_recovery_waiting",

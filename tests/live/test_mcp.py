@@ -7,11 +7,12 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ try:
 except ImportError as exc:  # the optional extra: gpuguard[mcp]
     NO_SDK = f"the MCP SDK is not installed ({exc}): pip install -e '.[mcp]'"
 
-TOOLS = ("gpu_status", "gpu_explain", "gpu_reap")
+TOOLS = ("gpu_status", "gpu_explain", "gpu_reap", "gpu_fleet")
 # The console tests' trees (tests/live/test_console.py).
 ATTACHED = "{holder} --pidfile {dir}/worker & wait"
 JUPYTER = "{holder} --pidfile {dir}/worker jupyter-kernel & wait"  # protect-pattern
@@ -62,10 +63,12 @@ class Server:
 
     env: dict[str, str]
     log: Path
+    extra: list[str] = field(default_factory=list)  # more of `gpuguard mcp`'s options
 
     def argv(self, config: Path) -> list[str]:
         # The fake NVML reports this namespace's pids (CI runs the suite in its own namespace).
-        return ["-m", "gpuguard", "mcp", "--config", str(config), "--allow-pid-namespace"]
+        return ["-m", "gpuguard", "mcp", "--config", str(config), "--allow-pid-namespace",
+                *self.extra]
 
     def run(self, config: Path, scenario: Scenario) -> None:
         params = StdioServerParameters(command=sys.executable, args=self.argv(config),
@@ -148,7 +151,7 @@ def untouched(pids: list[int]) -> bool:
 # -- what the server offers ---------------------------------------------------------------
 
 
-def test_lists_the_three_tools_with_their_annotations_and_schemas(tmp_path: Path,
+def test_lists_the_four_tools_with_their_annotations_and_schemas(tmp_path: Path,
                                                                   server: Server) -> None:
     listed: dict[str, Any] = {}
 
@@ -159,13 +162,15 @@ def test_lists_the_three_tools_with_their_annotations_and_schemas(tmp_path: Path
     server.run(config_file(tmp_path), scenario)
     assert sorted(listed) == sorted(TOOLS)
     hints = {name: listed[name].annotations.model_dump(by_alias=True) for name in TOOLS}
-    for name in ("gpu_status", "gpu_explain"):
+    for name in ("gpu_status", "gpu_explain", "gpu_fleet"):
         assert hints[name]["readOnlyHint"] is True and hints[name]["destructiveHint"] is False
+    assert hints["gpu_fleet"]["openWorldHint"] is True  # it asks Prometheus, Alertmanager
     assert (hints["gpu_reap"]["readOnlyHint"], hints["gpu_reap"]["destructiveHint"],
             hints["gpu_reap"]["idempotentHint"], hints["gpu_reap"]["openWorldHint"]) == (
         False, True, False, False)
 
-    status, explain, reap = (listed[n].input_schema for n in TOOLS)
+    status, explain, reap, fleet = (listed[n].input_schema for n in TOOLS)
+    assert fleet["properties"] == {} and not fleet.get("required")
     assert status["properties"] == {} and not status.get("required")
     assert explain["required"] == ["pid"]
     assert explain["properties"]["pid"]["type"] == "integer"
@@ -177,13 +182,41 @@ def test_lists_the_three_tools_with_their_annotations_and_schemas(tmp_path: Path
     assert reap["properties"]["root_start_time"]["type"] == ["integer", "null"]
     for name, schema_keys in (("gpu_status", {"schema", "trees", "gpus", "nvml"}),
                               ("gpu_explain", {"schema", "verdict", "rule", "chain"}),
-                              ("gpu_reap", {"schema", "outcome", "members", "audit_log"})):
+                              ("gpu_reap", {"schema", "outcome", "members", "audit_log"}),
+                              ("gpu_fleet", {"schema", "trees", "hosts", "sources"})):
         output = listed[name].output_schema
         assert output["type"] == "object" and schema_keys <= set(output["properties"])
     assert "dry run" in listed["gpu_reap"].description
 
 
 # -- the read-only tools ------------------------------------------------------------------
+
+
+def test_gpu_fleet_says_what_it_needs_and_when_prometheus_is_down(tmp_path: Path,
+                                                                  server: Server) -> None:
+    """Without --prometheus, one line saying how to start it; with a Prometheus that does
+    not answer, the error carries the gpuguard.fleet/v1 document that says so. The view
+    itself, against a real Prometheus and Alertmanager: tests/e2e/test_fleet.py."""
+    config = config_file(tmp_path)
+    got: dict[str, Any] = {}
+
+    async def scenario(session: ClientSession) -> None:
+        got["result"] = await call(session, "gpu_fleet", {})
+
+    server.run(config, scenario)
+    text, structured = error(got["result"])
+    assert structured["error"]["code"] == "fleet-not-configured"
+    assert "--prometheus URL" in text
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    server.extra = ["--prometheus", dead]
+    server.run(config, scenario)
+    text, structured = error(got["result"])
+    assert structured["error"]["code"] == "prometheus-down" and dead in text
+    assert structured["schema"] == "gpuguard.fleet/v1" and structured["trees"] == []
+    assert "gpu_fleet {} -> error: Prometheus did not answer" in server.calls()[-1]
 
 
 def test_gpu_status_reads_the_running_exporters_clocks(trees: Trees, fake_gpu: FakeGpuWorld,

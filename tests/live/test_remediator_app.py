@@ -438,3 +438,12 @@ def test_an_alert_kept_firing_after_its_tree_is_gone_changes_nothing(
     assert gone["key"]["root_pid"] == exited.root and gone["signals"] == []
     assert gone["decision"]["reason"] == "root-gone"
     assert h.service.counts()["refusals_repeated"] == 5
+
+
+@pytest.mark.parametrize("mode", ["dry-run", "enforce"])
+def test_metrics_say_the_host_and_the_mode(harness: Callable[..., Harness], mode: str) -> None:
+    """`gpuguard fleet` tells a host's remediator and its mode from this one series: the
+    remediator's targets carry no `hostname` of their own (docs/metrics.md)."""
+    h = harness(mode=mode)
+    metrics = h.client.get("/metrics").get_data(as_text=True)
+    assert f'gpuguard_remediator_info{{hostname="{HOST}",mode="{mode}"}} 1.0' in metrics

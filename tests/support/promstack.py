@@ -162,20 +162,29 @@ class Alertmanager(_Proc):
 
 
 class Prometheus(_Proc):
-    def __init__(self, workdir: Path, *, targets: dict[str, str], rules_text: str,
-                 alertmanager_url: str | None,
-                 scrape: Mapping[str, Any] | None = None) -> None:
-        """`scrape`: keys added to every scrape job (scheme, tls_config, basic_auth)."""
+    def __init__(self, workdir: Path, *, targets: Mapping[str, str | list[str]],
+                 rules_text: str, alertmanager_url: str | None,
+                 scrape: Mapping[str, Any] | None = None,
+                 web_config: str | None = None,
+                 client: Mapping[str, Any] | None = None) -> None:
+        """`targets`: each job's target, or its targets (several hosts' exporters).
+        `scrape`: keys added to every scrape job (scheme, tls_config, basic_auth).
+        `web_config`: Prometheus's own --web.config.file (TLS: its URL is https), which
+        the test's own requests meet with `client` (requests' verify, auth)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme = "http" if web_config is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self._client = dict(client or {})
         (workdir / "rules.yml").write_text(rules_text)
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                        "scrape_timeout": "900ms"},
             "rule_files": [str(workdir / "rules.yml")],
             "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}], **(scrape or {})}
+                {"job_name": job, "static_configs": [
+                    {"targets": [target] if isinstance(target, str) else list(target)}],
+                 **(scrape or {})}
                 for job, target in targets.items()
             ],
         }
@@ -189,6 +198,7 @@ class Prometheus(_Proc):
             PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=info",
             "--rules.alert.resend-delay=1s",  # a restarted Alertmanager hears at once
+            *([f"--web.config.file={web_config}"] if web_config else []),
         ], workdir / "prometheus.log")
         wait_for(self._ready, timeout=30, what=f"prometheus ready ({self.log_path})")
 
@@ -196,12 +206,14 @@ class Prometheus(_Proc):
         if self.proc.poll() is not None:
             raise AssertionError(f"prometheus exited: {self.log_tail()}")
         try:
-            return requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+            return requests.get(f"{self.url}/-/ready", timeout=1,
+                                **self._client).status_code == 200
         except requests.RequestException:
             return False
 
     def query(self, expr: str) -> list[dict]:
-        resp = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5)
+        resp = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5,
+                            **self._client)
         body = resp.json()
         if body.get("status") != "success":
             raise AssertionError(f"query {expr!r} failed: {body}")

@@ -1,8 +1,8 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
 Each subcommand (one module each: status, explain, reap, keep, assets, run, node_check;
-checks/config and checks/policy; mcp, which serves status, explain and reap as MCP tools:
-the mcp/ package)
+checks/config and checks/policy; fleet, the fleet/ package; mcp, which serves status,
+explain, fleet and reap as MCP tools: the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -29,6 +29,7 @@ from gpuguard.console.contract import (
     EXIT_OK,
     EXIT_TABLE,
     EXPLAIN_EPILOG,
+    FLEET_EPILOG,
     MCP_EPILOG,
     NODE_CHECK_EPILOG,
     POLICY_EPILOG,
@@ -47,6 +48,8 @@ from gpuguard.console.evidence import (
     exporter_url,
 )
 from gpuguard.console.explain import cmd_explain
+from gpuguard.console.fleet import cmd_fleet
+from gpuguard.console.fleet.sources import EXPORTER_JOB, REMEDIATOR_JOB, TIMEOUT_SECONDS
 from gpuguard.console.keep import cmd_keep
 from gpuguard.console.mcp.server import cmd_mcp
 from gpuguard.console.node_check import cmd_node_check
@@ -327,9 +330,9 @@ def add_mcp(sub: Subparsers) -> None:
                        help="serve status, explain and reap as MCP tools for an agent, over "
                             "stdio (needs gpuguard[mcp])",
                        description="Serve the Model Context Protocol over stdio (only): the "
-                                   "tools gpu_status, gpu_explain and gpu_reap, each the "
-                                   "document of the console command, gpu_reap a dry run "
-                                   "unless confirm=true.")
+                                   "tools gpu_status, gpu_explain, gpu_fleet (with "
+                                   "--prometheus) and gpu_reap, each the document of the "
+                                   "console command, gpu_reap a dry run unless confirm=true.")
     p.add_argument("--config", metavar="FILE",
                    help="gpuguard YAML config, read again at every call (default: built-in "
                         "defaults)")
@@ -340,12 +343,64 @@ def add_mcp(sub: Subparsers) -> None:
                    help="allow confirmed reaps outside the host PID namespace (only where "
                         "NVML reports this namespace's pids)")
     add_exporter_url(p)
+    add_fleet_sources(p, required=False)
     p.add_argument("--log.level", dest="log_level", choices=logformat.LEVELS, default="info",
                    help="debug, info (default: one line per tool call), warn or error")
     p.add_argument("--log.format", dest="log_format", choices=logformat.FORMATS,
                    default="logfmt", help="logfmt (default) or json, on stderr; timestamps "
                                           "in UTC")
     p.set_defaults(func=cmd_mcp)
+
+
+def add_fleet_sources(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """Where the fleet view comes from, as fleet and mcp (gpu_fleet) take it."""
+    p.add_argument("--prometheus", required=required, metavar="URL",
+                   help="the Prometheus that scrapes the exporters (and the remediators)"
+                        + ("" if required else "; without it gpu_fleet answers an error"))
+    p.add_argument("--alertmanager", action="append", metavar="URL[,URL...]",
+                   help="the Alertmanager Prometheus alerts (HA peers: asked in order until "
+                        "one answers); default: the --config file's remediate.alertmanager, "
+                        "with its credentials_file and ca_file")
+    for server in ("prometheus", "alertmanager"):
+        p.add_argument(f"--{server}-credentials-file", metavar="FILE",
+                       help=f"a bearer token for {server} (a private file, as "
+                            "remediate.alertmanager.credentials_file)")
+        p.add_argument(f"--{server}-username", metavar="USER",
+                       help=f"basic auth to {server}, with --{server}-password-file")
+        p.add_argument(f"--{server}-password-file", metavar="FILE",
+                       help=f"basic auth's password for {server} (a private file)")
+        p.add_argument(f"--{server}-ca-file", metavar="FILE",
+                       help=f"https: trust only this CA for {server}, not the system's")
+    p.add_argument("--insecure-credentials-over-http", action="store_true",
+                   help="allow a token or password over http:// (anyone who holds the port "
+                        "gets it)")
+    p.add_argument("--exporter-job", default=EXPORTER_JOB, metavar="NAME",
+                   help="the exporters' Prometheus job, for their `up` (default: %(default)s, "
+                        "as `gpuguard assets --job`)")
+    p.add_argument("--remediator-job", default=REMEDIATOR_JOB, metavar="NAME",
+                   help="the remediators' job (default: %(default)s)")
+    p.add_argument("--timeout" if required else "--fleet-timeout", dest="timeout",
+                   type=positive_float,
+                   default=TIMEOUT_SECONDS, metavar="SECONDS",
+                   help="the bound on one look at the fleet, every request included "
+                        "(default: %(default)g)")
+
+
+def add_fleet(sub: Subparsers) -> None:
+    p = sub.add_parser("fleet", formatter_class=RAW, epilog=FLEET_EPILOG,
+                       help="every orphan tree on every host, with its alert (firing, "
+                            "silenced by whom, inhibited), from Prometheus and Alertmanager",
+                       description="Every orphan tree the exporters report, with its alert's "
+                                   "state in Prometheus and Alertmanager (silenced: by whom, "
+                                   "until when), and per host whether its exporter and "
+                                   "remediator are up and the remediator's mode. Read-only; "
+                                   "a fixed number of requests whatever the fleet's size.")
+    p.add_argument("--config", metavar="FILE",
+                   help="gpuguard YAML config: its remediate.alertmanager is the default "
+                        "Alertmanager")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_fleet_sources(p, required=True)
+    p.set_defaults(func=cmd_fleet)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -362,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=SubcommandWords)
     for add in (add_status, add_explain, add_policy, add_config, add_reap, add_keep,
-                add_assets, add_run, add_mcp, add_node_check):
+                add_assets, add_run, add_mcp, add_node_check, add_fleet):
         add(sub)
     return parser
 

@@ -1,12 +1,12 @@
 """The MCP server itself, on the official SDK (PyPI `mcp`, its MCPServer), over stdio only.
 
 Only `gpuguard mcp` imports this module (server.py, once it has found the SDK): the
-rest of the console never needs the extra. Three tools, each the document of a console
-command: gpu_status (`status --json`), gpu_explain (`explain PID --json`) and gpu_reap
-(`reap`, a dry run unless confirm). One call runs at a time; gpu_reap runs in the main
-thread, where `reap --apply`'s signal handling works (reap.py). Every call is logged
-on stderr in one line (stdout is the protocol: the SDK points fd 1 at stderr while it
-serves, so a stray write cannot corrupt it).
+rest of the console never needs the extra. Four tools, each the document of a console
+command: gpu_status (`status --json`), gpu_explain (`explain PID --json`), gpu_fleet
+(`fleet --json`) and gpu_reap (`reap`, a dry run unless confirm). One call runs at a
+time; gpu_reap runs in the main thread, where `reap --apply`'s signal handling works
+(reap.py). Every call is logged on stderr in one line (stdout is the protocol: the SDK
+points fd 1 at stderr while it serves, so a stray write cannot corrupt it).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from gpuguard.console.mcp.reap import reap_document, reap_summary
 from gpuguard.console.mcp.tools import (
     ARGUMENTS,
     EXPLAIN,
+    FLEET,
     REAP,
     SHOWN_CHARS,
     STATUS,
@@ -37,6 +38,7 @@ from gpuguard.console.mcp.tools import (
     ToolRefusal,
     check_call,
     explain_document,
+    fleet_document,
     shown,
     status_document,
 )
@@ -48,16 +50,21 @@ LOGGED_CHARS = 400
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
                             open_world_hint=False)
+#: gpu_fleet reads, and reads the world beyond this host (Prometheus, Alertmanager).
+FLEET_READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False,
+                                  idempotent_hint=True, open_world_hint=True)
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True,
                               idempotent_hint=False, open_world_hint=False)
 
 INSTRUCTIONS = (
     "gpuguard finds GPU-holding process trees whose launcher is gone (orphans). gpu_status "
     "lists the trees with verdicts; gpu_explain says why one process gets its verdict, rule "
-    "by rule; gpu_reap is a dry run unless confirm=true, and a confirmed reap goes through "
-    "the same rules, policy, identity checks and audit log as `gpuguard reap --apply`: "
-    "protected, unknown and normal trees are refused. Pass the root_start_time a dry run "
-    "shows."
+    "by rule; gpu_fleet lists the orphan trees on every host from Prometheus and "
+    "Alertmanager, with each tree's alert (firing, pending, silenced by whom, inhibited); "
+    "gpu_reap, on this host only, is a dry run unless confirm=true, and a confirmed reap "
+    "goes through the same rules, policy, identity checks and audit log as "
+    "`gpuguard reap --apply`: protected, unknown and normal trees are refused. Pass the "
+    "root_start_time a dry run shows."
 )
 
 # The arguments as tools/list shows them: ARGUMENTS' schemas (tools.py checks them).
@@ -95,6 +102,18 @@ class ExplainDocument(TypedDict):
     root_pid: int | None
     root_start_time: int | None
     chain: list[dict[str, Any]]
+
+
+class FleetDocument(TypedDict):
+    """gpuguard.fleet/v1, as `gpuguard fleet --json` prints it (keys are only added)."""
+
+    schema: str
+    taken_at: float
+    sources: dict[str, Any]
+    errors: list[str]
+    hosts: list[dict[str, Any]]
+    trees: list[dict[str, Any]]
+    stray_alerts: list[dict[str, Any]]
 
 
 class ReapDocument(TypedDict):
@@ -162,6 +181,19 @@ def register_tools(server: MCPServer[Any], settings: ServeSettings) -> None:
         async with one_at_a_time:
             return await anyio.to_thread.run_sync(
                 answer, lambda: explain_document(settings, pid))
+
+    @server.tool(name=FLEET, title="Orphan trees across the fleet", annotations=FLEET_READ_ONLY)
+    async def gpu_fleet() -> Annotated[CallToolResult, FleetDocument]:
+        """Where are orphans now, on every host: each orphan tree the exporters report to
+        Prometheus (host, root pid and start time, user, reason, age, GPU memory, idle
+        seconds), whether its alert is firing, pending, silenced (by whom, until when) or
+        inhibited in Alertmanager, and per host whether its exporter and remediator are up
+        and the remediator's mode. Read-only. The same document as `gpuguard fleet --json`
+        (schema gpuguard.fleet/v1); an error when the server was started without
+        --prometheus, or when Prometheus does not answer. To act on a tree, explain or reap
+        it on its own host."""
+        async with one_at_a_time:
+            return await anyio.to_thread.run_sync(answer, lambda: fleet_document(settings))
 
     @server.tool(name=REAP, title="Reap an orphan tree", annotations=DESTRUCTIVE)
     async def gpu_reap(root_pid: RootPidArg, ctx: Context[Any, Any],

@@ -16,6 +16,7 @@ import logging
 from gpuguard.base import logformat
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, PROG, Failure
+from gpuguard.console.fleet import options_from_args
 from gpuguard.console.mcp.tools import ServeSettings
 from gpuguard.host.platform import PLATFORM
 
@@ -43,7 +44,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     settings = ServeSettings(config_path=args.config, hostname=args.hostname,
                              allow_pid_namespace=args.allow_pid_namespace,
-                             exporter_url=args.exporter_url)
+                             exporter_url=args.exporter_url,
+                             fleet=options_from_args(args) if args.prometheus else None)
     # gpu_reap holds a pidfd per member, as `gpuguard reap` does: the soft limit bounds it.
     logging.getLogger("gpuguard.mcp").debug("%s", PLATFORM.raise_open_file_limit())
     logging.getLogger("gpuguard.mcp").info(

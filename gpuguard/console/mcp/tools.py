@@ -1,5 +1,5 @@
 """What `gpuguard mcp`'s tools answer, without the MCP SDK: their arguments, checked
-strictly, and the documents of `status --json` and `explain --json`.
+strictly, and the documents of `status --json`, `explain --json` and `fleet --json`.
 
 The SDK's own argument validation is pydantic's lax mode (the string "5" passes as the
 pid 5, and "yes" or 1 as `confirm: true`) and its messages run over several lines; for a
@@ -21,6 +21,8 @@ from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_NO_PROCESS, EXIT_USAGE, START_TIME_WORDS, Failure
 from gpuguard.console.evidence import exporter_clocks
 from gpuguard.console.explain import explain_json, explain_pid
+from gpuguard.console.fleet import collect
+from gpuguard.console.fleet.sources import FleetOptions
 from gpuguard.console.render import nvml_down_line
 from gpuguard.console.status import new_scanner, status_json
 
@@ -32,6 +34,7 @@ SHOWN_CHARS = 60
 STATUS = "gpu_status"
 EXPLAIN = "gpu_explain"
 REAP = "gpu_reap"
+FLEET = "gpu_fleet"
 
 
 class ToolRefusal(Exception):
@@ -60,6 +63,8 @@ class ServeSettings:
     allow_pid_namespace: bool
     #: The running exporter asked for its clocks at each gpu_status ("" asks none).
     exporter_url: str = ""
+    #: Where gpu_fleet looks (`--prometheus`, `--alertmanager`...); None: not offered.
+    fleet: FleetOptions | None = None
 
     def config(self) -> Config:
         try:
@@ -116,6 +121,7 @@ PID_SCHEMA = {"type": "integer", "minimum": 1, "maximum": PID_MAX}
 
 ARGUMENTS: dict[str, dict[str, Argument]] = {
     STATUS: {},
+    FLEET: {},
     EXPLAIN: {
         "pid": Argument({**PID_SCHEMA, "description": "the process to explain (any pid, a GPU "
                                                       "holder or not)"}, pid_value),
@@ -199,3 +205,20 @@ def explain_document(settings: ServeSettings, pid: int) -> dict[str, Any]:
         return plain(explain_json(explain_pid(pid, config, settings.hostname)))
     except Failure as failure:
         raise failure_refusal(failure) from None
+
+
+def fleet_document(settings: ServeSettings) -> dict[str, Any]:
+    """`gpuguard fleet --json`'s document; Prometheus not answering is an error carrying it."""
+    if settings.fleet is None or not settings.fleet.prometheus:
+        raise ToolRefusal("fleet-not-configured", "gpu_fleet needs the Prometheus that scrapes "
+                                                  "the exporters: start the server with "
+                                                  "`gpuguard mcp --prometheus URL`")
+    config = settings.config()
+    try:
+        got = collect(settings.fleet, config)
+    except Failure as failure:
+        raise failure_refusal(failure) from None
+    doc = plain(got.document)
+    if got.unanswered is not None:
+        raise ToolRefusal("prometheus-down", got.unanswered, doc)
+    return doc
