@@ -384,8 +384,8 @@ def _pull_sources(at: At, got: dict[str, Any]) -> None:
             "first signal (silences, inhibitions, still firing), which Prometheus cannot say")
     if alertmanager.pull:
         raise at.child("prometheus").error(
-            "and remediate.alertmanager.pull: true both poll for this host's alerts; choose "
-            "one (set alertmanager.pull: false: Alertmanager still confirms every reap)")
+            "it and remediate.alertmanager.pull: true both poll for this host's alerts; "
+            "choose one (set alertmanager.pull: false: Alertmanager still confirms every reap)")
 
 
 def parse_remediate(at: At, value: Any, *, defaults: Defaults) -> Remediate:

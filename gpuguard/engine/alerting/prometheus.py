@@ -140,6 +140,7 @@ def tls_context(ca_file: str | None) -> tuple[ssl.SSLContext | None, str | None]
 
 
 def credentials(config: PrometheusConfig) -> Credentials:
+    """Basic auth or a bearer token (the config allows one), or none."""
     if config.basic_auth is not None:
         return basic_credentials(config.basic_auth.username, config.basic_auth.password_file)
     return bearer_credentials(config.credentials_file)
@@ -165,11 +166,11 @@ class PrometheusClient:
         self.polls = PollStats()
         self.skips = SkipCounts()
         tls: ssl.SSLContext | None = None
-        problem: str | None = None
+        tls_problem: str | None = None
         if any(u.lower().startswith("https:") for u in self.urls):
-            tls, problem = tls_context(config.ca_file)
+            tls, tls_problem = tls_context(config.ca_file)
         self._peers = JsonPeers(self.urls, timeout=self.timeout, credentials=credentials(config),
-                                tls=tls, tls_problem=problem, what="prometheus",
+                                tls=tls, tls_problem=tls_problem, what="prometheus",
                                 max_body=MAX_BODY_BYTES, log=log, monotonic=time.monotonic)
 
     def request_counts(self) -> dict[str, int]:
