@@ -36,6 +36,7 @@ ASSETS: tuple[str, ...] = (
     "alerts/joins.yml",
     "alerts/joins.test.yml",
     "alerts/alertmanager.yml",
+    "alerts/alertmanager-routed.yml",
     "grafana/dashboard.json",
     "grafana/provisioning/dashboards/gpuguard.yml",
     "grafana/provisioning/datasources/prometheus.yml",

@@ -119,6 +119,41 @@ class AlertmanagerConfig:
 
 
 @dataclass(frozen=True)
+class BasicAuth:
+    """`remediate.prometheus.basic_auth`: what Prometheus's own web config checks."""
+
+    username: str
+    password_file: str  # private, re-read when it changes, like credentials_file
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    """The `remediate.prometheus:` section: poll Prometheus's ALERTS series for this host's
+    firing alerts instead of Alertmanager (pull mode whose cost follows what it finds);
+    the kill-time confirmation still asks `remediate.alertmanager`, which it requires.
+    Several URLs are the peers of an HA pair (each evaluates the same rules)."""
+
+    url: tuple[str, ...]
+    credentials_file: str | None = None  # bearer token (a proxy, a query frontend)
+    basic_auth: BasicAuth | None = None  # or a user and password (Prometheus's web config)
+    timeout_seconds: float = 3.0
+    pull_interval_seconds: float = 15.0
+    ca_file: str | None = None
+    insecure_credentials_over_http: bool = False
+
+    def secret_in_clear(self) -> str | None:
+        """Why this section's secret would go out in clear and is not allowed to, or None
+        (AlertmanagerConfig.token_in_clear says why a port on 127.0.0.1 is no excuse)."""
+        plain = tuple(u for u in self.url if u.lower().startswith("http://"))
+        secret = self.credentials_file is not None or self.basic_auth is not None
+        if not secret or not plain or self.insecure_credentials_over_http:
+            return None
+        return (f"credentials would be sent in clear to {', '.join(plain)}: whoever holds "
+                "that port gets them and can answer the polls; use https:// (ca_file for a "
+                "private CA), or set insecure_credentials_over_http: true")
+
+
+@dataclass(frozen=True)
 class Remediate:
     """The `remediate:` section: what the remediator may kill, and how."""
 
@@ -146,6 +181,7 @@ class Remediate:
     state_dir: str = "/var/lib/gpuguard"
     audit_log: str = "/var/log/gpuguard/audit.jsonl"
     alertmanager: AlertmanagerConfig | None = None
+    prometheus: PrometheusConfig | None = None
 
     @property
     def allowed_reasons(self) -> tuple[Reason, ...]:
@@ -298,6 +334,60 @@ def _alertmanager(at: At, value: Any) -> AlertmanagerConfig:
     return config
 
 
+def _basic_auth(at: At, value: Any) -> BasicAuth:
+    got = mapping(at, value, {
+        "username": lambda at, v: string(at, v, non_empty=True),
+        "password_file": lambda at, v: string(at, v, non_empty=True),
+    })
+    for key in ("username", "password_file"):
+        if key not in got:
+            raise at.child(key).error("required in basic_auth")
+    if ":" in got["username"] or not got["username"].isprintable():
+        raise at.child("username").error("must not contain ':' or control characters "
+                                         "(basic auth cannot carry them)")
+    return BasicAuth(**got)
+
+
+def _prometheus(at: At, value: Any) -> PrometheusConfig:
+    got = mapping(at, value, {
+        "url": _alertmanager_urls,
+        "credentials_file": lambda at, v: string(at, v, non_empty=True),
+        "basic_auth": _basic_auth,
+        "timeout_seconds": lambda at, v: number(at, v, above=0),
+        "pull_interval_seconds": lambda at, v: number(at, v, minimum=1),
+        "ca_file": lambda at, v: string(at, v, non_empty=True),
+        "insecure_credentials_over_http": boolean,
+    })
+    if "url" not in got:
+        raise at.child("url").error("required when the prometheus section is present")
+    if "credentials_file" in got and "basic_auth" in got:
+        raise at.child("basic_auth").error("credentials_file (a bearer token) and basic_auth "
+                                           "exclude each other; pick one")
+    config = PrometheusConfig(**got)
+    if (problem := config.secret_in_clear()) is not None:
+        key = "basic_auth" if config.basic_auth is not None else "credentials_file"
+        raise at.child(key).error(problem)
+    if config.ca_file is not None and all(u.lower().startswith("http://") for u in config.url):
+        raise at.child("ca_file").error("only https:// URLs use it, and every url is http://")
+    return config
+
+
+def _pull_sources(at: At, got: dict[str, Any]) -> None:
+    """Prometheus pull needs Alertmanager (the kill-time confirmation), and one pull only."""
+    prometheus = got.get("prometheus")
+    if prometheus is None:
+        return
+    alertmanager = got.get("alertmanager")
+    if alertmanager is None:
+        raise at.child("prometheus").error(
+            "needs remediate.alertmanager: every reap asks Alertmanager right before its "
+            "first signal (silences, inhibitions, still firing), which Prometheus cannot say")
+    if alertmanager.pull:
+        raise at.child("prometheus").error(
+            "it and remediate.alertmanager.pull: true both poll for this host's alerts; "
+            "choose one (set alertmanager.pull: false: Alertmanager still confirms every reap)")
+
+
 def parse_remediate(at: At, value: Any, *, defaults: Defaults) -> Remediate:
     """The `remediate:` section; `defaults`: the platform's, whose paths fill in the keys
     it leaves out."""
@@ -319,5 +409,7 @@ def parse_remediate(at: At, value: Any, *, defaults: Defaults) -> Remediate:
         "state_dir": lambda at, v: string(at, v, non_empty=True),
         "audit_log": lambda at, v: string(at, v, non_empty=True),
         "alertmanager": _alertmanager,
+        "prometheus": _prometheus,
     })
+    _pull_sources(at, got)
     return Remediate(**{**default_paths(defaults), **got})

@@ -30,6 +30,7 @@ from gpuguard.base.flags import add_common
 from gpuguard.base.reload import EarlyHangups, Reloader, ReloadRefused
 from gpuguard.base.validation import ConfigError
 from gpuguard.config import Config, load_config
+from gpuguard.config.remediate import PrometheusConfig
 from gpuguard.engine.reap.audit import UnsafePathError
 from gpuguard.engine.state.ledger import LedgerError, StateUnavailable
 from gpuguard.host.events.privilege import release_net_admin
@@ -133,6 +134,27 @@ def _start(service: Remediator, server: Any) -> int | None:
     return None
 
 
+def _prometheus_problem(prom: PrometheusConfig | None) -> str | None:
+    """Why remediate.prometheus cannot be used as configured (a secret file, a CA file),
+    checked once at start like the Alertmanager token; None when it can."""
+    if prom is None:
+        return None
+    from gpuguard.engine.alerting.tokens import TokenFile
+
+    secrets = [("remediate.prometheus.credentials_file", prom.credentials_file)]
+    if prom.basic_auth is not None:
+        secrets.append(("remediate.prometheus.basic_auth.password_file",
+                        prom.basic_auth.password_file))
+    for key, path in secrets:
+        if path is not None and (source := TokenFile(path))() is None:
+            return f"{key}: {source.problem}"
+    if prom.ca_file is not None:
+        from gpuguard.engine.alerting.prometheus import tls_context
+
+        return tls_context(prom.ca_file)[1]
+    return None
+
+
 def reload_config(path: str, running: Config,
                   web: WebConfigSource | None) -> Callable[[], None]:
     """SIGHUP's reload: the web config is re-read; the config file is checked, and a
@@ -224,6 +246,8 @@ def main(argv: list[str] | None = None, platform: Platform = PLATFORM) -> int:
 
         if (problem := tls_context(am.ca_file)[1]) is not None:
             return _fail(problem)  # at kill time it would only refuse every reap
+    if (problem := _prometheus_problem(config.remediate.prometheus)) is not None:
+        return _fail(problem)  # pull mode would only fail every poll
 
     if (problem := other_users_problem(signal=True)) is not None:
         log.warning("%s", problem)  # a non-root remediator without its capabilities

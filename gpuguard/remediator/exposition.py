@@ -13,13 +13,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gpuguard.engine.alerting.alertmanager import RequestResult, SkipReason
+from gpuguard.engine.alerting.peers import RequestResult
 from gpuguard.engine.alerting.polling import DURATION_BUCKETS, PollResult, PollStats
+from gpuguard.engine.alerting.pulled import SkipReason
 from gpuguard.engine.reading_metrics import (
     event_metrics,
     foreign_marks_metric,
     inspector_metrics,
 )
+from gpuguard.remediator.pull import PullSource
 from gpuguard.remediator.service import Remediator
 from gpuguard.remediator.status import HealthCode
 
@@ -108,35 +110,45 @@ class RemediatorCollector(Collector):
         for result, count in sorted(counts.items()):
             requests.add_metric([result], count)
         yield requests
-        skipped = CounterMetricFamily(
-            "gpuguard_remediator_pull_alerts_skipped",
-            "Alerts a pull from Alertmanager left out, by why (malformed, other-host, "
-            "alertname-not-listed, not-remediate, not-active, over-limit).",
-            labels=["why"])
-        skips = client.skip_counts() if client is not None else dict.fromkeys(SkipReason, 0)
-        for why in SkipReason:
-            skipped.add_metric([why], skips[why])
-        yield skipped
 
     def _polls(self) -> Iterator[Metric]:
-        client = self.service.alertmanager
-        view = (client.polls if client is not None else PollStats()).view()
+        """Pull mode's polls, labelled by `source` (alertmanager, prometheus): one poller,
+        one set of families, whichever it polls (without pull mode: the Alertmanager
+        client's, as before the source label, or zeros)."""
+        pulling: PullSource | None = self.service.pull_source or self.service.alertmanager
+        source = pulling.source if pulling is not None else "alertmanager"
+        skipped = CounterMetricFamily(
+            "gpuguard_remediator_pull_alerts_skipped",
+            "Alerts a poll left out, by why (malformed, other-host, "
+            "alertname-not-listed, not-remediate, not-active, over-limit) and source.",
+            labels=["why", "source"])
+        skips = pulling.skip_counts() if pulling is not None else dict.fromkeys(SkipReason, 0)
+        for why in SkipReason:
+            skipped.add_metric([why, source], skips[why])
+        yield skipped
+        view = (pulling.polls if pulling is not None else PollStats()).view()
         polls = CounterMetricFamily(
             "gpuguard_remediator_alertmanager_polls",
-            "Pull mode's polls of Alertmanager, by result (ok, busy: 503 or 429, timeout, "
-            "unauthorized, error).", labels=["result"])
+            "Pull mode's polls, by result (ok, busy: 503 or 429, timeout, unauthorized, "
+            "error) and source (alertmanager, or prometheus: remediate.prometheus).",
+            labels=["result", "source"])
         for result in PollResult:
-            polls.add_metric([result], view.counts[result])
+            polls.add_metric([result, source], view.counts[result])
         yield polls
         bounds = [*(f"{b:g}" for b in DURATION_BUCKETS), "+Inf"]
-        yield HistogramMetricFamily(
+        duration = HistogramMetricFamily(
             "gpuguard_remediator_alertmanager_poll_duration_seconds",
-            "How long each poll of Alertmanager took, every peer it tried included.",
-            buckets=list(zip(bounds, view.buckets, strict=True)), sum_value=view.duration_sum)
-        yield GaugeMetricFamily(
+            "How long each poll took, every peer it tried included, by source.",
+            labels=["source"])
+        duration.add_metric([source], buckets=list(zip(bounds, view.buckets, strict=True)),
+                            sum_value=view.duration_sum)
+        yield duration
+        in_a_row = GaugeMetricFamily(
             "gpuguard_remediator_alertmanager_failed_polls_in_a_row",
-            "Polls of Alertmanager that failed since the last one that did not (pull mode).",
-            value=view.failures_in_a_row)
+            "Polls that failed since the last one that did not (pull mode), by source.",
+            labels=["source"])
+        in_a_row.add_metric([source], view.failures_in_a_row)
+        yield in_a_row
 
     def _stuck(self) -> Iterator[Metric]:
         status = self.service.status
@@ -151,7 +163,7 @@ class RemediatorCollector(Collector):
         problem = status.poller_problem()
         yield GaugeMetricFamily(
             "gpuguard_remediator_alertmanager_poller_stalled",
-            "1 while no poll of Alertmanager has completed for several intervals "
+            "1 while no poll (of Alertmanager or Prometheus) has completed for several intervals "
             "(/healthz: poller-stalled).",
             value=1 if problem is not None and problem[0] == HealthCode.POLLER_STALLED else 0)
         yield GaugeMetricFamily(

@@ -1,10 +1,13 @@
-"""Pull mode: poll Alertmanager for this host's alerts instead of receiving webhooks.
+"""Pull mode: poll for this host's alerts instead of receiving webhooks.
 
 For a fleet with one central Alertmanager: no route per node, no inbound port. Every
-`pull_interval_seconds` the remediator asks for its own active, unsilenced,
-uninhibited remediate="true" alerts named in `remediate.alerts` and hands them to the
-same intake a webhook delivery goes through. Why: docs/design.md, The reap (pull mode);
-when and how it polls a busy Alertmanager: polling.py.
+`pull_interval_seconds` the remediator asks its source for its own firing
+remediate="true" alerts named in `remediate.alerts` and hands them to the same intake a
+webhook delivery goes through. The source is Alertmanager (active, unsilenced,
+uninhibited alerts: engine/alerting/alertmanager.py) or Prometheus (the ALERTS series,
+whose cost follows what matches: engine/alerting/prometheus.py); either way Alertmanager
+confirms each reap. Why: docs/design.md, The reap (pull mode); when and how it polls a
+busy source: polling.py.
 """
 
 from __future__ import annotations
@@ -12,20 +15,22 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from gpuguard.base.periodic import Periodic
-from gpuguard.engine.alerting.alertmanager import AlertmanagerClient, PollAnswer, SkipReason
 from gpuguard.engine.alerting.alerts import Alert, Notification, PayloadError, parse_alert
 from gpuguard.engine.alerting.polling import (
     FAILED_POLLS_UNHEALTHY,
     JITTER,
     STALLED_INTERVALS,
+    PollStats,
     delay_after,
     first_delay,
     host_random,
     next_delay,
 )
+from gpuguard.engine.alerting.pulled import PollAnswer, SkipReason
 from gpuguard.engine.state.decision_log import DecisionSource
 from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.status import HealthCode
@@ -33,6 +38,22 @@ from gpuguard.remediator.status import HealthCode
 log = logging.getLogger("gpuguard.remediator.pull")
 
 RECEIVER = "gpuguard-remediator-pull"
+#: How each source is named in the log and in /healthz's details.
+SOURCE_NAMES = {"alertmanager": "Alertmanager", "prometheus": "Prometheus"}
+
+
+class PullSource(Protocol):
+    """What the poller asks (AlertmanagerClient, PrometheusClient): one poll of this
+    host's firing alerts, and the accounting /metrics reads."""
+
+    source: str  # "alertmanager" or "prometheus": the metrics' source label
+    urls: tuple[str, ...]
+    timeout: float
+    polls: PollStats
+
+    def poll(self, *, hostname: str, alertnames: Iterable[str]) -> PollAnswer: ...
+    def count_skipped(self, why: SkipReason, n: int = 1) -> None: ...
+    def skip_counts(self) -> dict[str, int]: ...
 
 
 class Puller:
@@ -42,11 +63,12 @@ class Puller:
     defaults to this host's own (polling.host_random), so a test can replay it.
     """
 
-    def __init__(self, intake: Intake, client: AlertmanagerClient, *, interval: float,
+    def __init__(self, intake: Intake, client: PullSource, *, interval: float,
                  rng: random.Random | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.intake = intake
         self.client = client
+        self.name = SOURCE_NAMES.get(client.source, client.source)
         self.interval = interval
         self.rng = rng if rng is not None else host_random(intake.hostname)
         self.polls = 0
@@ -62,7 +84,7 @@ class Puller:
                               after=lambda _took: self.next_delay())
 
     def poll_once(self) -> int | None:
-        """Deliver what Alertmanager says fires for this host now; None when it did not say."""
+        """Deliver what the source says fires for this host now; None when it did not say."""
         answer = self.client.poll(hostname=self.intake.hostname,
                                   alertnames=self.intake.policy.alerts)
         self.last = answer
@@ -73,11 +95,11 @@ class Puller:
             self.failed_polls += 1
             self.failures_in_a_row += 1
             if self.failures_in_a_row == 1:
-                log.warning("pull: no Alertmanager answered (%s: %s); nothing is delivered "
-                            "until one does", answer.result, answer.detail)
+                log.warning("pull: no %s answered (%s: %s); nothing is delivered "
+                            "until one does", self.name, answer.result, answer.detail)
             return None
         if self.failures_in_a_row:
-            log.info("pull: Alertmanager answers again after %d failed poll(s)",
+            log.info("pull: %s answers again after %d failed poll(s)", self.name,
                      self.failures_in_a_row)
             self.failures_in_a_row = 0
         parsed: list[Alert] = []
@@ -113,13 +135,13 @@ class Puller:
             limit = self.stall_limit()
             quiet = self._monotonic() - since
             if quiet > limit:
-                return HealthCode.POLLER_STALLED, (f"no poll of Alertmanager completed for "
+                return HealthCode.POLLER_STALLED, (f"no poll of {self.name} completed for "
                                                    f"{quiet:.0f}s (over {limit:g}s)")
         if self.failures_in_a_row >= FAILED_POLLS_UNHEALTHY:
             last = self.last
             why = f"{last.result}: {last.detail}" if last is not None else "?"
             return HealthCode.POLLER_FAILING, (f"{self.failures_in_a_row} polls of "
-                                               f"Alertmanager in a row failed (last {why})")
+                                               f"{self.name} in a row failed (last {why})")
         return None
 
     def stall_limit(self) -> float:

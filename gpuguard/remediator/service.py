@@ -21,6 +21,7 @@ from gpuguard.base.counters import COUNTERS, Counters
 from gpuguard.config import Config
 from gpuguard.config.remediate import Mode
 from gpuguard.engine.alerting.alertmanager import AlertmanagerClient
+from gpuguard.engine.alerting.prometheus import PrometheusClient
 from gpuguard.engine.platforms import (
     TreeReaper,
     platform_guardian,
@@ -47,7 +48,7 @@ from gpuguard.host.launcher_memory import LAUNCHER_MEMORY_FILE, LauncherMemory
 from gpuguard.host.marks import ensure_marks_dir
 from gpuguard.host.platform import PLATFORM, Platform
 from gpuguard.host.procfs import boot_id, boottime, identity_alive
-from gpuguard.remediator.pull import Puller
+from gpuguard.remediator.pull import Puller, PullSource
 from gpuguard.remediator.screening import Intake
 from gpuguard.remediator.status import HealthCode, Liveness, Status
 from gpuguard.remediator.worker import Worker
@@ -99,6 +100,8 @@ class Remediator:
         self.reaper = (reaper if reaper is not None
                        else platform_reaper(nvml=nvml, counters=counters))
         self.alertmanager = alertmanager
+        #: What pull mode polls (attach_puller): Alertmanager, Prometheus, or nothing.
+        self.pull_source: PullSource | None = None
         self.events = events  # the kernel's process events: how launchers died
         self.launchers = launchers  # the first reason established per orphan root
         self.guardian = guardian  # the reaper's: started with the service, closed with it
@@ -139,6 +142,11 @@ class Remediator:
     def attach(self, companion: Companion) -> None:
         """A background loop that lives and dies with the worker (pull mode's poller)."""
         self._companions.append(companion)
+
+    def attach_puller(self, source: PullSource, interval: float) -> None:
+        """Pull mode: poll `source` for this host's alerts every `interval` seconds."""
+        self.pull_source = source
+        self.attach(Puller(self.intake, source, interval=interval))
 
     def start(self) -> None:
         """Recover what a crash left (continue stopped trees), then start working.
@@ -188,6 +196,16 @@ class Remediator:
                 "Alertmanager is not listening) gets it and can answer the confirmations; "
                 "use https:// (with ca_file for a private CA)", am.credentials_file,
                 ", ".join(plain))
+
+        prom = self.policy.prometheus
+        plain = [u for u in prom.url if u.lower().startswith("http://")] if prom else []
+        if prom is not None and plain:
+            daemon_log.warning(
+                "remediate.prometheus: %s is plain http://%s: whoever answers there chooses "
+                "which alerts this host hears of (Alertmanager still confirms every reap); "
+                "use https:// (with ca_file for a private CA)", ", ".join(plain),
+                "" if prom.credentials_file is None and prom.basic_auth is None
+                else " and its credentials go in clear")
 
     def guarantee(self) -> str:
         """What stops a reap once an alert has been delivered, for the start-up log."""
@@ -303,7 +321,9 @@ def build_remediator(
                          clock=clock, monotonic=monotonic, guardian=guardian,
                          audit_unusable=audit_unusable)
     if alertmanager is not None and policy.alertmanager is not None and policy.alertmanager.pull:
-        service.attach(Puller(service.intake, alertmanager,
-                              interval=policy.alertmanager.pull_interval_seconds))
+        service.attach_puller(alertmanager, policy.alertmanager.pull_interval_seconds)
+    elif policy.prometheus is not None:  # the config requires alertmanager with it
+        service.attach_puller(PrometheusClient(policy.prometheus),
+                              policy.prometheus.pull_interval_seconds)
     return service
 

@@ -94,7 +94,7 @@ class Status:
         if not self._worker.alive():
             yield HealthCode.WORKER_STOPPED, "worker thread is not running"
         if not all(companion.alive() for companion in self._companions):
-            yield HealthCode.POLLER_STOPPED, "the Alertmanager poller is not running"
+            yield HealthCode.POLLER_STOPPED, "the pull-mode poller is not running"
         if (state_error := self._worker.state_error) is not None:
             yield HealthCode.STATE_UNWRITABLE, (f"state cannot be written "
                                                 f"({state_error}): no work proceeds")

@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "rules.yml"
 RULES_TEST = REPO / "alerts" / "rules.test.yml"
 ALERTMANAGER = REPO / "alerts" / "alertmanager.yml"
+#: The one-receiver example for Alertmanager 0.31+, whose webhook URL is a template.
+ROUTED = REPO / "alerts" / "alertmanager-routed.yml"
+ROUTED_URL = "https://{{ .CommonLabels.hostname }}:9878/alerts"
 
 RUNBOOKS = REPO / "docs" / "runbooks"
 REMEDIATOR_RECEIVER = "gpuguard-remediator"
@@ -230,6 +233,64 @@ def test_amtool_check_config():
     amtool = _tool("amtool", "prometheus-alertmanager")
     result = _run(amtool, "check-config", str(ALERTMANAGER))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _amtool_templates_webhook_urls(amtool: str) -> bool:
+    """Whether this amtool is 0.31+ (prometheus/alertmanager#4798 templates webhook URLs)."""
+    found = re.search(r"version (\d+)\.(\d+)", _run(amtool, "--version").stdout
+                      + _run(amtool, "--version").stderr)
+    return found is not None and (int(found[1]), int(found[2])) >= (0, 31)
+
+
+def _remediator_parts(config: dict) -> tuple[dict, dict]:
+    (route,) = [r for r in config["route"]["routes"] if r["receiver"] == REMEDIATOR_RECEIVER]
+    (receiver,) = [r for r in config["receivers"] if r["name"] == REMEDIATOR_RECEIVER]
+    return route, receiver
+
+
+def test_routed_example_differs_only_in_the_remediators_route_and_receiver():
+    """Issue 54: the one-receiver recipe is alertmanager.yml but for its remediator route
+    (a hostname matcher that admits a DNS name only) and receiver (the templated URL,
+    https with a private CA, one token)."""
+    plain, routed = _load_yaml(ALERTMANAGER), _load_yaml(ROUTED)
+    plain_route, _ = _remediator_parts(plain)
+    route, receiver = _remediator_parts(routed)
+    assert route["group_by"] == ["alertname", "hostname", "root_pid", "root_start_time"]
+    assert route["matchers"] == [*plain_route["matchers"],
+                                 'hostname=~"[A-Za-z0-9][A-Za-z0-9.-]*"']
+    (hook,) = receiver["webhook_configs"]
+    assert hook["url"] == ROUTED_URL
+    assert hook["http_config"]["tls_config"]["ca_file"]  # never the system's CAs
+    assert hook["http_config"]["authorization"]["credentials_file"]
+    for config in (plain, routed):  # the rest is the same document
+        config["route"]["routes"] = [r for r in config["route"]["routes"]
+                                     if r["receiver"] != REMEDIATOR_RECEIVER]
+        config["receivers"] = [r for r in config["receivers"]
+                               if r["name"] != REMEDIATOR_RECEIVER]
+    assert plain == routed
+
+
+def test_amtool_checks_the_routed_example(tmp_path: Path):
+    """amtool 0.31+ checks the file as shipped; an older one (Debian's 0.25) refuses the
+    template in a URL, so it checks the file with the URL filled in for one node, and
+    routes a node's orphan alert (and no forged hostname) to the remediator."""
+    amtool = _tool("amtool", "prometheus-alertmanager")
+    if _amtool_templates_webhook_urls(amtool):
+        result = _run(amtool, "check-config", str(ROUTED))
+        assert result.returncode == 0, result.stdout + result.stderr
+    text = ROUTED.read_text()
+    assert text.count(ROUTED_URL) == 1
+    filled = tmp_path / "alertmanager-routed.yml"
+    filled.write_text(text.replace(ROUTED_URL, "https://gpu-node-1:9878/alerts"))
+    result = _run(amtool, "check-config", str(filled))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for hostname, receivers in (("gpu-node-1", {REMEDIATOR_RECEIVER, TEAM_RECEIVER}),
+                                ("gpu-node-1.example.org", {REMEDIATOR_RECEIVER, TEAM_RECEIVER}),
+                                ("x@evil.example/", {TEAM_RECEIVER})):
+        labels = {**_orphan_alert_labels(), "hostname": hostname}
+        args = [amtool, "config", "routes", "test", f"--config.file={filled}"]
+        got = _run(*args, *(f"{k}={v}" for k, v in sorted(labels.items())))
+        assert set(got.stdout.strip().splitlines()[-1].split(",")) == receivers, got.stdout
 
 
 def _route(amtool: str, labels: dict[str, str], verify: str | None = None):

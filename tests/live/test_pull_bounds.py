@@ -120,9 +120,11 @@ def test_skips_are_a_metric_with_every_reason(harness: Callable[..., Harness],
     assert h.service.alertmanager is not None
     assert h.service.alertmanager.poll(hostname=HOST, alertnames=[ORPHAN]).alerts == []
     metrics = h.client.get("/metrics").get_data(as_text=True)
-    assert 'gpuguard_remediator_pull_alerts_skipped_total{why="not-remediate"} 1.0' in metrics
+    assert ('gpuguard_remediator_pull_alerts_skipped_total{source="alertmanager",'
+            'why="not-remediate"} 1.0') in metrics
     for why in tuple(SkipReason):  # a fixed label set, present before anything is skipped
-        assert f'gpuguard_remediator_pull_alerts_skipped_total{{why="{why}"}}' in metrics
+        assert (f'gpuguard_remediator_pull_alerts_skipped_total{{source="alertmanager",'
+                f'why="{why}"}}') in metrics
 
 
 @pytest.mark.parametrize(("credentials", "warned"), [(False, True), (True, False)])

@@ -93,11 +93,14 @@ def test_healthz_says_poller_failing_and_comes_back(harness: Callable[..., Harne
     health = h.client.get("/healthz")
     assert health.get_data(as_text=True) == f"{HealthCode.POLLER_FAILING}\n"
     metrics = h.client.get("/metrics").get_data(as_text=True)
-    assert 'gpuguard_remediator_alertmanager_polls_total{result="busy"}' in metrics
-    assert "gpuguard_remediator_alertmanager_poll_duration_seconds_bucket{le=" in metrics
-    assert "gpuguard_remediator_alertmanager_poll_duration_seconds_count " in metrics
+    assert ('gpuguard_remediator_alertmanager_polls_total{result="busy",source="alertmanager"}'
+            in metrics)
+    assert ('gpuguard_remediator_alertmanager_poll_duration_seconds_bucket'
+            '{le="0.005",source="alertmanager"}') in metrics
+    assert ('gpuguard_remediator_alertmanager_poll_duration_seconds_count'
+            '{source="alertmanager"} ') in metrics
     in_a_row = next(line for line in metrics.splitlines() if line.startswith(
-        "gpuguard_remediator_alertmanager_failed_polls_in_a_row "))
+        'gpuguard_remediator_alertmanager_failed_polls_in_a_row{source="alertmanager"} '))
     assert float(in_a_row.split()[1]) >= FAILED_POLLS_UNHEALTHY
     assert "gpuguard_remediator_alertmanager_poller_stalled 0.0" in metrics
     # The liveness probe: an Alertmanager outage is nothing a restart mends; a restart

@@ -67,6 +67,25 @@ def test_orphan_is_reaped_and_audited(harness: Callable[..., Harness], trees: Tr
     assert 'gpuguard_inspector_calls_total{callsite="proc_stat"}' in metrics
 
 
+def test_newer_alertmanagers_payload_fields_are_accepted(harness: Callable[..., Harness],
+                                                         trees: Trees,
+                                                         fake_gpu: FakeGpuWorld) -> None:
+    """Issue 54: Alertmanager 0.32's `notification_reason`, 0.34's `routeLabels` (checked
+    against its template/template.go), and keys not invented yet, at the top and in an
+    alert, change nothing: the tree is reaped as from a 0.25 delivery."""
+    h = harness()
+    orphan = spawn_orphan(trees, fake_gpu)
+    one = orphan.alert()
+    body = {**payload({**one, "someFutureAlertKey": [1, {"x": None}]}),
+            "notification_reason": "repeat interval elapsed",
+            "routeLabels": {"team": "gpu"}, "truncatedAlerts": 0,
+            "groupLabels": {"alertname": "GPUOrphanTree", "hostname": HOST}}
+    assert account(h.post(body))["status"] == "accepted"
+    wait_for(orphan.none_alive, what="the orphan tree to be reaped")
+    h.settle()
+    assert only_record(h, orphan)["outcome"] == "reaped"
+
+
 def expect_ignored(h: Harness, orphan: Orphan, reason: str, *, audited: bool = True,
                    **alert_kw: Any) -> dict[str, Any]:
     """Deliver an alert for `orphan`, let the worker finish, check nothing died and why."""

@@ -234,6 +234,11 @@ def run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Co
     ("{mode: enforce, kill_everything: true}", "remediate.kill_everything", "unknown key"),
     ("{term_timeout_seconds: soon}", "remediate.term_timeout_seconds", "must be a number"),
     ("{mode: yes-please}", "remediate.mode", "must be one of"),
+    # Issue 54: Prometheus pull needs Alertmanager for the confirmation, and one pull only.
+    ("{prometheus: {url: 'https://p:9090'}}", "remediate.prometheus",
+     "needs remediate.alertmanager"),
+    ("{alertmanager: {url: 'http://a', pull: true}, prometheus: {url: 'https://p:9090'}}",
+     "remediate.prometheus", "it and remediate.alertmanager.pull: true both poll"),
 ])
 def test_config_errors_exit_with_one_line(tmp_path: Path, remediate: str, key: str,
                                           problem: str) -> None:
@@ -243,6 +248,19 @@ def test_config_errors_exit_with_one_line(tmp_path: Path, remediate: str, key: s
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert line.startswith(f"gpuguard-remediator: config error: {config}: {key}: {problem}")
+
+
+def test_an_unusable_prometheus_password_file_refuses_to_start(tmp_path: Path) -> None:
+    """Checked once at start, like Alertmanager's token: a poll would only ever fail."""
+    config = tmp_path / "gpuguard.yml"
+    config.write_text("remediate:\n  alertmanager: {url: 'http://127.0.0.1:9'}\n"
+                      "  prometheus: {url: 'https://127.0.0.1:9', basic_auth: "
+                      f"{{username: u, password_file: '{tmp_path / 'missing'}'}}}}\n"
+                      f"  state_dir: '{tmp_path / 'state'}'\n"
+                      f"  audit_log: '{tmp_path / 'audit.jsonl'}'\n")
+    done = run_cli(["--config", str(config), "--insecure-no-auth"])
+    assert done.returncode == 2, done.stderr
+    assert "remediate.prometheus.basic_auth.password_file: token file" in done.stderr
 
 
 def test_bad_regex_in_classify_is_a_config_error(tmp_path: Path) -> None:

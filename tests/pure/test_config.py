@@ -8,7 +8,7 @@ import pytest
 
 from gpuguard.base.validation import ConfigError
 from gpuguard.config import load_config, parse_config
-from gpuguard.config.remediate import AlertmanagerConfig
+from gpuguard.config.remediate import AlertmanagerConfig, BasicAuth, PrometheusConfig
 from gpuguard.orphans.rules_config import DEFAULT_PROTECT
 
 FULL = """
@@ -409,3 +409,74 @@ def test_one_accounting_section_serves_idle_time_and_the_unlisted_search() -> No
     assert cfg.accounting.unlisted.unlisted_threshold_bytes == 2**30
     assert cfg.accounting.unlisted.device_files == ("/dev/nvidia[0-9]*",)
 
+
+
+PROM = "remediate.prometheus"
+WITH_AM = "  alertmanager: {url: 'https://am:9093'}\n"
+
+
+def test_prometheus_pull_section_full() -> None:
+    """Issue 54: Prometheus pull, configured like Alertmanager's (URL, TLS, auth, interval)."""
+    prom = parse_config("remediate:\n" + WITH_AM + """\
+  prometheus:
+    url: [https://prom-1:9090, https://prom-2:9090/prometheus]
+    basic_auth: {username: gpuguard, password_file: /etc/gpuguard/prom-password}
+    ca_file: /etc/gpuguard/prometheus-ca.crt
+    timeout_seconds: 2
+    pull_interval_seconds: 30
+""").remediate.prometheus
+    assert prom == PrometheusConfig(
+        url=("https://prom-1:9090", "https://prom-2:9090/prometheus"),
+        basic_auth=BasicAuth("gpuguard", "/etc/gpuguard/prom-password"),
+        ca_file="/etc/gpuguard/prometheus-ca.crt", timeout_seconds=2.0,
+        pull_interval_seconds=30.0)
+    assert parse_config("remediate: {mode: enforce}").remediate.prometheus is None
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("{}", f"{PROM}.url", "required"),
+        ("{url: 'ftp://p'}", f"{PROM}.url", "must be an http:// or https:// URL"),
+        ("{url: 'http://u:p@p'}", f"{PROM}.url", "must not carry credentials"),
+        ("{url: http://p, credentials_file: /t}", f"{PROM}.credentials_file",
+         "would be sent in clear to http://p"),
+        ("{url: http://p, basic_auth: {username: u, password_file: /p}}", f"{PROM}.basic_auth",
+         "would be sent in clear to http://p"),
+        ("{url: https://p, credentials_file: /t, basic_auth: {username: u, password_file: /p}}",
+         f"{PROM}.basic_auth", "exclude each other"),
+        ("{url: https://p, basic_auth: {username: u}}", f"{PROM}.basic_auth.password_file",
+         "required"),
+        ("{url: https://p, basic_auth: {username: 'a:b', password_file: /p}}",
+         f"{PROM}.basic_auth.username", "must not contain ':'"),
+        ("{url: https://p, basic_auth: {username: u, password: hunter2}}",
+         f"{PROM}.basic_auth.password", "unknown key"),
+        ("{url: http://p, ca_file: /ca.crt}", f"{PROM}.ca_file", "only https:// URLs use it"),
+        ("{url: http://p, pull_interval_seconds: 0.5}", f"{PROM}.pull_interval_seconds",
+         "must be >= 1"),
+        ("{url: http://p, timeout_seconds: 0}", f"{PROM}.timeout_seconds", "must be > 0"),
+        ("{url: http://p, pull: true}", f"{PROM}.pull", "unknown key"),
+    ],
+)
+def test_prometheus_errors_name_file_and_key(body: str, key: str, problem: str) -> None:
+    text = f"remediate:\n{WITH_AM}  prometheus: {body}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert err.value.path == "/etc/gpuguard.yml" and err.value.key == key, str(err.value)
+    assert problem in err.value.problem, str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("alertmanager", "problem"),
+    [
+        ("", "needs remediate.alertmanager"),  # no confirmation: silences would not count
+        ("  alertmanager: {url: 'https://am:9093', pull: true}\n", "choose one"),
+    ],
+)
+def test_prometheus_pull_needs_alertmanager_and_is_the_only_pull(alertmanager: str,
+                                                                 problem: str) -> None:
+    text = f"remediate:\n{alertmanager}  prometheus: {{url: 'https://prom:9090'}}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="/etc/gpuguard.yml")
+    assert err.value.key == PROM and problem in err.value.problem, str(err.value)
+    assert "\n" not in str(err.value)

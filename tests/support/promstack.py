@@ -166,13 +166,17 @@ class Prometheus(_Proc):
                  rules_text: str, alertmanager_url: str | None,
                  scrape: Mapping[str, Any] | None = None,
                  web_config: str | None = None,
-                 client: Mapping[str, Any] | None = None) -> None:
+                 client: Mapping[str, Any] | None = None, port: int | None = None) -> None:
         """`targets`: each job's target, or its targets (several hosts' exporters).
         `scrape`: keys added to every scrape job (scheme, tls_config, basic_auth).
         `web_config`: Prometheus's own --web.config.file (TLS: its URL is https), which
-        the test's own requests meet with `client` (requests' verify, auth)."""
+        the test's own requests meet with `client` (requests' verify, auth).
+        `port`: one picked earlier (the remediator's config names it), or a free one."""
         workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.workdir, self.targets, self.rules_text = workdir, targets, rules_text
+        self.alertmanager_url, self.scrape = alertmanager_url, scrape
+        self.web_config, self.client = web_config, client
+        self.port = port if port is not None else free_port()
         scheme = "http" if web_config is None else "https"
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._client = dict(client or {})
@@ -210,6 +214,12 @@ class Prometheus(_Proc):
                                 **self._client).status_code == 200
         except requests.RequestException:
             return False
+
+    def restarted(self) -> Prometheus:
+        """The same Prometheus (config, TSDB, port) started again after stop()."""
+        return Prometheus(self.workdir, targets=self.targets, rules_text=self.rules_text,
+                          alertmanager_url=self.alertmanager_url, scrape=self.scrape,
+                          web_config=self.web_config, client=self.client, port=self.port)
 
     def query(self, expr: str) -> list[dict]:
         resp = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=5,
@@ -332,7 +342,8 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
                for_seconds: int, orphan_age_seconds: int, term_timeout_seconds: float,
                before_prometheus: Callable[[Alertmanager], None] = lambda am: None,
                remediate: Mapping[str, Any] | None = None, confirm: bool = False,
-               pull: bool = False, repeat_interval: str | None = None,
+               pull: bool = False, prometheus_pull: bool = False,
+               repeat_interval: str | None = None,
                inhibit_rules: list[dict[str, Any]] | None = None,
                tls: LoopTls | None = None,
                exporter_config: Mapping[str, Any] | None = None) -> Loop:
@@ -341,7 +352,9 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
     `before_prometheus` runs once Alertmanager is up and before any alert can fire
     (on-call's silences go there). `remediate` overrides keys of the remediator's
     policy; `confirm` gives it `remediate.alertmanager` (kill-time confirmation),
-    `pull` also makes it poll (and removes the webhook from Alertmanager's config).
+    `pull` also makes it poll (and removes the webhook from Alertmanager's config);
+    `prometheus_pull` makes it poll Prometheus instead (remediate.prometheus), Alertmanager
+    confirming each reap, again without the webhook.
     `exporter_config`: sections (quotas:, audit:) added to the one config file, which the
     exporter reads too.
     """
@@ -352,7 +365,7 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         token.chmod(0o600)
         audit_log = base / "audit.jsonl"
         config = base / "gpuguard.yml"
-        am_port = free_port()
+        am_port, prom_port = free_port(), free_port()
         policy: dict[str, Any] = {
             "mode": "enforce", "min_age_seconds": 0,
             "term_timeout_seconds": term_timeout_seconds,
@@ -364,9 +377,12 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
             "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
             "state_dir": str(base / "state"), "audit_log": str(audit_log),
         }
-        if confirm or pull:
+        if confirm or pull or prometheus_pull:
             policy["alertmanager"] = {"url": f"http://127.0.0.1:{am_port}", "pull": pull,
                                       "pull_interval_seconds": 1, "timeout_seconds": 2}
+        if prometheus_pull:
+            policy["prometheus"] = {"url": f"http://127.0.0.1:{prom_port}",
+                                    "pull_interval_seconds": 1, "timeout_seconds": 2}
         policy.update(remediate or {})
         config.write_text(yaml.safe_dump({"remediate": policy, **(exporter_config or {})}))
         web = ["--web-config-file", tls.web_config] if tls is not None else []
@@ -382,7 +398,8 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
         recorder = WebhookRecorder()
         started.append(recorder)
         am_config = shipped_alertmanager_config(
-            remediator_url=None if pull else remediator.url, recorder_url=recorder.url,
+            remediator_url=None if pull or prometheus_pull else remediator.url,
+            recorder_url=recorder.url,
             token_file=token, repeat_interval=repeat_interval, tls=tls)
         am_config["inhibit_rules"] = am_config.get("inhibit_rules", []) + (inhibit_rules or [])
         alertmanager = Alertmanager(base / "am", am_config, port=am_port)
@@ -398,6 +415,7 @@ def start_loop(base: Path, env: Mapping[str, str], *, hostname: str, scan_interv
             scrape=None if tls is None else {
                 "scheme": "https", "tls_config": tls.tls_config(),
                 "basic_auth": {"username": tls.username, "password_file": tls.password_file}},
+            port=prom_port,
         )
         started.append(prometheus)
     except BaseException:

@@ -54,6 +54,7 @@ class SlowPeer:
         self._tls = tls
         self._raw_mode = raw
         self.paths: list[str] = []
+        self.requests: list[str] = []  # each request's line and headers, as received
         self.times: list[float] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,6 +108,7 @@ class SlowPeer:
         with self._lock:
             index = len(self.paths)
             self.paths.append(path)
+            self.requests.append(request.decode("latin-1"))
             self.times.append(time.monotonic())
         reply = self.plan(index)
         head, body = reply.head(), reply.body

@@ -10,18 +10,13 @@ HA cluster. A peer that fails in any way counts as unreachable; when all do the 
 from __future__ import annotations
 
 import dataclasses
-import http.client
-import json
 import logging
 import ssl
-import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
-from gpuguard.base.compat import StrEnum
 from gpuguard.base.validation import (
     JSON_TYPES,
     At,
@@ -33,33 +28,31 @@ from gpuguard.base.validation import (
     string_map,
 )
 from gpuguard.config.remediate import AlertmanagerConfig
-from gpuguard.engine.alerting import bounded_http
-from gpuguard.engine.alerting.alerts import (
-    MAX_ALERTS,
-    REMEDIATE_LABEL,
-    REMEDIATE_VALUE,
-    ZERO_TIME,
-    AlertStatus,
-    asks_for_remediation,
-)
+from gpuguard.engine.alerting import peers
+from gpuguard.engine.alerting.alerts import REMEDIATE_LABEL, REMEDIATE_VALUE
 from gpuguard.engine.alerting.confirmation import Confirmation, ConfirmationState
-from gpuguard.engine.alerting.polling import (
-    PollResult,
-    PollStats,
-    peer_order,
-    retry_after_seconds,
+from gpuguard.engine.alerting.peers import (
+    JsonPeers,
+    RequestFailure,
+    RequestResult,
+    bearer_credentials,
+    poll_result,
+)
+from gpuguard.engine.alerting.polling import PollResult, PollStats, peer_order
+from gpuguard.engine.alerting.pulled import (
+    MAX_PULL_ALERTS,
+    PollAnswer,
+    Pulled,
+    SkipCounts,
+    SkipReason,
 )
 
 log = logging.getLogger("gpuguard.remediator.alertmanager")
 
-
-class RequestResult(StrEnum):
-    """How one HTTP request went (gpuguard_remediator_alertmanager_requests_total{result})."""
-
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    UNAUTHORIZED = "unauthorized"
+T = TypeVar("T")
+#: Re-exported for the callers that know them as the Alertmanager client's words.
+__all__ = ["MAX_PULL_ALERTS", "AlertmanagerClient", "PollAnswer", "RequestResult",
+           "SkipReason", "matcher", "tls_context"]
 
 
 #: The labels that name one orphan tree on one host; all four must be equal.
@@ -74,61 +67,6 @@ _PRECEDENCE = {ConfirmationState.SILENCED: 0, ConfirmationState.INHIBITED: 1,
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Silences looked up for creator and comment per confirmation (each is one request).
 MAX_SILENCE_LOOKUPS = 8
-#: Alerts one poll hands on at most (as many as one webhook notification may carry); the
-#: rest are counted as "over-limit" and the next poll sees them again.
-MAX_PULL_ALERTS = MAX_ALERTS
-
-
-class SkipReason(StrEnum):
-    """Why a pulled alert was not handed on (gpuguard_remediator_pull_alerts_skipped_total{why})."""
-
-    MALFORMED = "malformed"  # not the shape Alertmanager sends, or refused by alerts.py
-    OTHER_HOST = "other-host"
-    NOT_LISTED = "alertname-not-listed"  # not in remediate.alerts
-    NOT_REMEDIATE = "not-remediate"  # no remediate="true"
-    NOT_ACTIVE = "not-active"  # silenced, inhibited, unprocessed
-    OVER_LIMIT = "over-limit"  # past MAX_PULL_ALERTS in one poll
-
-
-T = TypeVar("T")
-TokenSource = Callable[[], "bytes | None"]
-
-
-class _Failure(Exception):
-    """One request did not give a usable answer; `result` is its counter label, `busy`
-    says the peer shed it (503, 429), `retry_after` what it asked for (seconds)."""
-
-    def __init__(self, result: RequestResult, detail: str, *, busy: bool = False,
-                 retry_after: float | None = None) -> None:
-        super().__init__(detail)
-        self.result = result
-        self.detail = detail
-        self.busy = busy
-        self.retry_after = retry_after
-
-
-@dataclass(frozen=True)
-class PollAnswer:
-    """One poll: the alerts (None when no peer answered well), how it went (`result`,
-    `detail`), and the smallest Retry-After a busy peer asked for."""
-
-    alerts: list[dict[str, Any]] | None
-    result: PollResult
-    detail: str = ""
-    retry_after: float | None = None
-
-
-def _poll_result(failures: list[_Failure]) -> PollResult:
-    """A failed poll's result: busy or timeout (both retried sooner) before the rest."""
-    if any(f.busy for f in failures):
-        return PollResult.BUSY
-    if any(f.result == RequestResult.TIMEOUT for f in failures):
-        return PollResult.TIMEOUT
-    if failures and all(f.result == RequestResult.UNAUTHORIZED for f in failures):
-        return PollResult.UNAUTHORIZED
-    return PollResult.ERROR
-
-
 class _ShapeError(Invalid, ValueError):
     """The body is JSON but not what Alertmanager 0.25 sends."""
 
@@ -211,45 +149,12 @@ def _parse_silence(data: Any) -> tuple[str, str]:
     return creator, comment
 
 
-def _skip_reason(alert: _ApiAlert, hostname: str, names: frozenset[str]) -> SkipReason | None:
-    """Why a pulled alert is not for this remediator to act on; None when it is."""
-    if alert.labels.get("hostname") != hostname:
-        return SkipReason.OTHER_HOST
-    if alert.labels.get("alertname") not in names:
-        return SkipReason.NOT_LISTED
-    if not asks_for_remediation(alert.labels):
-        return SkipReason.NOT_REMEDIATE
-    if alert.state != "active" or alert.silenced_by or alert.inhibited_by:
-        return SkipReason.NOT_ACTIVE
-    return None
-
-
-def _sort_pulled(parsed: list[_ApiAlert], malformed: int, hostname: str,
-                 names: frozenset[str]) -> tuple[list[dict[str, Any]], dict[SkipReason, int]]:
-    """(the pulled alerts to hand on, shaped like a webhook's; how many were skipped by why)."""
-    skipped = dict.fromkeys(SkipReason, 0)
-    skipped[SkipReason.MALFORMED] = malformed
-    kept: list[_ApiAlert] = []
-    for a in parsed:  # the filter narrows; these checks decide (a proxy may drop it)
-        why = _skip_reason(a, hostname, names)
-        if why is not None:
-            skipped[why] += 1
-        elif len(kept) < MAX_PULL_ALERTS:
-            kept.append(a)
-        else:
-            skipped[SkipReason.OVER_LIMIT] += 1
-    return [
-        {
-            "status": AlertStatus.FIRING,
-            "labels": dict(a.labels),
-            "annotations": dict(a.annotations),
-            "startsAt": a.starts_at or None,
-            "endsAt": ZERO_TIME,
-            "generatorURL": a.generator_url,
-            "fingerprint": a.fingerprint,
-        }
-        for a in kept
-    ], skipped
+def _pulled(alert: _ApiAlert) -> Pulled:
+    return Pulled(labels=alert.labels, annotations=alert.annotations,
+                  active=(alert.state == "active" and not alert.silenced_by
+                          and not alert.inhibited_by),
+                  starts_at=alert.starts_at, generator_url=alert.generator_url,
+                  fingerprint=alert.fingerprint)
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
@@ -262,11 +167,7 @@ def _clip(text: str, limit: int = 200) -> str:
 
 def tls_context(ca_file: str | None) -> tuple[ssl.SSLContext | None, str | None]:
     """The context https requests use, or why there is none (a ca_file not loaded)."""
-    try:
-        return bounded_http.tls_context(ca_file), None
-    except OSError as exc:  # ssl.SSLError included: not PEM, no certificate in it
-        return None, f"remediate.alertmanager.ca_file: cannot load {ca_file}: " \
-                     f"{exc.strerror or exc}"
+    return peers.tls_context(ca_file, "remediate.alertmanager.ca_file")
 
 
 class AlertmanagerClient:
@@ -286,27 +187,22 @@ class AlertmanagerClient:
             raise ValueError(f"remediate.alertmanager.credentials_file: {problem}")
         self.urls = tuple(u.rstrip("/") for u in config.url)
         self.timeout = float(config.timeout_seconds)
-        self._monotonic = time.monotonic
+        self.source = "alertmanager"  # pull mode's source (metrics label, /healthz wording)
         self.polls = PollStats()  # pull mode's accounting (polling.py)
-        self._credentials_file = config.credentials_file
-        self._token: TokenSource | None = None
-        if config.credentials_file is not None:
-            # Imported here, not at the top: gpuguard.remediator.app imports the worker and the
-            # rest of the service, so a top-level import would become a cycle as soon as
-            # any of those imports this module.
-            from gpuguard.engine.alerting.tokens import TokenFile
-
-            self._token = TokenFile(config.credentials_file)
+        self.skips = SkipCounts()
         # No proxy from the environment and no redirects (bounded_http.py says why).
-        self._tls: ssl.SSLContext | None = None
-        self._tls_problem: str | None = None
+        tls: ssl.SSLContext | None = None
+        tls_problem: str | None = None
         if any(u.lower().startswith("https:") for u in self.urls):
-            self._tls, self._tls_problem = tls_context(config.ca_file)
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = dict.fromkeys(RequestResult, 0)
-        self._skipped: dict[str, int] = dict.fromkeys(SkipReason, 0)
-        self._flooded = False  # the last poll had more than MAX_PULL_ALERTS: logged once
-        self._failing: set[str] = set()
+            tls, tls_problem = tls_context(config.ca_file)
+        self._peers = JsonPeers(self.urls, timeout=self.timeout,
+                                credentials=bearer_credentials(config.credentials_file),
+                                tls=tls, tls_problem=tls_problem, what="alertmanager",
+                                max_body=MAX_BODY_BYTES, log=log)
+
+    @property
+    def _monotonic(self) -> Callable[[], float]:
+        return self._peers.monotonic
 
     # -- public API -------------------------------------------------------------------
 
@@ -316,19 +212,15 @@ class AlertmanagerClient:
         "unauthorized" also counts a request not sent because credentials_file gave
         no usable token.
         """
-        with self._lock:
-            return dict(self._counts)
+        return self._peers.request_counts()
 
     def skip_counts(self) -> dict[str, int]:
         """Pulled alerts not handed on, by SkipReason, every key present."""
-        with self._lock:
-            return dict(self._skipped)
+        return self.skips.counts()
 
     def count_skipped(self, why: SkipReason, n: int = 1) -> None:
         """Count `n` pulled alerts not handed on for `why` (one of SkipReason)."""
-        if n:
-            with self._lock:
-                self._skipped[why] += n
+        self.skips.count(why, n)
 
     def confirm(self, *, alertname: str, hostname: str, root_pid: str | int,
                 root_start_time: str | int, within: float | None = None) -> Confirmation:
@@ -368,7 +260,7 @@ class AlertmanagerClient:
             share = min(deadline, now + (deadline - now) / (len(peers) - index))
             try:
                 alerts = self._get(base, path, share, _parse_alerts)
-            except _Failure as exc:
+            except RequestFailure as exc:
                 failures.append(f"{base}: {exc.detail}")
                 continue
             answers.append(self._judge(base, alerts, want, share))
@@ -426,37 +318,26 @@ class AlertmanagerClient:
         began = self._monotonic()
         deadline = began + self.timeout * len(self.urls)
         path = f"/api/v2/alerts?{urlencode(params, quote_via=quote)}"
-        failures: list[_Failure] = []
+        failures: list[RequestFailure] = []
         got: tuple[list[_ApiAlert], int] | None = None
         for base in peer_order(self.urls, hostname):
             try:
                 got = self._get(base, path, deadline, _parse_alerts_each)
                 break
-            except _Failure as exc:
+            except RequestFailure as exc:
                 failures.append(exc)
         if got is None:
-            result = _poll_result(failures)
+            result = poll_result(failures)
             asked = [f.retry_after for f in failures if f.retry_after is not None]
             answer = PollAnswer(None, result, "; ".join(f.detail for f in failures),
                                 min(asked) if asked else None)
         else:
-            answer = PollAnswer(self._kept(*got, hostname, names), PollResult.OK)
+            parsed, malformed = got
+            answer = PollAnswer(self.skips.kept([_pulled(a) for a in parsed], malformed,
+                                                hostname, names), PollResult.OK)
         ended = self._monotonic()
         self.polls.record(answer.result, ended - began, ended)
         return answer
-
-    def _kept(self, parsed: list[_ApiAlert], malformed: int, hostname: str,
-              names: frozenset[str]) -> list[dict[str, Any]]:
-        """The pulled alerts to hand on; the others counted by why (skip_counts)."""
-        kept, skipped = _sort_pulled(parsed, malformed, hostname, names)
-        for why, n in skipped.items():
-            self.count_skipped(why, n)
-        if skipped[SkipReason.OVER_LIMIT] and not self._flooded:
-            log.warning("pull: %d of this host's alerts past the first %d of a poll are "
-                        "skipped (counted as over-limit) while there are that many",
-                        skipped[SkipReason.OVER_LIMIT], MAX_PULL_ALERTS)
-        self._flooded = bool(skipped[SkipReason.OVER_LIMIT])
-        return kept
 
     # -- internals --------------------------------------------------------------------
 
@@ -467,7 +348,7 @@ class AlertmanagerClient:
             try:
                 creator, comment = self._get(base, f"/api/v2/silence/{quote(sid, safe='')}",
                                              deadline, _parse_silence)
-            except _Failure as exc:
+            except RequestFailure as exc:
                 notes.append(f"silence {sid} (creator unknown: {exc.detail})")
                 continue
             creators.append(creator)
@@ -477,89 +358,4 @@ class AlertmanagerClient:
         return _unique(creators), notes
 
     def _get(self, base: str, path: str, deadline: float, parse: Callable[[Any], T]) -> T:
-        """GET base+path, decode JSON, `parse` it; count the result; _Failure when unusable."""
-        try:
-            value = parse(self._fetch_json(base + path, deadline))
-        except _ShapeError as exc:
-            failure = _Failure(RequestResult.ERROR, f"unexpected answer: {exc}")
-        except _Failure as exc:
-            failure = exc
-        else:
-            self._record(base, RequestResult.OK, "")
-            return value
-        self._record(base, failure.result, failure.detail)
-        raise failure
-
-    def _fetch_json(self, url: str, deadline: float) -> Any:
-        """GET `url` within timeout_seconds and by `deadline` (the whole call's), as JSON."""
-        limit = min(self.timeout, deadline - self._monotonic())
-        if limit <= 0:
-            raise _Failure(RequestResult.TIMEOUT, "timed out: no time left for this peer")
-        if self._tls_problem is not None and url.lower().startswith("https:"):
-            raise _Failure(RequestResult.ERROR, self._tls_problem)
-        headers = {"Accept": "application/json", "User-Agent": "gpuguard-remediator"}
-        authorization = self._authorization()
-        if authorization is not None:
-            headers["Authorization"] = authorization
-        try:
-            answer = bounded_http.get(url, headers, deadline=self._monotonic() + limit,
-                                      max_body=MAX_BODY_BYTES, monotonic=self._monotonic,
-                                      context=self._tls)
-        except TimeoutError:
-            raise _Failure(RequestResult.TIMEOUT,
-                           f"timed out: no complete answer within {limit:.3g}s") from None
-        except bounded_http.TooLarge as exc:
-            raise _Failure(RequestResult.ERROR, str(exc)) from None
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise _Failure(RequestResult.ERROR, f"{type(exc).__name__}: {exc}") from None
-        status = answer.status
-        if status in (401, 403):
-            raise _Failure(RequestResult.UNAUTHORIZED, f"HTTP {status}")
-        if status in (429, 503):  # shed under load: pull mode retries sooner
-            raise _Failure(RequestResult.ERROR, f"HTTP {status}", busy=True,
-                           retry_after=retry_after_seconds(answer.headers.get("Retry-After")))
-        if status != 200:
-            raise _Failure(RequestResult.ERROR, f"HTTP {status}")
-        try:
-            return json.loads(answer.body)
-        except (ValueError, RecursionError):  # UnicodeDecodeError included; deep nesting
-            raise _Failure(RequestResult.ERROR,
-                           "answer is not JSON Alertmanager would send") from None
-
-    def _authorization(self) -> str | None:
-        """`Bearer TOKEN`, None without credentials_file; fails closed on an unusable file.
-
-        Sending no token when one is configured would only turn a readable
-        misconfiguration into a stream of 401s, so the request is not sent.
-        """
-        if self._token is None:
-            return None
-        token = self._token()
-        if token is None:
-            why = getattr(self._token, "problem", None)
-            raise _Failure(RequestResult.UNAUTHORIZED, f"no token from credentials_file "
-                           f"{self._credentials_file}" + (f" ({why})" if why else ""))
-        try:
-            text = token.decode("ascii")
-        except UnicodeDecodeError:
-            raise _Failure(RequestResult.UNAUTHORIZED, "token is not ASCII") from None
-        if not all(33 <= ord(c) < 127 for c in text):
-            raise _Failure(RequestResult.UNAUTHORIZED,
-                           "token contains spaces or control characters")
-        return f"Bearer {text}"
-
-    def _record(self, base: str, result: RequestResult, detail: str) -> None:
-        """Count one request; log a peer going bad or coming back once, not every time."""
-        with self._lock:
-            self._counts[result] += 1
-            was_failing = base in self._failing
-            if result == RequestResult.OK:
-                self._failing.discard(base)
-            else:
-                self._failing.add(base)
-        if result == RequestResult.OK and was_failing:
-            log.info("alertmanager %s answers again", base)
-        elif result != RequestResult.OK and not was_failing:
-            log.warning("alertmanager %s: %s (%s)", base, detail, result)
-        elif result != RequestResult.OK:
-            log.debug("alertmanager %s: %s (%s)", base, detail, result)
+        return self._peers.get(base, path, deadline, parse)
