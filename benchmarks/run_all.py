@@ -111,6 +111,15 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                         "kernel filter); then the remediator's chain watch over 64 holders. "
                         "Needs the initial PID namespace. Targets: listener CPU per 1,000 "
                         "exits/s; the chain watch's steady CPU."),
+    "fleet_pull": (600.0,
+                   "A simulated fleet of lightweight pollers, each one host asking for its "
+                   "own alerts with the remediator's exact request, against a real "
+                   "Alertmanager 0.25 (GET /api/v2/alerts, filtered) and a real Prometheus "
+                   "2.x (ALERTS{...,hostname=...} through /api/v1/query) holding 1,000 and "
+                   "10,000 firing alerts, one real remediator (pull mode) among them: the "
+                   "polls/s each server carries before its p99 passes 1 s or it sheds, CPU "
+                   "and RSS per 100 polls/s, the remediator's lost polls. Goal: 333 polls/s "
+                   "(10,000 nodes every 30 s) at 10,000 alerts without a lost poll."),
     "run_teardown": (120.0,
                      "`gpuguard run`: its parent SIGKILLed -> the last of five descendants "
                      "gone, over ten runs; the launcher's CPU and RSS while CMD runs. "
