@@ -66,6 +66,11 @@
     unattributedMemoryThresholdBytes: 1073741824,
     unattributedMemoryFor: '10m',
 
+    // GPUGuardGPURecoveryAction: how long a GPU's driver must ask for a recovery (anything
+    // but none) before people are paged; it stays until someone acts, so a minute only
+    // rides out one odd scrape.
+    gpuRecoveryActionFor: '1m',
+
     // Grafana.
     dashboardUID: 'gpuguard',
     dashboardTitle: 'gpuguard',

@@ -106,9 +106,26 @@ class GpuguardCollector(Collector):
             off.add_metric([name, reason], 1)
         yield off
 
+    def _recovery_metric(self, reading: GpuReading) -> Metric:
+        """What each GPU's driver asks for before it can be used again, its name the
+        `action` label (docs/metrics.md, Recovery action). Not a GPU gauge that
+        --no-collector.gpu drops: GPUGuardGPURecoveryAction reads it."""
+        family = GaugeMetricFamily(
+            "gpuguard_gpu_recovery_action",
+            "The recovery the GPU's driver asks for before the GPU can be used again, in "
+            "the action label (none, gpu-reset, node-reboot, drain-p2p, drain-and-reset, "
+            "...: NVML's recovery action); always 1, one series per GPU; absent where the "
+            "driver cannot say.", labels=[*GPU_LABELS, "action"])
+        for gpu in reading.gpus:
+            if gpu.recovery_action is not None:
+                family.add_metric([*self._gpu(gpu.index, gpu.uuid, reading),
+                                   gpu.recovery_action], 1)
+        return family
+
     def _gpu_metrics(self, snap: Snapshot) -> Iterator[Metric]:
         reading = snap.reading
         yield from self._backend_metrics(reading)
+        yield self._recovery_metric(reading)
         if not (self.gpu or self.processes):
             return
         # dcgm-exporter's label names (UUID, pci_bus_id, device, modelName), so series join

@@ -43,6 +43,12 @@ class GpuSample:
     #: The driver version of the back-end that read this GPU, where it differs per GPU (a
     #: host with GPUs of two vendors); None: the reading's driver_version.
     driver_version: str | None = None
+    #: What the driver asks for before this GPU can be used again ("none", "gpu-reset",
+    #: "node-reboot", "drain-p2p", "drain-and-reset", ...: NVML's recovery action, its
+    #: name in lower case and dashes; "unknown-N" for a code gpuguard does not know). None
+    #: where the driver cannot say (older than the field, another vendor, a failed read):
+    #: unknown, never "none".
+    recovery_action: str | None = None
 
 
 @dataclass(frozen=True)

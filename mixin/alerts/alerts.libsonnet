@@ -344,6 +344,25 @@
           },
         },
       ]),
+      // The GPUs themselves, for people: what a GPU's driver asks for before the GPU can
+      // be used again. gpuguard never resets or reboots anything (NVML has no reset call):
+      // the runbook says how.
+      group('gpuguard-gpus', [
+        {
+          alert: 'GPUGuardGPURecoveryAction',
+          expr: |||
+            max without (Hostname) (gpuguard_gpu_recovery_action{%(exporterSelector)s, action!="none"})
+            * on (job, instance) group_left (hostname)
+              gpuguard_host_info{%(exporterSelector)s}
+          ||| % c,
+          'for': c.gpuRecoveryActionFor,
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'GPU {{ $labels.gpu }} on {{ $labels.hostname }} needs {{ $labels.action }}',
+            description: 'The driver of GPU {{ $labels.gpu }} ({{ $labels.UUID }}, {{ $labels.vendor }}) on {{ $labels.hostname }} has asked for {{ $labels.action }} for more than %(gpuRecoveryActionFor)s (NVML\'s recovery action, after an uncorrectable error): work on that GPU fails or is wrong until it is done. gpuguard resets and reboots nothing: drain the node\'s jobs, see who still holds the GPU with `gpuguard status`, then, as root, `nvidia-smi -r -i {{ $labels.UUID }}` for gpu-reset or drain-and-reset (after draining peer-to-peer traffic), or reboot the node for node-reboot (see the runbook for each action and nvidia-smi -r\'s preconditions).' % t,
+          },
+        },
+      ]),
     ],
   },
 }

@@ -1120,6 +1120,68 @@
           }
         },
         {
+          type: "table",
+          title: "GPU recovery action",
+          description: "What each GPU's driver asks for before the GPU can be used again (NVML's recovery action): none, or gpu-reset, node-reboot, drain-p2p, drain-and-reset, ... A GPU whose driver cannot say (older than the field, another vendor) has no row. Anything but none pages (GPUGuardGPURecoveryAction); its runbook says what to do.",
+          id: 35,
+          datasource: datasource,
+          gridPos: {
+            h: 6,
+            w: 24,
+            x: 0,
+            y: 47
+          },
+          targets: [
+            {
+              datasource: datasource,
+              refId: "A",
+              expr: "sum by (instance, gpu, UUID, vendor, action) (gpuguard_gpu_recovery_action{%(exporterSelector)s, instance=~\"$instance\"})" % c,
+              legendFormat: "__auto",
+              range: false,
+              instant: true,
+              format: "table"
+            }
+          ],
+          transformations: [
+            {
+              id: "organize",
+              options: {
+                excludeByName: {
+                  Time: true,
+                  Value: true
+                },
+                indexByName: {
+                  instance: 0,
+                  gpu: 1,
+                  UUID: 2,
+                  vendor: 3,
+                  action: 4
+                },
+                renameByName: {}
+              }
+            }
+          ],
+          fieldConfig: {
+            defaults: {
+              custom: {
+                align: "auto",
+                filterable: true
+              }
+            },
+            overrides: []
+          },
+          options: {
+            showHeader: true,
+            footer: {
+              show: false,
+              reducer: [
+                "sum"
+              ],
+              fields: ""
+            }
+          }
+        },
+        {
           type: "row",
           title: "Accounting",
           id: 31,
@@ -1128,7 +1190,7 @@
             h: 1,
             w: 24,
             x: 0,
-            y: 47
+            y: 53
           },
           panels: []
         },
@@ -1142,7 +1204,7 @@
             h: 8,
             w: 12,
             x: 0,
-            y: 48
+            y: 54
           },
           targets: [
             {
@@ -1225,7 +1287,7 @@
             h: 8,
             w: 12,
             x: 12,
-            y: 48
+            y: 54
           },
           targets: [
             {
@@ -1294,7 +1356,7 @@
             h: 8,
             w: 24,
             x: 0,
-            y: 56
+            y: 62
           },
           targets: [
             {
@@ -1358,7 +1420,7 @@
             h: 1,
             w: 24,
             x: 0,
-            y: 64
+            y: 70
           },
           panels: []
         },
@@ -1372,7 +1434,7 @@
             h: 8,
             w: 12,
             x: 0,
-            y: 65
+            y: 71
           },
           targets: [
             {
@@ -1448,7 +1510,7 @@
             h: 8,
             w: 12,
             x: 12,
-            y: 65
+            y: 71
           },
           targets: [
             {
@@ -1502,7 +1564,7 @@
             h: 8,
             w: 8,
             x: 0,
-            y: 73
+            y: 79
           },
           targets: [
             {
@@ -1556,7 +1618,7 @@
             h: 8,
             w: 8,
             x: 8,
-            y: 73
+            y: 79
           },
           targets: [
             {
@@ -1610,7 +1672,7 @@
             h: 8,
             w: 8,
             x: 16,
-            y: 73
+            y: 79
           },
           targets: [
             {
@@ -1664,7 +1726,7 @@
             h: 8,
             w: 12,
             x: 0,
-            y: 81
+            y: 87
           },
           targets: [
             {
@@ -1718,7 +1780,7 @@
             h: 8,
             w: 12,
             x: 12,
-            y: 81
+            y: 87
           },
           targets: [
             {
@@ -1771,7 +1833,7 @@
             h: 1,
             w: 24,
             x: 0,
-            y: 89
+            y: 95
           },
           panels: []
         },
@@ -1785,7 +1847,7 @@
             h: 8,
             w: 12,
             x: 0,
-            y: 90
+            y: 96
           },
           targets: [
             {
@@ -1839,7 +1901,7 @@
             h: 8,
             w: 12,
             x: 12,
-            y: 90
+            y: 96
           },
           targets: [
             {
@@ -1893,7 +1955,7 @@
             h: 8,
             w: 12,
             x: 0,
-            y: 98
+            y: 104
           },
           targets: [
             {
@@ -1956,7 +2018,7 @@
             h: 8,
             w: 12,
             x: 12,
-            y: 98
+            y: 104
           },
           targets: [
             {

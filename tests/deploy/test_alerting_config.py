@@ -60,6 +60,8 @@ EXPECTED_SEVERITY = {
     "GPUSuspectProcess": "critical",
     "GPUSuspectProcessSustained": "warning",
     "GPUMemoryUnattributed": "warning",
+    # critical: the GPU's driver asks for a reset or a reboot before it can be used again
+    "GPUGuardGPURecoveryAction": "critical",
     "GPUGuardProcessEventsDown": "warning",
 }
 
@@ -99,6 +101,8 @@ EXPORTER_METRICS = frozenset(
         "gpuguard_user_gpu_idle_memory_bytes",
         # memory NVML puts no live name to (issue 40)
         "gpuguard_gpu_unseen_process_memory_bytes",
+        # what a GPU's driver asks for before it can be used again (issue 52)
+        "gpuguard_gpu_recovery_action",
     }
 )
 REMEDIATOR_METRICS = frozenset(
@@ -586,7 +590,7 @@ def test_host_label_is_hostname_in_one_spelling() -> None:
     assert "hostname" in REQUIRED_LABELS
     rules = RULES.read_text()
     assert "group_left (hostname)" in rules
-    assert rules.count("Hostname") == rules.count("max without (Hostname) (") == 2
+    assert rules.count("Hostname") == rules.count("max without (Hostname) (") == 3
     assert "Hostname" not in (REPO / "alerts" / "joins.yml").read_text()
     dashboard = (REPO / "grafana" / "dashboard.json").read_text()
     assert dashboard.count("Hostname") == dashboard.count('"Hostname": true') == 1

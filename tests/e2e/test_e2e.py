@@ -66,6 +66,7 @@ def stack(fake_nvml_lib: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     base = tmp_path_factory.mktemp("e2e")
     world = FakeGpuWorld(base / "nvml-state.txt")
     world.add_gpu(0)
+    world.set_recovery_action(0, 0)  # none: the recovery panel has a row, nothing alerts
     trees = Trees(base / "trees")
     stopped: list = []
     try:

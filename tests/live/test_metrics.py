@@ -16,7 +16,7 @@ from gpuguard.gpu.reading import GpuReading
 from gpuguard.host.procfs import ProcessView
 from gpuguard.orphans.process import Holder
 from gpuguard.orphans.rules_config import Rules
-from tests.support.fakenvml import FakeGpuWorld
+from tests.support.fakenvml import FakeGpuWorld, default_uuid
 from tests.support.proctree import Trees, wait_for
 
 GIB = 2**30
@@ -342,6 +342,7 @@ def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
     tree = trees.spawn("sh -c '{holder} --pidfile {dir}/w & echo $$ > {dir}/sh; wait' & wait")
     suspect = trees.spawn("exec -a xmrig {holder} --pidfile {dir}/worker & wait")
     fake_gpu.update_gpu(0, memory_used=8 * GIB)
+    fake_gpu.set_recovery_action(0, 1)
     fake_gpu.add_process(0, tree.pid("w"), 2 * GIB)
     fake_gpu.add_process(0, suspect.pid("worker"), GIB)
     tree.pid("sh")
@@ -355,7 +356,7 @@ def test_the_exposition_passes_promtool_check_metrics(trees: Trees,
     text = generate_latest(registry).decode()
     for name in ("gpuguard_user_gpu_memory_bytes{", "gpuguard_user_gpu_memory_quota_bytes{",
                  "gpuguard_suspect_process_info{", "gpuguard_gpu_memory_unattributed_bytes{",
-                 "gpuguard_orphan_tree_age_seconds{"):
+                 "gpuguard_orphan_tree_age_seconds{", "gpuguard_gpu_recovery_action{"):
         assert name in text, name
     lint = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
                           text=True, timeout=60, check=False)
@@ -395,3 +396,37 @@ def test_process_events_up_is_absent_without_a_listener(fake_gpu: FakeGpuWorld) 
     _, registry = make()
     assert registry.get_sample_value("gpuguard_process_events_total", {"kind": "exit"}) == 0
     assert registry.get_sample_value("gpuguard_process_events_up") is None
+
+
+def test_the_recovery_action_nvml_reports_is_one_series_per_gpu(
+        fake_gpu: FakeGpuWorld) -> None:
+    """Each action the fake driver reports shows as the series' `action` label, one series
+    per GPU; a GPU whose driver cannot say (NOT_SUPPORTED) has none, never "none"."""
+    fake_gpu.add_gpu(1)
+    fake_gpu.add_gpu(2)
+    fake_gpu.set_recovery_action(1, 0)
+    scanner, registry = make()
+    gpu = {"Hostname": "node-1", "vendor": "nvidia"}
+    for code, action in ((1, "gpu-reset"), (2, "node-reboot"), (3, "drain-p2p"),
+                         (4, "drain-and-reset"), (0, "none")):
+        fake_gpu.set_recovery_action(0, code)
+        scanner.scan_once()
+        assert samples_of(registry, "gpuguard_gpu_recovery_action") == [
+            ({"gpu": "0", "UUID": default_uuid(0), **gpu, "action": action}, 1.0),
+            ({"gpu": "1", "UUID": default_uuid(1), **gpu, "action": "none"}, 1.0),
+        ], action  # GPU 2: NOT_SUPPORTED, no series
+
+
+def test_the_recovery_action_stays_without_the_gpu_collector(fake_gpu: FakeGpuWorld) -> None:
+    """--no-collector.gpu drops the gauges dcgm-exporter also exports, not the one an alert
+    (GPUGuardGPURecoveryAction) reads."""
+    fake_gpu.set_recovery_action(0, 2)
+    counters = Counters()
+    scanner = Scanner(rules=Rules(), nvml=Nvml(counters=counters),
+                      view=ProcessView(counters=counters), counters=counters)
+    registry = CollectorRegistry()
+    registry.register(GpuguardCollector(scanner, hostname="node-1", gpu=False))
+    scanner.scan_once()
+    assert samples_of(registry, "gpuguard_gpu_memory_bytes") == []
+    assert [labels["action"] for labels, _ in
+            samples_of(registry, "gpuguard_gpu_recovery_action")] == ["node-reboot"]

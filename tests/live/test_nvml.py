@@ -303,10 +303,10 @@ def test_counters_count_every_call_per_callsite(
     nvml.read()
     first = counters.snapshot()
     # init + driver version; count + 2 x (handle, uuid, name, minor, pci, memory, util,
-    # temp, power, MIG mode); 2 x (compute, graphics, per-process utilization: one call
-    # per GPU)
+    # temp, power, recovery action, MIG mode); 2 x (compute, graphics, per-process
+    # utilization: one call per GPU)
     assert first["nvml_init"].calls == 2
-    assert first["nvml_device"].calls == 1 + 2 * 10
+    assert first["nvml_device"].calls == 1 + 2 * 11
     assert first["nvml_processes"].calls == 2 * 3
     assert all(c.proc_reads == 0 for c in first.values())
     assert all(c.calls == 0 for name, c in first.items() if not name.startswith("nvml_"))
@@ -314,9 +314,10 @@ def test_counters_count_every_call_per_callsite(
     nvml.read()
     second = counters.snapshot()
     assert second["nvml_init"].calls == 2  # initialised once
-    # name, minor and pci are read once per GPU: the second pass is count + 2 x (handle,
-    # uuid, memory, util, temp, power, MIG mode: asked on every read)
-    assert second["nvml_device"].calls == 21 + 1 + 2 * 7
+    # name, minor and pci are read once per GPU, and a recovery action the driver cannot
+    # give (the fake's default) is not asked again: the second pass is count + 2 x
+    # (handle, uuid, memory, util, temp, power, MIG mode: asked on every read)
+    assert second["nvml_device"].calls == 23 + 1 + 2 * 7
     assert second["nvml_processes"].calls == 2 * 6
 
     nvml.close()
@@ -740,3 +741,82 @@ def test_a_mig_mode_nvml_cannot_give_reads_absent_and_one_it_does_not_have_is_no
         assert other.read().gpus[0].busy_pids == frozenset()
     finally:
         other.close()
+
+
+# NVML's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, through nvmlDeviceGetFieldValues)
+
+#: nvml.h's nvmlDeviceGpuRecoveryAction_t, as GpuSample.recovery_action names each.
+RECOVERY_NAMES = {0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p",
+                  4: "drain-and-reset", 5: "recover-imex-domain", 6: "bus-reset",
+                  7: "system-reboot"}
+
+
+def test_each_recovery_action_the_driver_reports_is_named(fake_gpu: FakeGpuWorld,
+                                                          nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.set_recovery_action(1, 0)
+    for code, name in RECOVERY_NAMES.items():
+        fake_gpu.set_recovery_action(0, code)
+        reading = nvml.read()
+        assert [g.recovery_action for g in reading.gpus] == [name, "none"], code
+        assert reading.errors == ()
+    # A code this gpuguard does not know (a newer driver's) is still not "none".
+    fake_gpu.set_recovery_action(0, 42)
+    assert nvml.read().gpus[0].recovery_action == "unknown-42"
+
+
+def test_the_names_follow_the_installed_pynvml() -> None:
+    """The codes are nvml.h's; the installed bindings spell each as NVIDIA does."""
+    assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230
+    for code, name in RECOVERY_NAMES.items():
+        constant = "NVML_GPU_RECOVERY_ACTION_" + name.upper().replace("-", "_")
+        assert getattr(pynvml, constant, code) == code, constant
+
+
+def test_a_recovery_action_the_driver_cannot_give_is_absent_for_good(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    """NOT_SUPPORTED (a driver older than the field): absent, never "none", no error, and
+    not asked again while the driver stays loaded; a driver that comes back is asked."""
+    fake_gpu.add_gpu(1)
+    fake_gpu.set_recovery_action(1, 1)
+    reading = nvml.read()
+    assert [g.recovery_action for g in reading.gpus] == [None, "gpu-reset"]
+    assert reading.errors == ()
+    fake_gpu.set_recovery_action(0, 2)
+    assert [g.recovery_action for g in nvml.read().gpus] == [None, "gpu-reset"]
+    nvml.close()
+    assert [g.recovery_action for g in nvml.read().gpus] == ["node-reboot", "gpu-reset"]
+
+
+def test_a_driver_without_field_values_has_no_recovery_action(fake_gpu: FakeGpuWorld,
+                                                             nvml: Nvml) -> None:
+    fake_gpu.set_recovery_action(0, 1)
+    fake_gpu.set_missing("nvmlDeviceGetFieldValues")
+    reading = nvml.read()
+    assert reading.gpus[0].recovery_action is None
+    assert reading.errors == ()
+    assert reading.gpus[0].memory_total_bytes == 80 * GiB
+
+
+def test_a_failed_recovery_read_is_absent_this_scan_and_read_again(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.set_recovery_action(0, 4)
+    fake_gpu.set_field_error(0, "recovery", pynvml.NVML_ERROR_UNKNOWN)
+    reading = nvml.read()
+    assert reading.gpus[0].recovery_action is None
+    assert reading.gpus[0].power_watts == 100.0
+    assert reading.errors == (("nvml_device", "GPU 0: recovery action: Unknown Error"),)
+    fake_gpu.set_field_error(0, "recovery", None)
+    reading = nvml.read()
+    assert reading.gpus[0].recovery_action == "drain-and-reset"
+    assert reading.errors == ()
+
+
+def test_a_gpu_lost_while_its_recovery_action_is_read_is_skipped(
+        fake_gpu: FakeGpuWorld, nvml: Nvml) -> None:
+    fake_gpu.add_gpu(1)
+    fake_gpu.set_recovery_action(1, 1)
+    fake_gpu.set_field_error(1, "recovery", pynvml.NVML_ERROR_GPU_IS_LOST)
+    reading = nvml.read()
+    assert [g.index for g in reading.gpus] == [0]
+    assert reading.errors == (("nvml_device", "GPU 1: GPU is lost"),)

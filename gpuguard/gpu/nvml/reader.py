@@ -22,6 +22,7 @@ from gpuguard.gpu.nvml.failures import (
     raise_if_gone,
 )
 from gpuguard.gpu.nvml.identity import GpuIdentities
+from gpuguard.gpu.nvml.recovery import RecoveryActions
 from gpuguard.gpu.nvml.utilization import ProcessUse
 from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.host.procfs import boottime
@@ -48,6 +49,7 @@ class Nvml:
         self._process_utilization = process_utilization
         self._use = ProcessUse(self._call, wall, boot)
         self._identities = GpuIdentities(self._call)
+        self._recovery = RecoveryActions(self._call)
         self._initialised = False
         self._driver_version: str | None = None
         self._warned = False
@@ -106,6 +108,7 @@ class Nvml:
         self._driver_version = None
         self._use.clear()  # a driver that comes back may be another one
         self._identities.clear()
+        self._recovery.clear()
 
     def _call(self, callsite: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Every NVML call goes through here, so its cost shows at /metrics."""
@@ -160,6 +163,7 @@ class Nvml:
             errors,
             lambda: self._call("nvml_device", pynvml.nvmlDeviceGetPowerUsage, handle),
         )
+        recovery = self._recovery.of(index, uuid, handle, errors)
         holders = self._holders(index, uuid, handle, errors)
         busy = self._use.busy(index, uuid, handle) if self._process_utilization else None
         gpu = GpuSample(
@@ -176,6 +180,7 @@ class Nvml:
             busy_pids=busy,
             device=identity.device,
             pci_bus_id=identity.pci_bus_id,
+            recovery_action=recovery,
         )
         return gpu, holders or []
 

@@ -37,6 +37,7 @@ FIELDS: tuple[str, ...] = (
     "minor",
     "pci",
     "mig",  # nvmlDeviceGetMigMode
+    "recovery",  # the recovery action's own nvmlReturn in nvmlDeviceGetFieldValues
 )
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -46,7 +47,8 @@ NVML_ERROR_GPU_IS_LOST = 15
 #: Calls `set_missing` can take away (the ones gpuguard falls back from).
 MISSABLE: tuple[str, ...] = ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
                              "nvmlDeviceGetProcessesUtilizationInfo",
-                             "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMigMode")
+                             "nvmlDeviceGetMinorNumber", "nvmlDeviceGetMigMode",
+                             "nvmlDeviceGetFieldValues")
 
 
 class FakeNvmlBuildError(RuntimeError):
@@ -95,6 +97,10 @@ class FakeGpu:
     field_errors: dict[str, int] = field(default_factory=dict)
     #: MIG mode (current, pending), 1 enabled; the utilization calls answer regardless.
     mig: tuple[int, int] = (0, 0)
+    #: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's value (0 none, 1 GPU reset, 2 node reboot, 3
+    #: drain P2P, 4 drain and reset, ...); None: the field answers NOT_SUPPORTED, as a
+    #: driver older than the field does.
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,11 @@ class FakeGpuWorld:
         else:
             errors[field_name] = code
         self.save()
+
+    def set_recovery_action(self, index: int, action: int | None) -> None:
+        """GPU `index`'s recovery action (nvmlDeviceGpuRecoveryAction_t); None: the field
+        answers NOT_SUPPORTED (the default)."""
+        self.update_gpu(index, recovery_action=action)
 
     def set_not_supported(self, index: int, field_name: str, on: bool = True) -> None:
         """One call on GPU `index` answers NOT_SUPPORTED (3), or works again."""
@@ -350,6 +361,8 @@ class FakeGpuWorld:
                 lines.append(f"pci {g.index} {g.pci[0]:x} {g.pci[1]:x} {g.pci[2]:x}")
             if g.mig != (0, 0):
                 lines.append(f"mig {g.index} {g.mig[0]} {g.mig[1]}")
+            if g.recovery_action is not None:
+                lines.append(f"recovery {g.index} {g.recovery_action}")
             if g.lost:
                 lines.append(f"lost {g.index}")
             for name, code in sorted(g.field_errors.items()):

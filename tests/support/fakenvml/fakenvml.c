@@ -24,7 +24,8 @@
  *   lost IDX                             every call on GPU IDX answers 15 (GPU is lost)
  *   error IDX FIELD CODE                 FIELD on GPU IDX answers CODE; FIELD is one of
  *                                        name uuid memory utilization temperature power
- *                                        compute graphics minor pci
+ *                                        compute graphics minor pci mig recovery
+ *                                        (recovery: that value's own nvmlReturn)
  *   proc IDX C|G PID BYTES|na            a running process; na = 2**64-1 (not available);
  *                                        the same pid twice in one list is two entries
  *                                        (as MIG lists one per instance)
@@ -33,7 +34,8 @@
  *                                        for nvmlDeviceGetMemoryInfo_v2,
  *                                        nvmlDeviceGetTemperatureV and
  *                                        nvmlDeviceGetProcessesUtilizationInfo (the calls
- *                                        with a fallback) and nvmlDeviceGetMigMode
+ *                                        with a fallback), nvmlDeviceGetMigMode and
+ *                                        nvmlDeviceGetFieldValues
  *   sample IDX PID TS SM MEM [ENC DEC]   one utilization sample of PID on GPU IDX, taken at
  *                                        TS (microseconds since the epoch, as the driver's);
  *                                        ENC and DEC (encoder, decoder) default to 0
@@ -49,6 +51,15 @@
  *                                        else here: the utilization calls answer as
  *                                        without MIG, so a caller cannot lean on a driver
  *                                        that refuses them under MIG. Its FIELD is mig
+ *   recovery IDX ACTION                  GPU IDX's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)
+ *                                        through nvmlDeviceGetFieldValues: ACTION as an
+ *                                        unsigned int (nvmlDeviceGpuRecoveryAction_t, 0 none
+ *                                        ... 7). Without the line the field answers
+ *                                        NOT_SUPPORTED, as a driver older than the field
+ *                                        does; so does every other field id. `error IDX
+ *                                        recovery CODE` makes the field's own nvmlReturn
+ *                                        CODE (the call itself still answers SUCCESS, as
+ *                                        NVML does when it fills any value)
  *
  * Per-process utilization (nvmlDeviceGetProcessUtilization, the legacy call, and
  * nvmlDeviceGetProcessesUtilizationInfo, R550's versioned one) answers as the driver:
@@ -98,13 +109,15 @@
 #define NVML_MEMORY_V2 0x02000028u
 #define NVML_TEMPERATURE_V1 0x0100000Cu
 #define NVML_PROCESSES_UTILIZATION_INFO_V1 0x01000018u
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 
 enum field { F_NAME, F_UUID, F_MEMORY, F_UTILIZATION, F_TEMPERATURE, F_POWER, F_COMPUTE,
              F_GRAPHICS, F_PROCESS_UTILIZATION, F_PROCESSES_UTILIZATION, F_MINOR, F_PCI,
-             F_MIG, F_COUNT };
+             F_MIG, F_RECOVERY, F_COUNT };
 static const char *const field_names[F_COUNT] = {
     "name", "uuid", "memory", "utilization", "temperature", "power", "compute", "graphics",
-    "process_utilization", "processes_utilization", "minor", "pci", "mig"};
+    "process_utilization", "processes_utilization", "minor", "pci", "mig", "recovery"};
 
 typedef int nvmlReturn_t;
 
@@ -119,6 +132,8 @@ struct gpu {
     int has_minor, has_pci; /* set by a minor / pci line; else the defaults */
     unsigned int minor, pci_domain, pci_bus, pci_device;
     unsigned int mig_current, mig_pending;
+    int has_recovery; /* a recovery line: the field is supported */
+    unsigned int recovery;
 };
 
 struct proc {
@@ -191,6 +206,16 @@ typedef struct {
     nvmlProcessUtilizationInfo_v1_t *procUtilArray;
 } nvmlProcessesUtilizationInfo_t;
 
+/* pynvml's c_nvmlFieldValue_t: the value is a union of at most 8 bytes. */
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType;
+    nvmlReturn_t nvmlReturn;
+    union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal;
+            long long sllVal; int siVal; unsigned short usVal; } value;
+} nvmlFieldValue_t;
+
 /* A handle points at one slot; the slot number is the GPU index. */
 struct fake_device { int index; };
 typedef struct fake_device *nvmlDevice_t;
@@ -207,6 +232,7 @@ _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "legacy sample must
 _Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == 40, "v1 info must be 40 bytes");
 _Static_assert(sizeof(nvmlProcessesUtilizationInfo_t) == 24, "v1 header must be 24 bytes");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t must be 68 bytes");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t must be 40 bytes");
 
 static int parse_field(const char *s) {
     for (int i = 0; i < F_COUNT; i++)
@@ -267,6 +293,8 @@ static void load_state(void) {
             g.pci_device = st.gpus[idx].pci_device;
             g.mig_current = st.gpus[idx].mig_current;
             g.mig_pending = st.gpus[idx].mig_pending;
+            g.has_recovery = st.gpus[idx].has_recovery;
+            g.recovery = st.gpus[idx].recovery;
             if (!st.gpus[idx].present) st.gpu_count++;
             st.gpus[idx] = g;
         } else if (strcmp(word, "reserved") == 0) {
@@ -296,6 +324,11 @@ static void load_state(void) {
                 idx >= MAX_GPUS || current > 1 || pending > 1)
                 bad_line(lineno, line);
             else st.gpus[idx].mig_current = current, st.gpus[idx].mig_pending = pending;
+        } else if (strcmp(word, "recovery") == 0) {
+            unsigned int action;
+            if (sscanf(rest, "%d %u", &idx, &action) != 2 || idx < 0 || idx >= MAX_GPUS)
+                bad_line(lineno, line);
+            else st.gpus[idx].has_recovery = 1, st.gpus[idx].recovery = action;
         } else if (strcmp(word, "missing") == 0) {
             if (st.missing_count >= MAX_MISSING ||
                 sscanf(rest, "%63s", st.missing[st.missing_count]) != 1)
@@ -805,6 +838,38 @@ nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
         u->decUtil = found[k].dec;
     }
     info->processSamplesCount = n;
+    LEAVE(NVML_SUCCESS);
+    EXIT
+}
+
+/* Each value answers alone (its own nvmlReturn), as NVML fills them: the recovery action
+ * where the state file gives one, NOT_SUPPORTED for it otherwise and for any other field. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                      nvmlFieldValue_t *values) {
+    ENTER
+    if (missing("nvmlDeviceGetFieldValues")) LEAVE(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct gpu *g;
+    nvmlReturn_t r = device_check(device, -1, &g);
+    if (r != NVML_SUCCESS) LEAVE(r);
+    if (values == NULL || valuesCount < 0) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long now = now_microseconds();
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)now;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        memset(&v->value, 0, sizeof v->value);
+        if (v->fieldId != NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else if (g->field_error[F_RECOVERY])
+            v->nvmlReturn = g->field_error[F_RECOVERY];
+        else if (!g->has_recovery)
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else {
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value.uiVal = g->recovery;
+        }
+    }
     LEAVE(NVML_SUCCESS);
     EXIT
 }
