@@ -9,8 +9,9 @@ request a remediator makes:
 - Alertmanager: `GET /api/v2/alerts?active=true&silenced=false&inhibited=false&
   filter=hostname="H"&filter=remediate="true"` with the remediator's headers (checked at
   start against what gpuguard's AlertmanagerClient.poll really sends: `exact_am_request`);
-- Prometheus: `ALERTS{alertname=~"<remediate.alerts>",alertstate="firing",hostname="H"}`
-  through `GET /api/v1/query` (the query of the Prometheus pull, issue 54).
+- Prometheus: the remediator's own query through `GET /api/v1/query` (its firing_query:
+  `ALERTS_FOR_STATE{sel} and ignoring(alertstate) ALERTS{sel,alertstate="firing"}`, sel
+  the alert names, `hostname="H"` and `remediate="true"`).
 
 Alertmanager holds the alerts posted to `POST /api/v2/alerts`: GPUOrphanTree with
 `remediate="true"` on a distinct host each, and OTHER_SHARE of other teams' alerts (other
@@ -32,7 +33,7 @@ the pollers; its lost polls come from its own /metrics, its /healthz at each ste
     .venv/bin/python benchmarks/fleet_pull.py                # about 5-8 minutes
     .venv/bin/python benchmarks/fleet_pull.py --short        # under 2 minutes (CI)
     GPUGUARD_BENCH_PULL=prometheus .venv/bin/python benchmarks/fleet_pull.py
-        # the remediator pulls from Prometheus (once its Prometheus pull exists)
+        # the real remediator pulls from Prometheus (remediate.prometheus)
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from benchmarks.harness import (  # noqa: E402
     rss_mib,
     run_benchmark,
 )
+from gpuguard.engine.alerting.prometheus import firing_query  # noqa: E402
 
 FLEET_NODES = 10_000
 ALERT_COUNTS = (1_000, 10_000)
@@ -230,10 +232,8 @@ def promql_string(value: str) -> str:
 
 
 def prometheus_query(hostname: str, alertnames: Sequence[str] = ALERTNAMES) -> str:
-    """The Prometheus pull's query: this host's firing alerts of `remediate.alerts`."""
-    names = "|".join(re.escape(n) for n in alertnames)
-    return (f"ALERTS{{alertname=~{promql_string(names)},alertstate=\"firing\","
-            f"hostname={promql_string(hostname)}}}")
+    """The Prometheus pull's query, as the remediator builds it (its firing_query)."""
+    return firing_query(alertnames, hostname)
 
 
 def prom_path(hostname: str) -> str:
@@ -368,11 +368,13 @@ def remediator_policy(pull: str, tmp: Path, am_url: str, prom_url: str) -> dict[
                          "pull_interval_seconds": 1},
     }
     if pull == "prometheus":
-        policy["prometheus"] = {"url": prom_url, "pull": True, "pull_interval_seconds": 1}
+        policy["prometheus"] = {"url": prom_url, "pull_interval_seconds": 1}
     return policy
 
 
-POLLS_LINE = re.compile(r'^gpuguard_remediator_(\w+?)_polls_total\{result="(\w+)"\} (\S+)$')
+#: The pull's poll counter: one name for both sources, told apart by `source`.
+POLLS_LINE = re.compile(r'^gpuguard_remediator_alertmanager_polls_total\{(.*)\} (\S+)$')
+LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 class Remediator:
@@ -401,8 +403,9 @@ class Remediator:
         out: Counter[str] = Counter()
         for line in text.splitlines():
             m = POLLS_LINE.match(line)
-            if m and m.group(1) == self.pull:
-                out[m.group(2)] += int(float(m.group(3)))
+            labels = dict(LABEL.findall(m.group(1))) if m else {}
+            if m and labels.get("source", "alertmanager") == self.pull:
+                out[labels["result"]] += int(float(m.group(2)))
         return out
 
     def healthz(self) -> str:
