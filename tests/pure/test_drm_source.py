@@ -100,7 +100,7 @@ def test_a_reused_pid_is_not_the_known_client(host: DrmHost) -> None:
     reads before the pass comes back to it."""
     host.process(100, start_time=500, fds={5: "renderD128"}, fdinfo={5: xe_client(7, 1, 0)})
     host.process(101)
-    drm = Drm(Counters(), max_processes=1, **host.roots())
+    drm = Drm(Counters(), max_processes=1, pass_every=0, **host.roots())
     drm.read()
     drm.read()  # a whole pass: 100 known
     host.process(100, start_time=900, fds={5: "renderD128"})  # fd 5 open on the node, no stats
@@ -215,19 +215,24 @@ def test_the_search_stays_within_its_budget_and_resumes(host: DrmHost) -> None:
 
 
 def test_a_steady_host_rereads_only_its_known_clients_fdinfo(host: DrmHost) -> None:
+    """Between passes a read lists nothing and examines no one: two fdinfo reads and one
+    stat (its identity) for the one known client. The next pass starts `pass_every`
+    seconds after the last one started."""
     for pid in range(1000, 1040):
         host.process(pid)
     host.process(1010, fds={5: "renderD128", 6: "renderD128"},
                  fdinfo={5: xe_client(7, 1, 0), 6: xe_client(8, 1, 0)})
-    counters = Counters()
-    drm = Drm(counters, max_processes=10, **host.roots())
-    for _ in range(4):
-        drm.read()  # one pass
-    before = costs(counters)
-    drm.read()  # examines 1000-1009, then re-reads 1010's two fdinfo (and its stat)
-    after = costs(counters)
-    assert after["drm_fdinfo"][1] - before["drm_fdinfo"][1] == 3
-    assert after["drm_fd_search"][0] - before["drm_fd_search"][0] == 10
+    for pass_every, examined, listings in ((3600.0, 0, 0), (0.0, 10, 1)):
+        counters = Counters()
+        drm = Drm(counters, max_processes=10, pass_every=pass_every, **host.roots())
+        for _ in range(4):
+            drm.read()  # one pass
+        before = costs(counters)
+        assert {h.pid for h in drm.read().holders} == {1010}
+        after = costs(counters)
+        assert after["drm_fdinfo"][1] - before["drm_fdinfo"][1] == 3
+        assert after["drm_fd_search"][0] - before["drm_fd_search"][0] == examined
+        assert after["drm_list"][0] - before["drm_list"][0] == listings
 
 
 def test_privileges_name_what_is_missing() -> None:

@@ -20,7 +20,7 @@ from gpuguard.gpu.drm.fdinfo import (
     per_process,
     vendor_of,
 )
-from gpuguard.gpu.drm.search import MAX_PROCESSES, MAX_SECONDS, DrmSearch, Step
+from gpuguard.gpu.drm.search import MAX_PROCESSES, MAX_SECONDS, PASS_EVERY, DrmSearch, Step
 from gpuguard.gpu.reading import GpuReading, GpuSample
 from gpuguard.orphans.process import Holder
 
@@ -42,14 +42,15 @@ class Drm:
     """Reads the GPUs of every DRM driver that publishes usage stats (i915, xe, amdgpu, ...),
     but those whose driver is in `skip_drivers` (read by another active back-end); safe to
     call from several threads. `max_processes`/`max_seconds`: the budget of each read's
-    share of the /proc search (search.py)."""
+    share of the /proc search, `pass_every` how often a pass starts (search.py)."""
 
     def __init__(self, counters: Counters, *, process_utilization: bool = True,
                  wall: Callable[[], float] | None = None,
                  boot: Callable[[], float] | None = None,
                  proc_root: str = "/proc", sys_root: str = "/sys", dev_root: str = "/dev",
                  skip_drivers: frozenset[str] = frozenset(),
-                 max_processes: int = MAX_PROCESSES, max_seconds: float = MAX_SECONDS) -> None:
+                 max_processes: int = MAX_PROCESSES, max_seconds: float = MAX_SECONDS,
+                 pass_every: float = PASS_EVERY) -> None:
         del wall, boot  # engine counters are cumulative: growth needs no clock
         self._counters = counters
         self._process_utilization = process_utilization
@@ -57,7 +58,8 @@ class Drm:
         self._dev = dev_root
         self._skip = skip_drivers
         self._search = DrmSearch(proc_root=proc_root, counters=counters,
-                                 max_processes=max_processes, max_seconds=max_seconds)
+                                 max_processes=max_processes, max_seconds=max_seconds,
+                                 pass_every=pass_every)
         self._lock = threading.Lock()
         self._marks: Marks | None = None  # None until a read has seen the clients
         self._names: dict[str, str | None] = {}

@@ -7,9 +7,10 @@ most a budget of processes and of time, resuming at the next step where this one
 so a pass over a large host takes several scans and costs each of them no more than its
 budget. What a pass found is kept by identity, (pid, start time) -> the DRM descriptors,
 so that every step re-reads only those descriptors' fdinfo (and the process's stat, to
-see it is still the same process), never the whole descriptor table of a known client;
-the pass goes on meanwhile, and finds a process that opened a device since it was last
-examined when it comes round to it again.
+see it is still the same process), never the whole descriptor table of a known client.
+A new pass starts PASS_EVERY seconds after the last one started (at once when the last
+one took longer): between passes a step lists nothing and examines no one, and a process
+that opened a device since it was last examined is found by the next pass.
 
 A descriptor is a DRM one when what it IS (stat() through /proc/PID/fd/N, which follows
 the kernel's link to the open file) is one of the device nodes (host/fdsearch.py, file
@@ -31,6 +32,9 @@ from gpuguard.host.procfs import parse_stat
 #: The default budget of one step: as the unlisted-holder search's.
 MAX_PROCESSES = 2000
 MAX_SECONDS = 0.05
+#: Seconds from the start of one pass to the start of the next (module docstring): a new
+#: GPU client is found within about this long, plus the pass itself.
+PASS_EVERY = 60.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Step:
     examined: int  # processes examined by this step's share of the pass
     complete: bool  # this step finished a pass
     passes: int  # complete passes since the search started
-    listed: int  # processes /proc listed this step
+    listed: int  # processes /proc listed by the latest listing
     unreadable: int  # processes whose descriptors could not be read, this pass so far
 
 
@@ -69,16 +73,21 @@ class DrmSearch:
 
     def __init__(self, *, proc_root: str, counters: Counters,
                  max_processes: int = MAX_PROCESSES, max_seconds: float = MAX_SECONDS,
+                 pass_every: float = PASS_EVERY,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self._root = proc_root
         self._counters = counters
         self._max_processes = max_processes
         self._max_seconds = max_seconds
+        self._pass_every = pass_every
         self._clock = clock
         self._known: dict[int, Known] = {}
         self._next_pid = 0
+        self._pass_started: float | None = None  # None: between passes
+        self._last_start: float | None = None
         self._passes = 0
         self._unreadable = 0
+        self._listed = 0
         self._self = os.getpid()
 
     @property
@@ -89,7 +98,14 @@ class DrmSearch:
         """Examine the next share of the pass (`nodes`: file key -> node name, the DRM
         device nodes to look for), then read every known descriptor's fdinfo."""
         start = self._clock()
+        if self._pass_started is None:
+            if self._last_start is not None and start - self._last_start < self._pass_every:
+                opened = [o for pid in sorted(self._known)
+                          for o in self._reread(pid, False, nodes)]
+                return Step(tuple(opened), 0, False, self._passes, self._listed, 0)
+            self._pass_started = self._last_start = start
         pids = self._listing()
+        self._listed = len(pids)
         live = set(pids)
         self._known = {pid: k for pid, k in self._known.items() if pid in live}
         examined = 0
@@ -109,6 +125,7 @@ class DrmSearch:
         if complete:
             self._passes += 1
             self._next_pid = 0
+            self._pass_started = None
             unreadable, self._unreadable = self._unreadable, 0
         else:
             unreadable = self._unreadable
