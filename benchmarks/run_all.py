@@ -79,6 +79,14 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                       "0 and 5,000 unrelated processes, side by side. Targets: nothing "
                       "unattributed costs 0 search reads and scan time within 1.25x of 0 "
                       "unrelated; the search adds at most its 50 ms budget (+10 ms) a scan."),
+    "drm_cost": (240.0,
+                 "The DRM back-end's search of /proc for DRM clients (Intel, AMD without "
+                 "ROCm) over a synthetic /proc of 1,000 and 10,000 processes with 16 "
+                 "clients: reads and time of a first read, of the first pass, of a steady "
+                 "read between passes and of a read during a pass, against one read with no "
+                 "budget, side by side; and a host without render nodes. Targets: 0 /proc "
+                 "reads without render nodes; at most 2,000 processes examined a read; a "
+                 "steady read re-reads only the known clients (3 reads each)."),
     "thread_heavy": (180.0,
                      "A warm scan of one orphan whose holder has 2,000 and 5,000 threads: "
                      "every thread's children file read every scan against the exporter's "

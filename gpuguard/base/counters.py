@@ -28,6 +28,10 @@ CALLSITES: tuple[str, ...] = (
     "protect_match",  # protect patterns (RE2) on a comm or command line not matched before
     "proc_list",  # the /proc listing of the unlisted-holder search (only with memory unattributed)
     "proc_fd_search",  # /proc/PID/fd listed and its entries stat()ed by that search
+    "drm_list",  # the /proc listing of the DRM client search (only where a DRM device is read)
+    "drm_fd_search",  # /proc/PID/fd listed and its entries stat()ed by that search, and stat
+    "drm_fdinfo",  # /proc/PID/fdinfo/FD of known DRM clients, and their stat (identity)
+    "drm_sysfs",  # /dev/dri and /sys reads of the DRM back-end (no /proc read)
     "nvml_init",
     "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name, MIG mode
     "nvml_processes",  # running compute/graphics processes; per-process utilization samples

@@ -6,8 +6,11 @@ the remediator read (classify:, remediate:, quotas:, audit:, accounting:), and t
 config as both load it (its certificates and keys included), with no NVML and no /proc,
 so that an edit can be checked on any machine, a CI runner or a laptop, before the units
 restart. A valid file is followed by the kill policy in force in one line, and a
-`warning:` line for each risky combination in it (checks/risks.py). Exit 0 (warnings
-too), or 2 with the daemons' own one line (`gpuguard: config error: FILE: KEY: PROBLEM`).
+`warning:` line for each risky combination in it (checks/risks.py) and for each thing this
+process lacks to see every user's GPU use through a GPU back-end that would run on this
+host (Backend.privileges: the DRM back-end's capabilities, asked with capget(2), no file
+opened). Exit 0 (warnings too), or 2 with the daemons' own one line (`gpuguard: config
+error: FILE: KEY: PROBLEM`).
 What only the running host can tell (the token and credentials files, the state
 directory's owner) is still checked by the daemons at start.
 """
@@ -20,6 +23,7 @@ from gpuguard.base.validation import ConfigError
 from gpuguard.console.checks.risks import policy_line, risks
 from gpuguard.console.config_file import load
 from gpuguard.console.contract import EXIT_OK, EXIT_USAGE, Failure
+from gpuguard.gpu.vendors import privilege_warnings
 from gpuguard.web.webconfig import load_web_config
 
 
@@ -39,6 +43,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
                  if present]
         lines.append(f"{args.web_config_file}: valid ({', '.join(parts) or 'empty: plain HTTP'})")
     lines += [policy_line(config.remediate),
-              *(f"warning: {risk}" for risk in risks(config.remediate))]
+              *(f"warning: {risk}" for risk in risks(config.remediate)),
+              *(f"warning: {lack}" for lack in privilege_warnings())]
     print("\n".join(lines))
     return EXIT_OK

@@ -10,6 +10,7 @@ import ctypes
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from gpuguard.base.counters import Counters
 from gpuguard.gpu.os_memory import OsSized
@@ -30,13 +31,20 @@ class Backend:
     and without side effects; `source` makes its GpuSource; `drivers` are the kernel DRM
     drivers whose GPUs it reads (so the DRM back-end leaves them to it); `privileges`
     says what this process lacks to see every user's GPU use through it (one line each;
-    `gpuguard config check` prints them)."""
+    `gpuguard config check` prints them); `beside`, for a back-end that could read other
+    back-ends' GPUs too (DRM), its source given the drivers the other active back-ends
+    read, which it leaves to them."""
 
     name: str
     probe: Callable[[], str | None]
     source: GpuSourceFactory
     drivers: frozenset[str] = frozenset()
     privileges: Callable[[], list[str]] = list
+    beside: Callable[[frozenset[str]], GpuSourceFactory] | None = None
+
+    def factory(self, others: frozenset[str]) -> GpuSourceFactory:
+        """The source to run beside back-ends that read `others`' GPUs."""
+        return self.source if self.beside is None else self.beside(others)
 
 
 def _nvml(counters: Counters, *, process_utilization: bool = True, wall: Clock | None = None,
@@ -58,8 +66,34 @@ def _nvml_probe() -> str | None:
 
 NVML = Backend("nvml", _nvml_probe, _nvml, frozenset({"nvidia"}))
 
+
+def _drm(counters: Counters, *, process_utilization: bool = True, wall: Clock | None = None,
+         boot: Clock | None = None, skip_drivers: frozenset[str] = frozenset()) -> GpuSource:
+    from gpuguard.gpu.drm import Drm
+
+    return Drm(counters, process_utilization=process_utilization, wall=wall, boot=boot,
+               skip_drivers=skip_drivers)
+
+
+def _drm_probe() -> str | None:
+    from gpuguard.gpu.drm import probe
+
+    return probe()
+
+
+def _drm_privileges() -> list[str]:
+    from gpuguard.gpu.drm import privileges
+
+    return privileges()
+
+
+#: Last: it reads whatever DRM driver no other active back-end reads (amdgpu's GPUs when
+#: AMD SMI does not run, Intel's always).
+DRM = Backend("drm", _drm_probe, _drm, privileges=_drm_privileges,
+              beside=lambda others: partial(_drm, skip_drivers=others))
+
 #: Every back-end, in the order their GPUs are listed.
-BACKENDS: tuple[Backend, ...] = (NVML,)
+BACKENDS: tuple[Backend, ...] = (NVML, DRM)
 
 #: Which back-ends to run, by name: True on, False off, absent or None: on where its probe
 #: finds it (NVML also where no other back-end runs, so a host whose driver is not loaded
@@ -117,8 +151,24 @@ def choose(selection: Selection | None = None, *,
 
 def _sources(choice: Choice, counters: Counters, *, process_utilization: bool,
              wall: Clock | None, boot: Clock | None) -> list[tuple[str, GpuSource]]:
-    return [(b.name, b.source(counters, process_utilization=process_utilization, wall=wall,
-                              boot=boot)) for b in choice.active]
+    """Each active back-end's source, made beside the others (Backend.beside)."""
+    def others(backend: Backend) -> frozenset[str]:
+        return frozenset(d for o in choice.active if o is not backend for d in o.drivers)
+
+    return [(b.name, b.factory(others(b))(counters, process_utilization=process_utilization,
+                                          wall=wall, boot=boot)) for b in choice.active]
+
+
+def privilege_warnings(backends: tuple[Backend, ...] | None = None) -> list[str]:
+    """`gpuguard config check`'s lines: what this process lacks, per back-end that would
+    run on this host (its probe passes), "NAME: LINE". A back-end is probed only when it
+    has something to say (NVML never, so the check loads no vendor library)."""
+    out = []
+    for backend in BACKENDS if backends is None else backends:
+        lines = backend.privileges()
+        if lines and backend.probe() is None:
+            out += [f"{backend.name}: {line}" for line in lines]
+    return out
 
 
 def vendor_source(counters: Counters, *, process_utilization: bool = True,
