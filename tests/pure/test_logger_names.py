@@ -14,6 +14,7 @@ import gpuguard
 #: Every logger the package makes at import, as operators know them (0.2.0 onwards).
 NAMES = [
     "gpuguard.console.reap", "gpuguard.exporter", "gpuguard.exporter.scanner", "gpuguard.gpu",
+    "gpuguard.gpu.amdsmi",
     "gpuguard.host.launcher_memory", "gpuguard.host.nvml", "gpuguard.host.procevents",
     "gpuguard.host.users", "gpuguard.host.windows.wddm", "gpuguard.http",
     "gpuguard.http.logins", "gpuguard.marks", "gpuguard.mcp", "gpuguard.registrar",

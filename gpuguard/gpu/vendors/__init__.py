@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuguard.base.counters import Counters
+from gpuguard.gpu.amdsmi import AmdSmiSource, amdsmi_privileges, amdsmi_probe
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import Clock, GpuSource, GpuSourceFactory
 from gpuguard.gpu.vendors.combined import Combined
@@ -58,8 +59,12 @@ def _nvml_probe() -> str | None:
 
 NVML = Backend("nvml", _nvml_probe, _nvml, frozenset({"nvidia"}))
 
+#: AMD's GPUs through AMD SMI (gpuguard/gpu/amdsmi/: the wrapper loads on a source's read).
+AMDSMI = Backend("amdsmi", amdsmi_probe, AmdSmiSource, frozenset({"amdgpu"}),
+                 privileges=amdsmi_privileges)
+
 #: Every back-end, in the order their GPUs are listed.
-BACKENDS: tuple[Backend, ...] = (NVML,)
+BACKENDS: tuple[Backend, ...] = (NVML, AMDSMI)
 
 #: Which back-ends to run, by name: True on, False off, absent or None: on where its probe
 #: finds it (NVML also where no other back-end runs, so a host whose driver is not loaded
