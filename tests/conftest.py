@@ -13,9 +13,10 @@ from gpuguard.host.procfs import in_host_pid_namespace
 from tests.support.ci import INITIAL_PIDNS, RUN_INITIAL_PIDNS, require
 from tests.support.proctree import Trees, become_subreaper, reap_zombie_children
 
-#: Fixtures: the fake NVML world, the in-process remediator `harness`, slow HTTP `peer`s.
-pytest_plugins = ["tests.support.fakenvml.plugin", "tests.support.remediator_harness",
-                  "tests.support.slowpeer"]
+#: Fixtures: the fake NVML and AMD SMI worlds, the in-process remediator `harness`, slow
+#: HTTP `peer`s.
+pytest_plugins = ["tests.support.fakenvml.plugin", "tests.support.fakeamdsmi.plugin",
+                  "tests.support.remediator_harness", "tests.support.slowpeer"]
 
 
 LIVE = Path(__file__).parent / "live"

@@ -35,6 +35,9 @@ CALLSITES: tuple[str, ...] = (
     "nvml_init",
     "nvml_device",  # per-GPU gauges: memory, utilization, temperature, power, name, MIG mode
     "nvml_processes",  # running compute/graphics processes; per-process utilization samples
+    "amdsmi_init",  # AMD SMI's init and shut-down
+    "amdsmi_device",  # per-GPU gauges and identity: VRAM, activity, temperature, power, reset
+    "amdsmi_processes",  # amdsmi_get_gpu_process_list
 )
 
 

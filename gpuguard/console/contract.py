@@ -53,10 +53,13 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_NO_PROCESS, "explain, reap, keep: no such process (or not the given start time)"),
     (EXIT_BAD_PAYLOAD, "policy check: malformed alert payload"),
     (EXIT_REFUSED, "reap: refused (not an orphan without --force, identity changed, a guard "
-                   "said no); keep: not the process's owner, or the mark cannot be written"),
-    (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record)"),
-    (EXIT_NOT_AUDITED, "reap --apply: the final audit record could not be written (the intent "
-                       "record was)"),
+                   "said no); keep: not the process's owner, or the mark cannot be written; "
+                   "reset: refused (a process holds the GPU, the reading is incomplete, no "
+                   "reset call, no audit record)"),
+    (EXIT_REAP_FAILED, "reap --apply: some members survived SIGKILL (see the audit record); "
+                       "reset --apply: the driver's reset call failed"),
+    (EXIT_NOT_AUDITED, "reap --apply, reset --apply: the final audit record could not be "
+                       "written (the intent record was)"),
     (EXIT_REMOTE_NO_ANSWER, "--remote: a host's answer cannot be rendered: no gpuguard there "
                             "(the remote shell's 127), an older gpuguard whose JSON lacks a "
                             "key, not JSON"),
@@ -88,6 +91,7 @@ POLICY_SCHEMA = "gpuguard.policy-check/v1"
 REAP_SCHEMA = "gpuguard.reap/v1"
 NODE_CHECK_SCHEMA = "gpuguard.node-check/v1"
 FLEET_SCHEMA = "gpuguard.fleet/v1"
+RESET_SCHEMA = "gpuguard.reset/v1"
 
 #: `reap --json`'s outcome when the tree was refused before the reaper planned anything
 #: (the reaper's own outcomes are gpuguard.engine.reap.outcome.Outcome).
@@ -287,6 +291,26 @@ alert says); without an answer from Alertmanager only firing and pending can be 
   mode: a remediator's remediate.mode while it answers. stray_alerts: alerts that name a
   tree no exporter shows now (its exporter is down, or the tree is gone and the alert has
   yet to resolve). Exit {EXIT_SOURCE_DOWN} when Prometheus does not answer (the document says why).
+
+""" + EXIT_TABLE
+
+RESET_EPILOG = f"""\
+GPU is an index or a UUID as `status` lists them, qualified by vendor where two back-ends
+number their GPUs alike (amd:0, nvidia:0). A fresh read of every GPU back-end comes first;
+the reset is refused (exit {EXIT_REFUSED}) when that read is down or incomplete, when any
+process holds the GPU as a back-end sees it, when a listed pid names another process than
+the one listed (pid-reused), when a listed pid has no process and this command cannot see
+every pid (outside the host PID namespace, or without CAP_SYS_PTRACE), or when the GPU's
+library has no reset call (NVML: docs/runbooks/gpuguardgpurecoveryaction.md). Without
+--apply nothing is reset and nothing written. --apply writes an intent record to
+remediate.audit_log before the library's reset call and a final one after; a log that
+cannot be written refuses the reset. The back-end checks its process list once more right
+before the call.
+--json prints {RESET_SCHEMA}:
+  {{"schema", "exit_code", "hostname", "apply", "outcome": dry-run|reset|refused|failed,
+   "why": str|null, "gpu": {{"vendor", "index", "uuid", "name", "pci_bus_id"}}|null,
+   "holders": [int], "not_holding": [{{"pid", "why": no-process|pid-reused,
+   "used_bytes"}}], "audit_log": str|null, "audit_error": str|null}}
 
 """ + EXIT_TABLE
 

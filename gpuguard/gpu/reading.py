@@ -7,7 +7,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuguard.base.compat import StrEnum
 from gpuguard.orphans.process import Holder
+
+
+class Listed(StrEnum):
+    """What /proc says of a pid a back-end lists on a GPU, where the back-end's list cannot
+    be taken at its word (AMD SMI's: docs/gpu-vendors.md): only a HOLDER is one."""
+
+    HOLDER = "holder"
+    #: No process at that pid: it exited (ROCm kept dead pids listed for ever until
+    #: mid-2026), /proc hides it, or it lives in another PID namespace.
+    NO_PROCESS = "no-process"
+    #: A process at that pid, but not the one first listed there: it started after the
+    #: listing, or its start time differs from the one seen then.
+    PID_REUSED = "pid-reused"
+
+
+@dataclass(frozen=True)
+class NotHolding:
+    """A pid listed on a GPU that is no holder (`why`), with the memory the back-end says it
+    holds (None: not given): counted with the unseen processes, its memory unattributed."""
+
+    pid: int
+    used_bytes: int | None
+    why: Listed
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,10 @@ class GpuSample:
     #: where the driver cannot say (older than the field, another vendor, a failed read):
     #: unknown, never "none".
     recovery_action: str | None = None
+    #: The pids listed on this GPU that the back-end checked against /proc and found to be
+    #: no holder (NotHolding): never a Holder, never reaped; a reset waits for none of them
+    #: only where /proc shows every pid (gpuguard/console/reset/).
+    not_holding: tuple[NotHolding, ...] = ()
 
 
 @dataclass(frozen=True)

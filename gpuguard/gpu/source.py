@@ -26,6 +26,25 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+class Resettable(Protocol):
+    """A source whose library can reset one of its GPUs (AMD SMI's amdsmi_reset_gpu; NVML
+    has no such call). reset(uuid) resets the GPU of that uuid now, or raises ResetError
+    (refused or failed); whether anyone still holds the GPU is the caller's question,
+    asked of a fresh read (gpuguard/console/reset/), and the source's own last check."""
+
+    def reset(self, uuid: str) -> None: ...
+
+
+class ResetError(Exception):
+    """A GPU reset that did not happen: `refused` (nothing was asked of the driver: no such
+    GPU, no reset call, a process listed on it) or failed (the driver's call failed)."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.refused = refused
+
+
 #: A clock, in seconds.
 Clock = Callable[[], float]
 

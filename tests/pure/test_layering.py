@@ -619,7 +619,7 @@ def test_no_vocabulary_literal_outside_the_vocabulary() -> None:
 #: The GPU seam (docs/design.md, "The GPU seam"): every vendor's package lies in it.
 GPU_SEAM = "gpuguard.gpu"
 #: The libraries a GPU vendor's package wraps (a second vendor adds its own).
-VENDOR_LIBRARIES = frozenset({"pynvml"})
+VENDOR_LIBRARIES = frozenset({"pynvml", "amdsmi"})
 #: The OS seam: the only code that may ask which operating system it runs on.
 OS_SEAM = "gpuguard.host"
 

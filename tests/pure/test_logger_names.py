@@ -14,11 +14,13 @@ import gpuguard
 #: Every logger the package makes at import, as operators know them (0.2.0 onwards).
 NAMES = [
     "gpuguard.console.reap", "gpuguard.exporter", "gpuguard.exporter.scanner", "gpuguard.gpu",
+    "gpuguard.gpu.amdsmi",
     "gpuguard.host.launcher_memory", "gpuguard.host.nvml", "gpuguard.host.procevents",
     "gpuguard.host.users", "gpuguard.host.windows.wddm", "gpuguard.http",
     "gpuguard.http.logins", "gpuguard.marks", "gpuguard.mcp", "gpuguard.registrar",
     "gpuguard.remediator", "gpuguard.remediator.alertmanager", "gpuguard.remediator.http",
-    "gpuguard.remediator.pull", "gpuguard.remediator.reaper", "gpuguard.remediator.service",
+    "gpuguard.remediator.prometheus", "gpuguard.remediator.pull", "gpuguard.remediator.reaper",
+    "gpuguard.remediator.service",
     "gpuguard.tls", "gpuguard.uncaught", "gpuguard.webconfig",
 ]
 DATA = ("gpuguard.deploy", "gpuguard.mixin", "gpuguard.alerts", "gpuguard.grafana")

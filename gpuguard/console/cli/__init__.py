@@ -1,8 +1,8 @@
 """`gpuguard`: the operator's console over the same inspection core as the daemons.
 
 Each subcommand (one module each: status, explain, reap, keep, assets, run, node_check;
-checks/config and checks/policy; fleet, the fleet/ package; mcp, which serves status,
-explain, fleet and reap as MCP tools: the mcp/ package)
+reset, in reset/; checks/config and checks/policy; fleet, the fleet/ package; mcp, which
+serves status, explain, fleet and reap as MCP tools: the mcp/ package)
 reuses what the exporter and the remediator run (the scanner, classify(), the live
 re-inspection, policy.decide(), the reaper and its audit record), so the console never
 disagrees with the daemons about what is an orphan or what may be killed. Exit codes and
@@ -36,6 +36,7 @@ from gpuguard.console.contract import (
     PROG,
     REAP_EPILOG,
     REMOTE_EPILOG,
+    RESET_EPILOG,
     RUN_EPILOG,
     START_TIME_WORDS,
     STATUS_EPILOG,
@@ -56,6 +57,7 @@ from gpuguard.console.node_check import cmd_node_check
 from gpuguard.console.reap import cmd_reap
 from gpuguard.console.remote import REMOTE_COMMAND_ENV, SSH_CONFIG_ENV, cmd_remote, remote_defaults
 from gpuguard.console.remote.command import REMOTE_SUBCOMMANDS
+from gpuguard.console.reset import cmd_reset
 from gpuguard.console.run import cmd_run
 from gpuguard.console.status import cmd_status
 from gpuguard.host.platform import PLATFORM
@@ -238,6 +240,25 @@ def add_reap(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_reap)
 
 
+def add_reset(sub: Subparsers) -> None:
+    p = sub.add_parser("reset", formatter_class=RAW, epilog=RESET_EPILOG,
+                       help="reset one GPU through its vendor's library, only when nothing "
+                            "holds it (dry run unless --apply)",
+                       description="Read every GPU back-end afresh; refuse while any process "
+                                   "holds GPU or the reading cannot show it free; with "
+                                   "--apply write an audit record, then reset it.")
+    p.add_argument("gpu", metavar="GPU",
+                   help="index or UUID as `status` lists it; VENDOR:INDEX (amd:0) where two "
+                        "vendors number their GPUs alike")
+    p.add_argument("--apply", action="store_true", help="really reset it")
+    p.add_argument("--allow-pid-namespace", action="store_true",
+                   help="count a listed pid /proc lacks as gone outside the host PID "
+                        "namespace too (only where the library reports this namespace's "
+                        "pids)")
+    add_common(p)
+    p.set_defaults(func=cmd_reset)
+
+
 def add_keep(sub: Subparsers) -> None:
     p = sub.add_parser("keep", help="mark a process so that no reap touches its tree, where "
                                     "the process cannot erase the mark",
@@ -417,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=SubcommandWords)
     for add in (add_status, add_explain, add_policy, add_config, add_reap, add_keep,
-                add_assets, add_run, add_mcp, add_node_check, add_fleet):
+                add_assets, add_run, add_mcp, add_node_check, add_fleet, add_reset):
         add(sub)
     return parser
 
@@ -428,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # NVML trouble is reported by the command itself, once, not by the library's logger.
     logging.getLogger("gpuguard.host.nvml").setLevel(logging.ERROR)
+    logging.getLogger("gpuguard.gpu.amdsmi").setLevel(logging.ERROR)  # so is AMD SMI's
     args = build_parser().parse_args(argv)
     try:
         if args.remote or args.hosts_file:

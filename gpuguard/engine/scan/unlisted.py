@@ -101,12 +101,15 @@ def search_holders(found: Mapping[int, str], listed: Sequence[Holder],
 
 def unseen(gpus: Sequence[GpuSample], trees: Sequence[Tree]) -> tuple[UnseenOnGpu, ...]:
     """Per GPU, the listed holders the classifier could not find in /proc (not-visible),
-    and the memory they hold; every GPU has an entry (0 when none)."""
+    and the pids a back-end listed and found no holder itself (GpuSample.not_holding: AMD
+    SMI's dead and reused pids), with the memory they hold; every GPU has an entry (0 when
+    none)."""
     gone = [hv.holder for tree in trees for hv in tree.holder_verdicts
             if hv.reason == Reason.NOT_VISIBLE]
     out = []
     for gpu in gpus:
-        mine = {h.pid: h for h in gone if h.gpu_uuid == gpu.uuid}
+        mine = {h.pid: h.used_bytes for h in gone if h.gpu_uuid == gpu.uuid}
+        mine.update((n.pid, n.used_bytes) for n in gpu.not_holding)
         out.append(UnseenOnGpu(gpu.index, gpu.uuid, len(mine),
-                               sum(h.used_bytes or 0 for h in mine.values())))
+                               sum(used or 0 for used in mine.values())))
     return tuple(out)

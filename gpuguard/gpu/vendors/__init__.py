@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpuguard.base.counters import Counters
+from gpuguard.gpu.amdsmi import AmdSmiSource, amdsmi_privileges, amdsmi_probe
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import Clock, GpuSource, GpuSourceFactory
 from gpuguard.gpu.vendors.combined import Combined
@@ -92,8 +93,12 @@ def _drm_privileges() -> list[str]:
 DRM = Backend("drm", _drm_probe, _drm, privileges=_drm_privileges,
               beside=lambda others: partial(_drm, skip_drivers=others))
 
+#: AMD's GPUs through AMD SMI (gpuguard/gpu/amdsmi/: the wrapper loads on a source's read).
+AMDSMI = Backend("amdsmi", amdsmi_probe, AmdSmiSource, frozenset({"amdgpu"}),
+                 privileges=amdsmi_privileges)
+
 #: Every back-end, in the order their GPUs are listed.
-BACKENDS: tuple[Backend, ...] = (NVML, DRM)
+BACKENDS: tuple[Backend, ...] = (NVML, AMDSMI, DRM)
 
 #: Which back-ends to run, by name: True on, False off, absent or None: on where its probe
 #: finds it (NVML also where no other back-end runs, so a host whose driver is not loaded

@@ -8,9 +8,13 @@ import dataclasses
 import logging
 
 from gpuguard.gpu.reading import BackendState, GpuReading
-from gpuguard.gpu.source import GpuSource
+from gpuguard.gpu.source import GpuSource, ResetError
 
 log = logging.getLogger("gpuguard.gpu")
+
+#: What to do instead, for a back-end whose library has no reset call.
+NO_RESET = {"nvml": "NVML has no reset call; see docs/runbooks/gpuguardgpurecoveryaction.md "
+                    "(`nvidia-smi -r` and its preconditions)"}
 
 
 def _detail(reading: GpuReading) -> str | None:
@@ -28,9 +32,13 @@ class Combined:
 
     def __init__(self, parts: list[tuple[str, GpuSource]]) -> None:
         self.parts = parts
+        #: Which part listed each GPU (by uuid) in the last reading: reset() asks it.
+        self._lister: dict[str, tuple[str, GpuSource]] = {}
 
     def read(self) -> GpuReading:
         readings = [(name, self._read_one(name, source)) for name, source in self.parts]
+        parts = dict(self.parts)
+        self._lister = {g.uuid: (name, parts[name]) for name, r in readings for g in r.gpus}
         states = tuple(BackendState(name, r.up, _detail(r)) for name, r in readings)
         gpus = tuple(g if g.driver_version is not None or r.driver_version is None
                      else dataclasses.replace(g, driver_version=r.driver_version)
@@ -59,6 +67,23 @@ class Combined:
         except Exception as exc:  # a source never raises; one that does is down, not fatal
             log.warning("%s back-end: read failed: %s: %s", name, type(exc).__name__, exc)
             return GpuReading(False, None, (), (), (("read", f"{type(exc).__name__}: {exc}"),))
+
+    def reset_refusal(self, uuid: str) -> str | None:
+        """Why reset(uuid) would be refused before any call (None: it would be tried)."""
+        name, source = self._lister.get(uuid, (None, None))
+        if name is None:
+            return f"no GPU {uuid} in the last reading"
+        if getattr(source, "reset", None) is None:
+            return NO_RESET.get(name, f"the {name} back-end has no reset call")
+        return None
+
+    def reset(self, uuid: str) -> None:
+        """Reset the GPU `uuid` through the back-end that listed it in the last reading
+        (gpu/source.py, Resettable); ResetError where none did or it has no reset call."""
+        refused = self.reset_refusal(uuid)
+        if refused is not None:
+            raise ResetError(refused, refused=True)
+        getattr(self._lister[uuid][1], "reset")(uuid)  # noqa: B009 (checked just above)
 
     def close(self) -> None:
         for _, source in self.parts:
