@@ -80,6 +80,8 @@ def test_a_dry_run_resets_nothing_and_writes_nothing(tmp_path: Path, fake_amd: F
     assert fake_amd.resets() == [] and audit_records(tmp_path) == []
 
 
+@pytest.mark.initial_pidns  # a listed pid with no process waits for nothing only where
+# /proc shows every pid: in a child PID namespace the reset refuses it (fail closed)
 def test_apply_resets_a_gpu_nothing_holds_after_its_audit_record(
         tmp_path: Path, fake_amd: FakeAmdWorld, amd_console: Run) -> None:
     # ROCm's stale entry: a pid with no process is no holder, and no reason to wait.

@@ -82,7 +82,7 @@ def test_one_back_end_down_makes_the_whole_reading_incomplete(
     reads errors as incomplete (engine/scan/inspection.py, nvml_problem) and refuses."""
     reading = Combined([("nvml", Fixed(NV)), ("amdsmi", Fixed(failure))]).read()
     assert reading.up and reading.errors
-    assert all(stage.startswith("amdsmi:") for stage, _ in reading.errors)
+    assert all(message.startswith("amdsmi: ") for _, message in reading.errors)
     assert reading.backends[1].name == "amdsmi" and not reading.backends[1].up
     assert reading.backends[1].detail
 

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-from gpuguard.host.procfs import other_users_problem
+from gpuguard.host.events.privilege import read_sets
+from gpuguard.host.procfs import CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE
 
 LIBRARY = "libamd_smi.so"
 #: Where the package comes from, for a reason that says how to get it.
@@ -114,8 +115,10 @@ def privileges() -> list[str]:
             out.append(f"not in the {' and '.join(missing)} group(s) ROCm asks for: "
                        "/dev/kfd and /dev/dri/renderD* may not open, and AMD SMI then sees no "
                        "GPU")
-    problem = other_users_problem()
-    if problem is not None:
+    sets = read_sets()  # capget(2): config check reads no /proc file
+    caps = None if sets is None else sets.effective
+    if caps is not None and not (caps >> CAP_SYS_PTRACE & 1 and (
+            caps >> CAP_DAC_READ_SEARCH & 1 or caps >> CAP_DAC_OVERRIDE & 1)):
         out.append("AMD SMI reads engine time from other users' /proc/PID/fdinfo, which this "
                    "process cannot read: their holders' idleness reads unknown")
     return out

@@ -51,7 +51,9 @@ class Combined:
         up = any(r.up for _, r in readings)
         errors: list[tuple[str, str]] = []
         for name, r in readings:
-            errors.extend((f"{name}:{stage}", message) for stage, message in r.errors)
+            # The stage stays the back-end's own (gpuguard_scan_errors_total{stage}); the
+            # message says whose it is.
+            errors.extend((stage, f"{name}: {message}") for stage, message in r.errors)
             if up and not r.up and not r.errors:
                 errors.append((name, f"the {name} back-end is down"))
         driver = next((r.driver_version for _, r in readings if r.up and r.driver_version),
