@@ -100,12 +100,19 @@ def test_json_goes_before_a_double_dash() -> None:
 
 @pytest.mark.parametrize("option", ["StrictHostKeyChecking=no", "stricthostkeychecking off",
                                     "StrictHostKeyChecking=\"no\"", "BatchMode=no",
-                                    "-oProxyCommand=x", "Port=22\nProxyCommand=x", ""])
+                                    "-oProxyCommand=x", "Port=22\nProxyCommand=x", "",
+                                    # what ssh also reads as off (ssh -G: "false"), or
+                                    # trusting every host on every run
+                                    "StrictHostKeyChecking=false", "StrictHostKeyChecking=0",
+                                    "UserKnownHostsFile=/dev/null",
+                                    "GlobalKnownHostsFile /dev/null",
+                                    "UserKnownHostsFile=none", "BatchMode=false"])
 def test_ssh_options_that_weaken_ssh_are_refused(option: str) -> None:
     assert option_problem(option) is not None
 
 
 @pytest.mark.parametrize("option", ["Port=2222", "IdentityFile=/k", "StrictHostKeyChecking=yes",
+                                    "StrictHostKeyChecking=accept-new", "BatchMode=yes",
                                     "UserKnownHostsFile=/tmp/known_hosts"])
 def test_ordinary_ssh_options_pass(option: str) -> None:
     assert option_problem(option) is None

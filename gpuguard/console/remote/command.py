@@ -19,12 +19,16 @@ from dataclasses import dataclass
 #: (contract.py) that the console renders here.
 REMOTE_SUBCOMMANDS = ("status", "explain", "reap", "node-check")
 
-#: ssh options (lower case) and the values of them that gpuguard never passes on: host
-#: key checking switched off, or a password prompt no one is there to answer.
-FORBIDDEN_OPTIONS = {
-    "stricthostkeychecking": ("no", "off"),
-    "batchmode": ("no",),
+#: ssh options (lower case) that guard host keys or prompts, and the only values of them
+#: gpuguard passes on: an allow-list, since ssh reads "no", "off", "false" and more as off.
+GUARDED_OPTIONS = {
+    "stricthostkeychecking": ("yes", "accept-new"),
+    "batchmode": ("yes",),
 }
+#: Options that name a known-hosts file, and the values that make ssh trust every host on
+#: every run (nothing is remembered, so each key is "new").
+KNOWN_HOSTS_OPTIONS = ("userknownhostsfile", "globalknownhostsfile")
+NO_KNOWN_HOSTS = ("/dev/null", "none")
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,14 @@ def option_problem(option: str) -> str | None:
     if not option or option.startswith("-") or not option.isprintable():
         return f"--ssh-option {option!r}: give one ssh_config option, as KEY=VALUE"
     key, _, value = option.replace("=", " ", 1).partition(" ")
-    forbidden = FORBIDDEN_OPTIONS.get(key.strip().lower(), ())
-    if value.strip().strip('"').lower() in forbidden:
+    key, value = key.strip().lower(), value.strip().strip('"').lower()
+    allowed = GUARDED_OPTIONS.get(key)
+    trusts_all = key in KNOWN_HOSTS_OPTIONS and any(
+        word in NO_KNOWN_HOSTS for word in value.split())
+    if (allowed is not None and value not in allowed) or trusts_all:
         return (f"--ssh-option {option!r}: refused: gpuguard never switches host key "
-                "checking off and never waits for a password prompt")
+                "checking off, never forgets known hosts and never waits for a password "
+                "prompt")
     return None
 
 
