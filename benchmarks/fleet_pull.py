@@ -27,13 +27,13 @@ or failed, the server's CPU (utime + stime from /proc/PID/stat, less its idle ra
 RSS (/proc/PID/status), and the pollers' own CPU: the pollers share the machine's cores
 with the servers, and a step where they used most of one core (the GIL) or started their
 polls late is marked client-bound. A rate is carried when the step has p99 <= 1 s and no
-shed or failed poll. One real remediator (pull mode, dry-run, interval 1 s) polls among
-the pollers; its lost polls come from its own /metrics, its /healthz at each step's end.
+shed or failed poll. A real remediator per server (dry-run, interval 1 s) polls among the
+pollers, one on the Alertmanager pull and one on the Prometheus pull; each step counts the
+lost polls of the one pulling from the server swept, from its own /metrics, and its
+/healthz at the step's end.
 
     .venv/bin/python benchmarks/fleet_pull.py                # about 5-8 minutes
     .venv/bin/python benchmarks/fleet_pull.py --short        # under 2 minutes (CI)
-    GPUGUARD_BENCH_PULL=prometheus .venv/bin/python benchmarks/fleet_pull.py
-        # the real remediator pulls from Prometheus (remediate.prometheus)
 """
 
 from __future__ import annotations
@@ -100,9 +100,6 @@ BUDGET_SECONDS, SHORT_BUDGET_SECONDS = 540.0, 110.0
 CLIENT_BOUND_CORES = 0.8
 #: ... or a free poller started its poll this late (p99): the machine did not run it.
 CLIENT_LAG_S = 0.1
-#: Which server the real remediator pulls from: env GPUGUARD_BENCH_PULL (run_all passes
-#: no flags but --short and --json).
-PULL_ENV = "GPUGUARD_BENCH_PULL"
 SERVERS = ("alertmanager", "prometheus")
 REMEDIATOR_HOST_INDEX = 0  # the remediator is gpu-node-00000, which has an alert
 
@@ -360,7 +357,7 @@ def open_loop(req: Request, rate: float, seconds: float, hosts: Sequence[str]) -
 
 def remediator_policy(pull: str, tmp: Path, am_url: str, prom_url: str) -> dict[str, Any]:
     """The remediator's `remediate:` section, pulling from `pull` every second (dry-run: it
-    signals nothing). The one place to change when the Prometheus pull's keys land."""
+    signals nothing)."""
     policy: dict[str, Any] = {
         "mode": "dry-run", "state_dir": str(tmp / "state"), "audit_log": str(tmp / "audit"),
         "users": {"allow": ["*"], "deny": []}, "allow_root_owned": True,
@@ -569,8 +566,8 @@ class Stack:
             thing.stop()
 
 
-def start_stack(tmp: Path, alerts: list[dict[str, str]], pull: str
-                ) -> tuple[Stack, Any, Any, Remediator]:
+def start_stack(tmp: Path, alerts: list[dict[str, str]]
+                ) -> tuple[Stack, Any, Any, dict[str, Remediator]]:
     from tests.support.proctree import wait_for
     from tests.support.promstack import Alertmanager, Prometheus
 
@@ -591,14 +588,17 @@ def start_stack(tmp: Path, alerts: list[dict[str, str]], pull: str
         expr = 'count(ALERTS{alertstate="firing"})'
         wait_for(lambda: [float(r["value"][1]) for r in prom.query(expr)] == [len(alerts)],
                  timeout=90, interval=0.5, what="Prometheus to fire them all")
-        remediator = Remediator(pull, tmp / "remediator", am.url, prom.url)
-        stack.started.append(remediator)
-        wait_for(lambda: sum(remediator.polls().values()) >= 1, timeout=30, interval=0.2,
-                 what="the remediator's first poll")
+        # One real remediator per server, each pulling from its own (1 poll/s each).
+        remediators = {pull: Remediator(pull, tmp / f"remediator-{pull}", am.url, prom.url)
+                       for pull in SERVERS}
+        stack.started.extend(remediators.values())
+        for remediator in remediators.values():
+            wait_for(lambda r=remediator: sum(r.polls().values()) >= 1, timeout=30,
+                     interval=0.2, what=f"the {remediator.pull} remediator's first poll")
     except BaseException:
         stack.stop()
         raise
-    return stack, am, prom, remediator
+    return stack, am, prom, remediators
 
 
 def body(result: Result, tmp: Path) -> None:
@@ -608,9 +608,6 @@ def body(result: Result, tmp: Path) -> None:
 
     if (why := missing_binaries()) is not None:
         raise SystemExit(why)
-    pull = os.environ.get(PULL_ENV, "alertmanager")
-    if pull not in SERVERS:
-        raise SystemExit(f"{PULL_ENV}={pull!r}: one of {', '.join(SERVERS)}")
     _, am_headers = exact_am_request()
     hosts = [node(i) for i in range(FLEET_NODES)]
     random.Random(54).shuffle(hosts)  # each poll one host asking for its own alerts
@@ -619,8 +616,7 @@ def body(result: Result, tmp: Path) -> None:
     load = [Path("/proc/loadavg").read_text().split()[:3]]
     sweeps: dict[tuple[str, int], Sweep] = {}
     for count in ALERT_COUNTS:
-        stack, am, prom, remediator = start_stack(tmp / f"fleet-{count}", fleet_alerts(count),
-                                                  pull)
+        stack, am, prom, remediators = start_stack(tmp / f"fleet-{count}", fleet_alerts(count))
         try:
             pids = {"alertmanager": am.proc.pid, "prometheus": prom.proc.pid}
             idle = measure_idle(pids, result.pick(IDLE_SECONDS, SHORT_IDLE_SECONDS))
@@ -629,11 +625,11 @@ def body(result: Result, tmp: Path) -> None:
                 sweeps[server, count] = sweep(
                     reqs[server], count, LADDERS[server][result.short], pid=pids[server],
                     idle=idle, step_seconds=step_seconds, hosts=hosts,
-                    remediator=remediator if server == pull else None, deadline=deadline)
+                    remediator=remediators[server], deadline=deadline)
         finally:
             stack.stop()
         load.append(Path("/proc/loadavg").read_text().split()[:3])
-    report(result, sweeps, pull, step_seconds, load)
+    report(result, sweeps, step_seconds, load)
 
 
 def per_core(ms_each: float) -> float:
@@ -641,8 +637,8 @@ def per_core(ms_each: float) -> float:
     return 1000 / ms_each if ms_each > 0 else float("nan")
 
 
-def report(result: Result, sweeps: dict[tuple[str, int], Sweep], pull: str,
-           step_seconds: float, load: list[list[str]]) -> None:
+def report(result: Result, sweeps: dict[tuple[str, int], Sweep], step_seconds: float,
+           load: list[list[str]]) -> None:
     cores = len(os.sched_getaffinity(0))
     steps = Table(f"Every step: open-loop polls for {step_seconds:g} s at each rate, each "
                   "poll one host's own request",
@@ -676,9 +672,11 @@ def report(result: Result, sweeps: dict[tuple[str, int], Sweep], pull: str,
         f"a free poller started its poll > {ms(CLIENT_LAG_S):.0f} ms late (p99): the "
         f"machine did not run it in time, so the limit there is this machine's {cores} "
         "cores shared by pollers, servers and other work, not the server alone",
-        f"the real remediator (gpuguard-remediator, pull from {pull}, interval 1 s, "
-        "timeout 3 s, dry-run) polls among them as gpu-node-00000; its lost polls are its "
-        "own gpuguard_remediator_*_polls_total{result!=\"ok\"} over the step",
+        "a real remediator per server (gpuguard-remediator, pull from that server: "
+        "remediate.alertmanager.pull or remediate.prometheus, interval 1 s, timeout 3 s, "
+        "dry-run) polls among them as gpu-node-00000; its lost polls are its own "
+        "gpuguard_remediator_alertmanager_polls_total{result!=\"ok\",source=SERVER} over "
+        "the step",
     ]
     summary = Table("What one server carries: polls/s before p99 passes 1 s or it sheds",
                     ["server", "firing alerts", "idle CPU (% of one core)", "polls/s carried",
@@ -717,10 +715,10 @@ def report(result: Result, sweeps: dict[tuple[str, int], Sweep], pull: str,
         "goal: 10,000 nodes every 30 s = 333 polls/s at 10,000 alerts, with no lost poll",
     ]
     result.tables += [summary, steps]
-    targets(result, sweeps, pull)
+    targets(result, sweeps)
 
 
-def targets(result: Result, sweeps: dict[tuple[str, int], Sweep], pull: str) -> None:
+def targets(result: Result, sweeps: dict[tuple[str, int], Sweep]) -> None:
     low, high = ALERT_COUNTS
 
     def carried(server: str, count: int) -> float:
@@ -745,10 +743,11 @@ def targets(result: Result, sweeps: dict[tuple[str, int], Sweep], pull: str) -> 
     result.target(f"Alertmanager polls/s carried at {high:,} alerts", f"{am_high:.0f}",
                   f"informational: the goal {GOAL_RATE:.0f} is Prometheus's", am_high >= 333,
                   informational=True)
-    lost = sum(s.remediator_lost for sw in sweeps.values() for s in sw.steps if s.carried
-               and s.healthz)
-    result.target(f"the real remediator's lost polls at the rates {pull} carried",
-                  str(lost), "0", lost == 0)
+    for server in SERVERS:
+        lost = sum(s.remediator_lost for (name, _), sw in sweeps.items() if name == server
+                   for s in sw.steps if s.carried and s.healthz)
+        result.target(f"the real remediator's lost polls ({server} pull) at the rates "
+                      f"{server} carried", str(lost), "0", lost == 0)
 
 
 if __name__ == "__main__":
