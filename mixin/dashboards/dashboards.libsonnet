@@ -858,7 +858,7 @@
               datasource: datasource,
               refId: "A",
               expr: "gpuguard_gpu_memory_used_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}} GPU {{gpu}} used",
+              legendFormat: "{{instance}} GPU {{vendor}}:{{gpu}} used",
               range: true,
               instant: false,
               format: "time_series"
@@ -867,7 +867,7 @@
               datasource: datasource,
               refId: "B",
               expr: "gpuguard_gpu_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}} GPU {{gpu}} total",
+              legendFormat: "{{instance}} GPU {{vendor}}:{{gpu}} total",
               range: true,
               instant: false,
               format: "time_series"
@@ -944,7 +944,7 @@
               datasource: datasource,
               refId: "A",
               expr: "gpuguard_gpu_utilization_ratio{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}} GPU {{gpu}}",
+              legendFormat: "{{instance}} GPU {{vendor}}:{{gpu}}",
               range: true,
               instant: false,
               format: "time_series"
@@ -1000,7 +1000,7 @@
               datasource: datasource,
               refId: "A",
               expr: "gpuguard_gpu_temperature_celsius{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}} GPU {{gpu}} °C",
+              legendFormat: "{{instance}} GPU {{vendor}}:{{gpu}} °C",
               range: true,
               instant: false,
               format: "time_series"
@@ -1009,7 +1009,7 @@
               datasource: datasource,
               refId: "B",
               expr: "gpuguard_gpu_power_watts{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "{{instance}} GPU {{gpu}} W",
+              legendFormat: "{{instance}} GPU {{vendor}}:{{gpu}} W",
               range: true,
               instant: false,
               format: "time_series"
@@ -1294,14 +1294,14 @@
               datasource: datasource,
               refId: "A",
               expr: "gpuguard_gpu_memory_unattributed_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "GPU {{gpu}} ({{instance}})",
+              legendFormat: "GPU {{vendor}}:{{gpu}} ({{instance}})",
               range: true
             },
             {
               datasource: datasource,
               refId: "B",
               expr: "gpuguard_gpu_unseen_process_memory_bytes{%(exporterSelector)s, instance=~\"$instance\"}" % c,
-              legendFormat: "GPU {{gpu}} ({{instance}}): listed pids /proc lacks",
+              legendFormat: "GPU {{vendor}}:{{gpu}} ({{instance}}): listed pids /proc lacks",
               range: true
             }
           ],
