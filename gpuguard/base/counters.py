@@ -38,6 +38,7 @@ CALLSITES: tuple[str, ...] = (
     "amdsmi_init",  # AMD SMI's init and shut-down
     "amdsmi_device",  # per-GPU gauges and identity: VRAM, activity, temperature, power, reset
     "amdsmi_processes",  # amdsmi_get_gpu_process_list
+    "amdsmi_kfd",  # /proc/PID/fd of a pid AMD SMI lists listed and stat()ed to find /dev/kfd
 )
 
 

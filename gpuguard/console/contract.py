@@ -298,19 +298,25 @@ RESET_EPILOG = f"""\
 GPU is an index or a UUID as `status` lists them, qualified by vendor where two back-ends
 number their GPUs alike (amd:0, nvidia:0). A fresh read of every GPU back-end comes first;
 the reset is refused (exit {EXIT_REFUSED}) when that read is down or incomplete, when any
-process holds the GPU as a back-end sees it, when a listed pid names another process than
-the one listed (pid-reused), when a listed pid has no process and this command cannot see
-every pid (outside the host PID namespace, or without CAP_SYS_PTRACE), or when the GPU's
-library has no reset call (NVML: docs/runbooks/gpuguardgpurecoveryaction.md). Without
---apply nothing is reset and nothing written. --apply writes an intent record to
+process holds the GPU or any other GPU of its vendor (a reset may take its whole hive) as
+a back-end sees it, when a pid listed on one names another process than the one listed
+(pid-reused) or cannot be verified (unverified), when a listed pid has no process and
+this command cannot see every pid (outside the host PID namespace, or without
+CAP_SYS_PTRACE), when the GPU's library has no reset call (NVML:
+docs/runbooks/gpuguardgpurecoveryaction.md), or when any other process has the GPU's DRM
+nodes or /dev/kfd open (one whole look over /proc/*/fd, at most 10 s: refused too when it
+cannot finish, read a process's descriptors, find the nodes, or see every process).
+Without --apply nothing is reset and nothing written. --apply writes an intent record to
 remediate.audit_log before the library's reset call and a final one after; a log that
 cannot be written refuses the reset. The back-end checks its process list once more right
 before the call.
 --json prints {RESET_SCHEMA}:
   {{"schema", "exit_code", "hostname", "apply", "outcome": dry-run|reset|refused|failed,
    "why": str|null, "gpu": {{"vendor", "index", "uuid", "name", "pci_bus_id"}}|null,
-   "holders": [int], "not_holding": [{{"pid", "why": no-process|pid-reused,
-   "used_bytes"}}], "audit_log": str|null, "audit_error": str|null}}
+   "holders": [int], "not_holding": [{{"pid", "why": no-process|pid-reused|no-kfd|
+   unverified, "used_bytes"}}], "blockers": [{{"pid", "why": holder|pid-reused|unverified|
+   no-process|device-open, "gpu": "vendor:index"|null, "device": str|null}}],
+   "audit_log": str|null, "audit_error": str|null}}
 
 """ + EXIT_TABLE
 

@@ -22,6 +22,14 @@ class Listed(StrEnum):
     #: A process at that pid, but not the one first listed there: it started after the
     #: listing, or its start time differs from the one seen then.
     PID_REUSED = "pid-reused"
+    #: A process at that pid that does not have the KFD device (/dev/kfd) open, on a host
+    #: that has it: not a ROCm client, so not the one listed (a pid reused, however long
+    #: before the first listing gpuguard saw).
+    NO_KFD = "no-kfd"
+    #: A process at that pid whose open files could not be looked at (not ours to read, or
+    #: more than a read's bound of them): whether it holds the GPU is unknown. No holder
+    #: (never reaped), and a reset waits for it.
+    UNVERIFIED = "unverified"
 
 
 @dataclass(frozen=True)

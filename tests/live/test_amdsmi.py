@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -236,24 +237,114 @@ def test_a_process_that_started_after_the_listing_is_not_attributed(
         fresh.close()
 
 
-def test_a_pid_reused_between_two_reads_is_never_a_holder(fake_amd: FakeAmdWorld,
-                                                          fake_amdsmi_lib: Path) -> None:
-    """Played for real in a fresh PID namespace (tests/support/amd_pid_reuse.py): the holder
-    dies and a new process takes its pid (ns_last_pid), still listed by AMD SMI."""
+def run_pid_reuse(world: FakeAmdWorld, lib: Path, *args: str) -> dict:
+    """tests/support/amd_pid_reuse.py as PID 1 of a fresh PID namespace: its JSON line."""
     argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable,
-            "-m", "tests.support.amd_pid_reuse"]
+            "-m", "tests.support.amd_pid_reuse", *args]
     if subprocess.run(argv[:5] + ["true"], capture_output=True, check=False).returncode != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("unshare --pid is not permitted")
         pytest.skip("unshare --pid is not permitted here")
-    done = subprocess.run(argv, cwd=REPO, env=fake_amd.subprocess_env(fake_amdsmi_lib,
-                                                                      child_env()),
+    done = subprocess.run(argv, cwd=REPO, env=world.subprocess_env(lib, child_env()),
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_a_pid_reused_between_two_reads_is_never_a_holder(fake_amd: FakeAmdWorld,
+                                                          fake_amdsmi_lib: Path) -> None:
+    """Played for real in a fresh PID namespace (tests/support/amd_pid_reuse.py): the holder
+    dies and a new process takes its pid (ns_last_pid), still listed by AMD SMI."""
+    result = run_pid_reuse(fake_amd, fake_amdsmi_lib)
     assert result["taker"] == result["pid"], result  # the same number, another process
     assert result["before"] == [result["pid"]]
     assert result["after"] == [] and result["not_holding"] == [[result["pid"], "pid-reused"]]
+
+
+# -- the KFD device: a listed pid is a holder only with /dev/kfd open ----------------------
+
+#: CHAIN whose worker keeps KFD (the test's stand-in for /dev/kfd) open.
+KFD_CHAIN = CHAIN.replace("--pidfile {dir}/worker", "--pidfile {dir}/worker --open KFD")
+
+
+def kfd_device(tmp_path: Path) -> Path:
+    """A regular file of the test's own standing for /dev/kfd (matched by its inode)."""
+    path = tmp_path / "kfd"
+    path.write_text("")
+    return path
+
+
+def kfd_holder(trees: Trees, kfd: Path, *, fds: int = 0) -> int:
+    """A real worker with `kfd` open (after `fds` descriptors on /dev/null)."""
+    script = KFD_CHAIN.replace("KFD", shlex.quote(str(kfd)))
+    if fds:
+        script = script.replace("--open", f"--fds {fds} --open")
+    return trees.spawn(script).pid("worker")
+
+
+def test_with_the_kfd_device_a_listed_pid_is_a_holder_only_if_it_has_it_open(
+        trees: Trees, fake_amd: FakeAmdWorld, tmp_path: Path) -> None:
+    kfd = kfd_device(tmp_path)
+    rocm = kfd_holder(trees, kfd)
+    other = trees.spawn(CHAIN).pid("worker")  # a live process at a listed pid, no KFD
+    fake_amd.update_gpu(0, vram_used_mib=4 * 1024)
+    fake_amd.add_process(0, rocm, 1 * GIB)
+    fake_amd.add_process(0, other, 3 * GIB, name="stale")
+    counters = Counters()
+    reader = AmdSmi(counters, kfd_path=str(kfd))
+    try:
+        for read in range(2):
+            reading = reader.read()
+            assert [h.pid for h in reading.holders] == [rocm]
+            assert [(n.pid, n.used_bytes, n.why) for n in reading.gpus[0].not_holding] == [
+                (other, 3 * GIB, Listed.NO_KFD)]
+            assert balance(reading.gpus, reading.holders)[0].unattributed_bytes == 3 * GIB
+            cost = counters.snapshot()["amdsmi_kfd"]
+            assert cost.calls == 2 * (read + 1)  # one look per listed live pid per read
+            if read == 0:
+                first_reads = cost.proc_reads
+        # The second read looks at the holder's remembered descriptor first: one stat.
+        assert cost.proc_reads - first_reads < first_reads
+    finally:
+        reader.close()
+    # Without the device on this host, the first-sighting rules stand alone: both hold.
+    plain = AmdSmi(Counters(), kfd_path=str(tmp_path / "no-kfd"))
+    try:
+        assert sorted(h.pid for h in plain.read().holders) == sorted([rocm, other])
+    finally:
+        plain.close()
+
+
+def test_a_listed_pid_whose_files_cannot_all_be_looked_at_is_unverified(
+        trees: Trees, fake_amd: FakeAmdWorld, tmp_path: Path) -> None:
+    """More descriptors than one read looks at (MAX_FDS), the device past them: not known
+    to hold it, so no holder (never reaped), and not known not to: a reset waits for it."""
+    from gpuguard.gpu.amdsmi.kfd import MAX_FDS
+
+    kfd = kfd_device(tmp_path)
+    crowded = kfd_holder(trees, kfd, fds=MAX_FDS + 10)
+    fake_amd.add_process(0, crowded, 2 * GIB)
+    reader = AmdSmi(Counters(), kfd_path=str(kfd))
+    try:
+        reading = reader.read()
+        assert reading.holders == ()
+        assert [(n.pid, n.why) for n in reading.gpus[0].not_holding] == [
+            (crowded, Listed.UNVERIFIED)]
+    finally:
+        reader.close()
+
+
+def test_a_fresh_reader_does_not_take_a_reused_pid_for_the_listed_one(
+        fake_amd: FakeAmdWorld, fake_amdsmi_lib: Path, tmp_path: Path) -> None:
+    """The stale entry's pid taken by a process without the KFD device before a reader's
+    first read (a restarted exporter, the remediator's first alert, a one-shot command):
+    no sighting dates it, the device does. Played for real in a fresh PID namespace."""
+    kfd = kfd_device(tmp_path)
+    result = run_pid_reuse(fake_amd, fake_amdsmi_lib, "--kfd", str(kfd))
+    assert result["taker"] == result["pid"] and result["before"] == [result["pid"]], result
+    assert result["after"] == [] and result["not_holding"] == [[result["pid"], "pid-reused"]]
+    assert result["fresh_holders"] == [], result
+    assert result["fresh_not_holding"] == [[result["pid"], "no-kfd"]]
 
 
 def test_busy_pids_come_from_the_gfx_engine_times_growth(trees: Trees, fake_amd: FakeAmdWorld,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import resource
 import signal
 import sys
 import threading
@@ -52,8 +53,13 @@ def main() -> None:
                    help="on SIGUSR1 a thread other than the main one (started after the "
                         "--threads ones) forks a sleeping child (pid in PIDFILE.child): "
                         "the child is listed in that thread's children file only")
+    p.add_argument("--fds", type=int, default=0,
+                   help="open /dev/null this many times first (raising RLIMIT_NOFILE)")
+    p.add_argument("--open", action="append", default=[], metavar="PATH",
+                   help="keep PATH open, opened after the --fds ones (a GPU device stand-in)")
     p.add_argument("tag", nargs="*", help="extra argv words (protect-pattern tests)")
     args = p.parse_args()
+    hold_open(args.fds, args.open)
     if args.setsid_on_usr2:
         signal.signal(signal.SIGUSR2, lambda *_: os.setsid())
     if args.hup_on_term:
@@ -105,6 +111,19 @@ def main() -> None:
     write_pidfile(args.pidfile)
     while True:
         time.sleep(3600)
+
+
+def hold_open(count: int, paths: list[str]) -> None:
+    """Open /dev/null `count` times, then each of `paths`; the descriptors stay open."""
+    if count:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = count + len(paths) + 64
+        if soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
+    for _ in range(count):
+        os.open(os.devnull, os.O_RDONLY)
+    for path in paths:
+        os.open(path, os.O_RDONLY)
 
 
 def fork_when(asked: threading.Event, pidfile: str) -> None:

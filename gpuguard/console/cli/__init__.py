@@ -254,7 +254,8 @@ def add_reset(sub: Subparsers) -> None:
     p.add_argument("--allow-pid-namespace", action="store_true",
                    help="count a listed pid /proc lacks as gone outside the host PID "
                         "namespace too (only where the library reports this namespace's "
-                        "pids)")
+                        "pids); the look for other processes with the GPU's device files "
+                        "open still refuses there")
     add_common(p)
     p.set_defaults(func=cmd_reset)
 

@@ -1,13 +1,16 @@
 """`gpuguard reset GPU`: reset one GPU through its vendor's library (AMD SMI's
 amdsmi_reset_gpu), only when nothing holds it. A dry run unless --apply; refused while any
-process holds the GPU as the back-ends see it after a fresh read, and whenever that read
-cannot show the GPU free (fail closed: an incomplete reading, a pid listed that names
-another process, a pid with no process that this command may not be able to see); with
---apply an intent record in the audit log comes before the call.
+process holds the GPU, or any other GPU of its vendor (amdgpu resets every GPU of an XGMI
+hive, and the hive is not known here), as the back-ends see it after a fresh read, and
+whenever that read cannot show them free (fail closed: an incomplete reading, a pid listed
+that names another process or cannot be verified, a pid with no process that this command
+may not be able to see); then refused while any other process has the GPU's DRM nodes or
+the KFD device open (devices.py: the clients no back-end lists), or that look cannot be
+made whole; with --apply an intent record in the audit log comes before the call.
 
 A subfolder of the console's (whose folder holds its share of modules), above nothing but
 the console's own modules; the parser (console/cli/) imports it. The refusal is pure
-(`refusal`); cmd_reset is the shell around it.
+(`refusal`); cmd_reset is the shell around it, devices.py the look over /proc/*/fd.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gpuguard.console.contract import (
 )
 from gpuguard.console.reap import NVML_CLOSE_SECONDS, close_within, operator
 from gpuguard.console.render import print_json
+from gpuguard.console.reset.devices import Places, Unknown, gpu_files, openers
 from gpuguard.engine.reap.audit import AuditLog, Phase, UnsafePathError, iso_time
 from gpuguard.gpu.reading import GpuReading, GpuSample, Listed
 from gpuguard.gpu.source import GpuSource, ResetError
@@ -45,6 +49,29 @@ DRY_RUN, RESET, REFUSED, FAILED = "dry-run", "reset", "refused", "failed"
 #: The audit record's `event`: a reset record has no tree `key` and no `reap_id`, so the
 #: reap's crash recovery and dedupe, which look records up by those, never read it as one.
 EVENT = "gpu-reset"
+#: A Blocker's `why` besides a Listed reason: a holder a back-end sees; a process with one
+#: of the GPU's device files open.
+HOLDER, DEVICE_OPEN = "holder", "device-open"
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A process that holds up the reset: why (HOLDER, DEVICE_OPEN or a Listed reason),
+    the GPU it is listed on (`vendor:index`), or the device file it has open."""
+
+    pid: int
+    why: str
+    gpu: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a reset cannot go ahead, in one line, and who holds it up (may be none: an
+    incomplete reading names no one)."""
+
+    why: str
+    blockers: tuple[Blocker, ...] = ()
 
 
 def label(gpu: GpuSample) -> str:
@@ -77,27 +104,81 @@ def incomplete(reading: GpuReading) -> str | None:
     return f"the GPU reading is incomplete ({why})"
 
 
-def refusal(reading: GpuReading, gpu: GpuSample, *, sees_every_pid: bool) -> str | None:
-    """Why this reading cannot show `gpu` free for a reset (None: it shows it free).
+#: What a listed pid that is no holder says about a reset: the words, for each reason that
+#: holds one up (NO_KFD never does: its process has no KFD device, so no ROCm context).
+LISTED_WORDS = (
+    (Listed.PID_REUSED, "are listed on it but now name other processes: whether the listed "
+                        "ones still hold it cannot be told"),
+    (Listed.UNVERIFIED, "are listed on it and their open files could not all be looked at "
+                        "for the KFD device: they may hold it"),
+    (Listed.NO_PROCESS, "are listed on it and this command cannot see every pid (another "
+                        "PID namespace, or no CAP_SYS_PTRACE): they may be live processes"),
+)
+
+
+def pid_list(pids: list[int]) -> str:
+    return ", ".join(map(str, pids))
+
+
+def gpu_blockers(reading: GpuReading, gpu: GpuSample, *,
+                 sees_every_pid: bool) -> tuple[list[str], list[Blocker]]:
+    """Why the reading cannot show `gpu` alone free (sentences; none: it shows it free),
+    and the processes that hold it up."""
+    if not gpu.processes_listed:
+        return ["the GPU's process list could not be read"], []
+    why: list[str] = []
+    blockers: list[Blocker] = []
+    holders = sorted({h.pid for h in reading.holders if h.gpu_uuid == gpu.uuid})
+    if holders:
+        why.append(f"pid(s) {pid_list(holders)} hold it")
+        blockers += [Blocker(pid, HOLDER, gpu=label(gpu)) for pid in holders]
+    for reason, words in LISTED_WORDS:
+        if reason == Listed.NO_PROCESS and sees_every_pid:
+            continue  # really gone: ROCm's stale entry holds nothing
+        pids = sorted(n.pid for n in gpu.not_holding if n.why == reason)
+        if pids:
+            why.append(f"pid(s) {pid_list(pids)} {words}")
+            blockers += [Blocker(pid, str(reason), gpu=label(gpu)) for pid in pids]
+    return why, blockers
+
+
+def refusal(reading: GpuReading, gpu: GpuSample, *, sees_every_pid: bool) -> Refusal | None:
+    """Why this reading cannot show `gpu` and every other GPU of its vendor free for a
+    reset (None: it shows them free): a reset may take the GPU's whole hive (amdgpu
+    resets every GPU of an XGMI hive), and which GPUs share it is not known here.
     Pure: the one rule the dry run and --apply both answer."""
     partial = incomplete(reading)
     if partial is not None:
-        return partial
-    if not gpu.processes_listed:
-        return "the GPU's process list could not be read"
-    holders = sorted({h.pid for h in reading.holders if h.gpu_uuid == gpu.uuid})
-    if holders:
-        return f"pid(s) {', '.join(map(str, holders))} hold it"
-    reused = sorted(n.pid for n in gpu.not_holding if n.why == Listed.PID_REUSED)
-    if reused:
-        return (f"pid(s) {', '.join(map(str, reused))} are listed on it but now name other "
-                "processes: whether the listed ones still hold it cannot be told")
-    absent = sorted(n.pid for n in gpu.not_holding if n.why == Listed.NO_PROCESS)
-    if absent and not sees_every_pid:
-        return (f"pid(s) {', '.join(map(str, absent))} are listed on it and this command "
-                "cannot see every pid (another PID namespace, or no CAP_SYS_PTRACE): they "
-                "may be live processes")
-    return None
+        return Refusal(partial)
+    hive = [gpu] + [g for g in reading.gpus if g.vendor == gpu.vendor and g.uuid != gpu.uuid]
+    sentences: list[str] = []
+    blockers: list[Blocker] = []
+    for member in hive:
+        why, who = gpu_blockers(reading, member, sees_every_pid=sees_every_pid)
+        if why and member is not gpu:
+            why = [f"GPU {label(member)} ({member.uuid}), which a reset may take with it "
+                   f"(its hive): {'; '.join(why)}"]
+        sentences += why
+        blockers += who
+    return Refusal("; ".join(sentences), tuple(blockers)) if sentences else None
+
+
+def device_refusal(gpu: GpuSample, places: Places, *, sees_every_pid: bool) -> Refusal | None:
+    """Why the GPU's device files cannot be shown closed by every other process (None:
+    they are): clients no back-end lists hold them, or the look cannot be made whole."""
+    if not sees_every_pid:
+        return Refusal("this command cannot see every process (another PID namespace, or no "
+                       "CAP_SYS_PTRACE): whether one has the GPU's device files open cannot "
+                       "be told")
+    try:
+        found = openers(gpu_files(gpu.pci_bus_id, places), places)
+    except Unknown as unknown:
+        return Refusal(str(unknown))
+    if not found:
+        return None
+    return Refusal("pid(s) " + ", ".join(f"{o.pid} ({o.path})" for o in found)
+                   + " have its device files open",
+                   tuple(Blocker(o.pid, DEVICE_OPEN, device=o.path) for o in found))
 
 
 def sees_every_pid(allow_pid_namespace: bool) -> bool:
@@ -114,6 +195,7 @@ class Outcome:
 
     outcome: str
     why: str | None = None
+    blockers: tuple[Blocker, ...] = ()
     audit_log: str | None = None
     audit_error: str | None = None
 
@@ -168,10 +250,14 @@ def reset_refusal(source: GpuSource, gpu_uuid: str) -> str | None:
     return ask(gpu_uuid) if ask is not None else "this GPU source has no reset call"
 
 
-def cmd_reset(args: argparse.Namespace) -> int:
-    """Read every back-end afresh, refuse what cannot be shown free, reset with --apply."""
+def cmd_reset(args: argparse.Namespace, *, source: GpuSource | None = None,
+              places: Places | None = None) -> int:
+    """Read every back-end afresh, refuse what cannot be shown free, reset with --apply.
+    `source` and `places`: where to read (the host's back-ends and roots by default)."""
     config = load(args.config)
-    source = gpu_source(PLATFORM, COUNTERS, process_utilization=False)
+    places = places if places is not None else Places()
+    if source is None:
+        source = gpu_source(PLATFORM, COUNTERS, process_utilization=False)
     try:
         reading = source.read()
         gpu = None
@@ -183,11 +269,14 @@ def cmd_reset(args: argparse.Namespace) -> int:
         if gpu is None:  # not found where a back-end could not read: it may be there
             done = Outcome(REFUSED, incomplete(reading))
         else:
-            why = refusal(reading, gpu, sees_every_pid=sees_every_pid(args.allow_pid_namespace))
-            if why is None:
-                why = reset_refusal(source, gpu.uuid)
-            if why is not None:
-                done = Outcome(REFUSED, why)
+            sees = sees_every_pid(args.allow_pid_namespace)
+            refused = refusal(reading, gpu, sees_every_pid=sees)
+            if refused is None:
+                no_call = reset_refusal(source, gpu.uuid)
+                refused = Refusal(no_call) if no_call is not None else device_refusal(
+                    gpu, places, sees_every_pid=sees)
+            if refused is not None:
+                done = Outcome(REFUSED, refused.why, refused.blockers)
             elif not args.apply:
                 done = Outcome(DRY_RUN, "nothing holds it; --apply would reset it")
             else:
@@ -209,6 +298,8 @@ def show(args: argparse.Namespace, reading: GpuReading, gpu: GpuSample | None,
                                if gpu is not None and h.gpu_uuid == gpu.uuid}),
             "not_holding": [{"pid": n.pid, "why": str(n.why), "used_bytes": n.used_bytes}
                             for n in (gpu.not_holding if gpu is not None else ())],
+            "blockers": [{"pid": b.pid, "why": b.why, "gpu": b.gpu, "device": b.device}
+                         for b in done.blockers],
             "audit_log": done.audit_log, "audit_error": done.audit_error})
         return code
     name = f"GPU {label(gpu)} ({gpu.uuid})" if gpu is not None else f"GPU {args.gpu}"

@@ -119,6 +119,8 @@ def privileges() -> list[str]:
     caps = None if sets is None else sets.effective
     if caps is not None and not (caps >> CAP_SYS_PTRACE & 1 and (
             caps >> CAP_DAC_READ_SEARCH & 1 or caps >> CAP_DAC_OVERRIDE & 1)):
-        out.append("AMD SMI reads engine time from other users' /proc/PID/fdinfo, which this "
-                   "process cannot read: their holders' idleness reads unknown")
+        out.append("AMD SMI reads engine time from other users' /proc/PID/fdinfo, and the KFD "
+                   "check their /proc/PID/fd, which this process cannot read: their holders' "
+                   "idleness reads unknown, and where /dev/kfd exists their listed pids are "
+                   "unverified (no holder)")
     return out

@@ -1,6 +1,7 @@
-"""The pids AMD SMI lists, checked against /proc (pids.py judges): which are holders, which
-are not and why, each holder's engine time; the first sighting of each (GPU, pid) is kept
-for as long as the library lists it."""
+"""The pids AMD SMI lists, checked against /proc (pids.py judges the start times, kfd.py
+looks for /dev/kfd among the process's open files where the host has it): which are
+holders, which are not and why, each holder's engine time; the first sighting of each
+(GPU, pid) is kept for as long as the library lists it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.base.counters import Counters
+from gpuguard.gpu.amdsmi.kfd import KFD, Kfd
 from gpuguard.gpu.amdsmi.pids import Identity, Sighting, judge
 from gpuguard.gpu.reading import Listed, NotHolding
 from gpuguard.host.procfs import PROC, ProcessView
@@ -24,30 +26,46 @@ class Listing:
     """Per GPU, each listed pid's first sighting; a /proc view read once per pass."""
 
     def __init__(self, counters: Counters, boot: Callable[[], float],
-                 proc_root: str = PROC) -> None:
+                 proc_root: str = PROC, kfd_path: str = KFD) -> None:
         self._view = ProcessView(proc_root=proc_root, counters=counters)
+        self._kfd = Kfd(kfd_path, proc_root, counters)
         self._boot = boot
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._sightings: dict[str, dict[int, Sighting]] = {}
         self._said: set[tuple[str, int, str]] = set()
 
-    def begin_pass(self, gpus: set[str] | None = None) -> None:
-        """A new pass: /proc is read afresh; with `gpus` (the GPUs read), forget the pids of
-        every other GPU (a GPU whose list could not be read keeps its own)."""
+    def begin_pass(self) -> None:
+        """A new pass: /proc is read afresh, and the KFD device stat()ed."""
         self._view.begin_scan()
-        if gpus is not None:
-            for uuid in set(self._sightings) - gpus:
-                del self._sightings[uuid]
+        self._kfd.begin_pass()
 
-    def live(self, pids: list[int]) -> list[int]:
-        """The pids /proc shows a process at now (raises ProcUnreadable)."""
-        return sorted(p for p in pids if self._view.fresh_stat(p) is not None)
+    def end_pass(self, gpus: set[str]) -> None:
+        """The pass is over: `gpus` (the GPUs read) keep their pids' sightings, every other
+        GPU's are forgotten (a GPU whose list could not be read keeps its own)."""
+        self._view.begin_scan()  # nothing read in this pass is kept past it
+        for uuid in set(self._sightings) - gpus:
+            del self._sightings[uuid]
+
+    def blocking(self, pids: list[int]) -> list[int]:
+        """The pids that may hold a GPU now (a reset's last look): a process at the pid
+        that, where the host has the KFD device, has it open or cannot be shown not to
+        (raises ProcUnreadable)."""
+        self._kfd.refresh()
+        out = []
+        for pid in sorted(set(pids)):
+            info = self._view.fresh_stat(pid)
+            if info is None:
+                continue
+            if not self._kfd.present or self._kfd.holds(pid, info.start_time) is not False:
+                out.append(pid)
+        return out
 
     def check(self, index: int, uuid: str, listed: list[dict[str, Any]]
                ) -> tuple[list[Holder], list[NotHolding], dict[Identity, int]]:
-        """Each listed pid against /proc (pids.judge): the holders, the pids that are no
-        holder, and each holder's gfx engine time (ns). A pid whose stat cannot be read is
-        passed on as a holder: the classifier reads it unknown, and no reset goes ahead."""
+        """Each listed pid against /proc (pids.judge, then the KFD device where the host has
+        it): the holders, the pids that are no holder, and each holder's gfx engine time
+        (ns). A pid whose stat cannot be read is passed on as a holder: the classifier
+        reads it unknown, and no reset goes ahead."""
         listed_at = self._boot()  # after the list call: whatever it listed had started
         before = self._sightings.get(uuid, {})
         seen: dict[int, Sighting] = {}
@@ -68,6 +86,10 @@ class Listing:
                 continue
             start = None if info is None else info.start_time
             verdict, seen[pid] = judge(before.get(pid), start, listed_at, self._ticks)
+            if verdict == Listed.HOLDER and start is not None and self._kfd.present:
+                held = self._kfd.holds(pid, start)
+                if not held:
+                    verdict = Listed.UNVERIFIED if held is None else Listed.NO_KFD
             if verdict == Listed.HOLDER and start is not None:
                 holders.append(Holder(pid, uuid, index, vram, "C"))
                 gfx[(pid, start)] = ns
@@ -87,6 +109,14 @@ class Listing:
         if verdict == Listed.PID_REUSED:
             log.warning("GPU %d: AMD SMI lists pid %d, which now names another process than "
                         "the one listed: not attributed (counted as unseen)", index, pid)
+        elif verdict == Listed.NO_KFD:
+            log.warning("GPU %d: AMD SMI lists pid %d, whose process does not have %s open: "
+                        "not the one listed, not attributed (counted as unseen)", index, pid,
+                        self._kfd.path)
+        elif verdict == Listed.UNVERIFIED:
+            log.warning("GPU %d: AMD SMI lists pid %d, whose open files could not be looked "
+                        "at for %s: not attributed (counted as unseen) and not reaped",
+                        index, pid, self._kfd.path)
         else:
             log.info("GPU %d: AMD SMI lists pid %d, which /proc does not show: not a holder "
                      "(counted as unseen)", index, pid)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gpuguard.base.counters import COUNTERS, Counters
+from gpuguard.gpu.amdsmi.kfd import KFD
 from gpuguard.gpu.amdsmi.library import load
 from gpuguard.gpu.amdsmi.listing import Listing
 from gpuguard.gpu.amdsmi.pids import Identity, busy
@@ -70,17 +71,20 @@ class AmdSmi:
 
     def __init__(self, counters: Counters = COUNTERS, *, process_utilization: bool = True,
                  wall: Callable[[], float] | None = None,
-                 boot: Callable[[], float] | None = None, proc_root: str = PROC) -> None:
+                 boot: Callable[[], float] | None = None, proc_root: str = PROC,
+                 kfd_path: str = KFD) -> None:
         """`process_utilization` False: no busy pids (readers that keep no idle clock).
         `boot` dates each listing (the pid checks); `wall` is not used: AMD SMI's engine
-        time is a counter, compared between this reader's reads, not a dated sample."""
+        time is a counter, compared between this reader's reads, not a dated sample.
+        `kfd_path`: the KFD device every listed holder must have open, where it exists."""
         del wall
         #: The wrapper, bound to the library now (it raises where there is none: the
         #: probe, AmdSmiSource, makes no reader before it finds one).
         self._smi = load()
         self._counters = counters
         self._process_utilization = process_utilization
-        self._listing = Listing(counters, boot if boot is not None else boottime, proc_root)
+        self._listing = Listing(counters, boot if boot is not None else boottime, proc_root,
+                                kfd_path)
         self._initialised = False
         self._warned = False
         self._identities: dict[str, tuple[str | None, str | None, str | None]] = {}
@@ -166,7 +170,7 @@ class AmdSmi:
             self._handles[gpu.uuid] = handle
         for uuid in set(self._gfx) - set(self._handles):  # forget the GPUs no longer read
             del self._gfx[uuid]
-        self._listing.begin_pass(set(self._handles))
+        self._listing.end_pass(set(self._handles))
         driver = next((g.driver_version for g in gpus if g.driver_version), None)
         return GpuReading(True, driver, tuple(gpus), tuple(holders), tuple(errors))
 
@@ -283,21 +287,23 @@ class AmdSmi:
 
     def reset(self, uuid: str) -> None:
         """amdsmi_reset_gpu on the GPU of `uuid`, as this reader last read it; refused when
-        the library lists any process there that /proc shows now (a last check, after the
-        caller's own on a fresh read)."""
+        the library lists, on any GPU it read (a reset may take the GPU's whole XGMI hive),
+        a process that /proc shows now and that may hold a GPU (Listing.blocking): a last
+        check, after the caller's own on a fresh read."""
         with LOCK:
             handle = self._handles.get(uuid) if self._initialised else None
             if handle is None:
                 raise ResetError(f"no AMD GPU {uuid} in the last reading", refused=True)
             try:
-                listed = self._call("amdsmi_processes", self._smi.amdsmi_get_gpu_process_list,
-                                    handle, stage="amdsmi_processes")
-                live = self._listing.live([int(e["pid"]) for e in listed])
+                pids = [int(e["pid"]) for other in self._handles.values() for e in self._call(
+                    "amdsmi_processes", self._smi.amdsmi_get_gpu_process_list, other,
+                    stage="amdsmi_processes")]
+                live = self._listing.blocking(pids)
             except (self._smi.AmdSmiException, LibraryGone, ProcUnreadable) as err:
-                raise ResetError(f"cannot list the GPU's processes: {err}", refused=True
+                raise ResetError(f"cannot list the GPUs' processes: {err}", refused=True
                                  ) from None
             if live:
-                raise ResetError(f"AMD SMI lists live pid(s) {live} on it", refused=True)
+                raise ResetError(f"AMD SMI lists live pid(s) {live} on its GPUs", refused=True)
             try:
                 self._call("amdsmi_device", self._smi.amdsmi_reset_gpu, handle,
                            stage="amdsmi_device")

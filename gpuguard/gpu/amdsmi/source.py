@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuguard.base.counters import COUNTERS, Counters
+from gpuguard.gpu.amdsmi.kfd import KFD
 from gpuguard.gpu.amdsmi.library import probe
 from gpuguard.gpu.reading import GpuReading
 from gpuguard.gpu.source import ResetError
@@ -22,8 +23,9 @@ class AmdSmiSource:
 
     def __init__(self, counters: Counters = COUNTERS, *, process_utilization: bool = True,
                  wall: Callable[[], float] | None = None,
-                 boot: Callable[[], float] | None = None) -> None:
+                 boot: Callable[[], float] | None = None, kfd_path: str = KFD) -> None:
         self._counters = counters
+        self._kfd_path = kfd_path
         self._process_utilization = process_utilization
         self._wall, self._boot = wall, boot
         self._reader: AmdSmi | None = None
@@ -37,7 +39,8 @@ class AmdSmiSource:
             from gpuguard.gpu.amdsmi.reader import AmdSmi  # binds the wrapper: only now
 
             self._reader = AmdSmi(self._counters, process_utilization=self._process_utilization,
-                                  wall=self._wall, boot=self._boot)
+                                  wall=self._wall, boot=self._boot,
+                                  kfd_path=self._kfd_path)
         return self._reader
 
     def read(self) -> GpuReading:

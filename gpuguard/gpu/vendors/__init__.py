@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpuguard.base.counters import Counters
-from gpuguard.gpu.amdsmi import AmdSmiSource, amdsmi_privileges, amdsmi_probe
+from gpuguard.gpu.amdsmi import KFD, AmdSmiSource, amdsmi_privileges, amdsmi_probe
 from gpuguard.gpu.os_memory import OsSized
 from gpuguard.gpu.source import Clock, GpuSource, GpuSourceFactory
 from gpuguard.gpu.vendors.combined import Combined
@@ -96,6 +96,9 @@ DRM = Backend("drm", _drm_probe, _drm, privileges=_drm_privileges,
 #: AMD's GPUs through AMD SMI (gpuguard/gpu/amdsmi/: the wrapper loads on a source's read).
 AMDSMI = Backend("amdsmi", amdsmi_probe, AmdSmiSource, frozenset({"amdgpu"}),
                  privileges=amdsmi_privileges)
+
+#: The device every ROCm compute client holds open (`gpuguard reset` looks for it too).
+KFD_DEVICE = KFD
 
 #: Every back-end, in the order their GPUs are listed.
 BACKENDS: tuple[Backend, ...] = (NVML, AMDSMI, DRM)
