@@ -45,7 +45,7 @@ from gpuguard.host.procfs import parse_stat
 MAX_PROCESSES = 2000
 MAX_SECONDS = 0.05
 #: The budget of a source's first step: a whole pass on hosts up to about this size
-#: (benchmarks/drm_cost.py: some 1.2 s at 10,000 processes of 10 descriptors each).
+#: (benchmarks/drm_cost.py: 1.1 s at 10,000 processes of nine descriptors each).
 FIRST_MAX_PROCESSES = 20000
 FIRST_MAX_SECONDS = 2.0
 #: Seconds from the start of one pass to the start of the next (module docstring): a new
