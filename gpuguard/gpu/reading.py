@@ -54,8 +54,9 @@ class GpuSample:
     utilization_ratio: float | None
     temperature_celsius: float | None
     power_watts: float | None
-    #: False when the driver would not list this GPU's processes: then no holder on it
-    #: is known, and "used minus what processes hold" would be a guess.
+    #: False when the driver would not list this GPU's processes, or the list may miss
+    #: some (DRM: processes whose descriptors could not be read): then the holders on it
+    #: are not known to be all, and "used minus what processes hold" would be a guess.
     processes_listed: bool = True
     #: False when memory_used_bytes came from nvmlDeviceGetMemoryInfo (v1), whose "used"
     #: includes the driver's reserved memory: memory no process holds, of unknown size.

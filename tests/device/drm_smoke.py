@@ -97,7 +97,8 @@ def main() -> int:
     stats = raw_report()
     child, grandchild = hold(args.hold)
     try:
-        drm = Drm(Counters(), max_processes=10**6, max_seconds=60.0, pass_every=0)
+        drm = Drm(Counters(), max_processes=10**6, max_seconds=60.0,
+                  first_max_processes=10**6, first_max_seconds=60.0, pass_every=0)
         first = drm.read()
         print("errors", first.errors)
         check(first.up and not first.errors, "the first read is whole (one pass, no budget)")

@@ -40,8 +40,13 @@ def test_real_holders_are_found_within_the_budget_and_forgotten_when_they_exit(
                                       .read_text().split()], what="the worker's child")[0]))
     counters = Counters()
     budget = 40
-    drm = Drm(counters, max_processes=budget, proc_root="/proc", sys_root=str(host.sys),
-              dev_root=str(host.dev))
+    roots = {"proc_root": "/proc", "sys_root": str(host.sys), "dev_root": str(host.dev)}
+    # A fresh source's first read is a whole pass (a one-shot command reads about once).
+    once = Drm(Counters(), **roots).read()
+    assert once.errors == () and all(g.processes_listed for g in once.gpus)
+    assert {worker, child} <= {h.pid for h in once.holders}
+    # Then in shares: this source's first read keeps the budget too.
+    drm = Drm(counters, max_processes=budget, first_max_processes=budget, **roots)
     processes = len([n for n in os.listdir("/proc") if n.isdigit()])
     reads = 0
     while True:

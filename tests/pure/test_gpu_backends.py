@@ -175,3 +175,24 @@ def test_config_check_warns_of_each_lack_of_a_back_end_that_would_run(
                         "(missing CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH): their DRM clients "
                         "(Intel, AMD without ROCm) are not seen; run as root or with the "
                         "capabilities of deploy/systemd/"]
+
+
+def test_drm_does_not_run_where_every_render_node_is_another_back_ends(tmp_path: Path) -> None:
+    """An NVIDIA host whose BMC has a display chip (ast: card0, no render node): nvidia-drm's
+    render node is NVML's, so the DRM back-end is not chosen and searches no /proc. It
+    runs where NVML does not, or where a render node is no other back-end's."""
+    host = DrmHost(tmp_path)
+    host.gpu("0000:02:00.0", "ast", card=0, render=None)
+    host.gpu("0000:3b:00.0", "nvidia", card=1, render=128)
+    nvml = Backend("nvml", lambda: None, _nothing, frozenset({"nvidia"}))
+    drm = Backend("drm", lambda: probe(str(host.dev), str(host.sys)), DRM.source,
+                  probe_beside=lambda others: probe(str(host.dev), str(host.sys), others))
+    choice = choose({}, backends=(nvml, drm))
+    assert choice.active == (nvml,)
+    assert choice.inactive == (("drm", "every render node is read by another back-end "
+                                       "(nvidia)"),)
+    assert choose({"nvml": False}, backends=(nvml, drm)).active == (drm,)
+    assert choose({"drm": True}, backends=(nvml, drm)).active == (nvml, drm)
+    host.gpu("0000:00:02.0", "i915", card=2, render=129)
+    assert choose({}, backends=(nvml, drm)).active == (nvml, drm)
+    assert DRM.probe_beside is not None

@@ -35,11 +35,13 @@ class DrmHost:
         """The reader's keyword arguments for these roots."""
         return {"proc_root": str(self.proc), "sys_root": str(self.sys), "dev_root": str(self.dev)}
 
-    def gpu(self, pdev: str, driver: str, *, card: int, render: int,
+    def gpu(self, pdev: str, driver: str, *, card: int, render: int | None,
             files: dict[str, str] | None = None, sysfs: bool = True) -> None:
-        """A PCI device at `pdev` driven by `driver`, with nodes cardN and renderDN, and
-        `files` (name -> text) in its sysfs directory; `sysfs` False: nodes only."""
-        for node in (f"card{card}", f"renderD{render}"):
+        """A PCI device at `pdev` driven by `driver`, with nodes cardN and renderDN (None: a
+        display-only device, a BMC's, with no render node), and `files` (name -> text) in
+        its sysfs directory; `sysfs` False: nodes only."""
+        names = [f"card{card}"] + ([f"renderD{render}"] if render is not None else [])
+        for node in names:
             (self.dev / "dri" / node).write_text("")
             if not sysfs:
                 continue

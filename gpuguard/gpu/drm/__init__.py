@@ -5,7 +5,9 @@ DRM render node; `privileges` what this process lacks to see every user's client
 
 from __future__ import annotations
 
-from gpuguard.gpu.drm.devices import render_nodes
+import os
+
+from gpuguard.gpu.drm.devices import node_driver, read_by, render_nodes
 from gpuguard.gpu.drm.reader import Drm
 from gpuguard.host.events.privilege import read_sets
 from gpuguard.host.procfs import CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE
@@ -13,12 +15,21 @@ from gpuguard.host.procfs import CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SYS_
 __all__ = ["Drm", "privilege_lines", "privileges", "probe"]
 
 
-def probe(dev_root: str = "/dev") -> str | None:
-    """None where `dev_root`/dri has a render node; else why the back-end cannot run. It
-    only lists a directory: a host without DRM devices pays nothing more, ever."""
-    if render_nodes(dev_root):
-        return None
-    return f"no DRM render node ({dev_root}/dri/renderD*)"
+def probe(dev_root: str = "/dev", sys_root: str = "/sys",
+          others: frozenset[str] = frozenset()) -> str | None:
+    """None where `dev_root`/dri has a render node that no other active back-end reads
+    (`others`: the drivers they read); else why the back-end cannot run. It lists a
+    directory and reads one sysfs link per render node: a host without DRM devices, and
+    one whose render nodes are all NVML's (an NVIDIA host, a BMC's display chip beside),
+    pay nothing more, ever."""
+    nodes = render_nodes(dev_root)
+    if not nodes:
+        return f"no DRM render node ({dev_root}/dri/renderD*)"
+    drivers = {node_driver(sys_root, os.path.basename(node)) for node in nodes}
+    if others and all(read_by(driver, others) for driver in drivers):
+        names = ", ".join(sorted(d for d in drivers if d is not None))
+        return f"every render node is read by another back-end ({names})"
+    return None
 
 
 def privilege_lines(effective: int | None) -> list[str]:

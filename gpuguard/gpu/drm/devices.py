@@ -25,6 +25,11 @@ class Device:
     driver: str | None
     nodes: tuple[str, ...]
 
+    @property
+    def renders(self) -> bool:
+        """Whether it has a render node."""
+        return any(node.startswith(RENDER) for node in self.nodes)
+
 
 @dataclass(frozen=True)
 class Devices:
@@ -36,9 +41,25 @@ class Devices:
     devices: Mapping[str, Device]
 
 
+#: What a render node's name starts with: a device with one can run work (a display-only
+#: device, a BMC's or a plain framebuffer, has only its primary node).
+RENDER = "renderD"
+
+
 def render_nodes(dev_root: str) -> list[str]:
     """The render nodes under `dev_root`/dri (the DRM back-end's probe looks for these)."""
-    return sorted(glob.glob(os.path.join(dev_root, "dri", "renderD[0-9]*")))
+    return sorted(glob.glob(os.path.join(dev_root, "dri", RENDER + "[0-9]*")))
+
+
+def node_driver(sys_root: str, node: str) -> str | None:
+    """The driver sysfs names for DRM node `node` ("renderD128"); None where it cannot say."""
+    return _link_name(os.path.join(sys_root, "class", "drm", node, "device", "driver"))
+
+
+def read_by(driver: str | None, others: frozenset[str]) -> bool:
+    """Whether another back-end, reading `others`' GPUs, reads this driver's: its name or
+    its DRM module's (nvidia-drm is nvidia's)."""
+    return driver is not None and (driver in others or driver.removesuffix("-drm") in others)
 
 
 def find_devices(dev_root: str, sys_root: str) -> Devices:

@@ -51,6 +51,12 @@ class DrmClient:
     counters: Mapping[str, int] = field(default_factory=dict)
 
     @property
+    def usage(self) -> bool:
+        """Whether it publishes usage stats (memory or engine figures), beyond the keys
+        every DRM client's fdinfo has since Linux 6.5 (driver, client id, device)."""
+        return bool(self.counters) or self.memory_kind is not None
+
+    @property
     def memory_bytes(self) -> int | None:
         """What this client holds on its device (module docstring); None when unknown."""
         if self.client_id is None or self.memory_kind is None:

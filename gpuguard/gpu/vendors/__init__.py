@@ -34,7 +34,8 @@ class Backend:
     says what this process lacks to see every user's GPU use through it (one line each;
     `gpuguard config check` prints them); `beside`, for a back-end that could read other
     back-ends' GPUs too (DRM), its source given the drivers the other active back-ends
-    read, which it leaves to them."""
+    read, which it leaves to them; `probe_beside`, for such a back-end, its probe given
+    those drivers (it does not run where every GPU it finds is theirs)."""
 
     name: str
     probe: Callable[[], str | None]
@@ -42,10 +43,15 @@ class Backend:
     drivers: frozenset[str] = frozenset()
     privileges: Callable[[], list[str]] = list
     beside: Callable[[frozenset[str]], GpuSourceFactory] | None = None
+    probe_beside: Callable[[frozenset[str]], str | None] | None = None
 
     def factory(self, others: frozenset[str]) -> GpuSourceFactory:
         """The source to run beside back-ends that read `others`' GPUs."""
         return self.source if self.beside is None else self.beside(others)
+
+    def check(self, others: frozenset[str]) -> str | None:
+        """Why it cannot run beside back-ends that read `others`' GPUs (None: it can)."""
+        return self.probe() if self.probe_beside is None else self.probe_beside(others)
 
 
 def _nvml(counters: Counters, *, process_utilization: bool = True, wall: Clock | None = None,
@@ -76,10 +82,10 @@ def _drm(counters: Counters, *, process_utilization: bool = True, wall: Clock | 
                skip_drivers=skip_drivers)
 
 
-def _drm_probe() -> str | None:
+def _drm_probe(others: frozenset[str] = frozenset()) -> str | None:
     from gpuguard.gpu.drm import probe
 
-    return probe()
+    return probe(others=others)
 
 
 def _drm_privileges() -> list[str]:
@@ -89,9 +95,11 @@ def _drm_privileges() -> list[str]:
 
 
 #: Last: it reads whatever DRM driver no other active back-end reads (amdgpu's GPUs when
-#: AMD SMI does not run, Intel's always).
+#: AMD SMI does not run, Intel's always), and does not run where every render node is
+#: theirs (an NVIDIA host, whose BMC's display chip has none).
 DRM = Backend("drm", _drm_probe, _drm, privileges=_drm_privileges,
-              beside=lambda others: partial(_drm, skip_drivers=others))
+              beside=lambda others: partial(_drm, skip_drivers=others),
+              probe_beside=_drm_probe)
 
 #: AMD's GPUs through AMD SMI (gpuguard/gpu/amdsmi/: the wrapper loads on a source's read).
 AMDSMI = Backend("amdsmi", amdsmi_probe, AmdSmiSource, frozenset({"amdgpu"}),
@@ -125,7 +133,9 @@ def choose(selection: Selection | None = None, *,
            backends: tuple[Backend, ...] | None = None) -> Choice:
     """The back-ends `selection` asks for: a named one runs even if its probe fails (it
     then reads down, which the metrics and alerts show), an unnamed one where its probe
-    passes. Each one that does not run is logged once, at info, with its reason."""
+    passes, given the drivers the back-ends before it that run read (Backend.check: the
+    DRM back-end comes last). Each one that does not run is logged once, at info, with its
+    reason."""
     selection = selection or {}
     backends = BACKENDS if backends is None else backends
     active: list[Backend] = []
@@ -137,7 +147,8 @@ def choose(selection: Selection | None = None, *,
         if wanted is False:
             inactive.append((backend.name, f"switched off (--no-collector.{backend.name})"))
             continue
-        problem = None if wanted else backend.probe()
+        problem = None if wanted else backend.check(
+            frozenset(d for other in active for d in other.drivers))
         if problem is None:
             active.append(backend)
         elif backend.name == NVML.name:
