@@ -127,8 +127,8 @@ BENCHMARKS: dict[str, tuple[float, str]] = {
                    "own alerts with the remediator's exact request, against a real "
                    "Alertmanager 0.25 (GET /api/v2/alerts, filtered) and a real Prometheus "
                    "2.x (ALERTS{...,hostname=...} through /api/v1/query) holding 1,000 and "
-                   "10,000 firing alerts, one real remediator (pull mode) among them: the "
-                   "polls/s each server carries before its p99 passes 1 s or it sheds, CPU "
+                   "10,000 firing alerts, a real remediator on each server's pull among them: "
+                   "the polls/s each server carries before its p99 passes 1 s or it sheds, CPU "
                    "and RSS per 100 polls/s, the remediator's lost polls. Goal: 333 polls/s "
                    "(10,000 nodes every 30 s) at 10,000 alerts without a lost poll."),
     "run_teardown": (120.0,
